@@ -1,0 +1,126 @@
+"""Walking a model: every graph, subgraph and model-local function, with its opsets.
+
+Passes match nodes on (domain, op_type) *and* the opset version that applies
+to them. Nodes of the main graph and of its subgraphs use the model's opset
+imports; nodes of a model-local function (and of its subgraphs) use the
+function's own opset imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, MutableMapping
+
+import onnx_ir as ir
+
+__all__ = [
+    "Scope",
+    "default_opset",
+    "iter_nodes",
+    "iter_scopes",
+    "normalize_domain",
+    "opset_of",
+    "set_opset",
+]
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def normalize_domain(domain: str) -> str:
+    """``"ai.onnx"`` is another spelling of the default domain ``""``."""
+    return "" if domain in DEFAULT_DOMAINS else domain
+
+
+def opset_of(opset_imports: MutableMapping[str, int], domain: str) -> int | None:
+    """The version imported for ``domain``, accepting either spelling of the default domain."""
+    domain = normalize_domain(domain)
+    if domain == "":
+        for key in DEFAULT_DOMAINS:
+            if key in opset_imports:
+                return opset_imports[key]
+        return None
+    return opset_imports.get(domain)
+
+
+def default_opset(opset_imports: MutableMapping[str, int]) -> int | None:
+    """The version imported for the default ONNX domain, or None if it is not imported."""
+    return opset_of(opset_imports, "")
+
+
+def set_opset(opset_imports: MutableMapping[str, int], domain: str, version: int) -> None:
+    """Sets the version of ``domain``, keeping the spelling the model already uses."""
+    domain = normalize_domain(domain)
+    if domain == "" and "ai.onnx" in opset_imports and "" not in opset_imports:
+        opset_imports["ai.onnx"] = version
+    else:
+        opset_imports[domain] = version
+
+
+@dataclasses.dataclass(frozen=True)
+class Scope:
+    """A graph (main graph or subgraph) or a function body, and the opsets its nodes use.
+
+    Attributes:
+        body: The graph or function whose nodes are listed directly in it.
+        opset_imports: The opset imports that apply (the model's, or the function's).
+        function: The model-local function this scope belongs to, if any.
+        owner: The node whose attribute holds this subgraph; None for the main
+            graph and for function bodies.
+    """
+
+    body: ir.Graph | ir.Function
+    opset_imports: MutableMapping[str, int]
+    function: ir.Function | None = None
+    owner: ir.Node | None = None
+
+    @property
+    def in_function(self) -> bool:
+        return self.function is not None
+
+    @property
+    def is_main_graph(self) -> bool:
+        return self.function is None and self.owner is None
+
+    def opset(self, domain: str = "") -> int | None:
+        return opset_of(self.opset_imports, domain)
+
+
+def _subgraphs(node: ir.Node) -> Iterator[ir.Graph]:
+    for attr in node.attributes.values():
+        if not isinstance(attr, ir.Attr):
+            continue
+        if attr.type == ir.AttributeType.GRAPH:
+            yield attr.as_graph()
+        elif attr.type == ir.AttributeType.GRAPHS:
+            yield from attr.as_graphs()
+
+
+def _graph_scopes(
+    body: ir.Graph | ir.Function,
+    opset_imports: MutableMapping[str, int],
+    function: ir.Function | None,
+    owner: ir.Node | None = None,
+) -> Iterator[Scope]:
+    yield Scope(body, opset_imports, function, owner)
+    for node in list(body):
+        for sub in _subgraphs(node):
+            yield from _graph_scopes(sub, opset_imports, function, node)
+
+
+def iter_scopes(model: ir.Model, *, functions: bool = True) -> Iterator[Scope]:
+    """Yields the main graph, every subgraph (If/Loop/Scan, nested) and every function body.
+
+    Each graph is yielded before its subgraphs. The node lists of a scope may be
+    changed while iterating as long as subgraphs are not added or removed.
+    """
+    yield from _graph_scopes(model.graph, model.opset_imports, None)
+    if functions:
+        for function in list(model.functions.values()):
+            yield from _graph_scopes(function, function.opset_imports, function)
+
+
+def iter_nodes(model: ir.Model, *, functions: bool = True) -> Iterator[tuple[ir.Node, Scope]]:
+    """Yields every node of the model with the scope it belongs to."""
+    for scope in iter_scopes(model, functions=functions):
+        for node in list(scope.body):
+            yield node, scope

@@ -1,0 +1,341 @@
+"""The onnxruntime before/after check.
+
+Runs the original and the optimised model in onnxruntime (CPU, every graph
+optimisation disabled so that onnxruntime's own rewrites cannot hide a bug) on
+the same inputs and compares every output by name: same dtype and shape,
+integers and booleans exactly equal, floats equal within a dtype-aware
+tolerance with NaN in the same places and infinities equal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pathlib
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+
+__all__ = [
+    "DEFAULT_DIM",
+    "TOLERANCES",
+    "CheckResult",
+    "OutputComparison",
+    "check",
+    "make_inputs",
+]
+
+#: Size given to a dynamic dimension that ``dims`` does not name.
+DEFAULT_DIM = 2
+
+#: Default (rtol, atol) per float type: |optimised - original| <= atol + rtol * |original|.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-7, 1e-10),
+    "float32": (1e-4, 1e-5),
+    "float16": (1e-2, 1e-3),
+    "bfloat16": (2e-2, 1e-2),
+}
+
+_ORT_TYPES: dict[str, Any] = {
+    "tensor(float)": np.float32,
+    "tensor(double)": np.float64,
+    "tensor(float16)": np.float16,
+    "tensor(bfloat16)": ml_dtypes.bfloat16,
+    "tensor(int8)": np.int8,
+    "tensor(int16)": np.int16,
+    "tensor(int32)": np.int32,
+    "tensor(int64)": np.int64,
+    "tensor(uint8)": np.uint8,
+    "tensor(uint16)": np.uint16,
+    "tensor(uint32)": np.uint32,
+    "tensor(uint64)": np.uint64,
+    "tensor(bool)": np.bool_,
+    "tensor(string)": np.str_,
+}
+
+ModelLike = "str | os.PathLike[str] | bytes | onnx.ModelProto | ir.Model"
+
+
+@dataclasses.dataclass
+class OutputComparison:
+    """How one output of the optimised model compares with the original's."""
+
+    name: str
+    ok: bool
+    dtype: str = ""
+    shape: tuple[int, ...] | None = None
+    max_abs_error: float = 0.0
+    max_rel_error: float = 0.0
+    mismatches: int = 0
+    message: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class CheckResult:
+    """The outcome of :func:`check`.
+
+    Attributes:
+        ok: True when every output matched (or the check was skipped).
+        skipped: Why the check could not run (the original model does not run in
+            onnxruntime, or inputs cannot be generated); None when it ran.
+        error: Why the optimised model failed to run where the original ran.
+        outputs: One comparison per output of the original model.
+    """
+
+    ok: bool
+    skipped: str | None = None
+    error: str | None = None
+    outputs: list[OutputComparison] = dataclasses.field(default_factory=list)
+
+    @property
+    def failures(self) -> list[OutputComparison]:
+        return [o for o in self.outputs if not o.ok]
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"check skipped: {self.skipped}"
+        if self.error:
+            return f"check failed: the optimised model does not run: {self.error}"
+        if self.ok:
+            return f"check passed: {len(self.outputs)} output(s) match"
+        bad = self.failures
+        return "check failed: " + "; ".join(f"output {o.name!r}: {o.message}" for o in bad)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "skipped": self.skipped,
+            "error": self.error,
+            "outputs": [o.to_json() for o in self.outputs],
+        }
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0][:500]
+
+
+@contextlib.contextmanager
+def _ort_source(model: Any) -> Iterator[str | bytes]:
+    """What ``ort.InferenceSession`` accepts for ``model``: a path or serialized bytes."""
+    if isinstance(model, (str, os.PathLike)):
+        yield os.fspath(model)
+        return
+    if isinstance(model, bytes):
+        yield model
+        return
+    if isinstance(model, ir.Model):
+        from passes import modelio  # local import: modelio imports nothing from here
+
+        with tempfile.TemporaryDirectory(prefix="optimize-check-") as tmp:
+            path = pathlib.Path(tmp) / "model.onnx"
+            modelio.save_model(model, path)
+            yield str(path)
+        return
+    if isinstance(model, onnx.ModelProto):
+        if model.ByteSize() < 2**31 - 2**24:
+            yield model.SerializeToString()
+            return
+        with tempfile.TemporaryDirectory(prefix="optimize-check-") as tmp:
+            path = pathlib.Path(tmp) / "model.onnx"
+            onnx.save_model(model, str(path), save_as_external_data=True, location="model.onnx.data")
+            yield str(path)
+        return
+    raise TypeError(f"cannot run a {type(model).__name__} in onnxruntime")
+
+
+def _session(source: str | bytes) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def make_inputs(
+    session: ort.InferenceSession,
+    *,
+    dims: Mapping[str, int] | None = None,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """Generates seeded inputs for every graph input of ``session``.
+
+    Floats are standard normal, integers uniform in [0, 4) so that index-like
+    inputs stay valid, booleans fair coins. A dynamic dimension takes its size
+    from ``dims`` by name, else :data:`DEFAULT_DIM`.
+
+    Raises:
+        ValueError: an input has a type that cannot be generated (sequence, map...).
+    """
+    dims = dict(dims or {})
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for arg in session.get_inputs():
+        dtype = _ORT_TYPES.get(arg.type)
+        if dtype is None:
+            raise ValueError(f"cannot generate input {arg.name!r} of type {arg.type}; pass --inputs")
+        shape = []
+        for d in arg.shape:
+            if isinstance(d, int) and d >= 0:
+                shape.append(d)
+            elif isinstance(d, str) and d in dims:
+                shape.append(int(dims[d]))
+            else:
+                shape.append(DEFAULT_DIM)
+        if dtype is np.bool_:
+            value = rng.random(shape) < 0.5
+        elif dtype is np.str_:
+            value = rng.choice(np.array(["a", "bc", "def"], dtype=object), size=shape)
+        elif np.issubdtype(np.dtype(dtype), np.integer):
+            value = rng.integers(0, 4, size=shape).astype(dtype)
+        else:
+            value = rng.standard_normal(shape).astype(np.float32).astype(dtype)
+        feeds[arg.name] = np.asarray(value)
+    return feeds
+
+
+def _dtype_name(array: np.ndarray) -> str:
+    return str(array.dtype)
+
+
+def _compare(
+    name: str, expected: Any, actual: Any, rtol: float | None, atol: float | None
+) -> OutputComparison:
+    if not isinstance(expected, np.ndarray) or not isinstance(actual, np.ndarray):
+        same = type(expected) is type(actual) and _equal_nested(expected, actual)
+        return OutputComparison(name, same, message="" if same else "non-tensor outputs differ")
+    result = OutputComparison(name, True, _dtype_name(expected), tuple(expected.shape))
+    if expected.dtype != actual.dtype:
+        result.ok = False
+        result.message = f"dtype {actual.dtype} instead of {expected.dtype}"
+        return result
+    if expected.shape != actual.shape:
+        result.ok = False
+        result.message = f"shape {actual.shape} instead of {expected.shape}"
+        return result
+    kind = _dtype_name(expected)
+    if kind not in TOLERANCES:
+        if expected.dtype == object or expected.dtype.kind in "USO":
+            diff = np.asarray(expected != actual)
+        else:
+            diff = expected != actual
+        result.mismatches = int(np.count_nonzero(diff))
+        if result.mismatches:
+            result.ok = False
+            result.message = f"{result.mismatches} element(s) differ (exact comparison)"
+            if expected.dtype.kind in "iub":
+                delta = np.abs(expected.astype(np.float64) - actual.astype(np.float64))
+                result.max_abs_error = float(delta.max())
+        return result
+    default_rtol, default_atol = TOLERANCES[kind]
+    rtol = default_rtol if rtol is None else rtol
+    atol = default_atol if atol is None else atol
+    e = expected.astype(np.float64)
+    a = actual.astype(np.float64)
+    e_nan, a_nan = np.isnan(e), np.isnan(a)
+    e_inf, a_inf = np.isinf(e), np.isinf(a)
+    bad = (e_nan != a_nan) | ((e_inf | a_inf) & (e != a) & ~e_nan & ~a_nan)
+    finite = np.isfinite(e) & np.isfinite(a)
+    delta = np.where(finite, np.abs(e - a), 0.0)
+    bad |= finite & (delta > atol + rtol * np.abs(e))
+    if delta.size:
+        result.max_abs_error = float(delta.max())
+        rel = np.where(finite, delta / np.maximum(np.abs(e), np.finfo(np.float64).tiny), 0.0)
+        result.max_rel_error = float(rel.max())
+    result.mismatches = int(np.count_nonzero(bad))
+    if result.mismatches:
+        result.ok = False
+        result.message = (
+            f"{result.mismatches} of {e.size} element(s) differ beyond rtol={rtol:g}, atol={atol:g} "
+            f"(max abs error {result.max_abs_error:.3g}, max rel error {result.max_rel_error:.3g}; "
+            "NaN/inf placement must match)"
+        )
+    return result
+
+
+def _equal_nested(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal_nested(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal_nested(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def check(
+    original: Any,
+    optimized: Any,
+    *,
+    inputs: Mapping[str, np.ndarray] | None = None,
+    dims: Mapping[str, int] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    seed: int = 0,
+) -> CheckResult:
+    """Runs both models in onnxruntime on the same inputs and compares every output.
+
+    Args:
+        original: The reference model: a path, serialized bytes, an ``onnx.ModelProto``
+            or an ``onnx_ir.Model``.
+        optimized: The model to check, in any of the same forms.
+        inputs: Input arrays by name; missing ones are generated (see :func:`make_inputs`).
+        dims: Sizes for named dynamic dimensions of generated inputs.
+        rtol: Relative tolerance for float outputs; default per dtype (:data:`TOLERANCES`).
+        atol: Absolute tolerance for float outputs; default per dtype.
+        seed: Seed of the generated inputs.
+
+    Returns:
+        A :class:`CheckResult`; ``ok`` is False if any output differs or the
+        optimised model fails to run where the original ran.
+    """
+    # onnxruntime raises its own exception types (Fail, InvalidGraph,
+    # NotImplemented, ...) that share no base class but Exception; at this
+    # boundary any of them means "this model does not run", which is reported.
+    with _ort_source(original) as source:
+        try:
+            session = _session(source)
+        except Exception as e:  # noqa: BLE001
+            return CheckResult(True, skipped=f"the original model does not load in onnxruntime: {_first_line(e)}")
+        try:
+            feeds = make_inputs(session, dims=dims, seed=seed)
+        except ValueError as e:
+            if not inputs:
+                return CheckResult(True, skipped=str(e))
+            feeds = {}
+        if inputs:
+            feeds.update({k: np.asarray(v) for k, v in inputs.items()})
+        expected_names = [o.name for o in session.get_outputs()]
+        try:
+            expected = session.run(None, feeds)
+        except Exception as e:  # noqa: BLE001
+            return CheckResult(True, skipped=f"the original model does not run in onnxruntime: {_first_line(e)}")
+        del session
+    with _ort_source(optimized) as source:
+        try:
+            opt_session = _session(source)
+            opt_names = [o.name for o in opt_session.get_outputs()]
+            wanted = {i.name for i in opt_session.get_inputs()}
+            actual = opt_session.run(None, {k: v for k, v in feeds.items() if k in wanted})
+        except Exception as e:  # noqa: BLE001
+            return CheckResult(False, error=_first_line(e))
+    by_name = dict(zip(opt_names, actual))
+    comparisons = []
+    for name, value in zip(expected_names, expected):
+        if name not in by_name:
+            comparisons.append(OutputComparison(name, False, message="missing from the optimised model"))
+            continue
+        comparisons.append(_compare(name, value, by_name[name], rtol, atol))
+    for name in opt_names:
+        if name not in expected_names:
+            comparisons.append(OutputComparison(name, False, message="not an output of the original model"))
+    return CheckResult(all(c.ok for c in comparisons), outputs=comparisons)

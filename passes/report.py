@@ -1,0 +1,117 @@
+"""The report printed at the end of a run (and written as JSON with ``--report``)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import onnx_ir as ir
+
+from passes._graphs import iter_scopes
+from passes.ort_check import CheckResult
+from passes.pipeline import PassRun
+
+__all__ = ["ModelSummary", "Report", "summarize"]
+
+
+@dataclasses.dataclass
+class ModelSummary:
+    """Counts of a model: op types (main graph, subgraphs and functions), nodes, initializers."""
+
+    op_counts: dict[str, int]
+    nodes: int
+    initializers: int
+    initializer_bytes: int
+    opset: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _op_key(node: ir.Node) -> str:
+    return node.op_type if node.domain == "" else f"{node.domain}::{node.op_type}"
+
+
+def summarize(model: ir.Model) -> ModelSummary:
+    """Counts ops, nodes and initializers of ``model`` without reading external data."""
+    counts: collections.Counter[str] = collections.Counter()
+    initializers = 0
+    nbytes = 0
+    for scope in iter_scopes(model):
+        for node in scope.body:
+            counts[_op_key(node)] += 1
+        if isinstance(scope.body, ir.Graph):
+            for value in scope.body.initializers.values():
+                initializers += 1
+                tensor = value.const_value
+                if tensor is not None:
+                    nbytes += tensor.nbytes
+    return ModelSummary(
+        dict(sorted(counts.items())),
+        sum(counts.values()),
+        initializers,
+        nbytes,
+        dict(model.opset_imports),
+    )
+
+
+@dataclasses.dataclass
+class Report:
+    """Everything a run did: before/after summaries, each pass, and the check."""
+
+    input: str
+    output: str | None
+    before: ModelSummary
+    after: ModelSummary | None = None
+    passes: list[PassRun] = dataclasses.field(default_factory=list)
+    check: CheckResult | None = None
+    written: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "input": self.input,
+            "output": self.output,
+            "written": self.written,
+            "before": self.before.to_json(),
+            "after": self.after.to_json() if self.after else None,
+            "passes": [dataclasses.asdict(p) for p in self.passes],
+            "check": self.check.to_json() if self.check else None,
+        }
+
+    def format(self) -> str:
+        """A plain-text table: op counts before and after, totals, passes and the check."""
+        after = self.after or self.before
+        ops = sorted(set(self.before.op_counts) | set(after.op_counts))
+        width = max([len("initializer bytes"), *(len(o) for o in ops)])
+        lines = [f"{'op type':<{width}}  {'before':>9}  {'after':>9}"]
+        lines.append("-" * (width + 22))
+        for op in ops:
+            lines.append(
+                f"{op:<{width}}  {self.before.op_counts.get(op, 0):>9}  {after.op_counts.get(op, 0):>9}"
+            )
+        lines.append("-" * (width + 22))
+        for label, b, a in (
+            ("nodes", self.before.nodes, after.nodes),
+            ("initializers", self.before.initializers, after.initializers),
+            ("initializer bytes", self.before.initializer_bytes, after.initializer_bytes),
+            ("opset", self.before.opset.get("", self.before.opset.get("ai.onnx", "-")),
+             after.opset.get("", after.opset.get("ai.onnx", "-"))),
+        ):
+            lines.append(f"{label:<{width}}  {b:>9}  {a:>9}")
+        if self.passes:
+            lines.append("")
+            lines.append(f"{'pass':<12}{'time (s)':>10}  {'changed':<8} details")
+            for run in self.passes:
+                details = ", ".join(f"{k}={v}" for k, v in run.stats.items())
+                lines.append(f"{run.name:<12}{run.seconds:>10.3f}  {'yes' if run.modified else 'no':<8} {details}")
+        if self.check is not None:
+            lines.append("")
+            lines.append(self.check.summary())
+            for out in self.check.outputs:
+                status = "ok" if out.ok else "MISMATCH"
+                lines.append(
+                    f"  {out.name}: {status}  max abs {out.max_abs_error:.3g}  max rel {out.max_rel_error:.3g}"
+                    + (f"  ({out.message})" if out.message and not out.ok else "")
+                )
+        return "\n".join(lines)

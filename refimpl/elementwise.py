@@ -1,0 +1,3 @@
+"""elementwise kernels."""
+
+from __future__ import annotations

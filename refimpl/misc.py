@@ -1,0 +1,3 @@
+"""misc kernels."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""reduction kernels."""
+
+from __future__ import annotations

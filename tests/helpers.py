@@ -1,0 +1,182 @@
+"""Shared test helpers: the spec examples, onnxruntime runs, model building."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+SPEC_DIR = pathlib.Path(__file__).parent / "spec"
+
+# The spec's Abs page lists two examples that Abs cannot produce (see spec/README.md).
+SPEC_ERRATA = {
+    "test_cc_shape_inference_if_symbolic_shapes": "erratum of the Abs page: bool input, outputs of another op",
+    "test_cc_shape_inference_slice_symbolic_end": "erratum of the Abs page: output shape differs from input",
+}
+
+_DTYPES = {
+    "float32": np.float32,
+    "float64": np.float64,
+    "float16": np.float16,
+    "bfloat16": ml_dtypes.bfloat16,
+    "int8": np.int8,
+    "int16": np.int16,
+    "int32": np.int32,
+    "int64": np.int64,
+    "uint8": np.uint8,
+    "uint16": np.uint16,
+    "uint32": np.uint32,
+    "uint64": np.uint64,
+    "bool": np.bool_,
+}
+
+
+@dataclasses.dataclass
+class SpecExample:
+    """One example from a spec page: a single node with its inputs and expected outputs."""
+
+    name: str
+    op_type: str
+    opset: int
+    input_names: list[str]
+    output_names: list[str]
+    attributes: dict[str, Any]
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+
+    def input_list(self) -> list[np.ndarray]:
+        return [self.inputs[n] for n in self.input_names]
+
+    def output_list(self) -> list[np.ndarray]:
+        return [self.outputs[n] for n in self.output_names]
+
+
+_HEADER = re.compile(r"^\s*(\w+): shape=\(([\d, ]*)\), dtype=(\w+)\s*$")
+_NODE = re.compile(r"^\s*(\w+)\((.*)\) -> \((.*)\)\s*$")
+
+
+def _parse_array(text: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    tokens = [t for t in re.split(r"[\s,\[\]]+", text) if t]
+    np_dtype = _DTYPES[dtype]
+    if dtype == "bool":
+        values = np.array([t == "True" for t in tokens], dtype=np.bool_)
+    elif np.issubdtype(np.dtype(np_dtype), np.integer):
+        values = np.array([int(t) for t in tokens], dtype=np_dtype)
+    else:
+        values = np.array([float(t) for t in tokens], dtype=np.float64).astype(np_dtype)
+    return values.reshape(shape)
+
+
+def _parse_page(path: pathlib.Path) -> list[SpecExample]:
+    text = path.read_text(encoding="utf-8")
+    opset = int(re.search(r"-(\d+)\.txt$", path.name).group(1))
+    lines = text.splitlines()
+    examples: list[SpecExample] = []
+    i = 0
+    while i < len(lines):
+        name = lines[i].strip().rstrip("#")
+        if not re.fullmatch(r"test_\w+", name):
+            i += 1
+            continue
+        ex = SpecExample(name, "", opset, [], [], {}, {}, {})
+        i += 1
+        section = None
+        current: tuple[str, tuple[int, ...], str, list[str]] | None = None
+
+        def flush() -> None:
+            nonlocal current
+            if current is not None:
+                vname, shape, dtype, body = current
+                target = ex.inputs if section == "Inputs" else ex.outputs
+                target[vname] = _parse_array(" ".join(body), shape, dtype)
+                current = None
+
+        while i < len(lines):
+            line = lines[i]
+            stripped = line.strip()
+            if re.fullmatch(r"test_\w+#?", stripped) or stripped.startswith("Differences"):
+                break
+            if stripped in ("Node:", "Attributes:", "Inputs:", "Outputs:"):
+                flush()
+                section = stripped[:-1]
+            elif section == "Node" and (m := _NODE.match(line)):
+                ex.op_type = m.group(1)
+                ex.input_names = [s.strip() for s in m.group(2).split(",") if s.strip()]
+                ex.output_names = [s.strip() for s in m.group(3).split(",") if s.strip()]
+            elif section == "Attributes" and "=" in stripped:
+                key, value = (s.strip() for s in stripped.split("=", 1))
+                ex.attributes[key] = int(value) if re.fullmatch(r"-?\d+", value) else value
+            elif section in ("Inputs", "Outputs") and (m := _HEADER.match(line)):
+                flush()
+                shape = tuple(int(d) for d in m.group(2).replace(" ", "").split(",") if d)
+                current = (m.group(1), shape, m.group(3), [])
+            elif section in ("Inputs", "Outputs") and current is not None and stripped:
+                current[3].append(stripped)
+            i += 1
+        flush()
+        examples.append(ex)
+    return examples
+
+
+def spec_examples(pattern: str = "*") -> list[SpecExample]:
+    """All examples of the spec pages matching ``pattern`` (e.g. ``"ReduceL2-*"``)."""
+    out: list[SpecExample] = []
+    for path in sorted(SPEC_DIR.glob(f"{pattern}.txt")):
+        out.extend(_parse_page(path))
+    return out
+
+
+# --- onnxruntime ---------------------------------------------------------------------------
+
+
+def ort_session(model: onnx.ModelProto | bytes | str) -> ort.InferenceSession:
+    """An onnxruntime CPU session with every graph optimisation disabled."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    if isinstance(model, onnx.ModelProto):
+        model = model.SerializeToString()
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def ort_run(model: onnx.ModelProto | bytes | str, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """Runs ``model`` in onnxruntime (optimisations disabled) and returns all outputs."""
+    return ort_session(model).run(None, dict(feeds))
+
+
+def node_model(
+    op_type: str,
+    inputs: Sequence[tuple[str, np.ndarray | None]],
+    outputs: Sequence[tuple[str, np.dtype | Any]],
+    attributes: Mapping[str, Any] | None = None,
+    *,
+    opset: int,
+    ir_version: int = 8,
+) -> onnx.ModelProto:
+    """A one-node model whose non-None inputs are graph inputs with the given arrays' types."""
+    graph_inputs = []
+    node_inputs = []
+    for name, arr in inputs:
+        if arr is None:
+            node_inputs.append("")
+            continue
+        node_inputs.append(name)
+        elem = onnx.helper.np_dtype_to_tensor_dtype(np.asarray(arr).dtype)
+        graph_inputs.append(onnx.helper.make_tensor_value_info(name, elem, np.asarray(arr).shape))
+    graph_outputs = [
+        onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dt)), None)
+        for name, dt in outputs
+    ]
+    node = onnx.helper.make_node(op_type, node_inputs, [n for n, _ in outputs], **dict(attributes or {}))
+    graph = onnx.helper.make_graph([node], "g", graph_inputs, graph_outputs)
+    return onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=ir_version
+    )

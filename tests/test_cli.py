@@ -1,0 +1,424 @@
+"""The ``optimize`` command end to end: success, reports, every error path, atomic output."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import helpers
+from passes import cli, modelio, pipeline
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+DEMO = REPO / "models" / "demo.onnx"
+
+
+def run_cli(*args: str, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "passes", *args],
+        capture_output=True, text=True, cwd=cwd, timeout=300,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int = 2) -> str:
+    assert proc.returncode == code, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("optimize: error:")]
+    assert len(errors) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return errors[0]
+
+
+def weighted_model(n_weights: int = 3, size: int = 4096, opset: int = 13) -> onnx.ModelProto:
+    """x @ each weight, reduced with ReduceL2 over an axes attribute (opset 13)."""
+    rng = np.random.default_rng(0)
+    inits, nodes, prev = [], [], "x"
+    for i in range(n_weights):
+        w = rng.standard_normal((16, 16)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"h{i}"], name=f"mm{i}"))
+        prev = f"h{i}"
+    big = rng.standard_normal(size).astype(np.float32)
+    inits.append(numpy_helper.from_array(big, "big"))
+    nodes.append(helper.make_node("ReduceL2", [prev], ["y"], name="l2", axes=[-1], keepdims=1))
+    nodes.append(helper.make_node("ReduceSum", ["big"], ["big_sum"], name="big_sum", keepdims=0))
+    nodes.append(helper.make_node("Add", ["y", "big_sum"], ["z"], name="add"))
+    graph = helper.make_graph(
+        nodes, "weighted",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 1])],
+        initializer=inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+@pytest.fixture()
+def demo(tmp_path: pathlib.Path) -> pathlib.Path:
+    target = tmp_path / "demo.onnx"
+    target.write_bytes(DEMO.read_bytes())
+    return target
+
+
+def test_demo_model_exists_and_is_valid() -> None:
+    onnx.checker.check_model(onnx.load(str(DEMO)), full_check=True)
+
+
+def test_help_lists_the_passes_that_exist() -> None:
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    for name in pipeline.PASSES:
+        assert name in proc.stdout
+    assert "--target-opset" in proc.stdout and "exit codes" in proc.stdout
+
+
+def test_end_to_end_on_demo(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    before = demo.read_bytes()
+    out = tmp_path / "demo.opt.onnx"
+    report = tmp_path / "report.json"
+    proc = run_cli(str(demo), "-o", str(out), "--report", str(report))
+    assert proc.returncode == 0, proc.stderr
+    assert demo.read_bytes() == before
+    assert "check passed" in proc.stdout
+    onnx.checker.check_model(onnx.load(str(out)), full_check=True)
+    data = json.loads(report.read_text())
+    assert data["written"] is True
+    assert data["check"]["ok"] is True
+    assert [o["name"] for o in data["check"]["outputs"]] == ["lse_flat", "log_sum"]
+    assert data["before"]["nodes"] == 16
+    assert data["passes"][-1]["name"] == "cleanup"
+    # The optimised model computes the same thing on fresh inputs too.
+    x = np.random.default_rng(3).standard_normal((5, 4, 8)).astype(np.float32)
+    expected = helpers.ort_run(str(demo), {"x": x})
+    actual = helpers.ort_run(str(out), {"x": x})
+    for e, a in zip(expected, actual):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+    # No temporary files are left behind.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.onnx", "demo.opt.onnx", "report.json"]
+
+
+def test_console_script_and_module_agree(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    script = pathlib.Path(sys.executable).with_name("optimize")
+    if not script.exists():
+        pytest.skip("console script not installed in this environment")
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    p1 = subprocess.run([str(script), str(demo), "-o", str(a), "-q"], capture_output=True, text=True)
+    p2 = run_cli(str(demo), "-o", str(b), "-q")
+    assert p1.returncode == p2.returncode == 0, p1.stderr + p2.stderr
+    assert p1.stdout == p2.stdout == ""
+    assert a.read_bytes() == b.read_bytes()  # deterministic output
+
+
+def test_external_data_stays_external(tmp_path: pathlib.Path) -> None:
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    src = src_dir / "model.onnx"
+    onnx.save_model(weighted_model(), str(src), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="model.weights", size_threshold=512)
+    assert (src_dir / "model.weights").exists()
+    snapshot = {p.name: p.read_bytes() for p in src_dir.iterdir()}
+    out = tmp_path / "out" / "opt.onnx"
+    out.parent.mkdir()
+    proc = run_cli(str(src), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert {p.name: p.read_bytes() for p in src_dir.iterdir()} == snapshot
+    assert sorted(p.name for p in out.parent.iterdir()) == ["opt.onnx", "opt.onnx.data"]
+    proto = onnx.load(str(out), load_external_data=False)
+    external = [t.name for t in proto.graph.initializer if t.data_location == TensorProto.EXTERNAL]
+    assert "big" in external or "big_sum" in external
+    onnx.checker.check_model(str(out), full_check=True)
+    x = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
+    np.testing.assert_allclose(helpers.ort_run(str(out), {"x": x})[0],
+                               helpers.ort_run(str(src), {"x": x})[0], rtol=1e-5)
+
+
+def test_output_may_overwrite_input_safely(demo: pathlib.Path) -> None:
+    x = np.random.default_rng(2).standard_normal((2, 4, 8)).astype(np.float32)
+    expected = helpers.ort_run(str(demo), {"x": x})
+    proc = run_cli(str(demo), "-o", str(demo))
+    assert proc.returncode == 0, proc.stderr
+    for e, a in zip(expected, helpers.ort_run(str(demo), {"x": x})):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
+    assert [p.name for p in demo.parent.iterdir()] == ["demo.onnx"]
+
+
+def test_round_trip_keeps_names_metadata_and_custom_opsets(tmp_path: pathlib.Path) -> None:
+    node = helper.make_node("Relu", ["x"], ["r"], name="my_relu", doc_string="relu doc")
+    ident = helper.make_node("Identity", ["r"], ["y"], name="my_identity")
+    graph = helper.make_graph(
+        [node, ident], "named",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        value_info=[helper.make_tensor_value_info("r", TensorProto.FLOAT, [2, 3])],
+        doc_string="graph doc",
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.example", 1)],
+        ir_version=8, doc_string="model doc",
+    )
+    helper.set_model_props(model, {"author": "tests", "purpose": "round trip"})
+    src = tmp_path / "named.onnx"
+    onnx.save_model(model, str(src))
+    out = tmp_path / "named.opt.onnx"
+    proc = run_cli(str(src), "-o", str(out), "--passes", "", "-q")
+    assert proc.returncode == 0, proc.stderr
+    result = onnx.load(str(out))
+    assert [n.name for n in result.graph.node] == ["my_relu", "my_identity"]
+    assert result.graph.node[0].doc_string == "relu doc"
+    assert [v.name for v in result.graph.value_info] == ["r"]
+    assert result.graph.doc_string == "graph doc" and result.doc_string == "model doc"
+    assert {p.key: p.value for p in result.metadata_props} == {"author": "tests", "purpose": "round trip"}
+    assert [i.name for i in result.graph.input] == ["x"] and [o.name for o in result.graph.output] == ["y"]
+
+
+# --- error paths: exit 2, one line, no output, input unchanged ------------------------------
+
+
+def _expect_refusal(src: pathlib.Path, out: pathlib.Path, *extra: str, needle: str) -> None:
+    before = src.read_bytes() if src.is_file() else None
+    proc = run_cli(str(src), "-o", str(out), *extra)
+    line = assert_one_line_error(proc)
+    assert needle.lower() in line.lower(), line
+    assert not out.exists()
+    if before is not None:
+        assert src.read_bytes() == before
+    leftovers = [p.name for p in out.parent.iterdir() if p.name.startswith(".")] if out.parent.exists() else []
+    assert leftovers == []
+
+
+def test_missing_file(tmp_path: pathlib.Path) -> None:
+    _expect_refusal(tmp_path / "nope.onnx", tmp_path / "out.onnx", needle="no such file")
+
+
+def test_text_file(tmp_path: pathlib.Path) -> None:
+    src = tmp_path / "notes.onnx"
+    src.write_text("this is not a model\n" * 20)
+    _expect_refusal(src, tmp_path / "out.onnx", needle="not")
+
+
+def test_empty_file(tmp_path: pathlib.Path) -> None:
+    src = tmp_path / "empty.onnx"
+    src.write_bytes(b"")
+    _expect_refusal(src, tmp_path / "out.onnx", needle="empty")
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.6, 0.9])
+def test_truncated_model(tmp_path: pathlib.Path, fraction: float) -> None:
+    data = DEMO.read_bytes()
+    src = tmp_path / "cut.onnx"
+    src.write_bytes(data[: int(len(data) * fraction)])
+    _expect_refusal(src, tmp_path / "out.onnx", needle="cut.onnx")
+
+
+def test_missing_external_data(tmp_path: pathlib.Path) -> None:
+    src = tmp_path / "model.onnx"
+    onnx.save_model(weighted_model(), str(src), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="model.weights", size_threshold=512)
+    (tmp_path / "model.weights").unlink()
+    _expect_refusal(src, tmp_path / "out.onnx", needle="not found")
+
+
+def test_truncated_external_data(tmp_path: pathlib.Path) -> None:
+    src = tmp_path / "model.onnx"
+    onnx.save_model(weighted_model(), str(src), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="model.weights", size_threshold=512)
+    weights = tmp_path / "model.weights"
+    weights.write_bytes(weights.read_bytes()[:100])
+    _expect_refusal(src, tmp_path / "out.onnx", needle="truncated")
+
+
+@pytest.mark.parametrize("location", ["../secret.bin", "/etc/passwd", "sub/../../secret.bin"])
+def test_external_data_outside_the_folder_is_refused(tmp_path: pathlib.Path, location: str) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (tmp_path / "secret.bin").write_bytes(b"\0" * 4096 * 4)
+    model = weighted_model(n_weights=1, size=64)
+    tensor = next(t for t in model.graph.initializer if t.name == "big")
+    tensor.ClearField("float_data")
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    del tensor.external_data[:]
+    tensor.external_data.add(key="location", value=location)
+    src = folder / "model.onnx"
+    src.write_bytes(model.SerializeToString())
+    _expect_refusal(src, folder / "out.onnx", needle="outside")
+
+
+def test_output_folder_missing(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    _expect_refusal(demo, tmp_path / "no" / "such" / "out.onnx", needle="does not exist")
+
+
+def test_unknown_pass(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    _expect_refusal(demo, tmp_path / "out.onnx", "--passes", "nosuchpass", needle="unknown pass")
+    _expect_refusal(demo, tmp_path / "out.onnx", "--skip", "alsonot", needle="unknown pass")
+
+
+def test_lower_target_opset(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    _expect_refusal(demo, tmp_path / "out.onnx", "--target-opset", "11", needle="lower")
+
+
+def test_bad_usage(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    proc = run_cli(str(demo))  # no -o
+    assert proc.returncode == 2 and "optimize: error:" in proc.stderr and "Traceback" not in proc.stderr
+    _expect_refusal(demo, tmp_path / "out.onnx", "--dim", "batch", needle="--dim")
+
+
+def test_opset_newer_than_onnx_knows(tmp_path: pathlib.Path) -> None:
+    model = onnx.load(str(DEMO))
+    model.opset_import[0].version = onnx.defs.onnx_opset_version() + 5
+    src = tmp_path / "future.onnx"
+    src.write_bytes(model.SerializeToString())
+    _expect_refusal(src, tmp_path / "out.onnx", needle="opset")
+
+
+def test_invalid_graph_is_refused(tmp_path: pathlib.Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["undefined_name"], ["y"])], "broken",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    src = tmp_path / "broken.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(src))
+    _expect_refusal(src, tmp_path / "out.onnx", needle="invalid model")
+
+
+# --- the check catches a real difference ------------------------------------------------------
+
+
+class _NudgeInitializerPass(ir.passes.InPlacePass):
+    """Test-only: scales the largest entry of an initializer by (1 + rel) (a deliberately wrong pass)."""
+
+    def __init__(self, rel: float) -> None:
+        super().__init__()
+        self.rel = rel
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        value = model.graph.initializers["scale_base"]
+        array = value.const_value.numpy().copy()
+        i = int(np.argmax(np.abs(array)))
+        array[i] = array[i] * np.float32(1 + self.rel)
+        value.const_value = ir.tensor(array, name="scale_base")
+        return ir.passes.PassResult(model, modified=True)
+
+
+class _DropOutputPass(ir.passes.InPlacePass):
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        model.graph.outputs.pop()
+        return ir.passes.PassResult(model, modified=True)
+
+
+def _with_pass(monkeypatch: pytest.MonkeyPatch, name: str, build) -> None:
+    monkeypatch.setitem(pipeline.PASSES, name, pipeline.PassSpec(name, "test only", build))
+
+
+def test_check_fails_on_a_wrong_constant(
+    demo: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    _with_pass(monkeypatch, "nudge", lambda o: _NudgeInitializerPass(0.05))
+    out = tmp_path / "out.onnx"
+    before = demo.read_bytes()
+    code = cli.main([str(demo), "-o", str(out), "--passes", "nudge"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "lse_flat" in err and "optimize: error: check failed" in err
+    assert not out.exists() and demo.read_bytes() == before
+    # --force writes it anyway, still exiting 1.
+    code = cli.main([str(demo), "-o", str(out), "--passes", "nudge", "--force", "-q"])
+    assert code == 1 and out.exists()
+
+
+def test_check_tolerates_a_difference_within_tolerance(
+    demo: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A relative change of 1e-6 (a few float32 ulp) is far below the default
+    # float32 tolerance, but not zero.
+    _with_pass(monkeypatch, "nudge", lambda o: _NudgeInitializerPass(1e-6))
+    out = tmp_path / "out.onnx"
+    assert cli.main([str(demo), "-o", str(out), "--passes", "nudge", "-q"]) == 0
+    # ... but not below a tolerance of zero.
+    assert cli.main([str(demo), "-o", str(out), "--passes", "nudge", "-q", "--rtol", "0", "--atol", "0"]) == 1
+
+
+def test_check_fails_on_a_dropped_output(
+    demo: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    _with_pass(monkeypatch, "drop", lambda o: _DropOutputPass())
+    out = tmp_path / "out.onnx"
+    assert cli.main([str(demo), "-o", str(out), "--passes", "drop"]) == 1
+    err = capsys.readouterr().err
+    assert "log_sum" in err and "missing" in err
+    assert not out.exists()
+
+
+def test_inputs_file_is_used(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    npz = tmp_path / "in.npz"
+    np.savez(npz, x=np.ones((7, 4, 8), np.float32))
+    report = tmp_path / "r.json"
+    proc = run_cli(str(demo), "-o", str(tmp_path / "o.onnx"), "--inputs", str(npz), "--report", str(report), "-q")
+    assert proc.returncode == 0, proc.stderr
+    shapes = {o["name"]: o["shape"] for o in json.loads(report.read_text())["check"]["outputs"]}
+    assert shapes == {"lse_flat": [7, 8], "log_sum": [7, 4]}
+    proc = run_cli(str(demo), "-o", str(tmp_path / "o.onnx"), "--dim", "batch=3", "--report", str(report), "-q")
+    shapes = {o["name"]: o["shape"] for o in json.loads(report.read_text())["check"]["outputs"]}
+    assert shapes == {"lse_flat": [3, 8], "log_sum": [3, 4]}
+
+
+# --- atomic write ------------------------------------------------------------------------------
+
+
+def test_failure_while_saving_leaves_nothing(
+    demo: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    real_save = modelio.save_model
+
+    def failing_save(model, path, **kwargs):
+        real_save(model, path, **kwargs)
+        pathlib.Path(path).write_bytes(pathlib.Path(path).read_bytes()[:50])  # a partial file...
+        raise OSError(28, "No space left on device")  # ...and then the disk fills up
+
+    monkeypatch.setattr(modelio, "save_model", failing_save)
+    out = tmp_path / "out.onnx"
+    before = demo.read_bytes()
+    code = cli.main([str(demo), "-o", str(out)])
+    assert code == 2
+    assert "optimize: error:" in capsys.readouterr().err
+    assert not out.exists()
+    assert demo.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.onnx"]
+
+
+def test_existing_output_survives_a_failed_run(demo: pathlib.Path, tmp_path: pathlib.Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out.onnx"
+    out.write_bytes(b"previous result")
+    _with_pass(monkeypatch, "drop", lambda o: _DropOutputPass())
+    assert cli.main([str(demo), "-o", str(out), "--passes", "drop", "-q"]) == 1
+    assert out.read_bytes() == b"previous result"
+
+
+def test_sigterm_leaves_no_partial_output(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    # A model big enough that saving takes a moment; terminate at once.
+    big = tmp_path / "big.onnx"
+    onnx.save_model(weighted_model(size=8_000_000), str(big))
+    before = big.read_bytes()
+    out = tmp_path / "out.onnx"
+    proc = subprocess.Popen([sys.executable, "-m", "passes", str(big), "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    import time
+    time.sleep(1.0)
+    proc.terminate()
+    _, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err
+    if out.exists():  # the signal came after the atomic rename: the output must be complete
+        onnx.checker.check_model(str(out))
+    else:
+        assert proc.returncode != 0 and "no output written" in err
+    assert big.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
