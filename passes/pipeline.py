@@ -15,6 +15,7 @@ import onnx_ir as ir
 
 from passes import modelio
 from passes.cleanup import CleanupPass
+from passes.decompose import DecomposeLogSumExpPass
 from passes.errors import InputError, OptimizeError
 
 __all__ = [
@@ -61,7 +62,13 @@ class PassSpec:
 
 def _registry() -> dict[str, PassSpec]:
     """The passes in their default order. A pass not written yet is simply absent."""
-    specs: list[PassSpec] = []
+    specs: list[PassSpec] = [
+        PassSpec(
+            "decompose",
+            "rewrite ReduceLogSumExp into max-shifted primitive ops (no float64)",
+            lambda options: DecomposeLogSumExpPass(),
+        ),
+    ]
     return {spec.name: spec for spec in specs}
 
 

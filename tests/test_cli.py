@@ -418,7 +418,7 @@ def test_sigterm_leaves_no_partial_output(demo: pathlib.Path, tmp_path: pathlib.
     assert "Traceback" not in err
     if out.exists():  # the signal came after the atomic rename: the output must be complete
         onnx.checker.check_model(str(out))
-    else:
+    elif proc.returncode != -15:  # -15: killed before the handler was installed (still no output)
         assert proc.returncode != 0 and "no output written" in err
     assert big.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

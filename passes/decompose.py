@@ -1,0 +1,477 @@
+"""Decomposition of ReduceLogSumExp into primitive ONNX ops.
+
+Runtimes and compilers without a ReduceLogSumExp kernel can run the result.
+The rewrite is the max-shifted log-sum-exp::
+
+    m  = ReduceMax(x, axes, keepdims=1)
+    m' = Clip(m, -MAX, MAX)              # ±inf -> ±MAX: a finite shift
+    s  = ReduceSum(Exp(x - m'), axes, keepdims)
+    y  = Log(s) + m'                                  # keepdims=1
+    y  = Log(s) + ReduceMax(m', axes, keepdims=0)     # keepdims=0
+
+Why Clip rather than ``Where(IsInf(m), 0, m)``: both make the shift finite,
+which is all the special cases need. A slice holding +inf gives
+``Exp(inf - MAX) = inf``, so ``y = inf``; an all -inf slice gives
+``Exp(-inf + MAX) = 0``, so ``y = Log(0) - MAX = -inf``; an empty slice has
+``m = -inf`` and ``s = 0``, so ``y = -inf``. A finite ``m`` passes through
+unchanged, so finite inputs compute exactly what the ``Where`` form computes.
+Clip is one node and exists at every opset handled here (IsInf only from 10).
+NaN propagates through ``x - m'`` whatever ReduceMax makes of it
+(onnxruntime's ReduceMax drops a NaN in some positions). The keepdims=0 shift
+is a ReduceMax of the small keepdims=1 shift over the same axes: exact (one
+element per slice) and right for run-time axes and ``noop_with_empty_axes``
+(where it is the identity), which a Squeeze is not. With empty axes and
+``noop_with_empty_axes`` the result is the input bit for bit, ±inf, NaN and
+-0 included (see ``_build``).
+
+Long sums (at least ``_BLOCK_MIN`` = 64 terms; axes and the reduced sizes
+known before run time) are computed in two levels: a Reshape splits the
+longest reduced axis of length n = p*q into (p, q), q about the square root of
+the number of terms, and two ReduceSums add q terms, then the rest. A runtime
+that adds an axis sequentially (onnxruntime does for every reduced axis but
+the innermost, and per SIMD lane on that one) has an error growing like
+n*eps; two levels bring it to about (q + n/q)*eps. Measured in float32 with
+onnxruntime: N(0,1) data of shape (8, 512, 512) over axis 1, up to 2.1 ulp
+with one ReduceSum, 1.2 with two; 4096 two-valued terms over axis 0, 15 ulp
+against 0.4.
+
+float16 and bfloat16 inputs are computed in float32 between a Cast in and a
+Cast out; float32 and float64 in their own type (no cast to float64).
+Integer inputs and inputs of unknown element type are left as they are and
+counted in ``stats``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+import numpy as np
+import onnx.defs
+import onnx_ir as ir
+
+from passes._graphs import Scope, default_opset, iter_nodes, normalize_domain
+
+__all__ = ["DecomposeLogSumExpPass"]
+
+logger = logging.getLogger(__name__)
+
+_OP = "ReduceLogSumExp"
+
+# Element type the arithmetic is done in, per input element type.
+_COMPUTE_TYPE = {
+    ir.DataType.FLOAT: ir.DataType.FLOAT,
+    ir.DataType.DOUBLE: ir.DataType.DOUBLE,
+    ir.DataType.FLOAT16: ir.DataType.FLOAT,
+    ir.DataType.BFLOAT16: ir.DataType.FLOAT,
+}
+_NUMPY = {ir.DataType.FLOAT: np.float32, ir.DataType.DOUBLE: np.float64}
+
+# Opset from which each op takes ``axes`` as an input (an attribute before).
+_AXES_INPUT_SINCE = {"ReduceMax": 18, "ReduceSum": 13, "Unsqueeze": 13}
+
+# Below opset 7 Sub/Add broadcast only through the legacy ``broadcast``
+# attribute, which cannot broadcast the keepdims=1 maximum against the data.
+_MIN_OPSET = 7
+
+# Reductions of at least this many terms are summed in two levels.
+_BLOCK_MIN = 64
+
+_STAT_KEYS = ("decomposed", "skipped_integer", "skipped_unknown_type", "skipped_unsupported")
+
+
+class _Names:
+    """Unique node and value names across a model (graphs, subgraphs, functions)."""
+
+    def __init__(self, model: ir.Model) -> None:
+        self._used: set[str] = set()
+        for root in [model.graph, *model.functions.values()]:
+            self._add_io(root)
+            for node in ir.traversal.RecursiveGraphIterator(root):
+                self._add(node.name)
+                for value in (*node.inputs, *node.outputs):
+                    self._add(value.name if value is not None else None)
+                for attr in node.attributes.values():
+                    if isinstance(attr, ir.Attr) and attr.type == ir.AttributeType.GRAPH:
+                        self._add_io(attr.as_graph())
+                    elif isinstance(attr, ir.Attr) and attr.type == ir.AttributeType.GRAPHS:
+                        for graph in attr.as_graphs():
+                            self._add_io(graph)
+
+    def _add(self, name: str | None) -> None:
+        if name:
+            self._used.add(name)
+
+    def _add_io(self, graph: ir.Graph | ir.Function) -> None:
+        for value in (*graph.inputs, *graph.outputs):
+            self._add(value.name)
+        if isinstance(graph, ir.Graph):
+            self._used.update(graph.initializers)
+
+    def fresh(self, base: str) -> str:
+        """``base``, or ``base_<k>`` for the smallest k not taken; reserves the name."""
+        name, k = base, 1
+        while name in self._used:
+            name, k = f"{base}_{k}", k + 1
+        self._used.add(name)
+        return name
+
+
+@dataclasses.dataclass
+class _Builder:
+    """Creates the replacement nodes, named ``<prefix>/<tag>``, in order."""
+
+    prefix: str
+    names: _Names
+    opset: int
+    nodes: list[ir.Node] = dataclasses.field(default_factory=list)
+
+    def op(
+        self,
+        op_type: str,
+        inputs: list[ir.Value | None],
+        dtype: ir.DataType,
+        tag: str,
+        **attributes: int | float | list[int] | ir.TensorProtocol,
+    ) -> ir.Value:
+        name = self.names.fresh(f"{self.prefix}/{tag}")
+        output = ir.val(self.names.fresh(f"{name}_output"), dtype)
+        while inputs and inputs[-1] is None:  # trailing absent optional inputs
+            inputs = inputs[:-1]
+        self.nodes.append(ir.node(op_type, inputs, attributes, name=name, outputs=[output]))
+        return output
+
+    def constant(self, array: np.ndarray, tag: str) -> ir.Value:
+        return self.op("Constant", [], ir.DataType.from_numpy(array.dtype), tag, value=ir.tensor(array))
+
+    def with_axes(
+        self,
+        op_type: str,
+        data: ir.Value,
+        axes: tuple[int, ...] | ir.Value | None,
+        dtype: ir.DataType,
+        tag: str,
+        **attributes: int,
+    ) -> ir.Value:
+        """``op_type(data)`` with ``axes`` (ints, a value or None) in the op's form at this opset."""
+        if self.opset >= _AXES_INPUT_SINCE[op_type]:
+            if isinstance(axes, tuple):
+                axes = self.constant(np.array(axes, dtype=np.int64), f"{tag}_axes")
+            return self.op(op_type, [data, axes], dtype, tag, **attributes)
+        if isinstance(axes, ir.Value):  # only opset >= 18 nodes have an axes input
+            raise ir.passes.PassError(f"{op_type} at opset {self.opset} cannot take axes {axes!r}")
+        with_attribute: dict[str, int | list[int]] = dict(attributes)
+        if axes is not None:
+            with_attribute["axes"] = list(axes)
+        return self.op(op_type, [data], dtype, tag, **with_attribute)
+
+
+@dataclasses.dataclass
+class _Reduction:
+    """The reduction of the original node, reproduced on the new reduce ops.
+
+    Attributes:
+        axes: The ``axes`` attribute (opset < 18, ints) or input (opset >= 18,
+            a value); None when absent.
+        keepdims: The node's ``keepdims``.
+        noop_with_empty_axes: The node's ``noop_with_empty_axes`` (opset >= 18).
+    """
+
+    axes: tuple[int, ...] | ir.Value | None
+    keepdims: int
+    noop_with_empty_axes: int
+
+    @classmethod
+    def of(cls, node: ir.Node, opset: int) -> _Reduction:
+        keepdims = node.attributes.get_int("keepdims", 1)
+        if opset >= 18:
+            axes = node.inputs[1] if len(node.inputs) > 1 else None
+            return cls(axes, keepdims, node.attributes.get_int("noop_with_empty_axes", 0))
+        ints = node.attributes.get_ints("axes", None)
+        # An empty axes attribute reduces over all axes, as an absent one does.
+        return cls(tuple(ints) if ints else None, keepdims, 0)
+
+    def reduce(
+        self, b: _Builder, op_type: str, data: ir.Value, dtype: ir.DataType, tag: str, keepdims: int
+    ) -> ir.Value:
+        """``op_type(data)`` over the node's axes, keeping ``noop_with_empty_axes``."""
+        attributes = {"keepdims": keepdims}
+        if self.noop_with_empty_axes:
+            attributes["noop_with_empty_axes"] = self.noop_with_empty_axes
+        return b.with_axes(op_type, data, self.axes, dtype, tag, **attributes)
+
+    def known_axes(self, rank: int) -> tuple[int, ...] | None:
+        """The reduced axes, sorted and non-negative, when known before run time.
+
+        None when they are computed at run time, out of range, or none at all
+        (``noop_with_empty_axes`` with empty axes).
+        """
+        if isinstance(self.axes, ir.Value):
+            if self.axes.is_graph_input():  # an initializer a caller may override
+                return None
+            try:
+                tensor = ir.convenience.get_const_tensor(self.axes)
+            except ValueError:
+                return None
+            if tensor is None:
+                return None
+            axes = tuple(int(a) for a in tensor.numpy().reshape(-1))
+        else:
+            axes = self.axes or ()
+        if not axes:
+            return None if self.noop_with_empty_axes else tuple(range(rank))
+        if any(not -rank <= a < rank for a in axes):
+            return None
+        return tuple(sorted({a % rank for a in axes}))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Split:
+    """How a long sum is done in two levels: axis ``axis`` of length outer*inner is split.
+
+    Attributes:
+        dims: The data's shape (ints where static, None where not).
+        axes: The reduced axes, sorted and non-negative.
+        axis: The reduced axis that is split.
+        outer: Its outer part p.
+        inner: Its inner part q (summed first).
+    """
+
+    dims: tuple[int | None, ...]
+    axes: tuple[int, ...]
+    axis: int
+    outer: int
+    inner: int
+
+    @classmethod
+    def plan(cls, shape: ir.Shape | None, reduction: _Reduction, opset: int) -> _Split | None:
+        """A split for a sum of at least ``_BLOCK_MIN`` terms, or None when there is none."""
+        if shape is None or opset < 13:
+            return None
+        dims = tuple(d if isinstance(d, int) else None for d in shape)
+        axes = reduction.known_axes(len(dims))
+        if axes is None or 0 in dims:
+            return None
+        # Without static dims the Reshape target comes from Shape, which may hold a
+        # run-time 0: that needs allowzero (opset 14).
+        if None in dims and opset < 14:
+            return None
+        known = [(n, a) for a in axes if (n := dims[a]) is not None]
+        terms = math.prod(n for n, _ in known)
+        if terms < _BLOCK_MIN:
+            return None
+        n, axis = max(known)  # the longest axis; the last of equals
+        target = math.sqrt(terms)
+        divisors = [q for q in range(2, n) if n % q == 0]
+        if not divisors:  # n is prime
+            return None
+        inner = min(divisors, key=lambda q: abs(math.log(q / target)))
+        return cls(dims, axes, axis, n // inner, inner)
+
+    def sum(self, b: _Builder, e: ir.Value, dtype: ir.DataType, keepdims: int) -> ir.Value:
+        """``ReduceSum(e, axes, keepdims)`` adding ``inner`` terms first, then the rest."""
+        a = self.axis
+        if None not in self.dims:
+            dims = [*self.dims[:a], self.outer, self.inner, *self.dims[a + 1 :]]
+            target = b.constant(np.array(dims, dtype=np.int64), "block_shape")
+        else:
+            parts = [b.constant(np.array([self.outer, self.inner], dtype=np.int64), "block_dims")]
+            if a > 0:
+                parts.insert(0, self._dims(b, e, 0, a, "shape_head"))
+            if a + 1 < len(self.dims):
+                parts.append(self._dims(b, e, a + 1, len(self.dims), "shape_tail"))
+            target = b.op("Concat", parts, ir.DataType.INT64, "block_shape", axis=0)
+        attributes = {"allowzero": 1} if b.opset >= 14 else {}
+        blocks = b.op("Reshape", [e, target], dtype, "blocks", **attributes)
+        partial = b.with_axes("ReduceSum", blocks, (a + 1,), dtype, "block_sum", keepdims=1)
+        rest = {ax + (ax > a) for ax in self.axes} | {a, a + 1}
+        total = b.with_axes("ReduceSum", partial, tuple(sorted(rest)), dtype, "sum", keepdims=0)
+        if keepdims:
+            total = b.with_axes("Unsqueeze", total, self.axes, dtype, "sum_keepdims")
+        return total
+
+    @staticmethod
+    def _dims(b: _Builder, value: ir.Value, start: int, end: int, tag: str) -> ir.Value:
+        if b.opset >= 15:
+            return b.op("Shape", [value], ir.DataType.INT64, tag, start=start, end=end)
+        shape = b.op("Shape", [value], ir.DataType.INT64, f"{tag}_full")
+        starts = b.constant(np.array([start], dtype=np.int64), f"{tag}_start")
+        ends = b.constant(np.array([end], dtype=np.int64), f"{tag}_end")
+        return b.op("Slice", [shape, starts, ends], ir.DataType.INT64, tag)
+
+
+def _clamp(b: _Builder, m: ir.Value, dtype: ir.DataType) -> ir.Value:
+    """``m`` with -inf/+inf replaced by the lowest/largest finite value of ``dtype``."""
+    big = np.finfo(_NUMPY[dtype]).max
+    if dtype == ir.DataType.FLOAT and b.opset < 11:  # Clip-6: float32 bounds as attributes
+        return b.op("Clip", [m], dtype, "shift", min=float(-big), max=float(big))
+    lo = b.constant(np.array(-big, dtype=_NUMPY[dtype]), "shift_min")
+    hi = b.constant(np.array(big, dtype=_NUMPY[dtype]), "shift_max")
+    if dtype == ir.DataType.FLOAT or b.opset >= 12:
+        return b.op("Clip", [m, lo, hi], dtype, "shift")
+    # Double below opset 12: Min/Max (broadcasting from opset 8, see _unsupported).
+    # Clip-11 allows double, but onnxruntime implements Clip-11 for float only.
+    return b.op("Max", [b.op("Min", [m, hi], dtype, "shift_upper"), lo], dtype, "shift")
+
+
+def _element_type(node: ir.Node) -> ir.DataType | None:
+    """The node's element type T: from its data input, else from its output (also T)."""
+    for value in (node.inputs[0] if node.inputs else None, node.outputs[0]):
+        if value is not None and value.dtype is not None:
+            return value.dtype
+    return None
+
+
+def _unsupported(dtype: ir.DataType, opset: int | None) -> str | None:
+    """Why the rewrite cannot be written at ``opset`` for ``dtype``, or None."""
+    if dtype not in _COMPUTE_TYPE:
+        return f"element type {dtype.name} is not a type of {_OP}"
+    if opset is None:
+        return "the default domain is not imported"
+    if opset < _MIN_OPSET:
+        return f"Sub and Add have no multidirectional broadcasting at opset {opset}"
+    if dtype == ir.DataType.BFLOAT16 and opset < 13:
+        return f"Cast has no bfloat16 at opset {opset}"
+    if dtype == ir.DataType.DOUBLE and opset < 8:
+        return f"no op clamps a double shift at opset {opset} (Min/Max broadcast from 8)"
+    return None
+
+
+class DecomposeLogSumExpPass(ir.passes.InPlacePass):
+    """Rewrites every ReduceLogSumExp into ReduceMax, Clip, Sub, Exp, ReduceSum, Log, Add.
+
+    Rewrite rule (T in {float, double}; float16 and bfloat16 are cast to float
+    before and back after)::
+
+        y = ReduceLogSumExp(x, axes, keepdims=k, noop_with_empty_axes=n)
+        ->
+        m  = ReduceMax(x, axes, keepdims=1, noop_with_empty_axes=n)
+        m' = Clip(m, lowest(T), max(T))
+        s  = ReduceSum(Exp(Sub(x, m')), axes, keepdims=k, noop_with_empty_axes=n)
+        t  = m'                                                       if k == 1
+        t  = ReduceMax(m', axes, keepdims=0, noop_with_empty_axes=n)  if k == 0
+        y  = Add(Log(s), t)                                           if n == 0
+        y  = Sub(t, Sub(0, Log(s)))                                   if n == 1
+
+    The reduce ops take ``axes`` in the form of the opset that applies to the
+    node (an attribute before 18, an input from 18; ReduceSum's is an input
+    from 13) and the node's own axes: constant, graph input or computed. A sum
+    of at least 64 terms over axes known before run time is done in two
+    levels (Reshape, ReduceSum, ReduceSum, Unsqueeze for k == 1); see the
+    module docstring. The two forms of the last step are equal bit for bit but
+    for the sign of a zero: the n == 1 form gives back -0 for -0, so that with
+    empty axes the result is exactly the input.
+
+    Nodes are rewritten in the main graph, in every subgraph and in every
+    model-local function; the output value keeps its name, type and shape.
+    Left in place and counted: integer inputs (onnxruntime's integer kernel
+    does not compute the mathematical definition), inputs of unknown type,
+    opsets that cannot express the rewrite, and functions whose opset import
+    differs from the model's for an op the rewrite needs (the checker requires
+    both to resolve every op of a function alike).
+
+    Attributes:
+        stats: After each call: ``decomposed``, and the nodes left in place by
+            reason: ``skipped_integer``, ``skipped_unknown_type`` and
+            ``skipped_unsupported`` (opset, element type or function opset).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stats: dict[str, int] = dict.fromkeys(_STAT_KEYS, 0)
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        stats = dict.fromkeys(_STAT_KEYS, 0)
+        names: _Names | None = None
+        model_opset = default_opset(model.opset_imports)
+        for node, scope in iter_nodes(model):
+            if node.op_type != _OP or normalize_domain(node.domain) != "":
+                continue
+            reason = _skip_reason(node, scope)
+            if reason is None:
+                names = names or _Names(model)
+                nodes, y = _build(node, scope, names)
+                reason = _function_conflict(nodes, node, scope, model_opset)
+            if reason is not None:
+                stats[reason] += 1
+                continue
+            ir.convenience.replace_nodes_and_values(scope.body, node, [node], nodes, [node.outputs[0]], [y])
+            logger.debug("decomposed %s %r into %s nodes", _OP, node.name, len(nodes))
+            stats["decomposed"] += 1
+        self.stats = stats
+        if stats["decomposed"]:
+            logger.info("decomposed %s %s node(s); stats %s", stats["decomposed"], _OP, stats)
+        return ir.passes.PassResult(model, modified=stats["decomposed"] > 0)
+
+
+def _skip_reason(node: ir.Node, scope: Scope) -> str | None:
+    """The ``stats`` key of why ``node`` is left in place, or None to decompose it."""
+    dtype = _element_type(node)
+    if dtype is None:
+        logger.warning("%s %r: element type unknown, left in place", _OP, node.name)
+        return "skipped_unknown_type"
+    if dtype.is_integer():
+        logger.info("%s %r: integer input (%s) left in place", _OP, node.name, dtype.name)
+        return "skipped_integer"
+    why = _unsupported(dtype, scope.opset(""))
+    if why is not None:
+        logger.warning("%s %r: left in place: %s", _OP, node.name, why)
+        return "skipped_unsupported"
+    return None
+
+
+def _function_conflict(
+    nodes: list[ir.Node], node: ir.Node, scope: Scope, model_opset: int | None
+) -> str | None:
+    """``skipped_unsupported`` if a new op in a function has another schema at the model's opset."""
+    opset = scope.opset("")
+    if not scope.in_function or model_opset is None or opset == model_opset:
+        return None
+    for op_type in sorted({n.op_type for n in nodes}):
+        here = onnx.defs.get_schema(op_type, opset).since_version
+        there = onnx.defs.get_schema(op_type, model_opset).since_version
+        if here != there:
+            logger.warning(
+                "%s %r: left in place: the function imports opset %s where %s is version %s, "
+                "the model opset %s where it is version %s",
+                _OP, node.name, opset, op_type, here, model_opset, there,
+            )  # fmt: skip
+            return "skipped_unsupported"
+    return None
+
+
+def _build(node: ir.Node, scope: Scope, names: _Names) -> tuple[list[ir.Node], ir.Value]:
+    """The replacement nodes of ``node`` (see the pass's docstring) and the new output."""
+    opset = scope.opset("")
+    dtype = _element_type(node)
+    x = node.inputs[0]
+    assert opset is not None and dtype is not None and x is not None  # _skip_reason
+    compute = _COMPUTE_TYPE[dtype]
+    reduction = _Reduction.of(node, opset)
+    split = _Split.plan(x.shape, reduction, opset)
+    b = _Builder(node.name or node.outputs[0].name or _OP, names, opset)
+
+    if compute != dtype:
+        x = b.op("Cast", [x], compute, "cast_in", to=compute.value)
+    shift = _clamp(b, reduction.reduce(b, "ReduceMax", x, compute, "max", keepdims=1), compute)
+    exp = b.op("Exp", [b.op("Sub", [x, shift], compute, "sub")], compute, "exp")
+    if split is not None:
+        total = split.sum(b, exp, compute, reduction.keepdims)
+    else:
+        total = reduction.reduce(b, "ReduceSum", exp, compute, "sum", keepdims=reduction.keepdims)
+    if not reduction.keepdims:
+        shift = reduction.reduce(b, "ReduceMax", shift, compute, "shift_squeezed", keepdims=0)
+    log = b.op("Log", [total], compute, "log")
+    if reduction.noop_with_empty_axes:
+        # With empty axes each "slice" is one element, s = 1 and y = m' + Log(1) = m' + 0,
+        # which turns m' = -0 into +0. m' - (0 - Log(s)) is the same sum, bit for bit, except
+        # that it keeps -0: the identity is then exact. (Where(s == 1, m', y) would be too,
+        # but onnxruntime's Where returns +0 for a selected -0.)
+        zero = b.constant(np.array(0, dtype=_NUMPY[compute]), "zero")
+        y = b.op("Sub", [shift, b.op("Sub", [zero, log], compute, "neg_log")], compute, "result")
+    else:
+        y = b.op("Add", [log, shift], compute, "add")
+    if compute != dtype:
+        y = b.op("Cast", [y], dtype, "cast_out", to=dtype.value)
+    return b.nodes, y
