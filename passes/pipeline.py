@@ -16,6 +16,7 @@ import onnx_ir as ir
 from passes import modelio
 from passes.cleanup import CleanupPass
 from passes.decompose import DecomposeLogSumExpPass
+from passes.upgrade import UpgradeOpsetPass
 from passes.errors import InputError, OptimizeError
 
 __all__ = [
@@ -63,6 +64,11 @@ class PassSpec:
 def _registry() -> dict[str, PassSpec]:
     """The passes in their default order. A pass not written yet is simply absent."""
     specs: list[PassSpec] = [
+        PassSpec(
+            "upgrade",
+            "convert the default-domain opset to --target-opset (Reduce axes become inputs)",
+            lambda options: UpgradeOpsetPass(options.target_opset),
+        ),
         PassSpec(
             "decompose",
             "rewrite ReduceLogSumExp into max-shifted primitive ops (no float64)",

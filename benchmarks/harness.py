@@ -1,0 +1,192 @@
+"""Shared benchmark utilities: run each tool in a fresh subprocess, measure, compare.
+
+A tool is a Python snippet run with ``python -c``; it receives its arguments in
+``sys.argv[1:]``, does only that tool's work and prints, as its last stdout
+line, a JSON object with at least ``"seconds"`` (the time of the work itself,
+measured by the child, without interpreter start-up and imports). The parent
+measures the child's wall time; the child reports its own peak RSS (Linux
+``VmHWM``; ``ru_maxrss`` of a child would also count the parent's pages it held
+between fork and exec, and ``RUSAGE_CHILDREN`` keeps the maximum over all
+children).
+
+Usage::
+
+    results = [measure("ours", "1k nodes", OUR_SNIPPET, [src, dst]), ...]
+    print(format_table(results, reference="ours"))
+    save_json("bench.json", results, meta={...})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = ["Measurement", "check_model_file", "format_table", "measure", "save_json"]
+
+_CHECK_SNIPPET = r"""
+import json, sys
+result = {"seconds": 0.0}
+try:
+    import onnx
+    onnx.checker.check_model(sys.argv[1], full_check=True)
+    result["valid"] = True
+except Exception as error:  # report, never hide: the message goes into the table
+    result["valid"] = False
+    result["valid_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+try:
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+    result["loads_in_ort"] = True
+except Exception as error:
+    result["loads_in_ort"] = False
+    result["ort_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+print(json.dumps(result))
+"""
+
+
+@dataclasses.dataclass
+class Measurement:
+    """One run of one tool on one case.
+
+    Attributes:
+        tool: The tool's name.
+        case: The case's name.
+        seconds: Time of the work as reported by the child (None if it failed).
+        wall_seconds: Wall time of the whole child process.
+        peak_rss_mib: Peak resident memory of the child, in MiB.
+        ok: Whether the child exited with status 0 and reported its time.
+        error: The last stderr line when it failed.
+        extra: Other fields the child or a later check reported.
+    """
+
+    tool: str
+    case: str
+    seconds: float | None
+    wall_seconds: float
+    peak_rss_mib: float
+    ok: bool
+    error: str = ""
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# Appended to every snippet: the child's own peak RSS. Linux's VmHWM belongs to the
+# process image, so unlike ru_maxrss it does not count the parent's pages the child
+# had between fork and exec.
+_PEAK_EPILOGUE = """
+def _harness_peak_kib():
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    import resource, sys as _sys
+    scale = 1 / 1024 if _sys.platform == "darwin" else 1
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale)
+import json as _json
+print(_json.dumps({"peak_rss_kib": _harness_peak_kib()}))
+"""
+
+
+def _run(snippet: str, args: Sequence[str], timeout: float) -> tuple[int, str, str, float]:
+    """Runs ``python -c snippet args`` and returns (status, stdout, stderr, wall seconds)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        code = snippet + "\n" + _PEAK_EPILOGUE
+        process = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out, stderr=err)
+        deadline = start + timeout
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        wall = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    return process.returncode, stdout, stderr, wall
+
+
+def _json_lines(stdout: str) -> dict[str, Any]:
+    """Merges the JSON objects printed on their own lines."""
+    report: dict[str, Any] = {}
+    for line in stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                report.update(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return report
+
+
+def measure(tool: str, case: str, snippet: str, args: Sequence[str], timeout: float = 3600) -> Measurement:
+    """Runs one tool on one case in a fresh interpreter."""
+    status, stdout, stderr, wall = _run(snippet, [str(a) for a in args], timeout)
+    report = _json_lines(stdout)
+    ok = status == 0 and "seconds" in report
+    error = "" if ok else (stderr.strip().splitlines() or [f"exit status {status}"])[-1][:200]
+    seconds = report.pop("seconds", None) if ok else None
+    rss = report.pop("peak_rss_kib", 0) / 1024
+    return Measurement(tool, case, seconds, wall, rss, ok, error, report)
+
+
+def check_model_file(path: str | os.PathLike[str], timeout: float = 3600) -> dict[str, Any]:
+    """Whether a saved model passes the full onnx check and loads in onnxruntime (in a subprocess)."""
+    result = measure("check", str(path), _CHECK_SNIPPET, [str(path)], timeout)
+    if not result.ok:
+        return {"valid": False, "loads_in_ort": False, "check_error": result.error}
+    return result.extra
+
+
+def _ratio(value: float | None, reference: float | None) -> str:
+    if value is None or not reference:
+        return "-"
+    return f"{value / reference:.2f}x"
+
+
+def format_table(results: Iterable[Measurement], reference: str) -> str:
+    """A text table: time and peak RSS per case and tool, with ratios to the ``reference`` tool."""
+    results = list(results)
+    by_case: dict[str, dict[str, Measurement]] = {}
+    for m in results:
+        by_case.setdefault(m.case, {})[m.tool] = m
+    header = (
+        f"{'case':<28} {'tool':<14} {'time s':>9} {'x ' + reference:>8} {'peak MiB':>9} {'x ' + reference:>8}"
+        "  valid  ort  note"
+    )
+    lines = [header, "-" * len(header)]
+    for case, tools in by_case.items():
+        ref = tools.get(reference)
+        for tool, m in tools.items():
+            seconds = f"{m.seconds:.3f}" if m.seconds is not None else "fail"
+            flags = [m.extra.get("valid"), m.extra.get("loads_in_ort")]
+            marks = ["yes" if f else "no" if f is False else "-" for f in flags]
+            note = m.error or m.extra.get("valid_error") or m.extra.get("ort_error") or ""
+            time_ratio = _ratio(m.seconds, ref.seconds if ref else None)
+            rss_ratio = _ratio(m.peak_rss_mib, ref.peak_rss_mib if ref else None)
+            lines.append(
+                f"{case:<28} {tool:<14} {seconds:>9} {time_ratio:>8} {m.peak_rss_mib:>9.1f} {rss_ratio:>8}"
+                f"  {marks[0]:<5}  {marks[1]:<3}  {note[:60]}"
+            )
+    return "\n".join(lines)
+
+
+def save_json(
+    path: str | os.PathLike[str], results: Iterable[Measurement], meta: dict[str, Any] | None = None
+) -> None:
+    """Writes the measurements (and a description of the run) as JSON."""
+    payload = {"meta": meta or {}, "results": [dataclasses.asdict(m) for m in results]}
+    pathlib.Path(path).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
