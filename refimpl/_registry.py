@@ -53,6 +53,9 @@ class KernelEntry:
 
 
 _KERNELS: dict[tuple[str, str], list[KernelEntry]] = {}
+# run()'s memo of lookup(): (op_type, opset, domain) -> (kernel, defaults, schema version).
+# A plain dict and a tuple unpack cost less per call than the lru_cache and attribute reads.
+_RUNNABLE: dict[tuple[str, int, str], tuple[Kernel, Mapping[str, Any], int]] = {}
 
 
 def _normalize_domain(domain: str) -> str:
@@ -83,6 +86,7 @@ def register(
         entries.append(KernelEntry(domain, op_type, since, last, kernel))
         entries.sort(key=lambda e: e.since)
         lookup.cache_clear()
+        _RUNNABLE.clear()
         return kernel
 
     return decorator
@@ -163,16 +167,20 @@ def run(
         UnsupportedOpError: no kernel implements the op at that opset.
         RefImplError: the inputs or attributes are invalid for the op.
     """
-    resolved = lookup(op_type, opset, _normalize_domain(domain))
-    attrs = dict(resolved.defaults)
-    if attributes:
-        attrs.update(attributes)
+    key = (op_type, opset, domain)
+    runnable = _RUNNABLE.get(key)
+    if runnable is None:
+        resolved = lookup(op_type, opset, domain)
+        runnable = _RUNNABLE[key] = (resolved.kernel, resolved.defaults, resolved.since_version)
+    kernel, defaults, version = runnable
+    attrs = {**defaults, **attributes} if attributes else dict(defaults)
     try:
-        outputs = resolved.kernel(list(inputs), attrs)
+        # Kernels never mutate their inputs, so a list is passed on without a copy.
+        outputs = kernel(inputs if type(inputs) is list else list(inputs), attrs)
     except (RefImplError, UnsupportedOpError):
         raise
     except (ValueError, TypeError, IndexError, KeyError, OverflowError, ZeroDivisionError) as e:
-        raise RefImplError(f"{op_type}-{resolved.since_version}: {e}") from e
+        raise RefImplError(f"{op_type}-{version}: {e}") from e
     return list(outputs)
 
 

@@ -1,4 +1,4 @@
-"""Matrix products, Softmax/LogSoftmax and small tensor generators.
+"""Matrix products, Softmax/LogSoftmax, Dropout and Compress.
 
 Precision: float16/bfloat16 products are computed in float32 and rounded once;
 Einsum and Softmax/LogSoftmax compute every float type below float64 in
@@ -9,27 +9,14 @@ rounded. Integer products wrap around like the C++ kernels.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
 
 import ml_dtypes
 import numpy as np
-import onnx
 
+from refimpl._common import Attrs, Inputs, as_array, as_text, normalize_axis, same_dtype
 from refimpl._registry import Kernel, RefImplError, register
-from refimpl.shape import as_array, as_text, normalize_axis
-
-_Inputs = Sequence[Any]
-_Attrs = Mapping[str, Any]
 
 _HALF_TYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
-
-
-def _same_dtype(op: str, arrays: Sequence[np.ndarray]) -> np.dtype:
-    dtype = arrays[0].dtype
-    if any(a.dtype != dtype for a in arrays):
-        raise RefImplError(f"{op}: mixed input types {sorted({str(a.dtype) for a in arrays})}")
-    return dtype
 
 
 def _compute_dtype(dtype: np.dtype, wide: bool = False) -> np.dtype:
@@ -45,10 +32,10 @@ def _compute_dtype(dtype: np.dtype, wide: bool = False) -> np.dtype:
 
 
 @register("MatMul", 1, 13)
-def _matmul(inputs: _Inputs, attrs: _Attrs) -> tuple[np.ndarray]:
+def _matmul(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     """MatMul with numpy.matmul semantics (1-D operands are promoted, batch dims broadcast)."""
     a, b = as_array(inputs[0]), as_array(inputs[1])
-    dtype = _same_dtype("MatMul", (a, b))
+    dtype = same_dtype("MatMul", (a, b))
     if a.ndim == 0 or b.ndim == 0:
         raise RefImplError("MatMul: scalar operand")
     compute = _compute_dtype(dtype)
@@ -70,12 +57,12 @@ def _gemm(c_optional: bool) -> Kernel:
     evaluator skip C when beta is 0. Integer types need integral alpha/beta.
     """
 
-    def kernel(inputs: _Inputs, attrs: _Attrs) -> tuple[np.ndarray]:
+    def kernel(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
         a, b = as_array(inputs[0]), as_array(inputs[1])
         c = as_array(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else None
         if c is None and not c_optional:
             raise RefImplError("Gemm: C is required before version 11")
-        dtype = _same_dtype("Gemm", (a, b) if c is None else (a, b, c))
+        dtype = same_dtype("Gemm", (a, b) if c is None else (a, b, c))
         if a.ndim != 2 or b.ndim != 2:
             raise RefImplError(f"Gemm: A and B must be 2-D, got {a.shape} and {b.shape}")
         a = a.T if attrs.get("transA", 0) else a
@@ -103,12 +90,12 @@ register("Gemm", 11, 13)(_gemm(c_optional=True))
 
 
 @register("Einsum", 12, 28)
-def _einsum(inputs: _Inputs, attrs: _Attrs) -> tuple[np.ndarray]:
+def _einsum(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     """Einsum via numpy.einsum (implicit output: labels seen once, in ASCII order)."""
     arrays = [as_array(x) for x in inputs]
     if not arrays:
         raise RefImplError("Einsum: needs at least one input")
-    dtype = _same_dtype("Einsum", arrays)
+    dtype = same_dtype("Einsum", arrays)
     equation = as_text(attrs["equation"]).replace(" ", "")
     compute = _compute_dtype(dtype, wide=True)
     result = np.einsum(equation, *(x.astype(compute, copy=False) for x in arrays))
@@ -127,7 +114,7 @@ def _softmax(log: bool, coerce_2d: bool, allow_negative: bool) -> Kernel:
     """
     op = "LogSoftmax" if log else "Softmax"
 
-    def kernel(inputs: _Inputs, attrs: _Attrs) -> tuple[np.ndarray]:
+    def kernel(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
         x = as_array(inputs[0])
         axis = normalize_axis(op, attrs["axis"], x.ndim, allow_negative=allow_negative)
         if x.size == 0:
@@ -151,7 +138,7 @@ for _log, _op in ((False, "Softmax"), (True, "LogSoftmax")):
     register(_op, 13)(_softmax(_log, coerce_2d=False, allow_negative=True))
 
 
-# --- Dropout, EyeLike, OneHot, Compress -----------------------------------------------------------
+# --- Dropout, Compress ---------------------------------------------------------------------------
 
 
 def _dropout(mask_like_input: bool, mode_inputs: bool) -> Kernel:
@@ -162,7 +149,7 @@ def _dropout(mask_like_input: bool, mode_inputs: bool) -> Kernel:
     dropout, which has no deterministic result unless the ratio is 0.
     """
 
-    def kernel(inputs: _Inputs, attrs: _Attrs) -> tuple[np.ndarray, np.ndarray]:
+    def kernel(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray, np.ndarray]:
         x = as_array(inputs[0])
         if mode_inputs and len(inputs) > 2 and inputs[2] is not None and bool(as_array(inputs[2])):
             ratio = float(as_array(inputs[1])) if len(inputs) > 1 and inputs[1] is not None else 0.5
@@ -179,39 +166,10 @@ register("Dropout", 10)(_dropout(mask_like_input=False, mode_inputs=False))
 register("Dropout", 12, 22)(_dropout(mask_like_input=False, mode_inputs=True))
 
 
-@register("EyeLike", 9, 22)
-def _eye_like(inputs: _Inputs, attrs: _Attrs) -> tuple[np.ndarray]:
-    x = as_array(inputs[0])
-    if x.ndim != 2:
-        raise RefImplError(f"EyeLike: input must be 2-D, got shape {x.shape}")
-    dtype = attrs.get("dtype")
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(int(dtype)) if dtype else x.dtype
-    return (np.eye(x.shape[0], x.shape[1], k=int(attrs.get("k", 0)), dtype=dtype),)
-
-
-@register("OneHot", 9, 28)
-def _one_hot(inputs: _Inputs, attrs: _Attrs) -> tuple[np.ndarray]:
-    """OneHot; indices and depth truncate to int64; indices outside [-depth, depth-1] stay off."""
-    indices, depth, values = (as_array(x) for x in inputs[:3])
-    if depth.size != 1 or values.size != 2:
-        raise RefImplError(f"OneHot: depth {depth.shape} / values {values.shape} have wrong sizes")
-    if indices.dtype.kind == "f" and not np.all(np.isfinite(indices)):
-        raise RefImplError("OneHot: non-finite index")
-    n = int(depth.reshape(()))  # int() truncates a float depth
-    if n < 0:
-        raise RefImplError(f"OneHot: negative depth {n}")
-    axis = normalize_axis("OneHot", attrs.get("axis", -1), indices.ndim + 1)
-    idx = indices.astype(np.int64)
-    idx = np.expand_dims(np.where(idx < 0, idx + n, idx), axis)
-    classes = np.arange(n, dtype=np.int64).reshape([-1] + [1] * (indices.ndim - axis))
-    off, on = values.reshape(-1)
-    return (np.where(idx == classes, on, off).astype(values.dtype, copy=False),)
-
-
 def _compress(allow_negative: bool) -> Kernel:
     """Compress; a condition shorter than the axis drops the slices beyond it."""
 
-    def kernel(inputs: _Inputs, attrs: _Attrs) -> tuple[np.ndarray]:
+    def kernel(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
         x, condition = as_array(inputs[0]), as_array(inputs[1])
         if condition.ndim != 1:
             raise RefImplError(f"Compress: condition must be 1-D, got shape {condition.shape}")

@@ -1,7 +1,7 @@
 """Reduction kernels: ReduceSum, ReduceMean, ReduceMax, ReduceLogSumExp and the rest of the family.
 
 Each op is one *reducer* built by ``_reducer(on_float, on_int)``: a function
-``(data, axes) -> array`` that reduces ``data`` over ``axes`` keeping the reduced dimensions.
+``(data, axes, keepdims) -> array`` that reduces ``data`` over the normalised ``axes``.
 ``_kernel`` wraps a reducer in either calling convention:
 
   * attribute form (schema versions below 18; ReduceSum below 13): ``axes`` is an attribute and
@@ -14,16 +14,18 @@ Each op is one *reducer* built by ``_reducer(on_float, on_int)``: a function
     unchanged"; their examples have no negative inputs, so both readings agree there.)
 
 Numerics:
-  * float16, bfloat16 and float32 are evaluated in float64 and rounded once to the input type,
-    so the result is the float64 result correctly rounded. (float32 accumulation, which the
-    brief suggested for float16, can be hundreds of ulps off after cancellation, e.g. the sum of
-    [65504, 2**-14, -65504].)
+  * float16, bfloat16 and float32 are evaluated in float64 (float64 input as is) and rounded
+    once to the input type, so the result is the float64 result correctly rounded. (float32
+    accumulation, which the brief suggested for float16, can be hundreds of ulps off after
+    cancellation, e.g. the sum of [65504, 2**-14, -65504].)
   * NaN propagates through every reduction, ReduceMax/ReduceMin included (as the elementwise
     Max/Min do; onnxruntime's ReduceMax/Min drop a NaN that is not the first element).
   * ReduceLogSumExp shifts by the slice maximum (by 0 where that is not finite): a slice of
     only -inf gives -inf, a +inf entry gives +inf, NaN propagates, and 3e38 in float32 does
     not overflow.
-  * Integer reductions are exact. A sum, sum of squares, L1 norm or product that does not fit
+  * Integer reductions are exact: they run in the input type when a bound on the result
+    (from the largest magnitude and the count) shows that nothing can overflow, and in int64 or
+    Python ints otherwise. A sum, sum of squares, L1 norm or product that does not fit
     the input type raises: the spec does not define the overflow and runtimes disagree
     (onnxruntime saturates, numpy and the onnx reference wrap around). Integer ReduceMean,
     ReduceL2, ReduceLogSum and ReduceLogSumExp return the exact real result truncated toward
@@ -38,38 +40,56 @@ Numerics:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from refimpl._common import Attrs, Inputs, int_extent, normalize_axes
+from refimpl._dtypes import F32, F64, DTypes, as_dtype, checked, int_range, register_versions
 from refimpl._registry import Kernel
-from refimpl.elementwise import DTypes, as_dtype, register_versions
 
 Array = np.ndarray
 Axes = tuple[int, ...]
-Reducer = Callable[[Array, Axes], Array]
+Reducer = Callable[[Array, Axes, int], Array]
+"""``reduce(data, axes, keepdims)``: the reduction of ``data`` over the (normalised) ``axes``."""
 
-
-def _resolve_axes(axes: Any, rank: int, noop_with_empty_axes: bool) -> Axes:
-    """Normalises ``axes`` to sorted non-negative ints; empty means all axes unless noop."""
-    if axes is None:
-        values = []
-    elif isinstance(axes, np.ndarray):
+def _axes(op: str, axes: Any, rank: int, noop_with_empty_axes: bool) -> Axes:
+    """Normalises ``axes`` (attribute list or int64 tensor); empty means all unless noop."""
+    if isinstance(axes, np.ndarray):
         values = axes.tolist() if axes.ndim == 1 else axes.ravel().tolist()
     else:
-        values = list(axes)
-    if not values:
+        values = () if axes is None else axes
+    if not len(values):
         return () if noop_with_empty_axes else tuple(range(rank))
-    out = []
-    for axis in values:
-        axis = int(axis)
-        if not -rank <= axis < rank:
-            raise ValueError(f"axis {axis} is out of range for a tensor of rank {rank}")
-        out.append(axis % rank)
-    if len(set(out)) != len(out):
-        raise ValueError(f"axes {values} repeat an axis")
-    return tuple(sorted(out))
+    return normalize_axes(op, values, rank)
+
+
+def _kernel(op: str, reducer: Reducer, *, axes_input: bool) -> Callable[[DTypes], Kernel]:
+    """Wraps a reducer in the attribute form or the input form of the Reduce* schemas."""
+
+    def make(types: DTypes) -> Kernel:
+        allowed = types["T"]
+
+        def kernel(inputs: Inputs, attrs: Attrs) -> tuple[Array]:
+            data = checked(inputs[0], allowed)
+            if axes_input:
+                raw = inputs[1] if len(inputs) > 1 else None
+                axes = _axes(op, raw, data.ndim, attrs.get("noop_with_empty_axes", 0))
+            else:
+                axes = _axes(op, attrs.get("axes"), data.ndim, False)
+            return (as_dtype(reducer(data, axes, attrs.get("keepdims", 1)), data.dtype),)
+
+        return kernel
+
+    return make
+
+
+def _drop(out: Array, axes: Axes, keepdims: int) -> Array:
+    """A keepdims result without the reduced dimensions unless ``keepdims``."""
+    if keepdims:
+        return out
+    return out.reshape([d for i, d in enumerate(out.shape) if i not in axes])
 
 
 def _count(data: Array, axes: Axes) -> int:
@@ -89,98 +109,77 @@ def _reducer(
         quiet: silence numpy's floating-point warnings (log(0) = -inf is intended).
     """
 
-    def reduce(data: Array, axes: Axes) -> Array:
-        if data.dtype.kind in "iub":
-            return on_int(data, axes)
+    def reduce(data: Array, axes: Axes, keepdims: int) -> Array:
+        kind = data.dtype.kind
+        if kind in "iub":
+            return on_int(data, axes, keepdims)
         if exact:
-            return on_float(data.astype(np.float32) if data.dtype.kind == "V" else data, axes)
-        wide = data.astype(np.float64, copy=False)
+            return on_float(data.astype(F32) if kind == "V" else data, axes, keepdims)
+        wide = data if data.dtype == F64 else data.astype(F64)
         if quiet:
             with np.errstate(all="ignore"):
-                return on_float(wide, axes)
-        return on_float(wide, axes)
+                return on_float(wide, axes, keepdims)
+        return on_float(wide, axes, keepdims)
 
     return reduce
-
-
-def _kernel(reducer: Reducer, *, axes_input: bool) -> Callable[[DTypes], Kernel]:
-    """Wraps a reducer in the attribute form or the input form of the Reduce* schemas."""
-
-    def make(types: DTypes) -> Kernel:
-        allowed = types["T"]
-
-        def kernel(inputs: Sequence[Any], attrs: dict[str, Any]) -> tuple[Array]:
-            data = np.asarray(inputs[0])
-            if data.dtype not in allowed:
-                raise TypeError(f"input dtype {data.dtype} is not allowed by the schema")
-            if axes_input:
-                raw = inputs[1] if len(inputs) > 1 else None
-                axes = _resolve_axes(raw, data.ndim, bool(attrs.get("noop_with_empty_axes", 0)))
-            else:
-                axes = _resolve_axes(attrs.get("axes"), data.ndim, False)
-            out = reducer(data, axes)
-            if not attrs.get("keepdims", 1):
-                out = out.reshape([d for i, d in enumerate(out.shape) if i not in axes])
-            return (as_dtype(out, data.dtype),)
-
-        return kernel
-
-    return make
 
 
 # --- the reducers --------------------------------------------------------------------------
 
 
-def _sum(x: Array, axes: Axes) -> Array:
-    total = np.add.reduce(x, axis=axes, keepdims=True)
-    # Reducing a 0-d object array returns a bare Python int.
+def _sum(x: Array, axes: Axes, keepdims: int) -> Array:
+    total = np.add.reduce(x, axes, None, None, keepdims)
+    # A reduction to one element returns a numpy scalar (a bare Python int for object arrays).
     return total if isinstance(total, np.ndarray) else np.asarray(total, dtype=x.dtype)
 
 
-def _sum_square(x: Array, axes: Axes) -> Array:
-    return _sum(np.asarray(x * x, dtype=x.dtype), axes)
+def _sum_square(x: Array, axes: Axes, keepdims: int) -> Array:
+    return _sum(np.asarray(x * x, dtype=x.dtype), axes, keepdims)
 
 
-def _sum_abs(x: Array, axes: Axes) -> Array:
-    return _sum(np.asarray(np.abs(x), dtype=x.dtype), axes)
+def _sum_abs(x: Array, axes: Axes, keepdims: int) -> Array:
+    return _sum(np.asarray(np.abs(x), dtype=x.dtype), axes, keepdims)
 
 
-def _prod(x: Array, axes: Axes) -> Array:
-    total = np.multiply.reduce(x, axis=axes, keepdims=True)
+def _prod(x: Array, axes: Axes, keepdims: int) -> Array:
+    total = np.multiply.reduce(x, axes, None, None, keepdims)
     return total if isinstance(total, np.ndarray) else np.asarray(total, dtype=x.dtype)
-
-
-def _widen(x: Array, log2_bound: float) -> Array:
-    """``x`` as int64 when every intermediate stays below 2**62, else as exact Python ints."""
-    return x.astype(np.int64) if log2_bound < 62 else x.astype(object)
 
 
 def _log2_peak(x: Array) -> float:
-    peak = float(np.abs(x.astype(np.float64)).max(initial=1.0))
-    return math.log2(max(peak, 1.0))
+    """``log2(max |x|)`` of an integer array (0 when every ``|x| <= 1`` or ``x`` is empty)."""
+    if not x.size:
+        return 0.0
+    low, high = int_extent(x)  # Python ints: no overflow in -low
+    return math.log2(max(-low, high, 1))
 
 
 def _fit(total: Array, dtype: np.dtype) -> Array:
     """Exact integer results, which must be representable in ``dtype``."""
-    info = np.iinfo(dtype)
-    if total.size and (total.min() < info.min or total.max() > info.max):
+    low, high = int_range(dtype)
+    if total.size and (total.min() < low or total.max() > high):
         # The spec does not define integer overflow here and runtimes disagree
         # (onnxruntime saturates, numpy wraps around), so there is no value to fold.
         raise ValueError(f"the result overflows {dtype}")
     return total.astype(dtype)
 
 
-def _exact_int(op: Callable[[Array, Axes], Array], *, power: int) -> Reducer:
+def _exact_int(op: Reducer, *, power: int) -> Reducer:
     """An integer reduction computed exactly; ``power`` bounds its growth (|x|**power per term).
 
-    ``power=0`` marks a product, whose growth is |x|**n.
+    ``power=0`` marks a product, whose growth is |x|**n. When the bound shows that no partial
+    result can overflow the input type, ``op`` runs in that type; otherwise it runs in int64
+    (or exact Python ints beyond 2**62) and the result must fit the input type.
     """
 
-    def reduce(x: Array, axes: Axes) -> Array:
+    def reduce(x: Array, axes: Axes, keepdims: int) -> Array:
         count = _count(x, axes)
         peak = _log2_peak(x)
         growth = count * peak if power == 0 else power * peak + math.log2(count + 1)
-        return _fit(op(_widen(x, growth), axes), x.dtype)
+        if growth < int_range(x.dtype)[1].bit_length() - 1:
+            return op(x, axes, keepdims)
+        wide = x.astype(np.int64) if growth < 62 else x.astype(object)
+        return _drop(_fit(op(wide, axes, True), x.dtype), axes, keepdims)
 
     return reduce
 
@@ -206,9 +205,11 @@ _IDENTITIES = {
 def _extreme(ufunc: np.ufunc, *, largest: bool) -> Reducer:
     """ReduceMax/ReduceMin; the identity fills the results of empty sets."""
 
-    def reduce(x: Array, axes: Axes) -> Array:
+    def reduce(x: Array, axes: Axes, keepdims: int) -> Array:
+        if x.size:  # then no reduced set is empty
+            return ufunc.reduce(x, axes, None, None, keepdims)
         initial = _IDENTITIES[(x.dtype.type, largest)]
-        return ufunc.reduce(x, axis=axes, keepdims=True, initial=initial)
+        return ufunc.reduce(x, axes, None, None, keepdims, initial)
 
     return reduce
 
@@ -221,17 +222,17 @@ def _check_defined(x: Array, axes: Axes, what: str) -> int:
     return count
 
 
-def _float_mean(x: Array, axes: Axes) -> Array:
+def _float_mean(x: Array, axes: Axes, keepdims: int) -> Array:
     count = _check_defined(x, axes, "the mean")
-    return _sum(x, axes) / max(count, 1)
+    return _sum(x, axes, keepdims) / max(count, 1)
 
 
-def _int_mean(x: Array, axes: Axes) -> Array:
+def _int_mean(x: Array, axes: Axes, keepdims: int) -> Array:
     count = max(_check_defined(x, axes, "the mean"), 1)
-    exact = _sum(x.astype(object), axes)
+    exact = _sum(x.astype(object), axes, True)
     # Exact Python-int sums; the mean of values of a type always fits the type.
     quotient = [_trunc_div(int(s), count) for s in exact.ravel()]
-    return np.array(quotient, dtype=x.dtype).reshape(exact.shape)
+    return _drop(np.array(quotient, dtype=x.dtype).reshape(exact.shape), axes, keepdims)
 
 
 def _trunc_div(a: int, b: int) -> int:
@@ -239,57 +240,61 @@ def _trunc_div(a: int, b: int) -> int:
     return q if a >= 0 else -q
 
 
-def _float_l2(x: Array, axes: Axes) -> Array:
-    return np.sqrt(_sum_square(x, axes))
+def _float_l2(x: Array, axes: Axes, keepdims: int) -> Array:
+    return np.sqrt(_sum_square(x, axes, keepdims))
 
 
-def _int_l2(x: Array, axes: Axes) -> Array:
-    squares = _sum_square(x.astype(object), axes)
-    roots = [math.isqrt(int(s)) for s in squares.ravel()]
-    return _fit(np.array(roots, dtype=object).reshape(squares.shape), x.dtype)
+def _int_l2(x: Array, axes: Axes, keepdims: int) -> Array:
+    squares = _sum_square(x.astype(object), axes, True)
+    roots = np.array([math.isqrt(int(s)) for s in squares.ravel()], dtype=object)
+    return _drop(_fit(roots.reshape(squares.shape), x.dtype), axes, keepdims)
 
 
-def _float_log_sum(x: Array, axes: Axes) -> Array:
-    return np.log(_sum(x, axes))
+def _float_log_sum(x: Array, axes: Axes, keepdims: int) -> Array:
+    return np.log(_sum(x, axes, keepdims))
 
 
-def _int_log_sum(x: Array, axes: Axes) -> Array:
-    total = _sum(x.astype(object), axes)
+def _int_log_sum(x: Array, axes: Axes, keepdims: int) -> Array:
+    total = _sum(x.astype(object), axes, keepdims)
     if total.size and total.min() <= 0:
         raise ValueError("the log of a non-positive integer sum is not representable")
     return np.trunc(np.log(total.astype(np.float64)))
 
 
-def _float_log_sum_exp(x: Array, axes: Axes) -> Array:
+def _float_log_sum_exp(x: Array, axes: Axes, keepdims: int) -> Array:
     """``m + log(sum(exp(x - m)))`` with ``m`` the slice maximum.
 
     A slice whose maximum is not finite (all -inf, empty, a +inf or a NaN in it) is shifted by
     0 instead: -inf stays -inf, +inf gives +inf and NaN propagates. Only that case can warn.
     """
-    shift = np.maximum.reduce(x, axis=axes, keepdims=True, initial=-np.inf)
-    if np.isfinite(shift).all():
-        return np.log(np.add.reduce(np.exp(x - shift), axis=axes, keepdims=True)) + shift
-    with np.errstate(all="ignore"):
-        shift = np.where(np.isfinite(shift), shift, 0.0)
-        return np.log(np.add.reduce(np.exp(x - shift), axis=axes, keepdims=True)) + shift
+    shift = np.maximum.reduce(x, axes, None, None, True, -np.inf)
+    finite = np.isfinite(shift)
+    if np.count_nonzero(finite) == finite.size:
+        log_total = np.log(np.add.reduce(np.exp(x - shift), axes, None, None, keepdims))
+    else:
+        shift = np.where(finite, shift, 0.0)
+        with np.errstate(all="ignore"):
+            log_total = np.log(np.add.reduce(np.exp(x - shift), axes, None, None, keepdims))
+    return log_total + (shift if keepdims else shift.reshape(log_total.shape))
 
 
-def _int_log_sum_exp(x: Array, axes: Axes) -> Array:
+def _int_log_sum_exp(x: Array, axes: Axes, keepdims: int) -> Array:
     """Exact integer ReduceLogSumExp: ``trunc(m + log(sum(exp(x - m))))`` with integer ``m``."""
     _check_defined(x, axes, "ReduceLogSumExp (-inf, not an integer)")
     if x.size == 0:
-        return np.zeros([1 if i in axes else d for i, d in enumerate(x.shape)], x.dtype)
-    top = np.maximum.reduce(x, axis=axes, keepdims=True)
+        shape = [1 if i in axes else d for i, d in enumerate(x.shape)]
+        return _drop(np.zeros(shape, x.dtype), axes, keepdims)
+    top = np.maximum.reduce(x, axes, None, None, True)
     gap = top - x  # >= 0; wraps negative only when the true gap exceeds the type's range
     gap_f = np.where(gap < 0, np.inf, gap.astype(np.float64)) if x.dtype.kind == "i" else gap
     with np.errstate(all="ignore"):
-        offset = np.log(np.add.reduce(np.exp(-gap_f.astype(np.float64)), axis=axes, keepdims=True))
+        offset = np.log(np.add.reduce(np.exp(-gap_f.astype(np.float64)), axes, None, None, True))
     whole = np.floor(offset)
-    if np.any(top.astype(np.float64) + whole > float(np.iinfo(x.dtype).max)):
+    if np.any(top.astype(np.float64) + whole > float(int_range(x.dtype)[1])):
         raise ValueError("ReduceLogSumExp overflows the input type")
     base = top + whole.astype(x.dtype)
     # base + fraction truncated toward zero: a negative base with a fraction moves up by one.
-    return base + ((base < 0) & (offset > whole)).astype(x.dtype)
+    return _drop(base + ((base < 0) & (offset > whole)).astype(x.dtype), axes, keepdims)
 
 
 _REDUCERS: dict[str, Reducer] = {
@@ -320,5 +325,5 @@ _VERSIONS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 }
 
 for _op, (_attr_versions, _input_versions) in _VERSIONS.items():
-    register_versions(_op, _attr_versions, _kernel(_REDUCERS[_op], axes_input=False))
-    register_versions(_op, _input_versions, _kernel(_REDUCERS[_op], axes_input=True))
+    register_versions(_op, _attr_versions, _kernel(_op, _REDUCERS[_op], axes_input=False))
+    register_versions(_op, _input_versions, _kernel(_op, _REDUCERS[_op], axes_input=True))

@@ -186,7 +186,7 @@ def refimpl_dtypes(op: str, opset: int, param: str = "T") -> list[np.dtype]:
     test below and the onnx conformance cases cover it).
     """
     version = onnx.defs.get_schema(op, opset).since_version
-    allowed = refimpl.elementwise.schema_dtypes(op, version)[param]
+    allowed = refimpl._dtypes.schema_dtypes(op, version)[param]
     return [d for d in (*FLOATS, *INTS, BOOL) if d in allowed and d != BF16]
 
 
@@ -559,8 +559,9 @@ UNARY: dict[str, tuple[tuple[float, float], int, float, dict[str, Any]]] = {
 
 
 # onnxruntime's float16 Mish is about 1% off for x < -10 (mish(-12) = -7.373e-05, onnxruntime
-# -7.44e-05); refimpl is the float64 value rounded once.
-_FLOAT16_SLACK = {"Mish": 1e-6}
+# -7.44e-05) and flushes results below ~2e-6 to -0 (mish(-16.64) = -1.01e-06, a float16
+# subnormal, onnxruntime -0.0); refimpl is the float64 value rounded once.
+_FLOAT16_SLACK = {"Mish": 2e-6}
 
 
 def _unary_opset(op: str) -> int:

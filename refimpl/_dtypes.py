@@ -1,0 +1,183 @@
+"""Schema dtypes and the rounding helpers the numeric kernel families share.
+
+``register_versions`` registers one kernel per schema version, built by ``make(dtypes)`` from
+the dtypes that version's type constraints allow, so a kernel rejects any other dtype instead
+of letting numpy promote it (``checked`` does that test). ``work_types`` precomputes, per
+allowed dtype, the dtype a kernel computes in, so a kernel checks its input dtype and finds its
+work dtype with one dict lookup.
+
+Work dtypes:
+  * exact: operations that IEEE 754 rounds once run in the input type; bfloat16 and float8
+    (ml_dtypes, kind "V") run in float32, which is exact for them (double rounding is
+    innocuous when the wider format has at least 2p+2 bits).
+  * wide: every float type runs in float64 and the result is rounded once to the input type.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx.defs
+
+from refimpl._common import as_array
+from refimpl._registry import Kernel, register
+
+__all__ = [
+    "BOOL",
+    "DTypes",
+    "F32",
+    "F64",
+    "FLOATS",
+    "NARROW_INTS",
+    "STRING",
+    "as_dtype",
+    "checked",
+    "disallowed",
+    "exact_type",
+    "int_range",
+    "quiet",
+    "register_versions",
+    "schema_dtypes",
+    "to_float",
+    "wide_type",
+    "work_types",
+]
+
+DTypes = Mapping[str, frozenset]
+
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+BOOL = np.dtype(np.bool_)
+STRING = np.dtype(object)
+
+
+def _onnx_type_table() -> dict[str, np.dtype]:
+    """Maps schema type strings such as ``tensor(float)`` to numpy dtypes."""
+    table: dict[str, np.dtype] = {}
+    for name, code in onnx.TensorProto.DataType.items():
+        if code == onnx.TensorProto.UNDEFINED:
+            continue
+        try:
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(code))
+        except (KeyError, TypeError, ValueError):
+            continue
+        table[f"tensor({name.lower()})"] = dtype
+    return table
+
+
+_TYPE_TABLE = _onnx_type_table()
+# Every float dtype refimpl may meet: numpy's and ml_dtypes' (kind "V").
+FLOATS = frozenset(dt for name, dt in _TYPE_TABLE.items() if "float" in name or "double" in name)
+NARROW_INTS = frozenset(
+    np.dtype(t) for t in (ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.int2, ml_dtypes.uint2)
+)
+
+
+def schema_dtypes(op_type: str, version: int) -> dict[str, frozenset]:
+    """The dtypes each type parameter (``T``, ``T1``...) of ``op_type``-``version`` allows.
+
+    Strings map to numpy ``object``; types numpy cannot hold (sequences, optionals) are dropped.
+    """
+    schema = onnx.defs.get_schema(op_type, version)
+    if schema.since_version != version:
+        raise ValueError(f"{op_type} has no schema version {version}")
+    return {
+        c.type_param_str: frozenset(_TYPE_TABLE[t] for t in c.allowed_type_strs if t in _TYPE_TABLE)
+        for c in schema.type_constraints
+    }
+
+
+def register_versions(
+    op_type: str, versions: Sequence[int], make: Callable[[DTypes], Kernel]
+) -> None:
+    """Registers ``make(dtypes)`` for each listed schema version of ``op_type``.
+
+    Each version gets its own kernel so that it accepts exactly that version's dtypes.
+    """
+    for version in versions:
+        register(op_type, version)(make(schema_dtypes(op_type, version)))
+
+
+def exact_type(dtype: np.dtype) -> np.dtype:
+    """The dtype an exactly-rounded operation runs in: float32 for ml_dtypes floats."""
+    return F32 if dtype.kind == "V" else dtype
+
+
+def wide_type(dtype: np.dtype) -> np.dtype:
+    """The dtype a transcendental function runs in: float64 for every float type."""
+    return F64 if dtype in FLOATS else dtype
+
+
+def work_types(allowed: frozenset, *, wide: bool = False) -> dict[np.dtype, np.dtype]:
+    """Maps each allowed dtype to the dtype a kernel computes in (exact or wide)."""
+    work = wide_type if wide else exact_type
+    return {dtype: work(dtype) for dtype in allowed}
+
+
+def disallowed(dtype: np.dtype, what: str = "input") -> TypeError:
+    """The error for a dtype the schema version does not allow."""
+    return TypeError(f"{what} dtype {dtype} is not allowed by the schema")
+
+
+def checked(value: Any, allowed: frozenset, what: str = "input") -> np.ndarray:
+    """``value`` as an array (see ``as_array``) whose dtype ``allowed`` holds, else TypeError."""
+    x = as_array(value)
+    if x.dtype not in allowed:
+        raise disallowed(x.dtype, what)
+    return x
+
+
+@functools.lru_cache(maxsize=None)
+def int_range(dtype: np.dtype) -> tuple[int, int]:
+    """The smallest and largest value of an integer dtype (int4/int2 included)."""
+    info = ml_dtypes.iinfo(dtype) if dtype in NARROW_INTS else np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def as_dtype(result: Any, dtype: np.dtype) -> np.ndarray:
+    """``result`` as an ndarray of ``dtype`` (never a numpy scalar), floats rounded once."""
+    out = result if type(result) is np.ndarray else np.asarray(result)
+    if out.dtype == dtype:
+        return out
+    if dtype.kind == "V" and dtype in FLOATS:  # bfloat16, float8: round once via to_float
+        return to_float(out, dtype)
+    return out.astype(dtype)
+
+
+def _round_to_odd_f32(x: np.ndarray) -> np.ndarray:
+    """float64 -> float32 rounding to odd, so a second rounding to a narrower float is exact."""
+    near = x.astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        overshoot = np.abs(near.astype(np.float64)) > np.abs(x)
+        toward_zero = np.where(overshoot, np.nextafter(near, np.float32(0)), near)
+        inexact = toward_zero.astype(np.float64) != x
+    bits = toward_zero.view(np.uint32) | (inexact & np.isfinite(x)).astype(np.uint32)
+    return bits.view(np.float32)
+
+
+def to_float(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Rounds ``x`` to the float ``dtype`` once (round to nearest even), as ONNX Cast does.
+
+    ml_dtypes converts float64 to bfloat16/float8 through float32 with two roundings; going
+    through float32 rounded to odd keeps the result correctly rounded.
+    """
+    if dtype.kind == "V" and x.dtype not in (F32, F16) and x.dtype.kind != "V":
+        x = _round_to_odd_f32(x.astype(np.float64))
+    return x.astype(dtype)
+
+
+def quiet(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Runs ``fn`` with numpy floating-point warnings off (inf/NaN results are intended)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        with np.errstate(all="ignore"):
+            return fn(*args)
+
+    return wrapper

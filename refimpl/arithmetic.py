@@ -1,0 +1,342 @@
+"""Multi-input elementwise kernels: arithmetic, bitwise, comparison and logic, Sum/Mean/Max/Min,
+Pow, Clip and Where.
+
+Same-typed binary operators are one ``_binary`` factory call each, the variadic ones one
+``_variadic`` call; Pow, Clip and Where have their own input rules. Inputs broadcast
+multidirectionally (PRelu's slope unidirectionally).
+
+Numerics (the contract the tests check):
+  * Outputs have exactly the schema's dtype; numpy scalar promotion never leaks (int8 Add wraps
+    around, float16 stays float16).
+  * +, -, *, /, comparisons, Mod, Max and Min run in the input type (float32 for bfloat16 and
+    float8; see ``refimpl._dtypes``). Sum, Mean and Pow evaluate floats in float64 and round once.
+  * Integer division (Div, Mod) by zero is undefined in ONNX: the kernels raise.
+  * Div, Pow and Mod silence numpy's floating-point warnings (inf and NaN results are
+    intended). Add, Sub, Mul and the comparisons do not: silencing costs about a microsecond
+    per call, so a genuine overflow to inf there still warns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from refimpl._common import Attrs, Inputs, as_array, same_dtype
+from refimpl._dtypes import (
+    DTypes,
+    as_dtype,
+    checked,
+    disallowed,
+    exact_type,
+    quiet,
+    register_versions,
+    work_types,
+)
+from refimpl._registry import Kernel
+from refimpl.cast import float_to_int
+from refimpl.elementwise import as_bool
+
+Array = np.ndarray
+BinaryFn = Callable[[Array, Array, Attrs], Array]
+
+
+def _mixed(first: np.dtype, other: np.dtype) -> TypeError:
+    return TypeError(f"inputs must share one dtype, got {other} and {first}")
+
+
+def _binary(
+    fn: BinaryFn, *, silent: bool = False, to_bool: bool = False
+) -> Callable[[DTypes], Kernel]:
+    """A two-input op whose inputs share the type ``T``; the output has it too (or is bool).
+
+    Args:
+        fn: ``fn(a, b, attributes)``, run in the input type (float32 for ml_dtypes floats).
+        silent: silence numpy's floating-point warnings (division by zero is intended there);
+            Add/Sub/Mul skip it to keep the per-call cost low.
+        to_bool: the output is bool (comparisons and logic).
+    """
+    compute = quiet(fn) if silent else fn
+    finish = as_bool if to_bool else as_dtype
+
+    def make(types: DTypes) -> Kernel:
+        work_of = work_types(types["T"])
+
+        def kernel(inputs: Inputs, attrs: Attrs) -> tuple[Array]:
+            a, b = as_array(inputs[0]), as_array(inputs[1])
+            dtype = a.dtype
+            if b.dtype != dtype:
+                raise _mixed(dtype, b.dtype)
+            work = work_of.get(dtype)
+            if work is None:
+                raise disallowed(dtype)
+            if work != dtype:
+                a, b = a.astype(work), b.astype(work)
+            return (finish(compute(a, b, attrs), dtype),)
+
+        return kernel
+
+    return make
+
+
+def _ufunc(ufunc: np.ufunc) -> BinaryFn:
+    return lambda a, b, attrs: ufunc(a, b)
+
+
+def _check_divisor(b: Array) -> None:
+    if b.dtype.kind in "iu" and not np.all(b):
+        raise ZeroDivisionError("integer division by zero is undefined")
+
+
+def _div(a: Array, b: Array, attrs: Attrs) -> Array:
+    if a.dtype.kind not in "iu":
+        return np.true_divide(a, b)
+    _check_divisor(b)
+    q = np.floor_divide(a, b)
+    if a.dtype.kind == "i":
+        # Integer Div truncates toward zero (C semantics); floor_divide rounds down.
+        q = q + ((q * b != a) & ((a < 0) != (b < 0))).astype(q.dtype)
+    return q
+
+
+def _mod(float_floor_mod: bool) -> BinaryFn:
+    """Mod: ``fmod=1`` truncates the quotient (C fmod), ``fmod=0`` floors it (Python ``%``).
+
+    Before Mod-28 the schema restricts ``fmod=0`` to integers; onnxruntime rejects float
+    inputs there too, so the kernel does. Integer ``fmod=1`` is accepted at every version
+    (Mod-28 defines it; onnxruntime already implements it for older versions).
+    """
+
+    def mod(a: Array, b: Array, attrs: Attrs) -> Array:
+        fmod = int(attrs.get("fmod", 0))
+        if fmod not in (0, 1):
+            raise ValueError(f"fmod must be 0 or 1, got {fmod}")
+        if a.dtype.kind == "f" and not fmod and not float_floor_mod:
+            raise TypeError("fmod=0 is defined for integer types only before Mod-28")
+        _check_divisor(b)
+        return np.fmod(a, b) if fmod else np.mod(a, b)
+
+    return mod
+
+
+def _bitshift(x: Array, y: Array, attrs: Attrs) -> Array:
+    """BitShift: a shift by the bit width or more (or a negative one) leaves only the sign fill."""
+    direction = attrs.get("direction")
+    if direction not in ("LEFT", "RIGHT"):
+        raise ValueError(f"direction must be LEFT or RIGHT, got {direction!r}")
+    dtype = x.dtype
+    out_of_range = (y < 0) | (y >= dtype.itemsize * 8)
+    safe = np.where(out_of_range, 0, y).astype(dtype)
+    if direction == "LEFT":
+        shifted = np.left_shift(x, safe)
+        fill = np.zeros((), dtype)
+    else:
+        shifted = np.right_shift(x, safe)
+        fill = np.where(x < 0, -1, 0).astype(dtype) if dtype.kind == "i" else np.zeros((), dtype)
+    return np.where(out_of_range, fill, shifted)
+
+
+def _prelu(x: Array, slope: Array, attrs: Attrs) -> Array:
+    """PRelu: ``slope`` broadcasts unidirectionally to ``X``."""
+    if np.broadcast_shapes(x.shape, slope.shape) != x.shape:
+        raise ValueError(f"slope shape {slope.shape} does not broadcast to {x.shape}")
+    return np.where(x < 0, x * slope, x)
+
+
+for _op, _ufn in (("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply)):
+    register_versions(_op, (7, 13, 14), _binary(_ufunc(_ufn)))
+register_versions("Div", (7, 13, 14), _binary(_div, silent=True))
+register_versions("Mod", (10, 13), _binary(_mod(float_floor_mod=False), silent=True))
+register_versions("Mod", (28,), _binary(_mod(float_floor_mod=True), silent=True))
+register_versions("BitShift", (11, 28), _binary(_bitshift))
+register_versions("PRelu", (7, 9, 16), _binary(_prelu))
+for _op, _ufn in (
+    ("BitwiseAnd", np.bitwise_and),
+    ("BitwiseOr", np.bitwise_or),
+    ("BitwiseXor", np.bitwise_xor),
+):
+    register_versions(_op, (18,), _binary(_ufunc(_ufn)))
+for _op, _versions, _ufn in (
+    ("Equal", (7, 11, 13, 19), np.equal),
+    ("Less", (7, 9, 13), np.less),
+    ("Greater", (7, 9, 13), np.greater),
+    ("LessOrEqual", (12, 16), np.less_equal),
+    ("GreaterOrEqual", (12, 16), np.greater_equal),
+    ("And", (7,), np.logical_and),
+    ("Or", (7,), np.logical_or),
+    ("Xor", (7,), np.logical_xor),
+):
+    register_versions(_op, _versions, _binary(_ufunc(_ufn), to_bool=True))
+
+
+# --- Pow -----------------------------------------------------------------------------------
+
+
+def _int_power(base: Array, exponent: Array) -> Array:
+    """Integer ``base ** exponent`` with wraparound; negative exponents truncate toward zero."""
+    if exponent.dtype == np.uint64 and np.any(exponent > np.iinfo(np.int64).max):
+        raise ValueError("integer exponent out of range")
+    e = exponent.astype(np.int64)
+    b = base.astype(np.uint64 if base.dtype.kind == "u" else np.int64)
+    negative = e < 0
+    if np.any(negative & (b == 0)):
+        raise ZeroDivisionError("0 raised to a negative power is undefined")
+    result = np.power(b, np.where(negative, 0, e).astype(b.dtype))
+    if np.any(negative):
+        # 1/b**n truncates to 0 unless |b| == 1.
+        odd = (e % 2) == 1
+        tiny = np.where(b == 1, 1, np.where(b == -1, np.where(odd, -1, 1), 0))
+        result = np.where(negative, tiny.astype(result.dtype), result)
+    return result.astype(base.dtype)
+
+
+@quiet
+def _pow(x: Array, y: Array) -> Array:
+    if x.dtype.kind in "iu":
+        if y.dtype.kind in "iu":
+            return _int_power(x, y)
+        return float_to_int(np.power(x.astype(np.float64), y.astype(np.float64)), x.dtype)
+    return as_dtype(np.power(x.astype(np.float64), y.astype(np.float64)), x.dtype)
+
+
+def _pow_kernel(types: DTypes) -> Kernel:
+    """Pow: the base type T decides the output type; the exponent may have another type T1."""
+    allowed_x = types["T"]
+    allowed_y = types.get("T1", allowed_x)
+
+    def kernel(inputs: Inputs, attrs: Attrs) -> tuple[Array]:
+        x, y = checked(inputs[0], allowed_x, "base"), checked(inputs[1], allowed_y, "exponent")
+        if "T1" not in types and x.dtype != y.dtype:
+            raise TypeError(f"base and exponent must share one dtype, got {x.dtype}, {y.dtype}")
+        return (as_dtype(_pow(x, y), x.dtype),)
+
+    return kernel
+
+
+register_versions("Pow", (7, 12, 13, 15), _pow_kernel)
+
+
+# --- variadic ------------------------------------------------------------------------------
+
+
+def _variadic(
+    op: str, fn: np.ufunc, *, mean: bool = False, wide: bool = False
+) -> Callable[[DTypes], Kernel]:
+    """Sum/Mean/Max/Min over one or more inputs with multidirectional broadcasting.
+
+    Args:
+        op: the operator's name, for error messages.
+        fn: the pairwise combination.
+        mean: divide by the number of inputs at the end.
+        wide: accumulate floats in float64 and round once at the end.
+    """
+
+    def make(types: DTypes) -> Kernel:
+        work_of = work_types(types["T"], wide=wide)
+
+        def kernel(inputs: Inputs, attrs: Attrs) -> tuple[Array]:
+            if not inputs:
+                raise ValueError("at least one input is required")
+            arrays = [as_array(v) for v in inputs]
+            dtype = same_dtype(op, arrays)
+            work = work_of.get(dtype)
+            if work is None:
+                raise disallowed(dtype)
+            result = arrays[0].astype(work)  # a copy: outputs never alias inputs
+            with np.errstate(all="ignore"):
+                for other in arrays[1:]:
+                    result = fn(result, other.astype(work, copy=False))
+                if mean:
+                    result = result / len(arrays)
+            return (as_dtype(result, dtype),)
+
+        return kernel
+
+    return make
+
+
+# Versions 6 took equally shaped inputs only, which broadcasting handles alike.
+register_versions("Sum", (6, 8, 13), _variadic("Sum", np.add, wide=True))
+register_versions("Mean", (6, 8, 13), _variadic("Mean", np.add, mean=True, wide=True))
+register_versions("Max", (6, 8, 12, 13), _variadic("Max", np.maximum))
+register_versions("Min", (6, 8, 12, 13), _variadic("Min", np.minimum))
+
+
+# --- Clip and Where ------------------------------------------------------------------------
+
+
+def _bound(value: Any, dtype: np.dtype, name: str) -> Array | None:
+    if value is None:
+        return None
+    bound = as_array(value)
+    if bound.dtype != dtype:
+        raise TypeError(f"{name} dtype {bound.dtype} differs from input dtype {dtype}")
+    if bound.size != 1:
+        raise ValueError(f"{name} must be a scalar, got shape {bound.shape}")
+    return bound.reshape(())
+
+
+Bounds = Callable[[Inputs, Attrs, np.dtype], tuple[Any, Any]]
+
+
+def _bounds_of_attributes(inputs: Inputs, attrs: Attrs, dtype: np.dtype) -> tuple[Any, Any]:
+    """Clip-6: ``min``/``max`` attributes (float32 values), defaulting to the float32 range."""
+    lo = np.asarray(attrs.get("min", -3.4028234663852886e38), dtype=np.float32)
+    hi = np.asarray(attrs.get("max", 3.4028234663852886e38), dtype=np.float32)
+    return as_dtype(lo, dtype), as_dtype(hi, dtype)
+
+
+def _bounds_of_inputs(inputs: Inputs, attrs: Attrs, dtype: np.dtype) -> tuple[Any, Any]:
+    """Clip-11+: optional scalar ``min``/``max`` inputs; omitted means unbounded."""
+    lo = _bound(inputs[1] if len(inputs) > 1 else None, dtype, "min")
+    hi = _bound(inputs[2] if len(inputs) > 2 else None, dtype, "max")
+    return lo, hi
+
+
+def _clip(bounds: Bounds) -> Callable[[DTypes], Kernel]:
+    """Clip, ``Min(max, Max(x, min))``, with min and max read by ``bounds`` (None: unbounded).
+
+    When min > max every element becomes max; NaN propagates.
+    """
+
+    def make(types: DTypes) -> Kernel:
+        allowed = types["T"]
+
+        def kernel(inputs: Inputs, attrs: Attrs) -> tuple[Array]:
+            x = checked(inputs[0], allowed)
+            lo, hi = bounds(inputs, attrs, x.dtype)
+            work = exact_type(x.dtype)
+            result = x.astype(work)  # a copy: outputs never alias inputs
+            if lo is not None:
+                result = np.maximum(result, np.asarray(lo).astype(work))
+            if hi is not None:
+                result = np.minimum(result, np.asarray(hi).astype(work))
+            return (as_dtype(result, x.dtype),)
+
+        return kernel
+
+    return make
+
+
+register_versions("Clip", (6,), _clip(_bounds_of_attributes))
+register_versions("Clip", (11, 12, 13), _clip(_bounds_of_inputs))
+
+
+def _where_kernel(types: DTypes) -> Kernel:
+    allowed, conditions = types["T"], types["B"]
+
+    def kernel(inputs: Inputs, attrs: Attrs) -> tuple[Array]:
+        cond = checked(inputs[0], conditions, "condition")
+        x, y = as_array(inputs[1]), as_array(inputs[2])
+        dtype = x.dtype
+        if y.dtype != dtype:
+            raise _mixed(dtype, y.dtype)
+        if dtype not in allowed:
+            raise disallowed(dtype)
+        return (as_dtype(np.where(cond, x, y), dtype),)
+
+    return kernel
+
+
+register_versions("Where", (9, 16), _where_kernel)
