@@ -16,6 +16,7 @@ import onnx_ir as ir
 from passes import modelio
 from passes.cleanup import CleanupPass
 from passes.decompose import DecomposeLogSumExpPass
+from passes.fold import ConstantFoldingPass
 from passes.upgrade import UpgradeOpsetPass
 from passes.errors import InputError, OptimizeError
 
@@ -68,6 +69,11 @@ def _registry() -> dict[str, PassSpec]:
             "upgrade",
             "convert the default-domain opset to --target-opset (Reduce axes become inputs)",
             lambda options: UpgradeOpsetPass(options.target_opset),
+        ),
+        PassSpec(
+            "fold",
+            "constant folding: evaluate nodes with constant inputs with refimpl",
+            lambda options: ConstantFoldingPass(options.fold_size_limit),
         ),
         PassSpec(
             "decompose",

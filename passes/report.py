@@ -56,6 +56,23 @@ def summarize(model: ir.Model) -> ModelSummary:
     )
 
 
+def _format_stats(stats: dict[str, Any], limit: int = 6) -> tuple[str, list[str]]:
+    """Scalars on the pass's line; each mapping on a line of its own (summarised if long)."""
+    inline, nested = [], []
+    for key, value in stats.items():
+        if isinstance(value, dict):
+            if not value:
+                continue
+            if len(value) <= limit:
+                nested.append(f"{key}: " + ", ".join(f"{k} x{v}" for k, v in value.items()))
+            else:
+                total = sum(v for v in value.values() if isinstance(v, (int, float)))
+                nested.append(f"{key}: {total} in {len(value)} kinds")
+        else:
+            inline.append(f"{key}={value}")
+    return " ".join(inline), nested
+
+
 @dataclasses.dataclass
 class Report:
     """Everything a run did: before/after summaries, each pass, and the check."""
@@ -103,8 +120,9 @@ class Report:
             lines.append("")
             lines.append(f"{'pass':<12}{'time (s)':>10}  {'changed':<8} details")
             for run in self.passes:
-                details = ", ".join(f"{k}={v}" for k, v in run.stats.items())
-                lines.append(f"{run.name:<12}{run.seconds:>10.3f}  {'yes' if run.modified else 'no':<8} {details}")
+                inline, nested = _format_stats(run.stats)
+                lines.append(f"{run.name:<12}{run.seconds:>10.3f}  {'yes' if run.modified else 'no':<8} {inline}")
+                lines.extend(f"{'':<32}{line}" for line in nested)
         if self.check is not None:
             lines.append("")
             lines.append(self.check.summary())

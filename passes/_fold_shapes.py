@@ -1,0 +1,155 @@
+"""Static shapes for folding ``Shape`` and ``Size`` of values that are not constant.
+
+The shapes come from the model (``value.shape``) and, for values the model
+leaves symbolic or unknown, from one run of onnx shape inference over the
+whole model before the sweep. Inference runs on a copy without weights:
+tensors larger than a kilobyte are serialised as external-data references
+that point nowhere (dims and dtype kept, no bytes), so a >2 GB model or one
+with external data is never serialised with its weights, and external data
+is never read.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import onnx
+import onnx.shape_inference
+import onnx_ir as ir
+
+__all__ = ["infer_static_shapes", "is_static", "shape_slice"]
+
+logger = logging.getLogger(__name__)
+
+_BIG_TENSOR_BYTES = 1024
+_PROTOBUF_LIMIT = (1 << 31) - 1
+_GRAPH_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+_PLACEHOLDER = "onnx-optimize-shape-inference-placeholder.bin"
+
+
+def is_static(shape: ir.Shape | None) -> bool:
+    """Whether every dimension of ``shape`` is a known integer."""
+    return shape is not None and all(isinstance(d, int) for d in shape)
+
+
+def shape_slice(dims: Sequence[int], start: int = 0, end: int | None = None) -> np.ndarray:
+    """``Shape-15`` semantics: ``dims[start:end]`` with negative axes and clamping."""
+    rank = len(dims)
+    end = rank if end is None else end
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    return np.array(dims[start:end], dtype=np.int64)
+
+
+def _placeholder(tensor: ir.TensorProtocol | None, name: str | None) -> ir.ExternalTensor | None:
+    """An external-data reference to no file with the tensor's dtype and dims, if it is big."""
+    if (
+        tensor is None
+        or isinstance(tensor, ir.ExternalTensor)
+        or tensor.dtype == ir.DataType.STRING
+        or tensor.nbytes <= _BIG_TENSOR_BYTES
+    ):
+        return None
+    return ir.ExternalTensor(
+        _PLACEHOLDER, 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=name or ""
+    )
+
+
+def _serialize_without_weights(model: ir.Model) -> onnx.ModelProto:
+    """Serialises ``model`` with its big in-memory tensors as external-data references.
+
+    Initializers and ``Constant`` values above a kilobyte, in every graph, are
+    swapped for placeholders (see ``_placeholder``): the proto keeps the dims
+    and dtypes inference needs but none of the bytes. The model is restored
+    before returning.
+    """
+    values: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    attrs: list[tuple[ir.Node, ir.Attr]] = []
+    try:
+        for graph in model.graphs():
+            for value in graph.initializers.values():
+                if (placeholder := _placeholder(value.const_value, value.name)) is not None:
+                    values.append((value, value.const_value))
+                    value.const_value = placeholder
+            for node in graph:
+                attr = node.attributes.get("value")
+                if (
+                    node.op_type != "Constant"
+                    or not isinstance(attr, ir.Attr)
+                    or attr.type != ir.AttributeType.TENSOR
+                ):
+                    continue
+                if (placeholder := _placeholder(attr.value, attr.value.name)) is not None:
+                    attrs.append((node, attr))
+                    node.attributes["value"] = ir.AttrTensor("value", placeholder)
+        return ir.serde.serialize_model(model)
+    finally:
+        for value, tensor in values:
+            value.const_value = tensor
+        for node, attr in attrs:
+            node.attributes["value"] = attr
+
+
+def _walk(
+    graph: ir.Graph,
+    proto: onnx.GraphProto,
+    wanted: dict[ir.Graph, dict[str, ir.Value]],
+    found: dict[ir.Value, tuple[int, ...]],
+) -> None:
+    names = wanted.get(graph)
+    if names:
+        for info in (*proto.value_info, *proto.output, *proto.input):
+            value = names.get(info.name)
+            if value is None or not info.type.HasField("tensor_type"):
+                continue
+            shape = ir.serde.deserialize_type_proto_for_shape(info.type)
+            if is_static(shape):
+                found[value] = tuple(int(d) for d in shape)
+    for node, node_proto in zip(graph, proto.node):
+        graph_attrs = {a.name: a for a in node_proto.attribute if a.type in _GRAPH_ATTRS}
+        for attr in node.attributes.values():
+            if not isinstance(attr, ir.Attr) or attr.name not in graph_attrs:
+                continue
+            attr_proto = graph_attrs[attr.name]
+            if attr.type == ir.AttributeType.GRAPH:
+                _walk(attr.as_graph(), attr_proto.g, wanted, found)
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for sub, sub_proto in zip(attr.as_graphs(), attr_proto.graphs):
+                    _walk(sub, sub_proto, wanted, found)
+
+
+def infer_static_shapes(model: ir.Model, values: Iterable[ir.Value]) -> dict[ir.Value, tuple[int, ...]]:
+    """The static shapes onnx shape inference finds for ``values``.
+
+    Args:
+        model: The model (left unchanged).
+        values: Values of the main graph or its subgraphs whose shape the model
+            does not state statically. Graph inputs are ignored: their declared
+            type is the contract, not what inference derives from an initializer.
+
+    Returns:
+        The values whose shape inference makes static, with their dims. Empty
+        when inference fails or the model is too large to serialise.
+    """
+    wanted: dict[ir.Graph, dict[str, ir.Value]] = {}
+    for value in values:
+        if value.graph is not None and value.name and not value.is_graph_input():
+            wanted.setdefault(value.graph, {})[value.name] = value
+    if not wanted:
+        return {}
+    proto = _serialize_without_weights(model)
+    if proto.ByteSize() > _PROTOBUF_LIMIT:
+        logger.warning("Model too large for onnx shape inference even without its weights")
+        return {}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(
+            proto, check_type=False, strict_mode=False, data_prop=True
+        )
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
+        logger.warning("onnx shape inference failed, using the model's shapes only: %s", e)
+        return {}
+    found: dict[ir.Value, tuple[int, ...]] = {}
+    _walk(model.graph, inferred.graph, wanted, found)
+    return found
