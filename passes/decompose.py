@@ -46,12 +46,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import onnx.defs
 import onnx_ir as ir
 
+from passes import _inference
 from passes._graphs import Scope, default_opset, iter_nodes, normalize_domain
+from passes._inference import is_static
 
 __all__ = ["DecomposeLogSumExpPass"]
 
@@ -315,12 +318,25 @@ def _clamp(b: _Builder, m: ir.Value, dtype: ir.DataType) -> ir.Value:
     return b.op("Max", [b.op("Min", [m, hi], dtype, "shift_upper"), lo], dtype, "shift")
 
 
-def _element_type(node: ir.Node) -> ir.DataType | None:
-    """The node's element type T: from its data input, else from its output (also T)."""
-    for value in (node.inputs[0] if node.inputs else None, node.outputs[0]):
+# What shape inference found for values the model leaves untyped: (element type, shape).
+Inferred = Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]
+
+
+def _element_type(node: ir.Node, inferred: Inferred) -> ir.DataType | None:
+    """The node's element type T: from its data input, else from its output (also T),
+    else from shape inference."""
+    x = node.inputs[0] if node.inputs else None
+    for value in (x, node.outputs[0]):
         if value is not None and value.dtype is not None:
             return value.dtype
-    return None
+    return inferred.get(x, (None, None))[0] if x is not None else None
+
+
+def _input_shape(x: ir.Value, inferred: Inferred) -> ir.Shape | None:
+    """The data input's shape: the model's if static, else shape inference's if it has one."""
+    if is_static(x.shape) or x not in inferred:
+        return x.shape
+    return inferred[x][1] or x.shape
 
 
 def _unsupported(dtype: ir.DataType, opset: int | None) -> str | None:
@@ -385,13 +401,23 @@ class DecomposeLogSumExpPass(ir.passes.InPlacePass):
         stats = dict.fromkeys(_STAT_KEYS, 0)
         names: _Names | None = None
         model_opset = default_opset(model.opset_imports)
-        for node, scope in iter_nodes(model):
-            if node.op_type != _OP or normalize_domain(node.domain) != "":
-                continue
-            reason = _skip_reason(node, scope)
+        targets = [
+            (node, scope)
+            for node, scope in iter_nodes(model)
+            if node.op_type == _OP and normalize_domain(node.domain) == ""
+        ]
+        # One run of shape inference for the inputs whose type or shape the model leaves open.
+        unknown = [
+            x for node, _ in targets
+            if (x := node.inputs[0] if node.inputs else None) is not None
+            and (_element_type(node, {}) is None or not is_static(x.shape))
+        ]  # fmt: skip
+        inferred = _inference.infer_types(model, unknown) if unknown else {}
+        for node, scope in targets:
+            reason = _skip_reason(node, scope, inferred)
             if reason is None:
                 names = names or _Names(model)
-                nodes, y = _build(node, scope, names)
+                nodes, y = _build(node, scope, names, inferred)
                 reason = _function_conflict(nodes, node, scope, model_opset)
             if reason is not None:
                 stats[reason] += 1
@@ -405,9 +431,9 @@ class DecomposeLogSumExpPass(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified=stats["decomposed"] > 0)
 
 
-def _skip_reason(node: ir.Node, scope: Scope) -> str | None:
+def _skip_reason(node: ir.Node, scope: Scope, inferred: Inferred) -> str | None:
     """The ``stats`` key of why ``node`` is left in place, or None to decompose it."""
-    dtype = _element_type(node)
+    dtype = _element_type(node, inferred)
     if dtype is None:
         logger.warning("%s %r: element type unknown, left in place", _OP, node.name)
         return "skipped_unknown_type"
@@ -441,15 +467,17 @@ def _function_conflict(
     return None
 
 
-def _build(node: ir.Node, scope: Scope, names: _Names) -> tuple[list[ir.Node], ir.Value]:
+def _build(
+    node: ir.Node, scope: Scope, names: _Names, inferred: Inferred
+) -> tuple[list[ir.Node], ir.Value]:
     """The replacement nodes of ``node`` (see the pass's docstring) and the new output."""
     opset = scope.opset("")
-    dtype = _element_type(node)
+    dtype = _element_type(node, inferred)
     x = node.inputs[0]
     assert opset is not None and dtype is not None and x is not None  # _skip_reason
     compute = _COMPUTE_TYPE[dtype]
     reduction = _Reduction.of(node, opset)
-    split = _Split.plan(x.shape, reduction, opset)
+    split = _Split.plan(_input_shape(x, inferred), reduction, opset)
     b = _Builder(node.name or node.outputs[0].name or _OP, names, opset)
 
     if compute != dtype:

@@ -45,7 +45,7 @@ import onnx.defs
 import onnx_ir as ir
 
 import refimpl
-from passes import _fold_shapes
+from passes import _inference
 from passes._fold_graph import NameRegistry, inline_branch, region_of, subgraphs_of
 from passes._fold_size import estimate_output_bytes
 from passes._fold_values import (
@@ -174,7 +174,7 @@ class _Sweep:
     # --- driver ------------------------------------------------------------------------------
 
     def run(self) -> None:
-        self._inferred = _fold_shapes.infer_static_shapes(self.model, self._unknown_shapes())
+        self._inferred = _inference.infer_static_shapes(self.model, self._unknown_shapes())
         main = _Scope(self.model.opset_imports, initializers=self.model.ir_version >= 4)
         self._sweep(list(self.model.graph), main)
         for function in self.model.functions.values():
@@ -187,7 +187,7 @@ class _Sweep:
         for node, _ in iter_nodes(self.model, functions=False):
             if node.op_type in _SHAPE_OPS and normalize_domain(node.domain) == "" and node.inputs:
                 x = node.inputs[0]
-                if x is not None and not _fold_shapes.is_static(x.shape) and self._constant(x) is None:
+                if x is not None and not _inference.is_static(x.shape) and self._constant(x) is None:
                     values.append(x)
         return values
 
@@ -239,7 +239,7 @@ class _Sweep:
         tensor = self._constant(value)
         if tensor is not None:
             return tuple(int(d) for d in tensor.shape.numpy())
-        if _fold_shapes.is_static(value.shape):
+        if _inference.is_static(value.shape):
             return tuple(int(d) for d in value.shape)
         return self._inferred.get(value)
 
@@ -325,7 +325,7 @@ class _Sweep:
         if node.op_type == "Size":
             result = np.array(math.prod(dims), dtype=np.int64)
         else:
-            result = _fold_shapes.shape_slice(
+            result = _inference.shape_slice(
                 dims, node.attributes.get_int("start", 0), node.attributes.get_int("end", None)
             )
         self._replace(node, [result], scope)

@@ -540,10 +540,15 @@ def _untyped_chain(output_typed: bool) -> onnx.ModelProto:
     return model
 
 
-def test_unknown_element_type_is_left_and_counted() -> None:
-    out, lse_pass, result = decompose(_untyped_chain(output_typed=False))
-    assert not result.modified and lse_pass.stats == only("skipped_unknown_type")
-    assert "ReduceLogSumExp" in op_types(out)
+def test_element_type_unknown_to_the_model_comes_from_shape_inference() -> None:
+    model = _untyped_chain(output_typed=False)
+    out, lse_pass, result = decompose(model)
+    assert result.modified and lse_pass.stats == only("decomposed")
+    assert "ReduceLogSumExp" not in op_types(out)
+    x = X[:, :, 0]
+    _assert_accurate(ort_run(out, {"x": x})[0], np.maximum(x, 0), (1,), 1)
+    # Inference only informed the rewrite: r is still untyped in the output model.
+    assert "r" not in {v.name for v in out.graph.value_info}
 
 
 def test_element_type_known_from_the_output_is_enough() -> None:

@@ -1,8 +1,9 @@
-"""Static shapes for folding ``Shape`` and ``Size`` of values that are not constant.
+"""Types and shapes the model does not state, from one run of onnx shape inference.
 
-The shapes come from the model (``value.shape``) and, for values the model
-leaves symbolic or unknown, from one run of onnx shape inference over the
-whole model before the sweep. Inference runs on a copy without weights:
+Folding needs static shapes (``Shape`` and ``Size`` of values that are not
+constant) and the decomposition needs element types; for values the model
+leaves untyped, symbolic or unknown, passes ask :func:`infer_types` once
+before their sweep. Inference runs on a copy without weights:
 tensors larger than a kilobyte are serialised as external-data references
 that point nowhere (dims and dtype kept, no bytes), so a >2 GB model or one
 with external data is never serialised with its weights, and external data
@@ -19,7 +20,7 @@ import onnx
 import onnx.shape_inference
 import onnx_ir as ir
 
-__all__ = ["infer_static_shapes", "is_static", "shape_slice"]
+__all__ = ["infer_static_shapes", "infer_types", "is_static", "shape_slice"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def _walk(
     graph: ir.Graph,
     proto: onnx.GraphProto,
     wanted: dict[ir.Graph, dict[str, ir.Value]],
-    found: dict[ir.Value, tuple[int, ...]],
+    found: dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]],
 ) -> None:
     names = wanted.get(graph)
     if names:
@@ -104,9 +105,9 @@ def _walk(
             value = names.get(info.name)
             if value is None or not info.type.HasField("tensor_type"):
                 continue
-            shape = ir.serde.deserialize_type_proto_for_shape(info.type)
-            if is_static(shape):
-                found[value] = tuple(int(d) for d in shape)
+            elem = info.type.tensor_type.elem_type
+            dtype = ir.DataType(elem) if elem else None
+            found[value] = (dtype, ir.serde.deserialize_type_proto_for_shape(info.type))
     for node, node_proto in zip(graph, proto.node):
         graph_attrs = {a.name: a for a in node_proto.attribute if a.type in _GRAPH_ATTRS}
         for attr in node.attributes.values():
@@ -120,18 +121,20 @@ def _walk(
                     _walk(sub, sub_proto, wanted, found)
 
 
-def infer_static_shapes(model: ir.Model, values: Iterable[ir.Value]) -> dict[ir.Value, tuple[int, ...]]:
-    """The static shapes onnx shape inference finds for ``values``.
+def infer_types(
+    model: ir.Model, values: Iterable[ir.Value]
+) -> dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]:
+    """The element type and shape onnx shape inference finds for ``values``.
 
     Args:
         model: The model (left unchanged).
-        values: Values of the main graph or its subgraphs whose shape the model
-            does not state statically. Graph inputs are ignored: their declared
-            type is the contract, not what inference derives from an initializer.
+        values: Values of the main graph or its subgraphs. Graph inputs are
+            ignored: their declared type is the contract, not what inference
+            derives from an initializer. Function bodies are not inferred.
 
     Returns:
-        The values whose shape inference makes static, with their dims. Empty
-        when inference fails or the model is too large to serialise.
+        What inference found for each value it typed. Empty when inference
+        fails or the model is too large to serialise even without weights.
     """
     wanted: dict[ir.Graph, dict[str, ir.Value]] = {}
     for value in values:
@@ -148,8 +151,17 @@ def infer_static_shapes(model: ir.Model, values: Iterable[ir.Value]) -> dict[ir.
             proto, check_type=False, strict_mode=False, data_prop=True
         )
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
-        logger.warning("onnx shape inference failed, using the model's shapes only: %s", e)
+        logger.warning("onnx shape inference failed, using the model's types only: %s", e)
         return {}
-    found: dict[ir.Value, tuple[int, ...]] = {}
+    found: dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] = {}
     _walk(model.graph, inferred.graph, wanted, found)
     return found
+
+
+def infer_static_shapes(model: ir.Model, values: Iterable[ir.Value]) -> dict[ir.Value, tuple[int, ...]]:
+    """The static shapes onnx shape inference finds for ``values`` (see :func:`infer_types`)."""
+    return {
+        value: tuple(int(d) for d in shape)
+        for value, (_, shape) in infer_types(model, values).items()
+        if is_static(shape)
+    }
