@@ -1,8 +1,10 @@
 """The ``optimize`` command: parse arguments, load, run the passes, check, save, report.
 
 Exit codes: 0 success; 1 the check found a difference (or the optimised model
-fails to run or is invalid); 2 bad usage, bad input, or a model a pass refuses.
-Every error is one line starting ``optimize: error:``; ``-v`` adds tracebacks.
+fails to run or is invalid); 2 bad usage, bad input, or a model a pass refuses;
+128 + the signal number when interrupted (130 SIGINT, 143 SIGTERM), with no
+partial output. Every error is one line starting ``optimize: error:``; ``-v``
+adds tracebacks.
 """
 
 from __future__ import annotations
@@ -10,16 +12,20 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import pathlib
 import signal
 import sys
 import traceback
+import warnings
+import zipfile
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import numpy as np
 import onnx.checker
+import onnx_ir as ir
 
 from passes import ort_check as check_mod
 from passes import modelio, pipeline
@@ -45,9 +51,10 @@ def _size(text: str) -> int:
     number = text.strip().lower()
     unit = number.lstrip("0123456789.")
     value = number[: len(number) - len(unit)]
-    if unit.strip() not in _SUFFIXES or not value:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r} (e.g. 1048576, 512K, 1M)")
-    return int(float(value) * _SUFFIXES[unit.strip()])
+    try:
+        return int(float(value) * _SUFFIXES[unit.strip()])
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (e.g. 1048576, 512K, 1M)") from None
 
 
 def _dim(text: str) -> tuple[str, int]:
@@ -72,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "exit codes: 0 success; 1 the check found a difference or the optimised model\n"
-            "does not run; 2 bad usage, bad input, or a model a pass refuses."
+            "does not run; 2 bad usage, bad input, or a model a pass refuses; 130/143\n"
+            "interrupted by SIGINT/SIGTERM (no partial output is left)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -120,17 +128,56 @@ class _Console:
         if not self.quiet:
             print(text, flush=True)
 
+    def show_warning(self, message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        """Replaces ``warnings.showwarning``: a library warning becomes one line."""
+        text = str(message).strip()
+        self.warn(text.splitlines()[0] if text else category.__name__)
+
 
 def _load_inputs(path: str) -> dict[str, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as data:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("not an .npz archive of arrays by input name")
+        with data:
             return {k: data[k] for k in data.files}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise InputError(f"{path}: cannot read inputs ({str(e).splitlines()[0] if str(e) else e})") from e
 
 
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived; ``signum`` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 def _terminate(signum: int, frame: Any) -> NoReturn:
-    raise KeyboardInterrupt
+    # Only the first signal interrupts; a second one must not cut the clean-up short.
+    for s in _SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    raise _Interrupted(signum)
+
+
+def _check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | None, model: ir.Model) -> None:
+    """Refuses an OUTPUT (or its ``.data`` file, or the report) that would overwrite part of the
+    input other than by replacing the input model as a whole (``-o INPUT``)."""
+    source = src.resolve()
+    inputs = {source, *modelio.data_files(model)}
+    target = dst.resolve()
+    written = {target, target.with_name(target.name + ".data")}
+    clashes = sorted(written & inputs) if target != source else []
+    if clashes:
+        raise InputError(f"{dst}: writing it would overwrite the input's file {clashes[0]}; choose another output")
+    if report is not None:
+        if pathlib.Path(report).resolve() in inputs | written:
+            raise InputError(f"--report {report}: that is a model file of this run; choose another name")
+        if not pathlib.Path(report).resolve().parent.is_dir():
+            raise InputError(f"--report {report}: its folder does not exist")
 
 
 def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) -> int:
@@ -139,12 +186,19 @@ def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) ->
         raise InputError(f"--target-opset {args.target_opset}: must be a positive opset version")
     if args.fold_size_limit < 0:
         raise InputError("--fold-size-limit must not be negative")
+    if args.seed < 0:
+        raise InputError(f"--seed {args.seed}: must not be negative")
+    for name in ("rtol", "atol"):
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise InputError(f"--{name} {value}: must be a finite number >= 0")
     inputs = _load_inputs(args.inputs) if args.inputs else None
     src = pathlib.Path(args.input)
     dst = pathlib.Path(args.output)
 
     console.progress(f"loading {src}")
     model = modelio.load_model(src)
+    _check_destinations(src, dst, args.report, model)
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
     if opset is not None and args.target_opset < opset:
         raise InputError(
@@ -176,8 +230,10 @@ def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) ->
             elif not result.ok:
                 failure = result.summary()
         if failure is None or args.force:
-            staged.commit()
-            report.written = state["written"] = True
+            try:
+                staged.commit()
+            finally:  # an interrupt may arrive as the commit completes
+                report.written = state["written"] = staged.committed
 
     console.out(report.format())
     if args.report:
@@ -189,47 +245,55 @@ def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) ->
 
 def _write_report(path: str, report: Report) -> None:
     target = pathlib.Path(path)
+    tmp = target.with_name(f".{target.name}.tmp")
     try:
-        tmp = target.with_name(f".{target.name}.tmp")
         tmp.write_text(json.dumps(report.to_json(), indent=2, default=str) + "\n", encoding="utf-8")
         os.replace(tmp, target)
     except OSError as e:
         raise InputError(f"{path}: cannot write the report ({e.strerror or e})") from e
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``optimize`` command; returns the exit code."""
-    args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format=f"{PROG}: %(levelname)s: %(name)s: %(message)s",
-    )
-    console = _Console(args.quiet)
-    previous = signal.getsignal(signal.SIGTERM)
+    # A handler installed outside Python (getsignal() is None) could not be restored: leave it.
+    previous = {s: h for s in _SIGNALS if (h := signal.getsignal(s)) is not None}
     try:
-        signal.signal(signal.SIGTERM, _terminate)
+        for s in previous:
+            signal.signal(s, _terminate)
     except ValueError:  # not in the main thread (embedded use): leave signals alone
-        previous = None
+        previous = {}
     state = {"written": False}
+    verbose = False
     try:
-        return _run(args, console, state)
+        args = _parser().parse_args(argv)
+        verbose = args.verbose
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.WARNING,
+            format=f"{PROG}: %(levelname)s: %(name)s: %(message)s",
+        )
+        console = _Console(args.quiet)
+        with warnings.catch_warnings():
+            warnings.showwarning = console.show_warning
+            return _run(args, console, state)
     except CheckFailedError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_CHECK
     except OptimizeError as e:
-        if args.verbose:
+        if verbose:
             traceback.print_exc()
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         done = "the output was already written" if state["written"] else "no output written"
         print(f"{PROG}: error: interrupted; {done}", file=sys.stderr)
-        return 130
+        return 128 + (e.signum if isinstance(e, _Interrupted) else signal.SIGINT)
     except MemoryError:
         print(f"{PROG}: error: out of memory", file=sys.stderr)
         return EXIT_ERROR
     except Exception as e:  # noqa: BLE001  the last line of defence: no traceback for users
-        if args.verbose:
+        if verbose:
             traceback.print_exc()
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         print(
@@ -239,8 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_ERROR
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """Loading and saving models safely.
 
 Loading validates what it reads before anything trusts it: the file must be an
-ONNX model, external-data references must stay inside the model's folder and
-fit in their files, and the model must pass the ONNX checker. External weights
-are memory-mapped by ``onnx_ir`` rather than copied into memory.
+ONNX model whose text is UTF-8 and whose tensors hold exactly the data their
+type and shape declare; external-data references must stay inside the model's
+folder and fit in their files (only paths and ``stat`` results are inspected:
+nothing outside the folder is ever opened); and the model must pass the ONNX
+checker, type inference included. External weights are memory-mapped by
+``onnx_ir`` rather than copied into memory.
 
 Saving is atomic: everything is written into a temporary folder next to the
 destination and renamed into place only when complete, so a failure or an
@@ -17,7 +20,9 @@ import logging
 import os
 import pathlib
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 
 import google.protobuf.message
@@ -31,6 +36,7 @@ from passes.errors import InputError
 __all__ = [
     "PROTOBUF_LIMIT",
     "StagedOutput",
+    "data_files",
     "has_external_data",
     "load_model",
     "save_model",
@@ -42,75 +48,238 @@ logger = logging.getLogger(__name__)
 # protobuf refuses to serialise a message of 2 GiB or more; stay clear of it.
 PROTOBUF_LIMIT = 2**31 - 2**24
 
+# IR version 8 added ModelProto.functions.
+_FUNCTIONS_IR_VERSION = 8
+
+# A model saved with external data keeps initializers up to this size inline.
+_INLINE_UP_TO = 1024
+
 
 def _first_line(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     return text.splitlines()[0]
 
 
-def _check_external_data(proto: onnx.ModelProto, base_dir: pathlib.Path) -> bool:
-    """Validates every external-data reference; returns whether there are any.
+def _scan(message: google.protobuf.message.Message, tensors: list[onnx.TensorProto]) -> None:
+    """Collects every TensorProto inside ``message``, at any depth (initializers, sparse
+    tensors, attribute values and defaults, subgraphs, functions, training info).
 
-    A location must be relative, stay inside ``base_dir`` (no ``..``, no absolute
-    path, no symlink escaping it), name an existing file, and the declared
-    offset and length must fit in that file.
+    Raises:
+        InputError: a string field is not valid UTF-8 (protobuf hands those over as bytes,
+            which nothing downstream expects).
     """
-    found = False
-    base = base_dir.resolve()
-    for tensor in onnx.external_data_helper._get_all_tensors(proto):  # noqa: SLF001
-        if not onnx.external_data_helper.uses_external_data(tensor):
-            continue
-        found = True
-        info = onnx.external_data_helper.ExternalDataInfo(tensor)
-        location = info.location
-        if not location:
-            raise InputError(f"initializer {tensor.name!r} uses external data without a location")
-        rel = pathlib.PurePath(location)
-        if rel.is_absolute() or location.startswith(("/", "\\")) or ".." in rel.parts:
+    if isinstance(message, onnx.TensorProto):
+        tensors.append(message)
+    for field, value in message.ListFields():
+        if field.type == field.TYPE_STRING:
+            values = [value] if isinstance(value, (str, bytes)) else value
+            if any(isinstance(v, bytes) for v in values):
+                raise InputError(f"{message.DESCRIPTOR.name}.{field.name} is not valid UTF-8 text")
+        elif field.type == field.TYPE_MESSAGE:
+            for item in [value] if isinstance(value, google.protobuf.message.Message) else value:
+                _scan(item, tensors)
+
+
+def _check_no_attribute_references(graph: onnx.GraphProto) -> None:
+    """A reference to a function's attribute (``ref_attr_name``) means nothing outside a function."""
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.ref_attr_name:
+                raise InputError(
+                    f"attribute {attr.name!r} of {node.op_type} node {node.name!r} refers to a function "
+                    f"attribute ({attr.ref_attr_name!r}) outside a function"
+                )
+            for subgraph in [attr.g] if attr.HasField("g") else attr.graphs:
+                _check_no_attribute_references(subgraph)
+
+
+def _tensor_label(tensor: onnx.TensorProto) -> str:
+    return f"tensor {tensor.name!r}" if tensor.name else "an unnamed tensor"
+
+
+def _element_count(tensor: onnx.TensorProto) -> int:
+    count = 1
+    for d in tensor.dims:
+        if d < 0:
+            raise InputError(f"{_tensor_label(tensor)} has a negative dimension {d}")
+        count *= d
+    return count
+
+
+def _data_type(tensor: onnx.TensorProto) -> ir.DataType:
+    try:
+        dtype = ir.DataType(tensor.data_type)
+    except ValueError:
+        dtype = ir.DataType.UNDEFINED
+    if dtype == ir.DataType.UNDEFINED:
+        raise InputError(f"{_tensor_label(tensor)} has an unknown data type {tensor.data_type}")
+    return dtype
+
+
+def _packed_nbytes(dtype: ir.DataType, count: int) -> int:
+    return (dtype.bitwidth * count + 7) // 8
+
+
+# The typed field that holds each data type's values when raw_data is not used (int32_data
+# for every type not listed: one value per entry, or 2 or 4 values for 4- and 2-bit types).
+_TYPED_FIELDS = {
+    ir.DataType.FLOAT: "float_data", ir.DataType.COMPLEX64: "float_data",
+    ir.DataType.DOUBLE: "double_data", ir.DataType.COMPLEX128: "double_data",
+    ir.DataType.INT64: "int64_data", ir.DataType.UINT32: "uint64_data",
+    ir.DataType.UINT64: "uint64_data", ir.DataType.STRING: "string_data",
+}
+_DATA_FIELDS = ("raw_data", "float_data", "int32_data", "string_data", "int64_data",
+                "double_data", "uint64_data")
+
+
+def _check_inline_data(tensor: onnx.TensorProto) -> None:
+    """The data stored in the tensor itself must be exactly what its type and shape declare."""
+    dtype = _data_type(tensor)
+    count = _element_count(tensor)
+    label = _tensor_label(tensor)
+    present = [f for f in _DATA_FIELDS if (tensor.HasField(f) if f == "raw_data" else len(getattr(tensor, f)))]
+    if tensor.HasField("segment"):
+        raise InputError(f"{label} is segmented; segmented tensors are not supported")
+    if len(present) > 1:
+        raise InputError(f"{label} stores its data in several fields ({', '.join(present)})")
+    if present == ["raw_data"]:
+        if dtype == ir.DataType.STRING:
+            raise InputError(f"{label}: a string tensor cannot use raw_data")
+        expected = _packed_nbytes(dtype, count)
+        if len(tensor.raw_data) != expected:
             raise InputError(
-                f"initializer {tensor.name!r}: external data location {location!r} "
+                f"{label}: raw_data has {len(tensor.raw_data)} bytes, but its shape "
+                f"{list(tensor.dims)} and type {dtype.name} need {expected}"
+            )
+        return
+    field = _TYPED_FIELDS.get(dtype, "int32_data")
+    if present and present != [field]:
+        raise InputError(f"{label}: a {dtype.name} tensor cannot store its data in {present[0]}")
+    if dtype in (ir.DataType.COMPLEX64, ir.DataType.COMPLEX128):
+        expected = 2 * count
+    elif field == "int32_data" and dtype.bitwidth < 8:
+        expected = -(-count // (8 // dtype.bitwidth)) if 8 % dtype.bitwidth == 0 else count
+    else:
+        expected = count
+    actual = len(getattr(tensor, field))
+    if actual != expected:
+        raise InputError(
+            f"{label}: {field} has {actual} values, but its shape {list(tensor.dims)} "
+            f"and type {dtype.name} need {expected}"
+        )
+
+
+def _external_info(tensor: onnx.TensorProto) -> tuple[str, int, int | None]:
+    """(location, offset, length) of an external tensor, each validated."""
+    label = _tensor_label(tensor)
+    entries: dict[str, str] = {}
+    for entry in tensor.external_data:
+        if entry.key in entries:
+            raise InputError(f"{label}: external data key {entry.key!r} is given twice")
+        entries[entry.key] = entry.value
+    if entries.get("basepath"):
+        raise InputError(f"{label}: external data 'basepath' is not supported")
+    numbers: dict[str, int] = {}
+    for key in ("offset", "length"):
+        text = entries.get(key)
+        if text is None:
+            continue
+        if not text.isdigit():
+            raise InputError(f"{label}: external data {key} {text!r} is not a non-negative integer")
+        numbers[key] = int(text)
+    return entries.get("location", ""), numbers.get("offset", 0), numbers.get("length")
+
+
+def _check_contents(proto: onnx.ModelProto, base_dir: pathlib.Path) -> int:
+    """Validates all text and every tensor's data; returns how many tensors are stored externally.
+
+    Inline data must match the declared type and shape exactly. An external
+    location must be relative, stay inside ``base_dir`` (no ``..``, no absolute
+    path, no symlink escaping it), name an existing regular file with a single
+    hard link, and the declared offset and length must fit in that file and
+    match the tensor's type and shape. Nothing is opened: only paths and
+    ``stat`` results are inspected.
+    """
+    found = 0
+    base = base_dir.resolve()
+    tensors: list[onnx.TensorProto] = []
+    _scan(proto, tensors)
+    for tensor in tensors:
+        if not onnx.external_data_helper.uses_external_data(tensor):
+            _check_inline_data(tensor)
+            continue
+        found += 1
+        label = _tensor_label(tensor)
+        location, offset, length = _external_info(tensor)
+        if not location:
+            raise InputError(f"{label} uses external data without a location")
+        rel = pathlib.PurePath(location)
+        if "\0" in location:
+            raise InputError(f"{label}: external data location {location!r} is not a valid path")
+        if rel.is_absolute() or location.startswith(("/", "\\")) or ".." in rel.parts or (
+            pathlib.PureWindowsPath(location).drive
+        ):
+            raise InputError(
+                f"{label}: external data location {location!r} "
                 "points outside the model's folder; refusing to read it"
             )
         path = (base / rel).resolve()
         if base not in path.parents:
             raise InputError(
-                f"initializer {tensor.name!r}: external data location {location!r} "
+                f"{label}: external data location {location!r} "
                 "resolves outside the model's folder; refusing to read it"
             )
+        if not path.exists():
+            raise InputError(f"{label}: external data file {location!r} not found")
+        stat = path.stat()
         if not path.is_file():
+            raise InputError(f"{label}: external data {location!r} is not a regular file")
+        if stat.st_nlink > 1:
             raise InputError(
-                f"initializer {tensor.name!r}: external data file {location!r} not found"
+                f"{label}: external data file {location!r} has {stat.st_nlink} hard links; "
+                "refusing to read it (it may be a link to a file outside the model's folder)"
             )
-        size = path.stat().st_size
-        offset = int(info.offset or 0)
-        length = info.length
+        size = stat.st_size
         if length is None:
             length = size - offset
-        if offset < 0 or length < 0 or offset + int(length) > size:
+        if offset + length > size or length < 0:
             raise InputError(
-                f"initializer {tensor.name!r}: external data {location!r} is truncated "
-                f"(needs bytes {offset}..{offset + int(length)}, file has {size})"
+                f"{label}: external data {location!r} is truncated "
+                f"(needs bytes {offset}..{offset + length}, file has {size})"
             )
-        expected = _expected_nbytes(tensor)
-        if expected is not None and expected != int(length):
+        dtype = _data_type(tensor)
+        if dtype == ir.DataType.STRING:
+            raise InputError(f"{label}: a string tensor cannot be stored externally")
+        expected = _packed_nbytes(dtype, _element_count(tensor))
+        if expected != length:
             raise InputError(
-                f"initializer {tensor.name!r}: external data length {length} does not match "
-                f"its shape and type ({expected} bytes)"
+                f"{label}: external data length {length} does not match "
+                f"its shape {list(tensor.dims)} and type {dtype.name} ({expected} bytes)"
             )
     return found
 
 
-def _expected_nbytes(tensor: onnx.TensorProto) -> int | None:
-    try:
-        dtype = ir.DataType(tensor.data_type)
-        count = 1
-        for d in tensor.dims:
-            count *= int(d)
-        if dtype == ir.DataType.STRING:
-            return None
-        return dtype.itemsize * count if dtype.bitwidth % 8 == 0 else (dtype.bitwidth * count + 7) // 8
-    except (ValueError, TypeError):
+def _inference_view(proto: onnx.ModelProto, external: int) -> onnx.ModelProto | None:
+    """A copy of ``proto`` whose external initializers are graph inputs instead.
+
+    Strict shape inference fails on a value it cannot read from an external
+    tensor (a Reshape's shape, say); as an input of the same type and shape the
+    value is simply unknown. None when some external tensor is elsewhere than
+    among the main graph's initializers (then only lenient inference is possible).
+    """
+    names = {t.name for t in proto.graph.initializer if onnx.external_data_helper.uses_external_data(t)}
+    if len(names) != external:
         return None
+    view = onnx.ModelProto()
+    view.CopyFrom(proto)
+    inputs = {i.name for i in view.graph.input}
+    kept = [t for t in view.graph.initializer if t.name not in names]
+    for tensor in view.graph.initializer:
+        if tensor.name in names and tensor.name not in inputs:
+            view.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+    del view.graph.initializer[:]
+    view.graph.initializer.extend(kept)
+    return view
 
 
 def has_external_data(model: ir.Model) -> bool:
@@ -122,6 +291,34 @@ def has_external_data(model: ir.Model) -> bool:
     return False
 
 
+def _check_versions(proto: onnx.ModelProto) -> None:
+    """A graph, an ir_version and opsets this onnx knows, each domain imported once."""
+    if not proto.HasField("graph") or proto.ir_version <= 0:
+        raise InputError("not an ONNX model (no graph or no ir_version)")
+    if proto.ir_version > onnx.IR_VERSION:
+        raise InputError(
+            f"ir_version {proto.ir_version} is newer than the installed onnx supports ({onnx.IR_VERSION})"
+        )
+    if proto.functions and proto.ir_version < _FUNCTIONS_IR_VERSION:
+        # The checker ignores the functions of such a model, so nothing would validate them.
+        raise InputError(
+            f"model-local functions need ir_version {_FUNCTIONS_IR_VERSION} or later "
+            f"(the model has {proto.ir_version})"
+        )
+    max_opset = onnx.defs.onnx_opset_version()
+    for owner in [proto, *proto.functions]:
+        versions: dict[str, int] = {}
+        for opset in owner.opset_import:
+            domain = "" if opset.domain in ("", "ai.onnx") else opset.domain
+            if domain == "" and opset.version > max_opset:
+                raise InputError(f"opset {opset.version} is newer than the installed onnx supports ({max_opset})")
+            if versions.setdefault(domain, opset.version) != opset.version:
+                raise InputError(
+                    f"domain {domain or 'ai.onnx'!r} is imported twice, at opsets {versions[domain]} "
+                    f"and {opset.version}"
+                )
+
+
 def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
     """Loads and validates an ONNX model file.
 
@@ -130,11 +327,15 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         check: Run the ONNX checker (recommended: passes assume a valid model).
 
     Returns:
-        The model, with external weights memory-mapped, not copied.
+        The model, with external weights memory-mapped, not copied (a Constant's
+        external value is read into memory).
 
     Raises:
-        InputError: the file is missing, not an ONNX model, truncated, refers to
-            external data that is missing or outside its folder, or fails the checker.
+        InputError: the file is missing, not a regular file, 2 GB or more, not an
+            ONNX model, truncated, has text that is not UTF-8 or a tensor whose data
+            does not match its type and shape, refers to external data that is
+            missing, truncated or outside its folder, or fails the checker
+            (including type inference).
     """
     path = pathlib.Path(path)
     if not path.exists():
@@ -155,25 +356,25 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         raise InputError(f"{path}: not a valid ONNX model ({_first_line(e)})") from e
     except OSError as e:
         raise InputError(f"{path}: cannot read ({_first_line(e)})") from e
-    if not proto.HasField("graph") or proto.ir_version <= 0:
-        raise InputError(f"{path}: not an ONNX model (no graph or no ir_version)")
-    if proto.ir_version > onnx.IR_VERSION:
-        raise InputError(
-            f"{path}: ir_version {proto.ir_version} is newer than the installed onnx "
-            f"supports ({onnx.IR_VERSION})"
-        )
-    max_opset = onnx.defs.onnx_opset_version()
-    for opset in proto.opset_import:
-        if opset.domain in ("", "ai.onnx") and opset.version > max_opset:
-            raise InputError(
-                f"{path}: opset {opset.version} is newer than the installed onnx supports ({max_opset})"
-            )
-    external = _check_external_data(proto, path.parent)
+    try:
+        _check_versions(proto)
+        _check_no_attribute_references(proto.graph)
+        external = _check_contents(proto, path.parent)
+    except InputError as e:
+        raise InputError(f"{path}: {e}") from None
     if check:
         try:
-            # The checker must read external data by path; a model without it is
-            # checked in memory rather than parsed a second time.
-            onnx.checker.check_model(str(path) if external else proto)
+            # The passes rely on consistent element types, so the check includes
+            # type inference (an int64 input to a float Add is refused here), and
+            # strict inference also refuses invalid attributes. A model with
+            # external data is checked by path (the checker reads it), and
+            # inferred without its external tensors (see _inference_view).
+            if external:
+                onnx.checker.check_model(str(path))
+                view = _inference_view(proto, external)
+                onnx.shape_inference.infer_shapes(view or proto, check_type=True, strict_mode=view is not None)
+            else:
+                onnx.checker.check_model(proto, full_check=True)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
             raise InputError(f"{path}: invalid model: {_first_line(e)}") from e
         except (RuntimeError, ValueError) as e:
@@ -182,8 +383,63 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         model = ir.serde.deserialize_model(proto)
     except (ValueError, TypeError, KeyError, RuntimeError) as e:
         raise InputError(f"{path}: cannot read the model ({_first_line(e)})") from e
-    ir.external_data.set_base_dir(model.graph, str(path.parent))
+    _bind_external_tensors(model, path.parent)
     return model
+
+
+def _bind_external_tensors(model: ir.Model, base_dir: pathlib.Path) -> None:
+    """Resolves every external tensor against the model's folder.
+
+    Initializers stay memory-mapped (saving keeps them external). A tensor held
+    by a node attribute (a Constant's value, in any graph or function) is read
+    into memory now: onnx_ir only writes initializers to external data, and
+    would otherwise save a reference to the input's data file, or resolve a
+    function's tensor against the working directory.
+    """
+    ir.external_data.set_base_dir(model.graph, str(base_dir))
+    for root in (model.graph, *model.functions.values()):
+        for node in ir.traversal.RecursiveGraphIterator(root):
+            for attr in node.attributes.values():
+                if attr.is_ref():
+                    continue
+                if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
+                    node.attributes[attr.name] = ir.AttrTensor(attr.name, _in_memory(attr.value, base_dir))
+                elif attr.type == ir.AttributeType.TENSORS and any(
+                    isinstance(t, ir.ExternalTensor) for t in attr.value
+                ):
+                    tensors = [_in_memory(t, base_dir) for t in attr.value]
+                    node.attributes[attr.name] = ir.AttrTensors(attr.name, tensors)
+                elif attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) and (
+                    root is not model.graph  # functions' subgraphs are not saved as external data
+                ):
+                    for graph in attr.value if attr.type == ir.AttributeType.GRAPHS else [attr.value]:
+                        for value in graph.initializers.values():
+                            value.const_value = _in_memory(value.const_value, base_dir)
+
+
+def _in_memory(
+    tensor: ir.TensorProtocol | None, base_dir: pathlib.Path | None = None
+) -> ir.TensorProtocol | None:
+    """An external tensor read (from ``base_dir`` if given) into memory; any other tensor as it is.
+
+    Unlike onnx_ir's own conversion, this leaves the tensor's memory map open:
+    closing it fails (BufferError) while a pass still holds an array viewing it.
+    """
+    if not isinstance(tensor, ir.ExternalTensor):
+        return tensor
+    if base_dir is not None:
+        tensor.base_dir = str(base_dir)
+    return ir.Tensor(tensor.numpy().copy(), dtype=tensor.dtype, name=tensor.name)
+
+
+def data_files(model: ir.Model) -> set[pathlib.Path]:
+    """The resolved paths of the external-data files the model's initializers refer to."""
+    files = set()
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                files.add(pathlib.Path(value.const_value.path).resolve())
+    return files
 
 
 def _inline_nbytes(model: ir.Model) -> int:
@@ -219,13 +475,62 @@ def save_model(
         external_data = has_external_data(model) or _inline_nbytes(model) >= PROTOBUF_LIMIT
     if external_data:
         data_name = path.name + ".data"
-        ir.save(model, path, external_data=data_name, size_threshold_bytes=1024)
+        with _small_external_tensors_in_memory(model, _INLINE_UP_TO):
+            ir.save(model, path, external_data=data_name, size_threshold_bytes=_INLINE_UP_TO)
         written = [path]
-        if (path.parent / data_name).exists():
-            written.append(path.parent / data_name)
+        data = path.parent / data_name
+        if data.exists() and data.stat().st_size == 0:
+            data.unlink()  # every initializer was small enough to stay inline
+        elif data.exists():
+            written.append(data)
         return written
     ir.save(model, path)
     return [path]
+
+
+@contextlib.contextmanager
+def _small_external_tensors_in_memory(model: ir.Model, threshold: int) -> Iterator[None]:
+    """For the duration of a save, external initializers that the save writes inline are in memory.
+
+    onnx_ir reads them itself, then closes their memory map, which fails while
+    an array viewing it is alive (a pass may hold one); see :func:`_in_memory`.
+    """
+    swapped = []
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor) and tensor.nbytes <= threshold:
+                swapped.append((value, tensor))
+                value.const_value = _in_memory(tensor)
+    try:
+        yield
+    finally:
+        for value, tensor in swapped:
+            value.const_value = tensor
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Holds SIGINT and SIGTERM until the block ends, then delivers them.
+
+    A commit (several renames) or a clean-up must not be cut in half by an
+    interrupt. Only the main thread can install signal handlers; elsewhere this
+    does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    # A handler installed outside Python (getsignal() is None) could not be restored: leave it.
+    signums = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not None]
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if received:
+            signal.raise_signal(received[0])
 
 
 class StagedOutput:
@@ -238,23 +543,38 @@ class StagedOutput:
         )
         self.path = self.folder / destination.name
         self.files: list[pathlib.Path] = []
+        self.committed = False
 
     def save(self, model: ir.Model, *, external_data: bool | None = None) -> pathlib.Path:
-        self.files = save_model(model, self.path, external_data=external_data)
+        """Writes the model into the temporary folder.
+
+        Raises:
+            InputError: the disk is full, or another error of the file system.
+        """
+        try:
+            self.files = save_model(model, self.path, external_data=external_data)
+        except OSError as e:
+            raise InputError(f"{self.destination}: cannot write ({e.strerror or _first_line(e)})") from e
         return self.path
 
     def commit(self) -> list[pathlib.Path]:
         """Moves the written files to the destination folder; the model file last."""
         moved = []
         others = [f for f in self.files if f != self.path]
-        for f in [*others, self.path]:
-            target = self.destination.parent / f.name
-            os.replace(f, target)
-            moved.append(target)
+        with _signals_deferred():
+            try:
+                for f in [*others, self.path]:
+                    target = self.destination.parent / f.name
+                    os.replace(f, target)
+                    moved.append(target)
+            except OSError as e:
+                raise InputError(f"{self.destination}: cannot write ({e.strerror or _first_line(e)})") from e
+            self.committed = True
         return moved
 
     def discard(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        with _signals_deferred():
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -271,7 +591,8 @@ def staged_output(destination: str | os.PathLike[str]) -> Iterator[StagedOutput]
     if destination.is_dir():
         raise InputError(f"{destination}: is a folder")
     try:
-        staged = StagedOutput(destination)
+        with _signals_deferred():  # an interrupt must not leave the folder behind
+            staged = StagedOutput(destination)
     except OSError as e:
         raise InputError(f"{destination}: cannot write here ({_first_line(e)})") from e
     try:
