@@ -4,27 +4,47 @@ Python API:
     ``passes.optimize(model, passes=None, target_opset=18, ...)`` runs the passes;
     ``passes.check(original, optimized, ...)`` compares two models in onnxruntime.
 Each pass is an ``onnx_ir.passes`` pass class usable on its own (see ``passes.PASSES``).
+
+The names below are imported on first use, so that ``import passes`` (and the
+``optimize`` command's start-up, before it installs its signal handlers) stays
+cheap: onnxruntime and the passes load only when needed.
 """
 
 from __future__ import annotations
 
-from passes.ort_check import CheckResult, check
-from passes.cleanup import CleanupPass
-from passes.errors import CheckFailedError, InputError, OptimizeError, UpgradeError
-from passes.pipeline import PASSES, Options, build_pass_manager, optimize
-
-__all__ = [
-    "PASSES",
-    "CheckFailedError",
-    "CheckResult",
-    "CleanupPass",
-    "InputError",
-    "OptimizeError",
-    "Options",
-    "UpgradeError",
-    "build_pass_manager",
-    "check",
-    "optimize",
-]
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "PASSES": "passes.pipeline",
+    "Options": "passes.pipeline",
+    "build_pass_manager": "passes.pipeline",
+    "optimize": "passes.pipeline",
+    "CheckResult": "passes.ort_check",
+    "check": "passes.ort_check",
+    "CleanupPass": "passes.cleanup",
+    "CheckFailedError": "passes.errors",
+    "InputError": "passes.errors",
+    "OptimizeError": "passes.errors",
+    "UpgradeError": "passes.errors",
+    "UpgradeOpsetPass": "passes.upgrade",
+    "ConstantFoldingPass": "passes.fold",
+    "DecomposeLogSumExpPass": "passes.decompose",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'passes' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

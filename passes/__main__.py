@@ -1,9 +1,33 @@
-"""``python -m passes`` is the ``optimize`` command."""
+"""``python -m passes`` and the ``optimize`` console script.
+
+Importing the command (numpy, onnx, onnxruntime, the passes) takes about a
+second. A SIGINT or SIGTERM in that time must still end in one line and no
+traceback, so a minimal handler goes in first and the CLI is imported after;
+nothing has been written yet, so it can exit at once.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+from typing import Any, NoReturn
 
-from passes.cli import main
 
-sys.exit(main())
+def _interrupted_during_start_up(signum: int, frame: Any) -> NoReturn:
+    sys.stderr.write("optimize: error: interrupted; no output written\n")
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+def main() -> int:
+    """Installs the start-up signal handlers, then runs :func:`passes.cli.main`."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, _interrupted_during_start_up)
+    from passes.cli import main as cli_main
+
+    return cli_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -225,6 +225,8 @@ def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) ->
                 rtol=args.rtol, atol=args.atol, seed=args.seed,
             )
             report.check = result
+            if result.inputs_rejected:
+                raise InputError(f"--inputs {args.inputs}: {result.skipped}")
             if result.skipped:
                 console.warn(result.summary())
             elif not result.ok:

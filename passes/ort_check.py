@@ -35,6 +35,9 @@ __all__ = [
 #: Size given to a dynamic dimension that ``dims`` does not name.
 DEFAULT_DIM = 2
 
+#: Generated inputs larger than this in total are not generated (the check is skipped).
+MAX_GENERATED_BYTES = 1 << 30
+
 #: Default (rtol, atol) per float type: |optimised - original| <= atol + rtol * |original|.
 TOLERANCES: dict[str, tuple[float, float]] = {
     "float64": (1e-7, 1e-10),
@@ -88,6 +91,8 @@ class CheckResult:
         ok: True when every output matched (or the check was skipped).
         skipped: Why the check could not run (the original model does not run in
             onnxruntime, or inputs cannot be generated); None when it ran.
+        inputs_rejected: The check was skipped because the original model does not
+            run on the inputs the caller gave (wrong names, dtypes or shapes).
         error: Why the optimised model failed to run where the original ran.
         outputs: One comparison per output of the original model.
     """
@@ -95,6 +100,7 @@ class CheckResult:
     ok: bool
     skipped: str | None = None
     error: str | None = None
+    inputs_rejected: bool = False
     outputs: list[OutputComparison] = dataclasses.field(default_factory=list)
 
     @property
@@ -179,6 +185,7 @@ def make_inputs(
     dims = dict(dims or {})
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
+    total = 0
     for arg in session.get_inputs():
         dtype = _ORT_TYPES.get(arg.type)
         if dtype is None:
@@ -191,6 +198,12 @@ def make_inputs(
                 shape.append(int(dims[d]))
             else:
                 shape.append(DEFAULT_DIM)
+        total += int(np.prod(shape, dtype=np.float64)) * (8 if dtype is np.str_ else np.dtype(dtype).itemsize)
+        if total > MAX_GENERATED_BYTES:
+            raise ValueError(
+                f"generating input {arg.name!r} of shape {shape} would exceed "
+                f"{MAX_GENERATED_BYTES >> 20} MiB; pass --inputs or smaller --dim sizes"
+            )
         if dtype is np.bool_:
             value = rng.random(shape) < 0.5
         elif dtype is np.str_:
@@ -318,7 +331,12 @@ def check(
         try:
             expected = session.run(None, feeds)
         except Exception as e:  # noqa: BLE001
-            return CheckResult(True, skipped=f"the original model does not run in onnxruntime: {_first_line(e)}")
+            given = " on the given inputs" if inputs else ""
+            return CheckResult(
+                True,
+                skipped=f"the original model does not run in onnxruntime{given}: {_first_line(e)}",
+                inputs_rejected=bool(inputs),
+            )
         del session
     with _ort_source(optimized) as source:
         try:
