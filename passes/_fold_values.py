@@ -17,7 +17,7 @@ import onnx
 import onnx.defs
 import onnx_ir as ir
 
-from passes._fold_sparse import sparse_to_dense
+from passes._sparse import sparse_to_dense
 from passes.errors import InputError
 
 __all__ = [

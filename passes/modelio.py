@@ -31,6 +31,7 @@ import onnx.checker
 import onnx.external_data_helper
 import onnx_ir as ir
 
+from passes._sparse import densify_sparse_constants
 from passes.errors import InputError
 
 __all__ = [
@@ -380,6 +381,7 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         except (RuntimeError, ValueError) as e:
             raise InputError(f"{path}: invalid model: {_first_line(e)}") from e
     try:
+        densify_sparse_constants(proto)
         model = ir.serde.deserialize_model(proto)
     except (ValueError, TypeError, KeyError, RuntimeError) as e:
         raise InputError(f"{path}: cannot read the model ({_first_line(e)})") from e

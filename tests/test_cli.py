@@ -440,3 +440,26 @@ def test_huge_generated_inputs_skip_the_check(demo: pathlib.Path, tmp_path: path
     assert proc.returncode == 0, proc.stderr
     assert "optimize: warning: check skipped" in proc.stderr and "--inputs" in proc.stderr
     assert out.exists()
+
+
+def test_sparse_constants_are_densified(tmp_path: pathlib.Path) -> None:
+    values = numpy_helper.from_array(np.array([1.5, -2.5], np.float32), "sp")
+    indices = numpy_helper.from_array(np.array([0, 3], np.int64), "sp_indices")
+    sparse = helper.make_sparse_tensor(values, indices, [4])
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], sparse_value=sparse),
+         helper.make_node("Add", ["x", "c"], ["t"]),
+         helper.make_node("Mul", ["t", "c"], ["y"])],
+        "sparse",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
+    src = tmp_path / "sparse.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(src))
+    out = tmp_path / "out.onnx"
+    proc = run_cli(str(src), "-o", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr
+    result = onnx.load(str(out))
+    assert all(a.name != "sparse_value" for n in result.graph.node for a in n.attribute)
+    x = np.array([1, 2, 3, 4], np.float32)
+    np.testing.assert_array_equal(helpers.ort_run(result, {"x": x})[0], (x + [1.5, 0, 0, -2.5]) * [1.5, 0, 0, -2.5])

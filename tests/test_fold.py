@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import refimpl
 from helpers import ort_run
-from passes._fold_sparse import densify_sparse_constants
+from passes._sparse import densify_sparse_constants
 from passes._fold_values import constant_tensor
 from passes.fold import ConstantFoldingPass
 

@@ -1,21 +1,26 @@
-"""Sparse constants: ``Constant(sparse_value=...)`` as the dense tensor it produces.
+"""Sparse tensors as the dense tensors they stand for, at the protobuf edge.
 
-onnx_ir cannot deserialize sparse tensor attributes, so a model holding such a
-``Constant`` must be densified at the protobuf edge before ``ir.load``
-(``densify_sparse_constants``). The output of a ``Constant`` is always a dense
-tensor, so replacing ``sparse_value`` by ``value`` does not change what the
-model computes.
+onnx_ir cannot deserialize sparse tensors, so ``modelio.load_model`` densifies
+them before building the IR (``densify_sparse_constants``): a
+``Constant(sparse_value=S)`` becomes ``Constant(value=dense(S))``: a Constant's
+output is always dense, so this does not change what the model computes.
+(Sparse initializers are values of sparse type and stay what they are.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import math
+
 import numpy as np
 import onnx
 import onnx.numpy_helper
 
 __all__ = ["densify_sparse_constants", "sparse_to_dense"]
+
+# A dense copy must stay well below protobuf's 2 GB limit.
+_MAX_DENSE_BYTES = 1 << 30
 
 
 def sparse_to_dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
@@ -26,6 +31,8 @@ def sparse_to_dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
     """
     dims = tuple(int(d) for d in sparse.dims)
     values = onnx.numpy_helper.to_array(sparse.values)
+    if any(d < 0 for d in dims) or math.prod(dims) * values.dtype.itemsize > _MAX_DENSE_BYTES:
+        raise ValueError(f"sparse tensor of dims {dims} is too large to densify")
     dense = np.zeros(dims, dtype=values.dtype)
     if values.size == 0:
         return dense
@@ -61,6 +68,9 @@ def densify_sparse_constants(model: onnx.ModelProto) -> int:
 
     Returns:
         The number of Constant nodes rewritten.
+
+    Raises:
+        ValueError: a sparse tensor's indices do not fit its dims.
     """
     count = 0
     for body in _graphs(model):
