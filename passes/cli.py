@@ -271,10 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         verbose = args.verbose
-        logging.basicConfig(
-            level=logging.DEBUG if args.verbose else logging.WARNING,
-            format=f"{PROG}: %(levelname)s: %(name)s: %(message)s",
-        )
+        level = logging.DEBUG if args.verbose else logging.ERROR if args.quiet else logging.WARNING
+        logging.basicConfig(level=level, format=f"{PROG}: %(levelname)s: %(name)s: %(message)s")
         console = _Console(args.quiet)
         with warnings.catch_warnings():
             warnings.showwarning = console.show_warning

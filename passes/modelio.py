@@ -31,6 +31,7 @@ import onnx.checker
 import onnx.external_data_helper
 import onnx_ir as ir
 
+from passes import _opaque_types
 from passes._sparse import densify_sparse_constants
 from passes.errors import InputError
 
@@ -381,12 +382,48 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         except (RuntimeError, ValueError) as e:
             raise InputError(f"{path}: invalid model: {_first_line(e)}") from e
     try:
-        densify_sparse_constants(proto)
-        model = ir.serde.deserialize_model(proto)
-    except (ValueError, TypeError, KeyError, RuntimeError) as e:
-        raise InputError(f"{path}: cannot read the model ({_first_line(e)})") from e
+        model = model_from_proto(proto)
+    except (ValueError, TypeError, KeyError, RuntimeError, NotImplementedError) as e:
+        raise InputError(f"{path}: cannot read the model ({_root_message(e)})") from e
     _bind_external_tensors(model, path.parent)
     return model
+
+
+def _root_message(error: BaseException) -> str:
+    """The innermost cause's first line (onnx_ir wraps the reason in SerdeErrors)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return _first_line(error)
+
+
+def model_from_proto(proto: onnx.ModelProto) -> ir.Model:
+    """Builds the IR of ``proto`` (changed in place: sparse Constants densified, map types stashed).
+
+    onnx_ir represents neither sparse tensor attributes nor map types; see
+    ``passes._sparse`` and ``passes._opaque_types``. :func:`model_to_proto` and
+    :func:`save_model` put the stashed types back.
+    """
+    densify_sparse_constants(proto)
+    stashed = _opaque_types.stash(proto)
+    model = ir.serde.deserialize_model(proto)
+    if stashed:
+        model.meta[_opaque_types.STASH_KEY] = stashed
+    return model
+
+
+def model_to_proto(model: ir.Model) -> onnx.ModelProto:
+    """Serialises ``model`` (tensors in memory) with the declarations :func:`model_from_proto` stashed."""
+    proto = ir.serde.serialize_model(model)
+    _opaque_types.restore(proto, model.meta.get(_opaque_types.STASH_KEY, {}))
+    return proto
+
+
+def _restore_opaque_types(model: ir.Model, path: pathlib.Path) -> None:
+    stashed = model.meta.get(_opaque_types.STASH_KEY)
+    if stashed:
+        proto = onnx.load_model(str(path), load_external_data=False)
+        _opaque_types.restore(proto, stashed)
+        onnx.save_model(proto, str(path))
 
 
 def _bind_external_tensors(model: ir.Model, base_dir: pathlib.Path) -> None:
@@ -485,8 +522,10 @@ def save_model(
             data.unlink()  # every initializer was small enough to stay inline
         elif data.exists():
             written.append(data)
+        _restore_opaque_types(model, path)
         return written
     ir.save(model, path)
+    _restore_opaque_types(model, path)
     return [path]
 
 

@@ -224,8 +224,18 @@ def _compare(
     name: str, expected: Any, actual: Any, rtol: float | None, atol: float | None
 ) -> OutputComparison:
     if not isinstance(expected, np.ndarray) or not isinstance(actual, np.ndarray):
-        same = type(expected) is type(actual) and _equal_nested(expected, actual)
-        return OutputComparison(name, same, message="" if same else "non-tensor outputs differ")
+        # Sequences and maps (e.g. ZipMap's list of dicts): same structure, then the
+        # leaves compared as one array (Python floats come from float32 tensors).
+        e_leaves, e_shape = _flatten(expected)
+        a_leaves, a_shape = _flatten(actual)
+        if e_shape != a_shape:
+            return OutputComparison(name, False, message="sequence/map structure differs")
+        e_arr, a_arr = np.asarray(e_leaves), np.asarray(a_leaves)
+        if e_arr.dtype == np.float64 and all(isinstance(v, float) for v in e_leaves):
+            e_arr, a_arr = e_arr.astype(np.float32), a_arr.astype(np.float32)
+        result = _compare(name, e_arr, a_arr, rtol, atol)
+        result.shape = None
+        return result
     result = OutputComparison(name, True, _dtype_name(expected), tuple(expected.shape))
     if expected.dtype != actual.dtype:
         result.ok = False
@@ -275,14 +285,26 @@ def _compare(
     return result
 
 
-def _equal_nested(a: Any, b: Any) -> bool:
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_equal_nested(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_equal_nested(a[k], b[k]) for k in a)
-    return bool(a == b)
+def _flatten(value: Any) -> tuple[list[Any], Any]:
+    """The leaves of a nested sequence/map output and a hashable description of its structure."""
+    if isinstance(value, np.ndarray):
+        return list(value.reshape(-1)), ("tensor", str(value.dtype), value.shape)
+    if isinstance(value, (list, tuple)):
+        leaves, shapes = [], []
+        for item in value:
+            item_leaves, item_shape = _flatten(item)
+            leaves.extend(item_leaves)
+            shapes.append(item_shape)
+        return leaves, ("seq", tuple(shapes))
+    if isinstance(value, dict):
+        keys = sorted(value, key=repr)
+        leaves, shapes = [], []
+        for key in keys:
+            item_leaves, item_shape = _flatten(value[key])
+            leaves.extend(item_leaves)
+            shapes.append((repr(key), item_shape))
+        return leaves, ("map", tuple(shapes))
+    return [value], ("scalar", type(value).__name__)
 
 
 def check(

@@ -210,9 +210,11 @@ def optimize(
             staged.commit()
         return pathlib.Path(output)
     if isinstance(model, onnx.ModelProto):
-        ir_model = ir.serde.deserialize_model(model)
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)  # model_from_proto edits the proto it is given
+        ir_model = modelio.model_from_proto(copy)
         run_pipeline(ir_model, names, options)
-        return ir.serde.serialize_model(ir_model)
+        return modelio.model_to_proto(ir_model)
     if isinstance(model, ir.Model):
         run_pipeline(model, names, options)
         return model

@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import helpers
+import passes
 from passes import cli, modelio, pipeline
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -463,3 +464,55 @@ def test_sparse_constants_are_densified(tmp_path: pathlib.Path) -> None:
     assert all(a.name != "sparse_value" for n in result.graph.node for a in n.attribute)
     x = np.array([1, 2, 3, 4], np.float32)
     np.testing.assert_array_equal(helpers.ort_run(result, {"x": x})[0], (x + [1.5, 0, 0, -2.5]) * [1.5, 0, 0, -2.5])
+
+
+def _zipmap_model(scale: float = 2.0) -> onnx.ModelProto:
+    """scikit-learn classifier style: probabilities through ZipMap, a seq(map(int64, float)) output."""
+    out_type = helper.make_sequence_type_proto(
+        helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, None)))
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "scale"], ["logits"]),
+         helper.make_node("ReduceMax", ["logits"], ["peak"], axes=[1], keepdims=1),
+         helper.make_node("Sub", ["logits", "peak"], ["shifted"]),
+         helper.make_node("Softmax", ["shifted"], ["proba"], axis=1),
+         helper.make_node("ZipMap", ["proba"], ["zipped"], domain="ai.onnx.ml", classlabels_int64s=[3, 7])],
+        "classifier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])],
+        [helper.make_tensor_value_info("proba", TensorProto.FLOAT, ["n", 2]),
+         helper.make_value_info("zipped", out_type)],
+        initializer=[numpy_helper.from_array(np.array(scale, np.float32), "scale")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("ai.onnx.ml", 1)],
+                             ir_version=8)
+
+
+def test_map_typed_outputs_survive(tmp_path: pathlib.Path) -> None:
+    src = tmp_path / "zipmap.onnx"
+    onnx.save_model(_zipmap_model(), str(src))
+    out = tmp_path / "out.onnx"
+    report = tmp_path / "r.json"
+    proc = run_cli(str(src), "-o", str(out), "--report", str(report), "-q")
+    assert proc.returncode == 0, proc.stderr
+    result = onnx.load(str(out))
+    onnx.checker.check_model(result, full_check=True)
+    assert {o.version for o in result.opset_import if o.domain == ""} == {18}
+    assert result.graph.output[1].type == _zipmap_model().graph.output[1].type
+    checked = {o["name"]: o for o in json.loads(report.read_text())["check"]["outputs"]}
+    assert checked["zipped"]["ok"] and checked["proba"]["ok"]
+    x = np.random.default_rng(0).standard_normal((3, 2)).astype(np.float32)
+    assert helpers.ort_run(str(out), {"x": x})[1] == helpers.ort_run(str(src), {"x": x})[1]
+    # The Python API on a ModelProto keeps the map type too, and leaves its argument alone.
+    proto = _zipmap_model()
+    again = passes.optimize(proto)
+    assert again.graph.output[1].type == proto.graph.output[1].type
+    assert proto == _zipmap_model()
+
+
+def test_check_compares_map_outputs_with_tolerance() -> None:
+    x = {"x": np.random.default_rng(1).standard_normal((4, 2)).astype(np.float32)}
+    same = passes.check(_zipmap_model(2.0), _zipmap_model(2.0), inputs=x)
+    assert same.ok and not same.skipped
+    close = passes.check(_zipmap_model(2.0), _zipmap_model(2.0 * (1 + 1e-7)), inputs=x)
+    assert close.ok
+    far = passes.check(_zipmap_model(2.0), _zipmap_model(2.5), inputs=x)
+    assert not far.ok and {o.name for o in far.failures} == {"proba", "zipped"}
