@@ -167,10 +167,12 @@ class PlanContext:
         function: The model-local function the node belongs to, if any.
         ref_attr_is_set: Tells whether a function attribute is always bound
             (it has a default, or every call site sets it).
+        rank_of: The rank of a value: from the model, else from shape inference.
     """
 
     function: ir.Function | None
     ref_attr_is_set: Callable[[str], bool]
+    rank_of: Callable[[ir.Value], int | None] = lambda value: _rank_of(value)
 
 
 class RewriteContext(Protocol):
@@ -643,7 +645,7 @@ def _softmax_13(draft: Draft, ctx: PlanContext) -> str | None:
     if axis is None:
         return "attribute 'axis' is a reference"
     x = draft.input(0)
-    rank = _rank_of(x) if isinstance(x, ir.Value) else None
+    rank = ctx.rank_of(x) if isinstance(x, ir.Value) else None
     last = axis == -1 or (rank is not None and (axis + rank if axis < 0 else axis) == rank - 1)
     if last:
         draft.attributes["axis"] = ir.AttrInt64("axis", axis)

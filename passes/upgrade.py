@@ -44,7 +44,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from passes import _graphs
+from passes import _graphs, _inference
 from passes._upgrade_adapters import (
     ADAPTERS,
     SEMANTIC_CHANGES,
@@ -628,6 +628,19 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
     ) -> list[tuple[_graphs.Scope, list[Draft]]]:
         """Plans every node of the scopes; raises before anything is changed."""
         call_sites: dict[ir.OperatorIdentifier, list[ir.Node]] | None = None
+        inferred: dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] | None = None
+
+        def rank_of(value: ir.Value) -> int | None:
+            """The model's rank for ``value``, else shape inference's (run once, on first need)."""
+            nonlocal inferred
+            if value.shape is not None:
+                return value.shape.rank()
+            if inferred is None:
+                unshaped = {v for node, _ in _graphs.iter_nodes(model) for v in node.inputs
+                            if v is not None and v.shape is None}  # fmt: skip
+                inferred = _inference.infer_types(model, unshaped)
+            shape = inferred.get(value, (None, None))[1]
+            return shape.rank() if shape is not None else None
 
         def ref_attr_is_set(function: ir.Function, name: str) -> bool:
             nonlocal call_sites
@@ -647,7 +660,9 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
             source = scope.opset("")
             function = scope.function
             ctx = PlanContext(
-                function, functools.partial(ref_attr_is_set, function) if function else lambda name: False
+                function,
+                functools.partial(ref_attr_is_set, function) if function else lambda name: False,
+                rank_of,
             )
             drafts = []
             for node in scope.body:

@@ -895,6 +895,19 @@ def test_softmax_12_with_unknown_rank_and_inside_function() -> None:
     assert function.node[-1].output[0] == "v" == function.output[0]
 
 
+def test_softmax_12_on_the_last_axis_known_only_by_inference_is_not_wrapped() -> None:
+    # As in classifier heads: Softmax(axis=1) of a Gemm output the model leaves unshaped.
+    w = np.random.default_rng(5).standard_normal((X.shape[-1], 3)).astype(np.float32)
+    x2 = X.reshape(-1, X.shape[-1])
+    nodes = [oh.make_node("Gemm", ["x", "w"], ["logits"]), oh.make_node("Softmax", ["logits"], ["y"], axis=1)]
+    model = make_model(nodes, {"x": x2}, ["y"], opset=11, initializers={"w": w}, infer=False)
+    model.graph.output[0].CopyFrom(info("y", elem=1, shape=[x2.shape[0], 3]))
+    assert not model.graph.value_info  # the rank of 'logits' is not in the model
+    after, _ = convert(model, feeds={"x": x2})
+    assert [n.op_type for n in after.graph.node] == ["Gemm", "Softmax"]
+    assert "logits" not in {v.name for v in after.graph.value_info}  # inference informed the plan only
+
+
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 @pytest.mark.parametrize("scales", [[1, 1, 2, 3], [1, 1, 1.5, 2.5], [1, 1, 0.6, 0.5], [1, 1, 0.3, 1]])
 def test_resize_10(mode: str, scales: list[float]) -> None:
