@@ -358,6 +358,12 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         raise InputError(f"{path}: not a valid ONNX model ({_first_line(e)})") from e
     except OSError as e:
         raise InputError(f"{path}: cannot read ({_first_line(e)})") from e
+    if 0 < proto.ir_version < 4:
+        # IR 3 requires every initializer to also be a graph input; IR 4 reads initializers
+        # the same way and only drops that rule. Exporters of the time broke it (onnxruntime's
+        # own datasets/mul_1.onnx does) and onnxruntime runs such models, so they are read
+        # as IR 4 (the upgrade raises the version further anyway).
+        proto.ir_version = 4
     try:
         _check_versions(proto)
         _check_no_attribute_references(proto.graph)
