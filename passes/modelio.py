@@ -82,6 +82,33 @@ def _scan(message: google.protobuf.message.Message, tensors: list[onnx.TensorPro
                 _scan(item, tensors)
 
 
+def _check_pass_through_outputs(graph: onnx.GraphProto) -> None:
+    """A graph output that names a graph input must not declare another type for it.
+
+    onnx_ir holds one value for both, so the output's declaration would become
+    the input's and the optimised model would expect other inputs.
+    """
+    inputs = {i.name: i.type for i in graph.input}
+    for output in graph.output:
+        declared = inputs.get(output.name)
+        if declared is None or not (output.type.HasField("tensor_type") and declared.HasField("tensor_type")):
+            continue
+        a, b = declared.tensor_type, output.type.tensor_type
+        same = a.elem_type == b.elem_type or not (a.elem_type and b.elem_type)
+        if same and a.HasField("shape") and b.HasField("shape"):
+            if len(a.shape.dim) != len(b.shape.dim):
+                same = False
+            else:
+                same = all(
+                    not (x.HasField("dim_value") and y.HasField("dim_value")) or x.dim_value == y.dim_value
+                    for x, y in zip(a.shape.dim, b.shape.dim)
+                )
+        if not same:
+            raise InputError(
+                f"graph output {output.name!r} is the graph input of that name but declares another type"
+            )
+
+
 def _check_no_attribute_references(graph: onnx.GraphProto) -> None:
     """A reference to a function's attribute (``ref_attr_name``) means nothing outside a function."""
     for node in graph.node:
@@ -366,6 +393,7 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         proto.ir_version = 4
     try:
         _check_versions(proto)
+        _check_pass_through_outputs(proto.graph)
         _check_no_attribute_references(proto.graph)
         external = _check_contents(proto, path.parent)
     except InputError as e:

@@ -230,6 +230,10 @@ MALFORMED: dict[str, tuple[Callable[[], bytes], str]] = {
     "duplicate_initializer": (_bytes_of(lambda: make_model(
         [helper.make_node("Add", ["x", "w"], ["y"])], initializers=[weights(), weights()])), "not unique"),
     "output_not_produced": (_bytes_of(lambda: make_model([helper.make_node("Relu", ["x"], ["z"])])), "'y'"),
+    # found by the field fuzzer: the output declaration would become the input's (one value in onnx_ir)
+    "pass_through_output_with_another_shape": (_bytes_of(lambda: make_model(
+        [helper.make_node("Relu", ["x"], ["z"])],
+        outputs=[helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1])])), "declares another type"),
     "recursive_function": (_bytes_of(lambda: _calling(_function(
         [helper.make_node("F", ["a"], ["b"], domain="local")]))), "recursive"),
     "attribute_reference_outside_a_function": (_bytes_of(lambda: _if_model_with_ref()), "outside a function"),
