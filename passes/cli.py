@@ -89,8 +89,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--passes", type=_names, default=None, metavar="NAME,...",
                         help="passes to run, in order (default: all)")
     parser.add_argument("--skip", type=_names, default=[], metavar="NAME,...", help="passes not to run")
-    parser.add_argument("--target-opset", type=int, default=pipeline.DEFAULT_TARGET_OPSET, metavar="N",
-                        help="opset the upgrade pass converts to (default: %(default)s; never lowers)")
+    parser.add_argument("--target-opset", type=int, default=None, metavar="N",
+                        help=f"opset the upgrade pass converts to (default: {pipeline.DEFAULT_TARGET_OPSET}; "
+                             "a model already at or above it is left at its opset; asking for a "
+                             "lower opset than the model's is an error)")
     parser.add_argument("--fold-size-limit", type=_size, default=pipeline.DEFAULT_FOLD_SIZE_LIMIT,
                         metavar="BYTES", help="largest constant folding may add (default: 1M)")
     parser.add_argument("--no-check", action="store_true",
@@ -182,7 +184,7 @@ def _check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | None
 
 def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) -> int:
     names = pipeline.select_passes(args.passes, args.skip)
-    if args.target_opset < 1:
+    if args.target_opset is not None and args.target_opset < 1:
         raise InputError(f"--target-opset {args.target_opset}: must be a positive opset version")
     if args.fold_size_limit < 0:
         raise InputError("--fold-size-limit must not be negative")
@@ -200,13 +202,14 @@ def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) ->
     model = modelio.load_model(src)
     _check_destinations(src, dst, args.report, model)
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
-    if opset is not None and args.target_opset < opset:
+    if opset is not None and args.target_opset is not None and args.target_opset < opset:
         raise InputError(
             f"--target-opset {args.target_opset} is lower than the model's opset {opset}; "
             "this tool never lowers an opset"
         )
     report = Report(str(src), str(dst), summarize(model))
-    options = pipeline.Options(target_opset=args.target_opset, fold_size_limit=args.fold_size_limit)
+    target = pipeline.DEFAULT_TARGET_OPSET if args.target_opset is None else args.target_opset
+    options = pipeline.Options(target_opset=target, fold_size_limit=args.fold_size_limit)
     report.passes = pipeline.run_pipeline(model, names, options, progress=console.progress)
     report.after = summarize(model)
 

@@ -559,9 +559,9 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
             :func:`max_supported_opset`).
 
     Raises:
-        UpgradeError: For an unsupported target; from ``call``, for a model
-            above the target or a node that cannot be converted exactly (the
-            model is then left untouched).
+        UpgradeError: For an unsupported target; from ``call``, for a node
+            that cannot be converted exactly (the model is then left untouched).
+            A model or function already at or above the target is left as it is.
     """
 
     def __init__(self, target_opset: int = MIN_TARGET_OPSET) -> None:
@@ -580,12 +580,11 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
         all_scopes = list(_graphs.iter_scopes(model))
         scopes = [s for s in all_scopes if s.opset("") is not None]
         for scope in scopes:
-            if scope.opset("") > target:
+            if scope.opset("") > target and scope.owner is None:  # once per model or function
+                # Already above the target: nothing to do (the pass never lowers an opset).
                 where = f"function '{scope.function.name}'" if scope.function else "the model"
-                raise UpgradeError(
-                    f"{where} imports default-domain opset {scope.opset('')}, above the target {target};"
-                    " downgrading is not supported"
-                )
+                logger.info("%s imports opset %s, above the target %s: left as it is",
+                            where, scope.opset(""), target)  # fmt: skip
         to_upgrade = [s for s in scopes if s.opset("") < target]
         source_opsets = sorted({s.opset("") for s in to_upgrade})
         stats = _Stats()
@@ -597,11 +596,10 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
             for draft in drafts:
                 rewriter.commit(draft)
         modified = bool(to_upgrade)  # at least one opset import changes
-        if _graphs.default_opset(model.opset_imports) not in (None, target):
-            _graphs.set_opset(model.opset_imports, "", target)
-        for function in model.functions.values():
-            if _graphs.default_opset(function.opset_imports) not in (None, target):
-                _graphs.set_opset(function.opset_imports, "", target)
+        for owner in (model, *model.functions.values()):
+            version = _graphs.default_opset(owner.opset_imports)
+            if version is not None and version < target:
+                _graphs.set_opset(owner.opset_imports, "", target)
         old_ir = model.ir_version
         if modified:
             model.ir_version = max(model.ir_version, min_ir_version(target))

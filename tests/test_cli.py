@@ -516,3 +516,20 @@ def test_check_compares_map_outputs_with_tolerance() -> None:
     assert close.ok
     far = passes.check(_zipmap_model(2.0), _zipmap_model(2.5), inputs=x)
     assert not far.ok and {o.name for o in far.failures} == {"proba", "zipped"}
+
+
+def test_a_model_above_the_default_target_keeps_its_opset(tmp_path: pathlib.Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=0)], "newer",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        initializer=[numpy_helper.from_array(np.array([1], np.int64), "axes")],
+    )
+    src = tmp_path / "newer.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)]), str(src))
+    out = tmp_path / "out.onnx"
+    proc = run_cli(str(src), "-o", str(out), "-q")  # the default target (18) is below the model's 22
+    assert proc.returncode == 0, proc.stderr
+    assert {o.version for o in onnx.load(str(out)).opset_import if o.domain == ""} == {22}
+    # ... but asking for a lower opset explicitly is an error.
+    _expect_refusal(src, tmp_path / "out2.onnx", "--target-opset", "18", needle="lower")
