@@ -31,17 +31,8 @@ from harness import check_model_file, format_table, measure, save_json  # noqa: 
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TARGET = 18
-REDUCE_OPS = (
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-    "ReduceMax",
-    "ReduceMean",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceSumSquare",
-)
+sys.path.insert(0, str(ROOT))
+from passes._upgrade_adapters import REDUCE_OPS_18 as REDUCE_OPS  # noqa: E402
 
 _PRELUDE = f"""
 import json, sys, time
