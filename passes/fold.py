@@ -280,7 +280,7 @@ class _Sweep:
             return
         arrays = [None if t is None else read_array(v, t, node) for v, t in zip(node.inputs, tensors)]
         try:
-            results = refimpl.run(op, arrays, attrs, opset=opset, domain=domain)
+            results = refimpl.run(op, arrays, attrs, opset=opset, domain=domain, num_outputs=len(node.outputs))
         except refimpl.UnsupportedOpError as e:
             logger.debug("Not folding %s: %s", node.name, e)
             self.stats.unsupported[op] += 1

@@ -20,6 +20,7 @@ import onnx
 import onnx.defs
 
 __all__ = [
+    "NUM_OUTPUTS",
     "Kernel",
     "KernelEntry",
     "RefImplError",
@@ -29,6 +30,9 @@ __all__ = [
     "run",
     "supported",
 ]
+
+#: Reserved attribute: the number of outputs of the node being evaluated (see ``run``).
+NUM_OUTPUTS = "_num_outputs"
 
 Kernel = Callable[[Sequence[Any], Mapping[str, Any]], Sequence[np.ndarray]]
 
@@ -149,6 +153,7 @@ def run(
     *,
     opset: int,
     domain: str = "",
+    num_outputs: int | None = None,
 ) -> list[np.ndarray]:
     """Evaluates one operator at a model opset.
 
@@ -159,6 +164,9 @@ def run(
             Omitted attributes take the schema's defaults.
         opset: The opset version imported for ``domain`` by the model or function.
         domain: The operator domain; ``""`` and ``"ai.onnx"`` are the default domain.
+        num_outputs: The node's output count, for ops whose result depends on it
+            (Split without sizes before opset 18); passed to the kernel as the
+            reserved attribute :data:`NUM_OUTPUTS`.
 
     Returns:
         The outputs as numpy arrays, in schema order.
@@ -174,6 +182,8 @@ def run(
         runnable = _RUNNABLE[key] = (resolved.kernel, resolved.defaults, resolved.since_version)
     kernel, defaults, version = runnable
     attrs = {**defaults, **attributes} if attributes else dict(defaults)
+    if num_outputs is not None:
+        attrs[NUM_OUTPUTS] = num_outputs
     try:
         # Kernels never mutate their inputs, so a list is passed on without a copy.
         outputs = kernel(inputs if type(inputs) is list else list(inputs), attrs)

@@ -4,8 +4,8 @@ Every kernel only moves data (or computes shapes), so results are bit-exact.
 Kernels never write into their inputs; outputs may be views of them.
 
 Split needs the node's output count when no sizes are given (Split-2..13
-without ``split``). Callers pass it as the reserved attribute ``_num_outputs``
-(:data:`NUM_OUTPUTS`); kernels ignore it otherwise.
+without ``split``): callers pass ``num_outputs`` to ``refimpl.run``, which hands
+it over as the reserved attribute :data:`NUM_OUTPUTS`; other kernels ignore it.
 """
 
 from __future__ import annotations
@@ -27,12 +27,9 @@ from refimpl._common import (
     same_dtype,
     scalar_int,
 )
-from refimpl._registry import Kernel, RefImplError, register
+from refimpl._registry import NUM_OUTPUTS, Kernel, RefImplError, register
 
 __all__ = ["NUM_OUTPUTS"]
-
-NUM_OUTPUTS = "_num_outputs"
-"""Reserved attribute: the number of outputs of the node being evaluated."""
 
 
 # --- Identity, Shape, Size ----------------------------------------------------------------

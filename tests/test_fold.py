@@ -134,6 +134,22 @@ def test_chain_folds_into_one_initializer_with_values_and_dtype() -> None:
     assert_same_outputs(model, out, {"x": np.array([1, 2, 3], np.float32)})
 
 
+@pytest.mark.parametrize("opset", [11, 13])
+def test_split_without_sizes_folds_by_its_output_count(opset: int) -> None:
+    # Before opset 18 the only thing that says how many parts Split makes is the node's outputs.
+    c = numpy_helper.from_array(np.arange(6, dtype=np.int64), "c")
+    nodes = [
+        helper.make_node("Split", ["c"], ["p0", "p1", "p2"], axis=0),
+        helper.make_node("Concat", ["x", "p2", "p0"], ["y"], axis=0),
+    ]
+    model = make_model(nodes, [vi("x", onnx.TensorProto.INT64, [1])], [vi("y", onnx.TensorProto.INT64, [5])],
+                       [c], opset=opset)
+    out, fold_pass, _ = fold(model)
+    assert op_types(out.graph) == ["Concat"] and fold_pass.stats["failed"] == {}
+    np.testing.assert_array_equal(initializer(out, "p2"), [4, 5])
+    assert_same_outputs(model, out, {"x": np.array([9], np.int64)})
+
+
 def test_graph_output_of_folded_node_keeps_its_name_and_value() -> None:
     nodes = [
         helper.make_node("Constant", [], ["c"], value_ints=[3, 1, 2]),
