@@ -106,7 +106,6 @@ def _run(snippet: str, args: Sequence[str], timeout: float) -> tuple[int, str, s
         start = time.perf_counter()
         code = snippet + "\n" + _PEAK_EPILOGUE
         process = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out, stderr=err)
-        deadline = start + timeout
         try:
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -1,0 +1,387 @@
+"""Validation of a parsed model before anything trusts it (used by ``modelio.load_model``).
+
+Two steps: :func:`check_contents` looks at every tensor and reference without
+reading external data (versions, pass-through outputs, attribute references
+outside functions, inline data against type and shape, external-data
+locations confined to the model's folder and fitting their files), and
+:func:`check_validity` runs the ONNX checker with type inference. Both raise
+:class:`~passes.errors.InputError` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import re
+
+import google.protobuf.message
+import onnx
+import onnx.checker
+import onnx.external_data_helper
+import onnx_ir as ir
+
+from passes.errors import InputError
+
+__all__ = ["check_contents", "check_validity"]
+
+logger = logging.getLogger(__name__)
+
+# IR version 8 added ModelProto.functions.
+_FUNCTIONS_IR_VERSION = 8
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0]
+
+
+def _scan(message: google.protobuf.message.Message, tensors: list[onnx.TensorProto]) -> None:
+    """Collects every TensorProto inside ``message``, at any depth (initializers, sparse
+    tensors, attribute values and defaults, subgraphs, functions, training info).
+
+    Raises:
+        InputError: a string field is not valid UTF-8 (protobuf hands those over as bytes,
+            which nothing downstream expects).
+    """
+    if isinstance(message, onnx.TensorProto):
+        tensors.append(message)
+    for field, value in message.ListFields():
+        if field.type == field.TYPE_STRING:
+            values = [value] if isinstance(value, (str, bytes)) else value
+            if any(isinstance(v, bytes) for v in values):
+                raise InputError(f"{message.DESCRIPTOR.name}.{field.name} is not valid UTF-8 text")
+        elif field.type == field.TYPE_MESSAGE:
+            for item in [value] if isinstance(value, google.protobuf.message.Message) else value:
+                _scan(item, tensors)
+
+
+def _check_pass_through_outputs(graph: onnx.GraphProto) -> None:
+    """A graph output that names a graph input must not declare another type for it.
+
+    onnx_ir holds one value for both, so the output's declaration would become
+    the input's and the optimised model would expect other inputs.
+    """
+    inputs = {i.name: i.type for i in graph.input}
+    for output in graph.output:
+        declared = inputs.get(output.name)
+        if declared is None or not (output.type.HasField("tensor_type") and declared.HasField("tensor_type")):
+            continue
+        a, b = declared.tensor_type, output.type.tensor_type
+        same = a.elem_type == b.elem_type or not (a.elem_type and b.elem_type)
+        if same and a.HasField("shape") and b.HasField("shape"):
+            if len(a.shape.dim) != len(b.shape.dim):
+                same = False
+            else:
+                same = all(
+                    not (x.HasField("dim_value") and y.HasField("dim_value")) or x.dim_value == y.dim_value
+                    for x, y in zip(a.shape.dim, b.shape.dim)
+                )
+        if not same:
+            raise InputError(
+                f"graph output {output.name!r} is the graph input of that name but declares another type"
+            )
+
+
+def _check_no_attribute_references(graph: onnx.GraphProto) -> None:
+    """A reference to a function's attribute (``ref_attr_name``) means nothing outside a function."""
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.ref_attr_name:
+                raise InputError(
+                    f"attribute {attr.name!r} of {node.op_type} node {node.name!r} refers to a function "
+                    f"attribute ({attr.ref_attr_name!r}) outside a function"
+                )
+            for subgraph in [attr.g] if attr.HasField("g") else attr.graphs:
+                _check_no_attribute_references(subgraph)
+
+
+def _tensor_label(tensor: onnx.TensorProto) -> str:
+    return f"tensor {tensor.name!r}" if tensor.name else "an unnamed tensor"
+
+
+def _element_count(tensor: onnx.TensorProto) -> int:
+    count = 1
+    for d in tensor.dims:
+        if d < 0:
+            raise InputError(f"{_tensor_label(tensor)} has a negative dimension {d}")
+        count *= d
+    return count
+
+
+def _data_type(tensor: onnx.TensorProto) -> ir.DataType:
+    try:
+        dtype = ir.DataType(tensor.data_type)
+    except ValueError:
+        dtype = ir.DataType.UNDEFINED
+    if dtype == ir.DataType.UNDEFINED:
+        raise InputError(f"{_tensor_label(tensor)} has an unknown data type {tensor.data_type}")
+    return dtype
+
+
+def _packed_nbytes(dtype: ir.DataType, count: int) -> int:
+    return (dtype.bitwidth * count + 7) // 8
+
+
+# The typed field that holds each data type's values when raw_data is not used (int32_data
+# for every type not listed: one value per entry, or 2 or 4 values for 4- and 2-bit types).
+_TYPED_FIELDS = {
+    ir.DataType.FLOAT: "float_data", ir.DataType.COMPLEX64: "float_data",
+    ir.DataType.DOUBLE: "double_data", ir.DataType.COMPLEX128: "double_data",
+    ir.DataType.INT64: "int64_data", ir.DataType.UINT32: "uint64_data",
+    ir.DataType.UINT64: "uint64_data", ir.DataType.STRING: "string_data",
+}
+_DATA_FIELDS = ("raw_data", "float_data", "int32_data", "string_data", "int64_data",
+                "double_data", "uint64_data")
+
+
+def _check_inline_data(tensor: onnx.TensorProto) -> None:
+    """The data stored in the tensor itself must be exactly what its type and shape declare."""
+    dtype = _data_type(tensor)
+    count = _element_count(tensor)
+    label = _tensor_label(tensor)
+    present = [f for f in _DATA_FIELDS if (tensor.HasField(f) if f == "raw_data" else len(getattr(tensor, f)))]
+    if tensor.HasField("segment"):
+        raise InputError(f"{label} is segmented; segmented tensors are not supported")
+    if len(present) > 1:
+        raise InputError(f"{label} stores its data in several fields ({', '.join(present)})")
+    if present == ["raw_data"]:
+        if dtype == ir.DataType.STRING:
+            raise InputError(f"{label}: a string tensor cannot use raw_data")
+        expected = _packed_nbytes(dtype, count)
+        if len(tensor.raw_data) != expected:
+            raise InputError(
+                f"{label}: raw_data has {len(tensor.raw_data)} bytes, but its shape "
+                f"{list(tensor.dims)} and type {dtype.name} need {expected}"
+            )
+        return
+    field = _TYPED_FIELDS.get(dtype, "int32_data")
+    if present and present != [field]:
+        raise InputError(f"{label}: a {dtype.name} tensor cannot store its data in {present[0]}")
+    if dtype in (ir.DataType.COMPLEX64, ir.DataType.COMPLEX128):
+        expected = 2 * count
+    elif field == "int32_data" and dtype.bitwidth < 8:
+        expected = -(-count // (8 // dtype.bitwidth)) if 8 % dtype.bitwidth == 0 else count
+    else:
+        expected = count
+    actual = len(getattr(tensor, field))
+    if actual != expected:
+        raise InputError(
+            f"{label}: {field} has {actual} values, but its shape {list(tensor.dims)} "
+            f"and type {dtype.name} need {expected}"
+        )
+
+
+def _external_info(tensor: onnx.TensorProto) -> tuple[str, int, int | None]:
+    """(location, offset, length) of an external tensor, each validated."""
+    label = _tensor_label(tensor)
+    entries: dict[str, str] = {}
+    for entry in tensor.external_data:
+        if entry.key in entries:
+            raise InputError(f"{label}: external data key {entry.key!r} is given twice")
+        entries[entry.key] = entry.value
+    if entries.get("basepath"):
+        raise InputError(f"{label}: external data 'basepath' is not supported")
+    numbers: dict[str, int] = {}
+    for key in ("offset", "length"):
+        text = entries.get(key)
+        if text is None:
+            continue
+        if not text.isdigit():
+            raise InputError(f"{label}: external data {key} {text!r} is not a non-negative integer")
+        numbers[key] = int(text)
+    return entries.get("location", ""), numbers.get("offset", 0), numbers.get("length")
+
+
+def _check_contents(proto: onnx.ModelProto, base_dir: pathlib.Path) -> int:
+    """Validates all text and every tensor's data; returns how many tensors are stored externally.
+
+    Inline data must match the declared type and shape exactly. An external
+    location must be relative, stay inside ``base_dir`` (no ``..``, no absolute
+    path, no symlink escaping it), name an existing regular file with a single
+    hard link, and the declared offset and length must fit in that file and
+    match the tensor's type and shape. Nothing is opened: only paths and
+    ``stat`` results are inspected.
+    """
+    found = 0
+    base = base_dir.resolve()
+    tensors: list[onnx.TensorProto] = []
+    _scan(proto, tensors)
+    for tensor in tensors:
+        if not onnx.external_data_helper.uses_external_data(tensor):
+            _check_inline_data(tensor)
+            continue
+        found += 1
+        label = _tensor_label(tensor)
+        location, offset, length = _external_info(tensor)
+        if not location:
+            raise InputError(f"{label} uses external data without a location")
+        rel = pathlib.PurePath(location)
+        if "\0" in location:
+            raise InputError(f"{label}: external data location {location!r} is not a valid path")
+        if rel.is_absolute() or location.startswith(("/", "\\")) or ".." in rel.parts or (
+            pathlib.PureWindowsPath(location).drive
+        ):
+            raise InputError(
+                f"{label}: external data location {location!r} "
+                "points outside the model's folder; refusing to read it"
+            )
+        path = (base / rel).resolve()
+        if base not in path.parents:
+            raise InputError(
+                f"{label}: external data location {location!r} "
+                "resolves outside the model's folder; refusing to read it"
+            )
+        if not path.exists():
+            raise InputError(f"{label}: external data file {location!r} not found")
+        stat = path.stat()
+        if not path.is_file():
+            raise InputError(f"{label}: external data {location!r} is not a regular file")
+        if stat.st_nlink > 1:
+            raise InputError(
+                f"{label}: external data file {location!r} has {stat.st_nlink} hard links; "
+                "refusing to read it (it may be a link to a file outside the model's folder)"
+            )
+        size = stat.st_size
+        if length is None:
+            length = size - offset
+        if offset + length > size or length < 0:
+            raise InputError(
+                f"{label}: external data {location!r} is truncated "
+                f"(needs bytes {offset}..{offset + length}, file has {size})"
+            )
+        dtype = _data_type(tensor)
+        if dtype == ir.DataType.STRING:
+            raise InputError(f"{label}: a string tensor cannot be stored externally")
+        expected = _packed_nbytes(dtype, _element_count(tensor))
+        if expected != length:
+            raise InputError(
+                f"{label}: external data length {length} does not match "
+                f"its shape {list(tensor.dims)} and type {dtype.name} ({expected} bytes)"
+            )
+    return found
+
+
+def _inference_view(proto: onnx.ModelProto, external: int) -> onnx.ModelProto | None:
+    """A copy of ``proto`` whose external initializers are graph inputs instead.
+
+    Strict shape inference fails on a value it cannot read from an external
+    tensor (a Reshape's shape, say); as an input of the same type and shape the
+    value is simply unknown. None when some external tensor is elsewhere than
+    among the main graph's initializers (then only lenient inference is possible).
+    """
+    names = {t.name for t in proto.graph.initializer if onnx.external_data_helper.uses_external_data(t)}
+    if len(names) != external:
+        return None
+    view = onnx.ModelProto()
+    view.CopyFrom(proto)
+    inputs = {i.name for i in view.graph.input}
+    kept = [t for t in view.graph.initializer if t.name not in names]
+    for tensor in view.graph.initializer:
+        if tensor.name in names and tensor.name not in inputs:
+            view.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+    del view.graph.initializer[:]
+    view.graph.initializer.extend(kept)
+    return view
+
+
+def _check_versions(proto: onnx.ModelProto) -> None:
+    """A graph, an ir_version and opsets this onnx knows, each domain imported once."""
+    if not proto.HasField("graph") or proto.ir_version <= 0:
+        raise InputError("not an ONNX model (no graph or no ir_version)")
+    if proto.ir_version > onnx.IR_VERSION:
+        raise InputError(
+            f"ir_version {proto.ir_version} is newer than the installed onnx supports ({onnx.IR_VERSION})"
+        )
+    if proto.functions and proto.ir_version < _FUNCTIONS_IR_VERSION:
+        # The checker ignores the functions of such a model, so nothing would validate them.
+        raise InputError(
+            f"model-local functions need ir_version {_FUNCTIONS_IR_VERSION} or later "
+            f"(the model has {proto.ir_version})"
+        )
+    max_opset = onnx.defs.onnx_opset_version()
+    for owner in [proto, *proto.functions]:
+        versions: dict[str, int] = {}
+        for opset in owner.opset_import:
+            domain = "" if opset.domain in ("", "ai.onnx") else opset.domain
+            if domain == "" and opset.version > max_opset:
+                raise InputError(f"opset {opset.version} is newer than the installed onnx supports ({max_opset})")
+            if versions.setdefault(domain, opset.version) != opset.version:
+                raise InputError(
+                    f"domain {domain or 'ai.onnx'!r} is imported twice, at opsets {versions[domain]} "
+                    f"and {opset.version}"
+                )
+
+
+def _fails_inside_a_function_body(message: str, proto: onnx.ModelProto) -> bool:
+    """Whether strict inference failed in the function body of a standard op (onnx's own)."""
+    match = re.search(r"\(op_type:(\w+)\)", message)
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if match is None or opset is None:
+        return False
+    try:
+        schema = onnx.defs.get_schema(match.group(1), opset)
+    except onnx.defs.SchemaError:
+        return False
+    return bool(schema.has_function or schema.has_context_dependent_function)
+
+
+def _check_in_memory(proto: onnx.ModelProto) -> None:
+    """The checker with strict type and shape inference, falling back to lenient inference.
+
+    Strict inference also expands the function bodies of standard ops, and some
+    of onnx's own bodies fail it (MeanVarianceNormalization's in onnx 1.23, for
+    one): when the failing node is such an op, a model that passes the checker
+    and lenient inference *with* type checking is accepted, so element types
+    are still verified. Any other strict failure (an invalid attribute...) stands.
+
+    Raises:
+        onnx.checker.ValidationError, onnx.shape_inference.InferenceError: invalid.
+    """
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except onnx.shape_inference.InferenceError as strict_error:
+        if not _fails_inside_a_function_body(str(strict_error), proto):
+            raise
+        onnx.checker.check_model(proto)
+        try:
+            onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=False)
+        except onnx.shape_inference.InferenceError:
+            raise strict_error from None
+        logger.info("strict shape inference failed (%s); lenient inference passed", strict_error)
+
+
+def check_contents(proto: onnx.ModelProto, base_dir: pathlib.Path) -> int:
+    """Checks versions, structure and every tensor; returns how many tensors are external.
+
+    Raises:
+        InputError: the first problem found.
+    """
+    _check_versions(proto)
+    _check_pass_through_outputs(proto.graph)
+    _check_no_attribute_references(proto.graph)
+    return _check_contents(proto, base_dir)
+
+
+def check_validity(proto: onnx.ModelProto, path: pathlib.Path, external: int) -> None:
+    """The ONNX checker with type inference (see :func:`_check_in_memory`).
+
+    The passes rely on consistent element types, so the check includes type
+    inference (an int64 input to a float Add is refused), and strict inference
+    also refuses invalid attributes. A model with external data is checked by
+    path (the checker reads it) and inferred without its external tensors (see
+    :func:`_inference_view`).
+
+    Raises:
+        InputError: the model is invalid.
+    """
+    try:
+        if external:
+            onnx.checker.check_model(str(path))
+            view = _inference_view(proto, external)
+            onnx.shape_inference.infer_shapes(view or proto, check_type=True, strict_mode=view is not None)
+        else:
+            _check_in_memory(proto)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise InputError(f"invalid model: {_first_line(e)}") from e
+    except (RuntimeError, ValueError) as e:
+        raise InputError(f"invalid model: {_first_line(e)}") from e
