@@ -77,10 +77,6 @@ class Scope:
     def in_function(self) -> bool:
         return self.function is not None
 
-    @property
-    def is_main_graph(self) -> bool:
-        return self.function is None and self.owner is None
-
     def opset(self, domain: str = "") -> int | None:
         return opset_of(self.opset_imports, domain)
 

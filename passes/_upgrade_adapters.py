@@ -634,7 +634,7 @@ def _name_outputs(node: ir.Node, rw: RewriteContext) -> None:
 # --- Softmax family --------------------------------------------------------------------------
 
 
-@_register(("Softmax", "LogSoftmax", "Hardmax"), 13, "2-D coercion -> Flatten/Reshape")
+@_register(("Softmax", "LogSoftmax", "Hardmax"), 13, "2-D coercion -> one axis (Flatten/Reshape unless it is the last)")
 def _softmax_13(draft: Draft, ctx: PlanContext) -> str | None:
     """Up to opset 12 the op flattens the input to 2-D at ``axis`` and works on rows.
 

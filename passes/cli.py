@@ -29,6 +29,7 @@ import onnx_ir as ir
 
 from passes import ort_check as check_mod
 from passes import modelio, pipeline
+from passes._graphs import default_opset
 from passes.errors import CheckFailedError, InputError, OptimizeError
 from passes.report import Report, summarize
 
@@ -201,7 +202,7 @@ def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) ->
     console.progress(f"loading {src}")
     model = modelio.load_model(src)
     _check_destinations(src, dst, args.report, model)
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+    opset = default_opset(model.opset_imports)
     if opset is not None and args.target_opset is not None and args.target_opset < opset:
         raise InputError(
             f"--target-opset {args.target_opset} is lower than the model's opset {opset}; "

@@ -8,7 +8,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from passes._graphs import iter_scopes
+from passes._graphs import default_opset, iter_scopes
 from passes.ort_check import CheckResult
 from passes.pipeline import PassRun
 
@@ -112,8 +112,7 @@ class Report:
             ("nodes", self.before.nodes, after.nodes),
             ("initializers", self.before.initializers, after.initializers),
             ("initializer bytes", self.before.initializer_bytes, after.initializer_bytes),
-            ("opset", self.before.opset.get("", self.before.opset.get("ai.onnx", "-")),
-             after.opset.get("", after.opset.get("ai.onnx", "-"))),
+            ("opset", default_opset(self.before.opset) or "-", default_opset(after.opset) or "-"),
         ):
             lines.append(f"{label:<{width}}  {b:>9}  {a:>9}")
         if self.passes:
