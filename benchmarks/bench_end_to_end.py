@@ -18,7 +18,7 @@ imports included: what a user waits for) and of the work alone (load, passes,
 save, timed inside the process after the imports), peak RSS of the process,
 each as a ratio to ``optimize``; nodes and default opset after; whether the
 output passes ``onnx.checker.check_model(full_check=True)``; and whether
-onnxruntime gives the same outputs as on the original (``passes.ort_check``,
+onnxruntime gives the same outputs as on the original (``passes.verify.check``,
 seeded inputs, documented tolerances). A tool that fails, times out or is not
 installed gets ``failed: <reason>`` instead of numbers.
 

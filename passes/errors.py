@@ -1,10 +1,22 @@
-"""Exception types. The CLI maps them to exit codes (see ``passes.cli``)."""
+"""The error taxonomy, the exit code each error maps to, and how an error reads in one line."""
 
 from __future__ import annotations
 
 import onnx_ir as ir
 
-__all__ = ["CheckFailedError", "InputError", "OptimizeError", "UpgradeError"]
+__all__ = [
+    "EXIT_CHECK",
+    "EXIT_ERROR",
+    "EXIT_OK",
+    "CheckFailedError",
+    "InputError",
+    "OptimizeError",
+    "UpgradeError",
+    "exit_code",
+    "first_line",
+]
+
+EXIT_OK, EXIT_CHECK, EXIT_ERROR = 0, 1, 2
 
 
 class OptimizeError(Exception):
@@ -21,3 +33,16 @@ class UpgradeError(ir.passes.PassError, OptimizeError):
 
 class CheckFailedError(OptimizeError):
     """The optimised model computes something else than the original (or fails to run)."""
+
+
+def exit_code(error: OptimizeError) -> int:
+    """The command's exit code for ``error``: 1 for a failed check, 2 for everything else."""
+    return EXIT_CHECK if isinstance(error, CheckFailedError) else EXIT_ERROR
+
+
+def first_line(error: BaseException | str, limit: int = 500) -> str:
+    """The first non-empty line of an error's message (its type name if it has none)."""
+    text = str(error).strip()
+    if not text:
+        return type(error).__name__ if isinstance(error, BaseException) else ""
+    return text.splitlines()[0][:limit]

@@ -16,8 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import refimpl
 from helpers import ort_run
-from passes._sparse import densify_sparse_constants
-from passes._fold_values import constant_tensor
+from passes.modelio.sparse import densify_sparse_constants
+from passes.ir.tensors import constant_tensor
 from passes.fold import ConstantFoldingPass
 
 F32 = TensorProto.FLOAT

@@ -600,7 +600,7 @@ def random_graph(data: st.DataObject) -> tuple[onnx.ModelProto, np.dtype]:
 def test_random_graphs_compute_the_same_after_optimisation(data: st.DataObject) -> None:
     """After every registered pass, the command's own check passes (exit 0) and onnxruntime
     gives the same outputs on inputs of our own, within the documented tolerances."""
-    from passes.ort_check import TOLERANCES
+    from passes.verify.check import TOLERANCES
 
     import helpers
 

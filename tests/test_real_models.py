@@ -8,7 +8,7 @@ backend test data). For each: ``optimize`` exits 0, the output reaches the
 target opset when the ``upgrade`` pass is registered, passes the full ONNX
 checker, and onnxruntime gives the same outputs as on the original on seeded
 inputs of our own (independently of the command's own check) within the
-documented tolerances (``passes.ort_check.TOLERANCES``).
+documented tolerances (``passes.verify.check.TOLERANCES``).
 
 The default run needs neither torch nor scikit-learn. ``pytest -m heavy``
 also rebuilds the models with them and compares with the committed files.
@@ -30,7 +30,7 @@ import onnxruntime as ort
 import pytest
 
 from passes import cli, pipeline
-from passes.ort_check import TOLERANCES
+from passes.verify.check import TOLERANCES
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 REAL_DIR = REPO / "models" / "real"
@@ -175,7 +175,7 @@ def _default_opset(model: onnx.ModelProto) -> int | None:
     return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
-# --- seeded inputs and onnxruntime, independent of passes.ort_check ------------------------------
+# --- seeded inputs and onnxruntime, independent of passes.verify.check ------------------------------
 
 _NP_TYPES = {
     "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,

@@ -17,7 +17,7 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 from passes.errors import UpgradeError
-from passes._upgrade_adapters import ADAPTERS, SEMANTIC_CHANGES
+from passes.upgrade.adapters import ADAPTERS, SEMANTIC_CHANGES
 from passes.upgrade import UpgradeOpsetPass, max_supported_opset
 from helpers import ort_run
 

@@ -1,14 +1,12 @@
-"""Graph surgery for the folding pass: unique names, dropping nodes, inlining If branches."""
+"""Graph surgery for the folding pass: the region a node spans, inlining If branches."""
 
 from __future__ import annotations
 
-import collections
-
 import onnx_ir as ir
 
-from passes._graphs import iter_scopes
+from passes.ir.names import Names
 
-__all__ = ["NameRegistry", "inline_branch", "region_of", "subgraphs_of"]
+__all__ = ["inline_branch", "region_of", "subgraphs_of"]
 
 _GRAPH_TYPES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 
@@ -40,65 +38,8 @@ def region_of(node: ir.Node) -> tuple[list[ir.Node], set[ir.Graph]]:
     return nodes, graphs
 
 
-class NameRegistry:
-    """Counts the value and node names of a model, to keep names unique when nodes move scope.
-
-    Built once (linear in the model) the first time a branch is inlined. A name
-    seen more than once (e.g. in both branches of an If, or in two If nodes)
-    is given a fresh ``name_k`` suffix when its value or node moves.
-    """
-
-    def __init__(self, model: ir.Model) -> None:
-        self._values: collections.Counter[str] = collections.Counter()
-        self._nodes: collections.Counter[str] = collections.Counter()
-        for scope in iter_scopes(model):
-            body = scope.body
-            self._values.update(v.name for v in body.inputs if v.name)
-            if isinstance(body, ir.Graph):
-                self._values.update(body.initializers.keys())
-            for node in body:
-                if node.name:
-                    self._nodes[node.name] += 1
-                self._values.update(v.name for v in node.outputs if v.name)
-
-    @staticmethod
-    def _fresh(counter: collections.Counter[str], name: str) -> str:
-        """A ``name_k`` not in ``counter``; moves one count of ``name`` to it."""
-        k = 1
-        while f"{name}_{k}" in counter:
-            k += 1
-        counter[name] -= 1
-        new = f"{name}_{k}"
-        counter[new] += 1
-        return new
-
-    def unique_value(self, value: ir.Value) -> None:
-        """Renames ``value`` if its name also names another value of the model."""
-        if value.name and self._values[value.name] > 1:
-            value.name = self._fresh(self._values, value.name)
-
-    def unique_node(self, node: ir.Node) -> None:
-        """Renames ``node`` if its name also names another node of the model."""
-        if node.name and self._nodes[node.name] > 1:
-            node.name = self._fresh(self._nodes, node.name)
-
-    def new_node_name(self, base: str) -> str:
-        """A node name not used in the model yet, recorded as used."""
-        name, k = base, 0
-        while name in self._nodes:
-            k += 1
-            name = f"{base}_{k}"
-        self._nodes[name] += 1
-        return name
-
-    def forget_value(self, name: str | None) -> None:
-        """Records that a value called ``name`` was renamed or left the model."""
-        if name:
-            self._values[name] -= 1
-
-
 def _lift_initializers(
-    branch: ir.Graph, parent: ir.Graph, names: NameRegistry, use_initializers: bool
+    branch: ir.Graph, parent: ir.Graph, names: Names, use_initializers: bool
 ) -> tuple[list[ir.Node], dict[ir.Value, ir.Value]]:
     """Moves the branch's initializers to the parent, or turns them into Constant nodes.
 
@@ -109,7 +50,7 @@ def _lift_initializers(
     replaced: dict[ir.Value, ir.Value] = {}
     for value in list(branch.initializers.values()):
         branch.initializers.pop(value.name)
-        names.unique_value(value)
+        names.dedupe_value(value)
         if use_initializers:
             parent.register_initializer(value)
             continue
@@ -130,7 +71,7 @@ def _lift_initializers(
 
 
 def inline_branch(
-    if_node: ir.Node, branch: ir.Graph, names: NameRegistry, *, use_initializers: bool
+    if_node: ir.Node, branch: ir.Graph, names: Names, *, use_initializers: bool
 ) -> list[ir.Node]:
     """Moves ``branch``'s nodes just before ``if_node`` and makes them produce the If's outputs.
 
@@ -167,15 +108,15 @@ def inline_branch(
         if br_out.producer() in producers and br_out not in claimed:
             claimed[br_out] = if_out
     for node in inlined:
-        names.unique_node(node)
+        names.dedupe_node(node)
         for value in node.outputs:
             if value not in claimed:
-                names.unique_value(value)
+                names.dedupe_value(value)
 
     identities: list[ir.Node] = []
     for if_out, br_out in zip(if_node.outputs, branch_outputs):
         if claimed.get(br_out) is if_out:
-            names.forget_value(br_out.name)
+            names.release_value(br_out.name)
             br_out.name = if_out.name
             if br_out.type is None:
                 br_out.type = if_out.type
@@ -184,7 +125,7 @@ def inline_branch(
             replacement = br_out
         else:
             replacement = ir.Value(name=if_out.name, type=if_out.type, shape=if_out.shape)
-            name = names.new_node_name(f"{if_node.name or 'If'}_{if_out.name}")
+            name = names.node(f"{if_node.name or 'If'}_{if_out.name}")
             identities.append(ir.Node("", "Identity", [br_out], outputs=[replacement], name=name))
         if_out.replace_all_uses_with(replacement, replace_graph_outputs=True)
     inlined.extend(identities)

@@ -8,8 +8,8 @@ from typing import Any
 
 import onnx_ir as ir
 
-from passes._graphs import default_opset, iter_scopes
-from passes.ort_check import CheckResult
+from passes.ir.walk import default_opset, iter_scopes
+from passes.verify.check import CheckResult
 from passes.pipeline import PassRun
 
 __all__ = ["ModelSummary", "Report", "summarize"]

@@ -31,9 +31,10 @@ import onnx.checker
 import onnx.external_data_helper
 import onnx_ir as ir
 
-from passes import _opaque_types, _validate
-from passes._sparse import densify_sparse_constants
-from passes.errors import InputError
+from passes.modelio import opaque as _opaque_types, validate as _validate
+from passes.modelio.sparse import densify_sparse_constants
+from passes.errors import InputError, first_line as _first_line
+from passes.limits import PROTOBUF_LIMIT, PROTOBUF_MAX
 
 __all__ = [
     "PROTOBUF_LIMIT",
@@ -47,19 +48,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# protobuf refuses to serialise a message of 2 GiB or more; stay clear of it.
-PROTOBUF_LIMIT = 2**31 - 2**24
-
 # IR version 8 added ModelProto.functions.
 _FUNCTIONS_IR_VERSION = 8
 
 # A model saved with external data keeps initializers up to this size inline.
 _INLINE_UP_TO = 1024
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0]
 
 
 def has_external_data(model: ir.Model) -> bool:
@@ -97,7 +90,7 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
     size = path.stat().st_size
     if size == 0:
         raise InputError(f"{path}: empty file, not an ONNX model")
-    if size >= 2**31:
+    if size >= PROTOBUF_MAX:
         raise InputError(
             f"{path}: {size} bytes is over protobuf's 2 GB limit; "
             "store the weights as external data to load it"
@@ -139,7 +132,7 @@ def model_from_proto(proto: onnx.ModelProto) -> ir.Model:
     """Builds the IR of ``proto`` (changed in place: sparse Constants densified, map types stashed).
 
     onnx_ir represents neither sparse tensor attributes nor map types; see
-    ``passes._sparse`` and ``passes._opaque_types``. :func:`model_to_proto` and
+    ``passes.modelio.sparse`` and ``passes.modelio.opaque``. :func:`model_to_proto` and
     :func:`save_model` put the stashed types back.
     """
     densify_sparse_constants(proto)

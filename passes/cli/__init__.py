@@ -27,11 +27,11 @@ import numpy as np
 import onnx.checker
 import onnx_ir as ir
 
-from passes import ort_check as check_mod
+from passes.verify import check as check_mod
 from passes import modelio, pipeline
-from passes._graphs import default_opset
+from passes.ir.walk import default_opset
 from passes.errors import CheckFailedError, InputError, OptimizeError
-from passes.report import Report, summarize
+from passes.cli.report import Report, summarize
 
 __all__ = ["main"]
 

@@ -20,7 +20,7 @@ import onnx.checker
 import onnx.external_data_helper
 import onnx_ir as ir
 
-from passes.errors import InputError
+from passes.errors import InputError, first_line as _first_line
 
 __all__ = ["check_contents", "check_validity"]
 
@@ -28,11 +28,6 @@ logger = logging.getLogger(__name__)
 
 # IR version 8 added ModelProto.functions.
 _FUNCTIONS_IR_VERSION = 8
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0]
 
 
 def _scan(message: google.protobuf.message.Message, tensors: list[onnx.TensorProto]) -> None:

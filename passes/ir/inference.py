@@ -20,12 +20,13 @@ import onnx
 import onnx.shape_inference
 import onnx_ir as ir
 
+from passes.limits import PROTOBUF_MAX
+
 __all__ = ["infer_static_shapes", "infer_types", "is_static", "shape_slice"]
 
 logger = logging.getLogger(__name__)
 
 _BIG_TENSOR_BYTES = 1024
-_PROTOBUF_LIMIT = (1 << 31) - 1
 _GRAPH_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 _PLACEHOLDER = "onnx-optimize-shape-inference-placeholder.bin"
 
@@ -143,7 +144,7 @@ def infer_types(
     if not wanted:
         return {}
     proto = _serialize_without_weights(model)
-    if proto.ByteSize() > _PROTOBUF_LIMIT:
+    if proto.ByteSize() >= PROTOBUF_MAX:
         logger.warning("Model too large for onnx shape inference even without its weights")
         return {}
     try:

@@ -11,41 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import math
-
-import numpy as np
 import onnx
 import onnx.numpy_helper
 
-__all__ = ["densify_sparse_constants", "sparse_to_dense"]
+from passes.ir.tensors import sparse_to_dense
 
-# A dense copy must stay well below protobuf's 2 GB limit.
-_MAX_DENSE_BYTES = 1 << 30
-
-
-def sparse_to_dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
-    """The dense array of a sparse tensor (zeros where no value is given).
-
-    Raises:
-        ValueError: the indices do not fit the dims (malformed tensor).
-    """
-    dims = tuple(int(d) for d in sparse.dims)
-    values = onnx.numpy_helper.to_array(sparse.values)
-    if any(d < 0 for d in dims) or math.prod(dims) * values.dtype.itemsize > _MAX_DENSE_BYTES:
-        raise ValueError(f"sparse tensor of dims {dims} is too large to densify")
-    dense = np.zeros(dims, dtype=values.dtype)
-    if values.size == 0:
-        return dense
-    indices = onnx.numpy_helper.to_array(sparse.indices).astype(np.int64)
-    flat = dense.reshape(-1)
-    if indices.ndim == 1:
-        flat[indices] = values.reshape(-1)
-    elif indices.ndim == 2 and indices.shape[1] == len(dims):
-        flat[np.ravel_multi_index(tuple(indices.T), dims)] = values.reshape(-1)
-    else:
-        raise ValueError(f"sparse indices of shape {indices.shape} do not fit dims {dims}")
-    return dense
-
+__all__ = ["densify_sparse_constants"]
 
 def _graphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto | onnx.FunctionProto]:
     stack: list[onnx.GraphProto | onnx.FunctionProto] = [model.graph, *model.functions]

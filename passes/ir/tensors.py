@@ -7,25 +7,24 @@ is when external data is first read.
 
 from __future__ import annotations
 
-import functools
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
-import onnx.defs
+import onnx.numpy_helper
 import onnx_ir as ir
 
-from passes._sparse import sparse_to_dense
 from passes.errors import InputError
 
 __all__ = [
     "attribute_values",
     "constant_tensor",
-    "expected_dtypes",
     "make_tensor",
     "read_array",
+    "sparse_to_dense",
     "tensor_nbytes",
 ]
 
@@ -154,65 +153,29 @@ def _attr_array(tensor: ir.TensorProtocol) -> np.ndarray:
     return np.asarray(array)
 
 
-_TYPE_STRINGS = {
-    f"tensor({name.lower()})": ir.DataType(value)
-    for name, value in onnx.TensorProto.DataType.items()
-    if value != onnx.TensorProto.UNDEFINED
-}
+# A dense copy must stay well below protobuf's 2 GB limit.
+_MAX_DENSE_BYTES = 1 << 30
 
 
-@functools.lru_cache(maxsize=4096)
-def _output_type_rules(
-    op_type: str, domain: str, opset: int
-) -> tuple[int | ir.DataType | None, ...] | None:
-    """Per schema output: the input index whose dtype it shares, a fixed dtype, or None.
+def sparse_to_dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
+    """The dense array of a sparse tensor (zeros where no value is given).
 
-    Returns None when the op has no schema. The last formal parameter of a
-    variadic list stands for all the remaining actual ones.
+    Raises:
+        ValueError: the indices do not fit the dims (malformed tensor).
     """
-    try:
-        schema = onnx.defs.get_schema(op_type, opset, domain)
-    except onnx.defs.SchemaError:
-        return None
-    first_input: dict[str, int] = {}
-    for i, formal in enumerate(schema.inputs):
-        first_input.setdefault(formal.type_str, i)
-    single = {
-        c.type_param_str: _TYPE_STRINGS.get(c.allowed_type_strs[0])
-        for c in schema.type_constraints
-        if len(c.allowed_type_strs) == 1
-    }
-    rules: list[int | ir.DataType | None] = []
-    for formal in schema.outputs:
-        if formal.type_str in _TYPE_STRINGS:
-            rules.append(_TYPE_STRINGS[formal.type_str])
-        elif single.get(formal.type_str) is not None:
-            rules.append(single[formal.type_str])
-        else:
-            rules.append(first_input.get(formal.type_str))
-    if schema.outputs and schema.outputs[-1].option != onnx.defs.OpSchema.FormalParameterOption.Variadic:
-        rules.append(None)  # stands for any output past the schema's (none in a valid node)
-    return tuple(rules)
-
-
-def expected_dtypes(
-    op_type: str, domain: str, opset: int, inputs: Sequence[ir.TensorProtocol | None], n_outputs: int
-) -> list[ir.DataType | None]:
-    """The dtype the schema gives each output, where the input dtypes determine it.
-
-    An output typed ``T`` like an input has that input's dtype; one typed
-    ``tensor(int64)`` is int64; one whose type depends on an attribute
-    (Cast's ``to``) is None (unknown).
-    """
-    rules = _output_type_rules(op_type, domain, opset)
-    if not rules:
-        return [None] * n_outputs
-    result: list[ir.DataType | None] = []
-    for i in range(n_outputs):
-        rule = rules[min(i, len(rules) - 1)]
-        if isinstance(rule, int) and not isinstance(rule, ir.DataType):  # an input index
-            tensor = inputs[rule] if rule < len(inputs) else None
-            result.append(tensor.dtype if tensor is not None else None)
-        else:
-            result.append(rule)
-    return result
+    dims = tuple(int(d) for d in sparse.dims)
+    values = onnx.numpy_helper.to_array(sparse.values)
+    if any(d < 0 for d in dims) or math.prod(dims) * values.dtype.itemsize > _MAX_DENSE_BYTES:
+        raise ValueError(f"sparse tensor of dims {dims} is too large to densify")
+    dense = np.zeros(dims, dtype=values.dtype)
+    if values.size == 0:
+        return dense
+    indices = onnx.numpy_helper.to_array(sparse.indices).astype(np.int64)
+    flat = dense.reshape(-1)
+    if indices.ndim == 1:
+        flat[indices] = values.reshape(-1)
+    elif indices.ndim == 2 and indices.shape[1] == len(dims):
+        flat[np.ravel_multi_index(tuple(indices.T), dims)] = values.reshape(-1)
+    else:
+        raise ValueError(f"sparse indices of shape {indices.shape} do not fit dims {dims}")
+    return dense

@@ -23,6 +23,9 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
+from passes.errors import first_line as _first_line
+from passes.limits import PROTOBUF_LIMIT
+
 __all__ = [
     "DEFAULT_DIM",
     "TOLERANCES",
@@ -126,11 +129,6 @@ class CheckResult:
         }
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0][:500]
-
-
 @contextlib.contextmanager
 def _ort_source(model: Any) -> Iterator[str | bytes]:
     """What ``ort.InferenceSession`` accepts for ``model``: a path or serialized bytes."""
@@ -149,7 +147,7 @@ def _ort_source(model: Any) -> Iterator[str | bytes]:
             yield str(path)
         return
     if isinstance(model, onnx.ModelProto):
-        if model.ByteSize() < 2**31 - 2**24:
+        if model.ByteSize() < PROTOBUF_LIMIT:
             yield model.SerializeToString()
             return
         with tempfile.TemporaryDirectory(prefix="optimize-check-") as tmp:

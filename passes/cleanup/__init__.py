@@ -7,7 +7,7 @@ import logging
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from passes._graphs import DEFAULT_DOMAINS, iter_scopes, normalize_domain
+from passes.ir.walk import DEFAULT_DOMAINS, iter_scopes, normalize_domain
 
 __all__ = ["CleanupPass", "RemoveUnusedOpsetImportsPass"]
 

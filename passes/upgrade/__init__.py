@@ -4,7 +4,7 @@ For every default-domain node, the pass walks the operator's schema versions
 between the opset its scope imports and the target (from ``onnx.defs``, not a
 hand-kept list). Each step is either
 
-* handled by an adapter (``passes._upgrade_adapters``) when the step breaks
+* handled by an adapter (``passes.upgrade.adapters``) when the step breaks
   the old meaning (``axes`` moved to an input, a default changed...),
 * refused when it is listed as a semantic change without an adapter, or when
   a schema-driven check finds a break (an attribute the node uses was
@@ -44,8 +44,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from passes import _graphs, _inference
-from passes._upgrade_adapters import (
+from passes.ir import inference as _inference, walk as _graphs
+from passes.upgrade.adapters import (
     ADAPTERS,
     SEMANTIC_CHANGES,
     ConstInput,
@@ -54,6 +54,8 @@ from passes._upgrade_adapters import (
     dtype_of,
 )
 from passes.errors import UpgradeError
+from passes.ir.names import Names
+from passes.ir.types import type_string
 
 __all__ = ["UpgradeOpsetPass", "max_supported_opset", "min_ir_version"]
 
@@ -110,13 +112,6 @@ def max_supported_opset() -> int:
 
 
 # --- schemas ---------------------------------------------------------------------------------
-
-_TYPE_STRINGS = {
-    dtype: f"tensor({onnx.TensorProto.DataType.Name(int(dtype)).lower()})"
-    for dtype in ir.DataType
-    if int(dtype) in onnx.TensorProto.DataType.values() and dtype != ir.DataType.UNDEFINED
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class _Formal:
@@ -273,7 +268,7 @@ def _check_types(draft: Draft, schema: _Schema, typed: Iterable[tuple[str, int, 
         stop = len(values) if formal.variadic else min(index + 1, len(values))
         for value in values[index:stop]:
             dtype = dtype_of(value)
-            if dtype is not None and _TYPE_STRINGS.get(dtype) not in formal.allowed:
+            if dtype is not None and type_string(dtype) not in formal.allowed:
                 return f"{kind} '{formal.name}' of type {dtype.name} is not allowed in {schema.label}"
     return None
 
@@ -370,26 +365,6 @@ def _plan_node(node: ir.Node, source: int, target: int, ctx: PlanContext) -> Dra
 # --- rewriting -------------------------------------------------------------------------------
 
 
-class _Names:
-    """Fresh names that collide with nothing in the model (the used set is built once)."""
-
-    def __init__(self, used: set[str]) -> None:
-        self._used = used
-        self._next: dict[str, int] = {}
-
-    def fresh(self, base: str) -> str:
-        if base not in self._used:
-            self._used.add(base)
-            return base
-        index = self._next.get(base, 1)
-        while f"{base}_{index}" in self._used:
-            index += 1
-        self._next[base] = index + 1
-        name = f"{base}_{index}"
-        self._used.add(name)
-        return name
-
-
 def _const_base(base: str, array: np.ndarray) -> str:
     if array.dtype.kind in "iu" and array.size <= 8:
         values = "_".join(str(int(v)).replace("-", "m") for v in array.reshape(-1))
@@ -400,23 +375,22 @@ def _const_base(base: str, array: np.ndarray) -> str:
 class _ScopeRewriter:
     """Creates the constants and nodes that the adapters of one scope need."""
 
-    def __init__(self, scope: _graphs.Scope, values: _Names, nodes: _Names, stats: _Stats) -> None:
+    def __init__(self, scope: _graphs.Scope, names: Names, stats: _Stats) -> None:
         self._scope = scope
-        self._values = values
-        self._nodes = nodes
+        self._names = names
         self._stats = stats
         self._cache: dict[tuple[object, ...], ir.Value] = {}
         self._front: ir.Node | None = None  # last Constant put at the top of a function scope
 
     def fresh_value_name(self, base: str) -> str:
-        return self._values.fresh(base)
+        return self._names.value(base)
 
     def const(self, array: np.ndarray, base_name: str) -> ir.Value:
         array = np.asarray(array)
         key = ("tensor", array.dtype.str, array.shape, array.tobytes())
         if (value := self._cache.get(key)) is not None:
             return value
-        name = self._values.fresh(_const_base(base_name, array))
+        name = self._names.value(_const_base(base_name, array))
         tensor = ir.tensor(array, name=name)
         if self._scope.in_function:
             value = self._constant_node([ir.AttrTensor("value", tensor)], name)
@@ -434,12 +408,12 @@ class _ScopeRewriter:
         if (value := self._cache.get(key)) is not None:
             return value
         ref = ir.RefAttr(const.ref_kind, attr.ref_attr_name, attr.type)
-        value = self._constant_node([ref], self._values.fresh(f"{const.base_name}_{attr.ref_attr_name}"))
+        value = self._constant_node([ref], self._names.value(f"{const.base_name}_{attr.ref_attr_name}"))
         self._cache[key] = value
         return value
 
     def _constant_node(self, attributes: list[ir.Attr], name: str) -> ir.Value:
-        node = ir.Node("", "Constant", [], attributes, name=self._nodes.fresh(name))
+        node = ir.Node("", "Constant", [], attributes, name=self._names.node(name))
         node.outputs[0].name = name
         body = self._scope.body
         if self._front is not None:
@@ -462,8 +436,8 @@ class _ScopeRewriter:
         before: ir.Node | None = None,
         after: ir.Node | None = None,
     ) -> ir.Node:
-        node = ir.Node("", op_type, inputs, attributes, name=self._nodes.fresh(base_name))
-        node.outputs[0].name = self._values.fresh(base_name)
+        node = ir.Node("", op_type, inputs, attributes, name=self._names.node(base_name))
+        node.outputs[0].name = self._names.value(base_name)
         if before is not None:
             self._scope.body.insert_before(before, node)
         else:
@@ -519,24 +493,6 @@ class _Stats:
 # --- the pass --------------------------------------------------------------------------------
 
 
-def _used_names(scopes: Iterable[_graphs.Scope]) -> tuple[set[str], set[str]]:
-    """Every value name and node name of the scopes (all graphs and functions of a model)."""
-    values: set[str] = set()
-    nodes: set[str] = set()
-    for scope in scopes:
-        body = scope.body
-        values.update(v.name for v in body.inputs if v.name)
-        values.update(v.name for v in body.outputs if v.name)
-        if isinstance(body, ir.Graph):
-            values.update(body.initializers)
-        for node in body:
-            if node.name:
-                nodes.add(node.name)
-            values.update(v.name for v in node.inputs if v is not None and v.name)
-            values.update(v.name for v in node.outputs if v.name)
-    return values, nodes
-
-
 class UpgradeOpsetPass(ir.passes.InPlacePass):
     """Upgrades the default-domain opset of a model, its subgraphs and its functions.
 
@@ -589,10 +545,12 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
         source_opsets = sorted({s.opset("") for s in to_upgrade})
         stats = _Stats()
         plans = self._plan(model, to_upgrade, target, stats)
-        values, nodes = _used_names(all_scopes) if any(drafts for _, drafts in plans) else (set(), set())
-        value_names, node_names = _Names(values), _Names(nodes)
+        names = Names(model) if any(drafts for _, drafts in plans) else None
         for scope, drafts in plans:
-            rewriter = _ScopeRewriter(scope, value_names, node_names, stats)
+            if not drafts:
+                continue
+            assert names is not None
+            rewriter = _ScopeRewriter(scope, names, stats)
             for draft in drafts:
                 rewriter.commit(draft)
         modified = bool(to_upgrade)  # at least one opset import changes

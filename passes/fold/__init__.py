@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import logging
 import math
 from collections.abc import MutableMapping, Sequence
@@ -45,52 +44,27 @@ import onnx.defs
 import onnx_ir as ir
 
 import refimpl
-from passes import _inference
-from passes._fold_graph import NameRegistry, inline_branch, region_of, subgraphs_of
-from passes._fold_size import estimate_output_bytes
-from passes._fold_values import (
+from passes.ir import inference as _inference
+from passes.fold.surgery import inline_branch, region_of, subgraphs_of
+from passes.fold.size import estimate_output_bytes
+from passes.ir.tensors import (
     attribute_values,
     constant_tensor,
-    expected_dtypes,
     make_tensor,
     read_array,
     tensor_nbytes,
 )
-from passes._graphs import iter_nodes, normalize_domain, opset_of
+from passes.ir.names import Names
+from passes.ir.schemas import expected_dtypes, is_deterministic
+from passes.ir.walk import iter_nodes, normalize_domain, opset_of
 
 __all__ = ["ConstantFoldingPass"]
 
 logger = logging.getLogger(__name__)
 
-_RANDOM_OPS = frozenset(
-    {
-        "RandomNormal",
-        "RandomUniform",
-        "RandomNormalLike",
-        "RandomUniformLike",
-        "Multinomial",
-        "Bernoulli",
-    }
-)
 _QUANTIZE_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 _QUANTIZE_DOMAINS = frozenset({"", "com.microsoft"})
 _SHAPE_OPS = frozenset({"Shape", "Size"})
-
-
-@functools.lru_cache(maxsize=4096)
-def _is_deterministic(op_type: str, domain: str, opset: int) -> bool:
-    """Whether the op's schema at ``opset`` is marked deterministic.
-
-    An op without an ONNX schema (a custom domain) is left to the kernel
-    registry: refimpl only implements deterministic kernels.
-    """
-    if domain == "" and op_type in _RANDOM_OPS:
-        return False
-    try:
-        schema = onnx.defs.get_schema(op_type, opset, domain)
-    except onnx.defs.SchemaError:
-        return True
-    return schema.node_determinism == onnx.defs.OpSchema.NodeDeterminism.Deterministic
 
 
 @dataclasses.dataclass
@@ -169,7 +143,7 @@ class _Sweep:
         self._pending: dict[ir.Graph, list[ir.Node]] = {}
         self._released: dict[ir.Value, None] = {}
         self._inferred: dict[ir.Value, tuple[int, ...]] = {}
-        self._names: NameRegistry | None = None
+        self._names: Names | None = None
 
     # --- driver ------------------------------------------------------------------------------
 
@@ -259,7 +233,7 @@ class _Sweep:
         if op in _QUANTIZE_OPS and domain in _QUANTIZE_DOMAINS:
             logger.debug("Not folding %s: quantisation ops are kept", node.name)
             return
-        if not _is_deterministic(op, domain, opset):
+        if not is_deterministic(op, domain, opset):
             logger.debug("Not folding %s: %s is not deterministic", node.name, op)
             return
         attrs = attribute_values(node)
@@ -343,7 +317,7 @@ class _Sweep:
         if len(branch.outputs) != len(node.outputs):
             return False
         if self._names is None:
-            self._names = NameRegistry(self.model)
+            self._names = Names(self.model)
         inlined = inline_branch(node, branch, self._names, use_initializers=scope.initializers)
         self._drop(node)
         self.stats.if_inlined += 1

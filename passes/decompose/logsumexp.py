@@ -52,9 +52,11 @@ import numpy as np
 import onnx.defs
 import onnx_ir as ir
 
-from passes import _inference
-from passes._graphs import Scope, default_opset, iter_nodes, normalize_domain
-from passes._inference import is_static
+from passes.ir import inference
+from passes.ir.build import Builder, axes_are_input
+from passes.ir.inference import is_static
+from passes.ir.names import Names
+from passes.ir.walk import Scope, default_opset, iter_nodes, normalize_domain
 
 __all__ = ["DecomposeLogSumExpPass"]
 
@@ -71,9 +73,6 @@ _COMPUTE_TYPE = {
 }
 _NUMPY = {ir.DataType.FLOAT: np.float32, ir.DataType.DOUBLE: np.float64}
 
-# Opset from which each op takes ``axes`` as an input (an attribute before).
-_AXES_INPUT_SINCE = {"ReduceMax": 18, "ReduceSum": 13, "Unsqueeze": 13}
-
 # Below opset 7 Sub/Add broadcast only through the legacy ``broadcast``
 # attribute, which cannot broadcast the keepdims=1 maximum against the data.
 _MIN_OPSET = 7
@@ -82,92 +81,6 @@ _MIN_OPSET = 7
 _BLOCK_MIN = 64
 
 _STAT_KEYS = ("decomposed", "skipped_integer", "skipped_unknown_type", "skipped_unsupported")
-
-
-class _Names:
-    """Unique node and value names across a model (graphs, subgraphs, functions)."""
-
-    def __init__(self, model: ir.Model) -> None:
-        self._used: set[str] = set()
-        for root in [model.graph, *model.functions.values()]:
-            self._add_io(root)
-            for node in ir.traversal.RecursiveGraphIterator(root):
-                self._add(node.name)
-                for value in (*node.inputs, *node.outputs):
-                    self._add(value.name if value is not None else None)
-                for attr in node.attributes.values():
-                    if isinstance(attr, ir.Attr) and attr.type == ir.AttributeType.GRAPH:
-                        self._add_io(attr.as_graph())
-                    elif isinstance(attr, ir.Attr) and attr.type == ir.AttributeType.GRAPHS:
-                        for graph in attr.as_graphs():
-                            self._add_io(graph)
-
-    def _add(self, name: str | None) -> None:
-        if name:
-            self._used.add(name)
-
-    def _add_io(self, graph: ir.Graph | ir.Function) -> None:
-        for value in (*graph.inputs, *graph.outputs):
-            self._add(value.name)
-        if isinstance(graph, ir.Graph):
-            self._used.update(graph.initializers)
-
-    def fresh(self, base: str) -> str:
-        """``base``, or ``base_<k>`` for the smallest k not taken; reserves the name."""
-        name, k = base, 1
-        while name in self._used:
-            name, k = f"{base}_{k}", k + 1
-        self._used.add(name)
-        return name
-
-
-@dataclasses.dataclass
-class _Builder:
-    """Creates the replacement nodes, named ``<prefix>/<tag>``, in order."""
-
-    prefix: str
-    names: _Names
-    opset: int
-    nodes: list[ir.Node] = dataclasses.field(default_factory=list)
-
-    def op(
-        self,
-        op_type: str,
-        inputs: list[ir.Value | None],
-        dtype: ir.DataType,
-        tag: str,
-        **attributes: int | float | list[int] | ir.TensorProtocol,
-    ) -> ir.Value:
-        name = self.names.fresh(f"{self.prefix}/{tag}")
-        output = ir.val(self.names.fresh(f"{name}_output"), dtype)
-        while inputs and inputs[-1] is None:  # trailing absent optional inputs
-            inputs = inputs[:-1]
-        self.nodes.append(ir.node(op_type, inputs, attributes, name=name, outputs=[output]))
-        return output
-
-    def constant(self, array: np.ndarray, tag: str) -> ir.Value:
-        return self.op("Constant", [], ir.DataType.from_numpy(array.dtype), tag, value=ir.tensor(array))
-
-    def with_axes(
-        self,
-        op_type: str,
-        data: ir.Value,
-        axes: tuple[int, ...] | ir.Value | None,
-        dtype: ir.DataType,
-        tag: str,
-        **attributes: int,
-    ) -> ir.Value:
-        """``op_type(data)`` with ``axes`` (ints, a value or None) in the op's form at this opset."""
-        if self.opset >= _AXES_INPUT_SINCE[op_type]:
-            if isinstance(axes, tuple):
-                axes = self.constant(np.array(axes, dtype=np.int64), f"{tag}_axes")
-            return self.op(op_type, [data, axes], dtype, tag, **attributes)
-        if isinstance(axes, ir.Value):  # only opset >= 18 nodes have an axes input
-            raise ir.passes.PassError(f"{op_type} at opset {self.opset} cannot take axes {axes!r}")
-        with_attribute: dict[str, int | list[int]] = dict(attributes)
-        if axes is not None:
-            with_attribute["axes"] = list(axes)
-        return self.op(op_type, [data], dtype, tag, **with_attribute)
 
 
 @dataclasses.dataclass
@@ -188,7 +101,7 @@ class _Reduction:
     @classmethod
     def of(cls, node: ir.Node, opset: int) -> _Reduction:
         keepdims = node.attributes.get_int("keepdims", 1)
-        if opset >= 18:
+        if axes_are_input(node.op_type, opset):
             axes = node.inputs[1] if len(node.inputs) > 1 else None
             return cls(axes, keepdims, node.attributes.get_int("noop_with_empty_axes", 0))
         ints = node.attributes.get_ints("axes", None)
@@ -196,7 +109,7 @@ class _Reduction:
         return cls(tuple(ints) if ints else None, keepdims, 0)
 
     def reduce(
-        self, b: _Builder, op_type: str, data: ir.Value, dtype: ir.DataType, tag: str, keepdims: int
+        self, b: Builder, op_type: str, data: ir.Value, dtype: ir.DataType, tag: str, keepdims: int
     ) -> ir.Value:
         """``op_type(data)`` over the node's axes, keeping ``noop_with_empty_axes``."""
         attributes = {"keepdims": keepdims}
@@ -272,7 +185,7 @@ class _Split:
         inner = min(divisors, key=lambda q: abs(math.log(q / target)))
         return cls(dims, axes, axis, n // inner, inner)
 
-    def sum(self, b: _Builder, e: ir.Value, dtype: ir.DataType, keepdims: int) -> ir.Value:
+    def sum(self, b: Builder, e: ir.Value, dtype: ir.DataType, keepdims: int) -> ir.Value:
         """``ReduceSum(e, axes, keepdims)`` adding ``inner`` terms first, then the rest."""
         a = self.axis
         if None not in self.dims:
@@ -295,7 +208,7 @@ class _Split:
         return total
 
     @staticmethod
-    def _dims(b: _Builder, value: ir.Value, start: int, end: int, tag: str) -> ir.Value:
+    def _dims(b: Builder, value: ir.Value, start: int, end: int, tag: str) -> ir.Value:
         if b.opset >= 15:
             return b.op("Shape", [value], ir.DataType.INT64, tag, start=start, end=end)
         shape = b.op("Shape", [value], ir.DataType.INT64, f"{tag}_full")
@@ -304,7 +217,7 @@ class _Split:
         return b.op("Slice", [shape, starts, ends], ir.DataType.INT64, tag)
 
 
-def _clamp(b: _Builder, m: ir.Value, dtype: ir.DataType) -> ir.Value:
+def _clamp(b: Builder, m: ir.Value, dtype: ir.DataType) -> ir.Value:
     """``m`` with -inf/+inf replaced by the lowest/largest finite value of ``dtype``."""
     big = np.finfo(_NUMPY[dtype]).max
     if dtype == ir.DataType.FLOAT and b.opset < 11:  # Clip-6: float32 bounds as attributes
@@ -399,7 +312,7 @@ class DecomposeLogSumExpPass(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         stats = dict.fromkeys(_STAT_KEYS, 0)
-        names: _Names | None = None
+        names: Names | None = None
         model_opset = default_opset(model.opset_imports)
         targets = [
             (node, scope)
@@ -412,11 +325,11 @@ class DecomposeLogSumExpPass(ir.passes.InPlacePass):
             if (x := node.inputs[0] if node.inputs else None) is not None
             and (_element_type(node, {}) is None or not is_static(x.shape))
         ]  # fmt: skip
-        inferred = _inference.infer_types(model, unknown) if unknown else {}
+        inferred = inference.infer_types(model, unknown) if unknown else {}
         for node, scope in targets:
             reason = _skip_reason(node, scope, inferred)
             if reason is None:
-                names = names or _Names(model)
+                names = names or Names(model)
                 nodes, y = _build(node, scope, names, inferred)
                 reason = _function_conflict(nodes, node, scope, model_opset)
             if reason is not None:
@@ -468,7 +381,7 @@ def _function_conflict(
 
 
 def _build(
-    node: ir.Node, scope: Scope, names: _Names, inferred: Inferred
+    node: ir.Node, scope: Scope, names: Names, inferred: Inferred
 ) -> tuple[list[ir.Node], ir.Value]:
     """The replacement nodes of ``node`` (see the pass's docstring) and the new output."""
     opset = scope.opset("")
@@ -478,7 +391,7 @@ def _build(
     compute = _COMPUTE_TYPE[dtype]
     reduction = _Reduction.of(node, opset)
     split = _Split.plan(_input_shape(x, inferred), reduction, opset)
-    b = _Builder(node.name or node.outputs[0].name or _OP, names, opset)
+    b = Builder(node.name or node.outputs[0].name or _OP, names, opset)
 
     if compute != dtype:
         x = b.op("Cast", [x], compute, "cast_in", to=compute.value)

@@ -1,0 +1,83 @@
+"""Building default-domain nodes with fresh names, in the form the scope's opset wants.
+
+:class:`Builder` creates nodes named ``<prefix>/<tag>`` whose outputs have
+fresh names, and collects them in order for the caller to insert. Ops that
+take ``axes`` (Reduce*, Squeeze, Unsqueeze) get them as an attribute or as an
+int64 input, whichever the op's schema at the scope's opset says
+(:func:`passes.ir.schemas.input_since`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from passes.ir.names import Names
+from passes.ir.schemas import input_since
+
+__all__ = ["Builder", "axes_are_input"]
+
+
+def axes_are_input(op_type: str, opset: int) -> bool:
+    """Whether ``op_type`` takes ``axes`` as an input (not an attribute) at ``opset``."""
+    since = input_since(op_type, "axes")
+    return since is not None and opset >= since
+
+
+@dataclasses.dataclass
+class Builder:
+    """Creates default-domain nodes named ``<prefix>/<tag>``, in order (see the module docstring).
+
+    Attributes:
+        prefix: Base of the node names (usually the name of the node being replaced).
+        names: The model's name allocator.
+        opset: The default-domain opset of the scope the nodes go into.
+        nodes: The nodes created so far, in order.
+    """
+
+    prefix: str
+    names: Names
+    opset: int
+    nodes: list[ir.Node] = dataclasses.field(default_factory=list)
+
+    def op(self, op_type: str, inputs: list[ir.Value | None], dtype: ir.DataType | None, tag: str,
+           **attributes: Any) -> ir.Value:  # fmt: skip
+        """A node ``op_type(inputs, **attributes)`` with one output of element type ``dtype``."""
+        name = self.names.node(f"{self.prefix}/{tag}")
+        output = ir.val(self.names.value(f"{name}_output"), dtype)
+        while inputs and inputs[-1] is None:  # trailing absent optional inputs
+            inputs = inputs[:-1]
+        self.nodes.append(ir.node(op_type, inputs, attributes, name=name, outputs=[output]))
+        return output
+
+    def constant(self, array: np.ndarray, tag: str) -> ir.Value:
+        """A ``Constant`` node holding ``array``."""
+        return self.op("Constant", [], ir.DataType.from_numpy(array.dtype), tag, value=ir.tensor(array))
+
+    def with_axes(
+        self,
+        op_type: str,
+        data: ir.Value,
+        axes: tuple[int, ...] | ir.Value | None,
+        dtype: ir.DataType | None,
+        tag: str,
+        **attributes: int,
+    ) -> ir.Value:
+        """``op_type(data)`` with ``axes`` (ints, a value or None) in the op's form at this opset.
+
+        Raises:
+            ir.passes.PassError: ``axes`` is a value where the op takes an attribute.
+        """
+        if axes_are_input(op_type, self.opset):
+            if isinstance(axes, tuple):
+                axes = self.constant(np.array(axes, dtype=np.int64), f"{tag}_axes")
+            return self.op(op_type, [data, axes], dtype, tag, **attributes)
+        if isinstance(axes, ir.Value):
+            raise ir.passes.PassError(f"{op_type} at opset {self.opset} cannot take axes {axes.name!r} as an input")
+        with_attribute: dict[str, int | list[int]] = dict(attributes)
+        if axes is not None:
+            with_attribute["axes"] = list(axes)
+        return self.op(op_type, [data], dtype, tag, **with_attribute)
