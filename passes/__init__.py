@@ -19,10 +19,14 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "PASSES": "passes.pipeline",
-    "Options": "passes.pipeline",
+    "CheckOptions": "passes.pipeline",
+    "Option": "passes.options",
+    "Pass": "passes.base",
     "build_pass_manager": "passes.pipeline",
     "optimize": "passes.pipeline",
-    "CheckResult": "passes.verify.check",
+    "optimize_file": "passes.pipeline",
+    "pass_options": "passes.pipeline",
+    "CheckResult": "passes.verify.result",
     "check": "passes.verify.check",
     "CleanupPass": "passes.cleanup",
     "CheckFailedError": "passes.errors",

@@ -1,4 +1,17 @@
-"""The pass registry (CLI names → passes) and the optimisation pipeline."""
+"""The pass registry and the one optimisation pipeline every route goes through.
+
+* :data:`PASSES`: the CLI names of the passes, in their default order, built
+  from each pass class's own declarations (``NAME``, ``DESCRIPTION``,
+  ``OPTIONS``; see :mod:`passes.base`). Adding a pass is one line in
+  :data:`_PASS_CLASSES`.
+* :func:`optimize_model`: runs the passes (then the clean-up) on an IR model,
+  with the rules every route shares (the opset is never lowered).
+* :func:`optimize_file`: load (validated), optimise, save atomically, check
+  with the ONNX checker and onnxruntime, report. The ``optimize`` command and
+  ``passes.optimize(path, output=...)`` both call it.
+* :func:`optimize`: the Python API for a path, a ``ModelProto`` or an
+  ``onnx_ir.Model``, with the same validation and the same check.
+"""
 
 from __future__ import annotations
 
@@ -7,84 +20,95 @@ import logging
 import os
 import pathlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import onnx
 import onnx_ir as ir
 
 from passes import modelio
+from passes.base import Pass
 from passes.cleanup import CleanupPass
 from passes.decompose import DecomposeLogSumExpPass
+from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
 from passes.fold import ConstantFoldingPass
-from passes.upgrade import UpgradeOpsetPass
-from passes.errors import InputError, OptimizeError
+from passes.ir.walk import default_opset
+from passes.options import Option
+from passes.report import PassRun, Report, summarize
+from passes.upgrade import MIN_TARGET_OPSET, UpgradeOpsetPass
 
 __all__ = [
-    "DEFAULT_TARGET_OPSET",
     "DEFAULT_FOLD_SIZE_LIMIT",
+    "DEFAULT_TARGET_OPSET",
     "PASSES",
-    "Options",
+    "CheckOptions",
     "PassRun",
     "PassSpec",
     "build_pass_manager",
     "optimize",
-    "run_pipeline",
+    "optimize_file",
+    "optimize_model",
+    "pass_options",
     "select_passes",
 ]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TARGET_OPSET = 18
-DEFAULT_FOLD_SIZE_LIMIT = 1 << 20
+DEFAULT_TARGET_OPSET = MIN_TARGET_OPSET
+DEFAULT_FOLD_SIZE_LIMIT = ConstantFoldingPass.OPTIONS[0].default
 
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """Options shared by the passes.
-
-    Attributes:
-        target_opset: The default-domain opset the upgrade pass converts to.
-        fold_size_limit: Constant folding only creates a constant larger than
-            this many bytes when the model does not grow by it.
-    """
-
-    target_opset: int = DEFAULT_TARGET_OPSET
-    fold_size_limit: int = DEFAULT_FOLD_SIZE_LIMIT
+# The passes in their default order. One line per pass.
+_PASS_CLASSES: tuple[type[Pass], ...] = (
+    UpgradeOpsetPass,
+    ConstantFoldingPass,
+    DecomposeLogSumExpPass,
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class PassSpec:
-    """A pass the CLI can run: its name, a one-line description, and how to build it."""
+    """A pass the pipeline can run: its name, a one-line description, its options, how to build it."""
 
     name: str
     description: str
-    build: Callable[[Options], ir.passes.PassBase]
+    build: Callable[[Mapping[str, Any]], ir.passes.PassBase]
+    options: tuple[Option, ...] = ()
+
+    @classmethod
+    def of(cls, pass_class: type[Pass]) -> PassSpec:
+        return cls(pass_class.NAME, pass_class.DESCRIPTION, pass_class.from_options, pass_class.OPTIONS)
 
 
-def _registry() -> dict[str, PassSpec]:
-    """The passes in their default order. A pass not written yet is simply absent."""
-    specs: list[PassSpec] = [
-        PassSpec(
-            "upgrade",
-            "convert the default-domain opset to --target-opset (Reduce axes become inputs)",
-            lambda options: UpgradeOpsetPass(options.target_opset),
-        ),
-        PassSpec(
-            "fold",
-            "constant folding: evaluate nodes with constant inputs with refimpl",
-            lambda options: ConstantFoldingPass(options.fold_size_limit),
-        ),
-        PassSpec(
-            "decompose",
-            "rewrite ReduceLogSumExp into max-shifted primitive ops (no float64)",
-            lambda options: DecomposeLogSumExpPass(),
-        ),
-    ]
-    return {spec.name: spec for spec in specs}
+PASSES: dict[str, PassSpec] = {spec.name: spec for spec in map(PassSpec.of, _PASS_CLASSES)}
 
 
-PASSES: dict[str, PassSpec] = _registry()
+def pass_options() -> list[Option]:
+    """Every option the registered passes declare, once each, in pass order."""
+    seen: dict[str, Option] = {}
+    for spec in PASSES.values():
+        for option in spec.options:
+            seen.setdefault(option.name, option)
+    return list(seen.values())
+
+
+def _option_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The declared options with ``values`` applied, validated.
+
+    Raises:
+        InputError: an unknown option or a value its declaration refuses.
+    """
+    declared = {o.name: o for o in pass_options()}
+    unknown = sorted(set(values) - set(declared))
+    if unknown:
+        raise InputError(f"unknown option {unknown[0]!r} (options: {', '.join(declared) or 'none'})")
+    result = {name: option.default for name, option in declared.items()}
+    for name, value in values.items():
+        option = declared[name]
+        reason = option.check(value) if option.check is not None and value is not None else None
+        if reason:
+            raise InputError(f"{option.flag} {value}: {reason}")
+        result[name] = value
+    return result
 
 
 def select_passes(passes: Iterable[str] | None = None, skip: Iterable[str] = ()) -> list[str]:
@@ -102,30 +126,24 @@ def select_passes(passes: Iterable[str] | None = None, skip: Iterable[str] = ())
     return [n for n in names if n not in skip]
 
 
+def _build(names: Sequence[str], values: Mapping[str, Any], cleanup: bool) -> list[tuple[str, ir.passes.PassBase]]:
+    steps = [(name, PASSES[name].build(values)) for name in names]
+    if cleanup:
+        steps.append(("cleanup", CleanupPass()))
+    return steps
+
+
 def build_pass_manager(
-    passes: Iterable[str] | None = None, options: Options | None = None, *, cleanup: bool = True
+    passes: Iterable[str] | None = None, *, cleanup: bool = True, **options: Any
 ) -> ir.passes.PassManager:
     """An ``onnx_ir`` pass manager running the named passes, for composing with other passes."""
-    options = options or Options()
-    built = [PASSES[name].build(options) for name in select_passes(passes)]
-    if cleanup:
-        built.append(CleanupPass())
-    return ir.passes.PassManager(built, steps=1)
-
-
-@dataclasses.dataclass
-class PassRun:
-    """What one pass did: its time, whether it changed the model, and its own statistics."""
-
-    name: str
-    seconds: float
-    modified: bool
-    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    steps = _build(select_passes(passes), _option_values(options), cleanup)
+    return ir.passes.PassManager([p for _, p in steps], steps=1)
 
 
 def _root_cause(error: BaseException) -> BaseException:
     """The innermost :class:`OptimizeError` behind onnx_ir's PassError wrapping, if any."""
-    seen = error
+    seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, OptimizeError):
             return seen
@@ -133,25 +151,44 @@ def _root_cause(error: BaseException) -> BaseException:
     return error
 
 
-def run_pipeline(
+def _refuse_lower_target(model: ir.Model, names: Sequence[str], values: Mapping[str, Any]) -> None:
+    target = values.get("target_opset")
+    opset = default_opset(model.opset_imports)
+    if "upgrade" in names and target is not None and opset is not None and target < opset:
+        raise InputError(
+            f"--target-opset {target} is lower than the model's opset {opset}; this tool never lowers an opset"
+        )
+
+
+def optimize_model(
     model: ir.Model,
-    passes: Sequence[str],
-    options: Options | None = None,
+    passes: Sequence[str] | None = None,
     *,
     cleanup: bool = True,
     progress: Callable[[str], None] | None = None,
+    **options: Any,
 ) -> list[PassRun]:
     """Runs the named passes in order (then the clean-up) on ``model`` in place.
 
+    Args:
+        model: The model, changed in place.
+        passes: Pass names (see :data:`PASSES`); None runs all of them.
+        cleanup: Run the clean-up after the passes.
+        progress: Called with a short message before each pass.
+        **options: Values of the passes' declared options (see :func:`pass_options`).
+
+    Returns:
+        What each pass did, in order.
+
     Raises:
+        InputError: an unknown pass or option, or a target opset below the model's.
         OptimizeError: a pass refused the model (for example an upgrade without an adapter).
     """
-    options = options or Options()
+    names = select_passes(passes)
+    values = _option_values(options)
+    _refuse_lower_target(model, names, values)
     runs: list[PassRun] = []
-    steps: list[tuple[str, ir.passes.PassBase]] = [(n, PASSES[n].build(options)) for n in passes]
-    if cleanup:
-        steps.append(("cleanup", CleanupPass()))
-    for name, pass_ in steps:
+    for name, pass_ in _build(names, values, cleanup):
         if progress:
             progress(f"running {name}")
         start = time.perf_counter()
@@ -169,53 +206,220 @@ def run_pipeline(
     return runs
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckOptions:
+    """How the optimised model is checked against the original (see :func:`passes.check`).
+
+    Attributes:
+        enabled: Run onnxruntime on both models and compare; the ONNX checker runs regardless.
+        inputs: Input arrays by name (others are generated).
+        inputs_source: Where ``inputs`` came from, for messages (``--inputs FILE``).
+        dims: Sizes of named dynamic dimensions for generated inputs.
+        seed: Seed of generated inputs.
+        rtol: Relative tolerance for float outputs (default per dtype).
+        atol: Absolute tolerance for float outputs (default per dtype).
+    """
+
+    enabled: bool = True
+    inputs: Mapping[str, Any] | None = None
+    inputs_source: str = ""
+    dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    rtol: float | None = None
+    atol: float | None = None
+
+
+def _verify(original: Any, staged: Any, check: CheckOptions, report: Report,
+            warn: Callable[[str], None]) -> str | None:  # fmt: skip
+    """The ONNX checker, then the onnxruntime comparison; why the result is refused, or None."""
+    try:
+        onnx.checker.check_model(staged if not isinstance(staged, pathlib.Path) else str(staged))
+    except (onnx.checker.ValidationError, RuntimeError, ValueError) as e:
+        return f"the optimised model is invalid: {first_line(e)}"
+    if not check.enabled:
+        return None
+    from passes.verify import check as check_module  # onnxruntime only when checking
+
+    result = check_module.check(
+        original, staged, inputs=check.inputs, dims=dict(check.dims),
+        rtol=check.rtol, atol=check.atol, seed=check.seed,
+    )  # fmt: skip
+    report.check = result
+    if result.inputs_rejected:
+        raise InputError(f"--inputs {check.inputs_source or '(given)'}: {result.skipped}")
+    if result.skipped:
+        warn(result.summary())
+        return None
+    return None if result.ok else result.summary()
+
+
+def _check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | os.PathLike[str] | None,
+                        model: ir.Model) -> None:  # fmt: skip
+    """Refuses an OUTPUT (or its ``.data`` file, or the report) that would overwrite part of the
+    input other than by replacing the input model as a whole (``-o INPUT``)."""
+    source = src.resolve()
+    inputs = {source, *modelio.data_files(model)}
+    target = dst.resolve()
+    written = {target, target.with_name(target.name + ".data")}
+    clashes = sorted(written & inputs) if target != source else []
+    if clashes:
+        raise InputError(f"{dst}: writing it would overwrite the input's file {clashes[0]}; choose another output")
+    if report is not None:
+        if pathlib.Path(report).resolve() in inputs | written:
+            raise InputError(f"--report {report}: that is a model file of this run; choose another name")
+        if not pathlib.Path(report).resolve().parent.is_dir():
+            raise InputError(f"--report {report}: its folder does not exist")
+
+
+def optimize_file(
+    source: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    *,
+    passes: Iterable[str] | None = None,
+    skip: Iterable[str] = (),
+    check: CheckOptions | None = None,
+    force: bool = False,
+    report_path: str | os.PathLike[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] = logger.warning,
+    on_commit: Callable[[bool], None] | None = None,
+    **options: Any,
+) -> Report:
+    """Loads ``source``, optimises it, checks the result and writes it to ``output`` atomically.
+
+    The output is written only if it passes the ONNX checker and (unless
+    ``check.enabled`` is False) computes the same outputs as the source in
+    onnxruntime, or if ``force`` is set; the input is never changed.
+
+    Args:
+        source: The ``.onnx`` file.
+        output: Where to write the result (may be ``source`` itself).
+        passes: Pass names to run, in order; None runs all of them.
+        skip: Pass names not to run.
+        check: How to check (default: :class:`CheckOptions`).
+        force: Write the output even when the check fails (the error is still raised).
+        report_path: Also write the report there as JSON.
+        progress: Called with a short message before each phase.
+        warn: Called with a warning (a check that could not run).
+        on_commit: Called with True once the output is in place (False if it was not written).
+        **options: Values of the passes' declared options.
+
+    Returns:
+        The report of the run.
+
+    Raises:
+        InputError: bad input or options.
+        OptimizeError: a pass refused the model.
+        CheckFailedError: the result is invalid or differs (``error.report`` holds the report).
+    """
+    check = check or CheckOptions()
+    names = select_passes(passes, skip)
+    values = _option_values(options)
+    src, dst = pathlib.Path(source), pathlib.Path(output)
+    if progress:
+        progress(f"loading {src}")
+    model = modelio.load_model(src)
+    _check_destinations(src, dst, report_path, model)
+    report = Report(str(src), str(dst), summarize(model))
+    report.passes = optimize_model(model, names, progress=progress, **values)
+    report.after = summarize(model)
+    with modelio.staged_output(dst) as staged:
+        if progress:
+            progress(f"saving {dst}")
+        staged_path = staged.save(model)
+        if progress and check.enabled:
+            progress("checking with onnxruntime")
+        failure = _verify(src, staged_path, check, report, warn)
+        if failure is None or force:
+            try:
+                staged.commit()
+            finally:  # an interrupt may arrive as the commit completes
+                report.written = staged.committed
+                if on_commit:
+                    on_commit(staged.committed)
+    if report_path is not None:
+        report.write_json(report_path)
+    if failure is not None:
+        error = CheckFailedError(failure + ("" if report.written else f"; {dst} not written"))
+        error.report = report  # type: ignore[attr-defined]
+        raise error
+    return report
+
+
+def _check_options(check: bool | CheckOptions) -> CheckOptions:
+    if isinstance(check, CheckOptions):
+        return check
+    return CheckOptions(enabled=bool(check))
+
+
 def optimize(
     model: Any,
     *,
     passes: Iterable[str] | None = None,
     skip: Iterable[str] = (),
-    target_opset: int = DEFAULT_TARGET_OPSET,
-    fold_size_limit: int = DEFAULT_FOLD_SIZE_LIMIT,
     output: str | os.PathLike[str] | None = None,
+    check: bool | CheckOptions = True,
+    **options: Any,
 ) -> Any:
     """Optimises a model with the named passes (default: all) and the clean-up.
 
+    Every route validates the model as the ``optimize`` command does (the
+    ONNX checker with type inference, tensors against their types, external
+    data confined to the model's folder), refuses a target opset below the
+    model's, and checks the result: the ONNX checker, and onnxruntime on both
+    models unless ``check=False``.
+
     Args:
-        model: A path to an ``.onnx`` file, an ``onnx.ModelProto`` or an ``onnx_ir.Model``.
+        model: A path to an ``.onnx`` file, its bytes, an ``onnx.ModelProto`` or an ``onnx_ir.Model``.
             An ``onnx_ir.Model`` is changed in place; the other forms are not changed.
-        passes: Pass names to run, in order (see ``PASSES``). None runs all of them.
+        passes: Pass names to run, in order (see :data:`PASSES`). None runs all of them.
         skip: Pass names not to run.
-        target_opset: Opset for the upgrade pass.
-        fold_size_limit: Size limit in bytes for constants created by folding.
         output: With a path input, write the result there atomically and return its path.
+        check: False to skip the onnxruntime comparison, or :class:`CheckOptions`.
+        **options: Values of the passes' declared options, e.g. ``target_opset=18``,
+            ``fold_size_limit=1 << 20`` (see :func:`pass_options`).
 
     Returns:
         The same kind of object as ``model``: an ``onnx_ir.Model`` for an
-        ``onnx_ir.Model``, an ``onnx.ModelProto`` for a ``ModelProto``; for a path,
+        ``onnx_ir.Model``, an ``onnx.ModelProto`` for a ``ModelProto``, bytes for bytes; for a path,
         the output path if ``output`` is given, else the optimised ``onnx_ir.Model``.
 
     Raises:
         InputError: bad input or options.
         OptimizeError: a pass refused the model.
+        CheckFailedError: the optimised model is invalid or computes something else.
     """
     names = select_passes(passes, skip)
-    options = Options(target_opset=target_opset, fold_size_limit=fold_size_limit)
+    values = _option_values(options)
+    checking = _check_options(check)
     if isinstance(model, (str, os.PathLike)):
+        if output is not None:
+            optimize_file(model, output, passes=names, check=checking, **values)
+            return pathlib.Path(output)
         ir_model = modelio.load_model(model)
-        run_pipeline(ir_model, names, options)
-        if output is None:
-            return ir_model
-        with modelio.staged_output(output) as staged:
-            staged.save(ir_model)
-            staged.commit()
-        return pathlib.Path(output)
-    if isinstance(model, onnx.ModelProto):
+        original: Any = pathlib.Path(model)
+    elif isinstance(model, (bytes, onnx.ModelProto)):
+        original = model
+        if isinstance(model, bytes):
+            model = modelio.proto_from_bytes(model)
         copy = onnx.ModelProto()
         copy.CopyFrom(model)  # model_from_proto edits the proto it is given
-        ir_model = modelio.model_from_proto(copy)
-        run_pipeline(ir_model, names, options)
-        return modelio.model_to_proto(ir_model)
-    if isinstance(model, ir.Model):
-        run_pipeline(model, names, options)
-        return model
-    raise TypeError(f"optimize() takes a path, an onnx.ModelProto or an onnx_ir.Model, not {type(model).__name__}")
+        ir_model = modelio.model_from_proto(copy, validate=True)
+    elif isinstance(model, ir.Model):
+        original = modelio.model_to_proto(model)
+        modelio.validate_proto(original)
+        ir_model = model
+    else:
+        raise TypeError(
+            f"optimize() takes a path, bytes, an onnx.ModelProto or an onnx_ir.Model, not {type(model).__name__}"
+        )
+    if output is not None:
+        raise TypeError("optimize(): output= is only for a path input")
+    optimize_model(ir_model, names, **values)
+    proto = modelio.model_to_proto(ir_model)
+    failure = _verify(original, proto, checking, Report("", None, summarize(ir_model)), logger.warning)
+    if failure is not None:
+        raise CheckFailedError(failure)
+    if isinstance(original, bytes):
+        return proto.SerializeToString()
+    return proto if isinstance(model, onnx.ModelProto) else ir_model

@@ -12,6 +12,8 @@ import pytest
 
 import helpers
 import passes
+import passes.cli
+import passes.pipeline
 
 DEMO = pathlib.Path(__file__).resolve().parent.parent / "models" / "demo.onnx"
 X = {"x": np.random.default_rng(4).standard_normal((3, 4, 8)).astype(np.float32)}
@@ -61,8 +63,63 @@ def test_optimize_rejects_bad_arguments() -> None:
         passes.optimize(DEMO, passes=["nope"])
     with pytest.raises(passes.UpgradeError):
         passes.optimize(DEMO, target_opset=17)
-    with pytest.raises(TypeError):
+    with pytest.raises(passes.InputError, match="not a valid ONNX model"):
         passes.optimize(b"not a model")
+    with pytest.raises(TypeError):
+        passes.optimize(42)
+
+
+def _invalid_model() -> onnx.ModelProto:
+    """An Add of a float and an int64 input: the checker's type inference refuses it."""
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Add", ["a", "b"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [2]),
+         onnx.helper.make_tensor_value_info("b", onnx.TensorProto.INT64, [2])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
+    )  # fmt: skip
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
+
+
+def test_every_route_refuses_an_invalid_model_as_the_cli_does(tmp_path: pathlib.Path, capsys) -> None:
+    proto = _invalid_model()
+    path = tmp_path / "bad.onnx"
+    onnx.save_model(proto, str(path))
+    assert passes.cli.main([str(path), "-o", str(tmp_path / "out.onnx"), "-q"]) == 2
+    cli_message = capsys.readouterr().err.strip().removeprefix(f"optimize: error: {path}: ")
+    assert cli_message.startswith("invalid model:")
+    for model in (proto, proto.SerializeToString(), ir.serde.deserialize_model(proto), path):
+        with pytest.raises(passes.InputError) as raised:
+            passes.optimize(model)
+        assert str(raised.value).removeprefix(f"{path}: ") == cli_message
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_optimize_with_output_raises_check_failed_and_writes_nothing(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Nudge(ir.passes.InPlacePass):  # a deliberately wrong pass: scales one weight by 5 %
+        def call(self, model: ir.Model) -> ir.passes.PassResult:
+            value = model.graph.initializers["scale_base"]
+            value.const_value = ir.tensor(value.const_value.numpy() * np.float32(1.05), name="scale_base")
+            return ir.passes.PassResult(model, modified=True)
+
+    monkeypatch.setitem(passes.PASSES, "nudge", passes.pipeline.PassSpec("nudge", "test only", lambda o: Nudge()))
+    out = tmp_path / "o.onnx"
+    with pytest.raises(passes.CheckFailedError, match="lse_flat"):
+        passes.optimize(DEMO, output=out, passes=["nudge"])
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(passes.CheckFailedError):
+        passes.optimize(onnx.load(str(DEMO)), passes=["nudge"])
+    # check=False opts out of the onnxruntime comparison (the ONNX checker still runs).
+    assert passes.optimize(DEMO, output=out, passes=["nudge"], check=False) == out
+
+
+def test_the_api_never_lowers_an_opset(tmp_path: pathlib.Path) -> None:
+    model = onnx.load(str(DEMO))
+    upgraded = passes.optimize(model, passes=["upgrade"], target_opset=19)
+    with pytest.raises(passes.InputError, match="never lowers an opset"):
+        passes.optimize(upgraded, target_opset=18)
+    assert passes.optimize(upgraded, passes=["upgrade"]).opset_import[0].version == 19
 
 
 def test_check_reports_per_output_errors() -> None:

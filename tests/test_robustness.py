@@ -441,7 +441,7 @@ def test_external_data_outside_the_folder_is_refused(
 
 _OPENS_NOTHING = """
 import sys
-from passes import cli
+from passes.cli import command as cli
 codes = [cli.main([path, "-o", path + ".out.onnx", "-q"]) for path in sys.argv[1:]]
 print(" ".join(map(str, codes)))
 """
@@ -707,7 +707,7 @@ def slow_model(tmp_path: pathlib.Path, slow_model_files: dict[str, bytes]) -> pa
 # After main() returns, signals are ignored: the test is about main(), not the interpreter's exit.
 _READY = """
 import signal, sys
-from passes import cli
+from passes.cli import command as cli
 run = cli._run
 def announced_run(*args):
     print("ready", file=sys.stderr, flush=True)

@@ -52,6 +52,7 @@ import numpy as np
 import onnx.defs
 import onnx_ir as ir
 
+from passes.base import Pass
 from passes.ir import inference
 from passes.ir.build import Builder, axes_are_input
 from passes.ir.inference import is_static
@@ -267,7 +268,7 @@ def _unsupported(dtype: ir.DataType, opset: int | None) -> str | None:
     return None
 
 
-class DecomposeLogSumExpPass(ir.passes.InPlacePass):
+class DecomposeLogSumExpPass(Pass):
     """Rewrites every ReduceLogSumExp into ReduceMax, Clip, Sub, Exp, ReduceSum, Log, Add.
 
     Rewrite rule (T in {float, double}; float16 and bfloat16 are cast to float
@@ -305,6 +306,9 @@ class DecomposeLogSumExpPass(ir.passes.InPlacePass):
             reason: ``skipped_integer``, ``skipped_unknown_type`` and
             ``skipped_unsupported`` (opset, element type or function opset).
     """
+
+    NAME = "decompose"
+    DESCRIPTION = "rewrite ReduceLogSumExp into max-shifted primitive ops (no float64)"
 
     def __init__(self) -> None:
         super().__init__()

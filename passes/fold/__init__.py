@@ -44,6 +44,7 @@ import onnx.defs
 import onnx_ir as ir
 
 import refimpl
+from passes.base import Pass
 from passes.ir import inference as _inference
 from passes.fold.surgery import inline_branch, region_of, subgraphs_of
 from passes.fold.size import estimate_output_bytes
@@ -57,8 +58,11 @@ from passes.ir.tensors import (
 from passes.ir.names import Names
 from passes.ir.schemas import expected_dtypes, is_deterministic
 from passes.ir.walk import iter_nodes, normalize_domain, opset_of
+from passes.options import Option, parse_size
 
-__all__ = ["ConstantFoldingPass"]
+__all__ = ["DEFAULT_SIZE_LIMIT", "ConstantFoldingPass"]
+
+DEFAULT_SIZE_LIMIT = 1 << 20
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +101,7 @@ class _Scope:
         return opset_of(self.opset_imports, domain)
 
 
-class ConstantFoldingPass(ir.passes.InPlacePass):
+class ConstantFoldingPass(Pass):
     """Folds constant subexpressions, static shapes and constant-condition Ifs.
 
     See the module docstring for the rewrite rules. ``stats`` describes the
@@ -112,7 +116,14 @@ class ConstantFoldingPass(ir.passes.InPlacePass):
             does not grow).
     """
 
-    def __init__(self, size_limit: int = 1 << 20) -> None:
+    NAME = "fold"
+    DESCRIPTION = "constant folding: evaluate nodes with constant inputs with refimpl"
+    OPTIONS = (
+        Option("fold_size_limit", DEFAULT_SIZE_LIMIT, "largest constant folding may add (default: 1M)",
+               parse=parse_size, metavar="BYTES", argument="size_limit"),
+    )
+
+    def __init__(self, size_limit: int = DEFAULT_SIZE_LIMIT) -> None:
         super().__init__()
         if size_limit < 0:
             raise ValueError(f"size_limit must be >= 0, got {size_limit}")

@@ -42,8 +42,12 @@ __all__ = [
     "data_files",
     "has_external_data",
     "load_model",
+    "model_from_proto",
+    "model_to_proto",
+    "proto_from_bytes",
     "save_model",
     "staged_output",
+    "validate_proto",
 ]
 
 logger = logging.getLogger(__name__)
@@ -101,22 +105,14 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         raise InputError(f"{path}: not a valid ONNX model ({_first_line(e)})") from e
     except OSError as e:
         raise InputError(f"{path}: cannot read ({_first_line(e)})") from e
-    if 0 < proto.ir_version < 4:
-        # IR 3 requires every initializer to also be a graph input; IR 4 reads initializers
-        # the same way and only drops that rule. Exporters of the time broke it (onnxruntime's
-        # own datasets/mul_1.onnx does) and onnxruntime runs such models, so they are read
-        # as IR 4 (the upgrade raises the version further anyway).
-        proto.ir_version = 4
     try:
-        external = _validate.check_contents(proto, path.parent)
-        if check:
-            _validate.check_validity(proto, path, external)
+        validate_proto(proto, path.parent, path=path, check=check)
     except InputError as e:
         raise InputError(f"{path}: {e}") from e
     try:
         model = model_from_proto(proto)
-    except (ValueError, TypeError, KeyError, RuntimeError, NotImplementedError) as e:
-        raise InputError(f"{path}: cannot read the model ({_root_message(e)})") from e
+    except InputError as e:
+        raise InputError(f"{path}: {e}") from e
     _bind_external_tensors(model, path.parent)
     return model
 
@@ -128,16 +124,73 @@ def _root_message(error: BaseException) -> str:
     return _first_line(error)
 
 
-def model_from_proto(proto: onnx.ModelProto) -> ir.Model:
+def proto_from_bytes(data: bytes) -> onnx.ModelProto:
+    """Parses a serialized model.
+
+    Raises:
+        InputError: the bytes are not an ONNX model.
+    """
+    if len(data) >= PROTOBUF_MAX:
+        raise InputError(f"{len(data)} bytes is over protobuf's 2 GB limit")
+    try:
+        return onnx.load_model_from_string(data)
+    except (google.protobuf.message.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"not a valid ONNX model ({_first_line(e)})") from e
+
+
+def validate_proto(
+    proto: onnx.ModelProto, base_dir: pathlib.Path | None = None, *, path: pathlib.Path | None = None,
+    check: bool = True,
+) -> int:
+    """The load-time validation of :func:`load_model`, for a model already in memory.
+
+    Args:
+        proto: The model; an IR 3 model whose initializers are not inputs is
+            read as IR 4 (changed in place), as at load.
+        base_dir: The folder external data is relative to; a model in memory
+            that refers to external data needs one.
+        path: The model's file, if it has one (the checker reads external data through it).
+        check: Also run the ONNX checker with type inference.
+
+    Returns:
+        How many tensors are stored externally.
+
+    Raises:
+        InputError: the model is invalid (see :func:`load_model`).
+    """
+    if 0 < proto.ir_version < 4:
+        # IR 3 requires every initializer to also be a graph input; IR 4 reads initializers
+        # the same way and only drops that rule. Exporters of the time broke it (onnxruntime's
+        # own datasets/mul_1.onnx does) and onnxruntime runs such models, so they are read
+        # as IR 4 (the upgrade raises the version further anyway).
+        proto.ir_version = 4
+    external = _validate.check_contents(proto, base_dir or pathlib.Path.cwd())
+    if external and (base_dir is None or (check and path is None)):
+        raise InputError("the model refers to external data; load it from its file instead")
+    if check:
+        _validate.check_validity(proto, path, external)
+    return external
+
+
+def model_from_proto(proto: onnx.ModelProto, *, validate: bool = False) -> ir.Model:
     """Builds the IR of ``proto`` (changed in place: sparse Constants densified, map types stashed).
 
     onnx_ir represents neither sparse tensor attributes nor map types; see
     ``passes.modelio.sparse`` and ``passes.modelio.opaque``. :func:`model_to_proto` and
     :func:`save_model` put the stashed types back.
+
+    Raises:
+        InputError: with ``validate``, the model is invalid (see :func:`validate_proto`);
+            or onnx_ir cannot represent it.
     """
+    if validate:
+        validate_proto(proto)
     densify_sparse_constants(proto)
     stashed = _opaque_types.stash(proto)
-    model = ir.serde.deserialize_model(proto)
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except (ValueError, TypeError, KeyError, RuntimeError, NotImplementedError) as e:
+        raise InputError(f"cannot read the model ({_root_message(e)})") from e
     if stashed:
         model.meta[_opaque_types.STASH_KEY] = stashed
     return model

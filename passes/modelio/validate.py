@@ -357,7 +357,7 @@ def check_contents(proto: onnx.ModelProto, base_dir: pathlib.Path) -> int:
     return _check_contents(proto, base_dir)
 
 
-def check_validity(proto: onnx.ModelProto, path: pathlib.Path, external: int) -> None:
+def check_validity(proto: onnx.ModelProto, path: pathlib.Path | None, external: int) -> None:
     """The ONNX checker with type inference (see :func:`_check_in_memory`).
 
     The passes rely on consistent element types, so the check includes type

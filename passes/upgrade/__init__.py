@@ -53,9 +53,11 @@ from passes.upgrade.adapters import (
     PlanContext,
     dtype_of,
 )
+from passes.base import Pass
 from passes.errors import UpgradeError
 from passes.ir.names import Names
 from passes.ir.types import type_string
+from passes.options import Option
 
 __all__ = ["UpgradeOpsetPass", "max_supported_opset", "min_ir_version"]
 
@@ -493,7 +495,7 @@ class _Stats:
 # --- the pass --------------------------------------------------------------------------------
 
 
-class UpgradeOpsetPass(ir.passes.InPlacePass):
+class UpgradeOpsetPass(Pass):
     """Upgrades the default-domain opset of a model, its subgraphs and its functions.
 
     Rewrite rule: every default-domain node of a scope importing opset ``s <
@@ -519,6 +521,20 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
             that cannot be converted exactly (the model is then left untouched).
             A model or function already at or above the target is left as it is.
     """
+
+    NAME = "upgrade"
+    DESCRIPTION = "convert the default-domain opset to --target-opset (Reduce axes become inputs)"
+    OPTIONS = (
+        Option("target_opset", None,
+               f"opset the upgrade converts to (default: {MIN_TARGET_OPSET}; a model already at or above "
+               "it is left at its opset; asking for a lower opset than the model's is an error)",
+               parse=int, check=lambda n: None if n >= 1 else "must be a positive opset version", metavar="N"),
+    )
+
+    @classmethod
+    def from_options(cls, values: Mapping[str, object]) -> UpgradeOpsetPass:
+        target = values.get("target_opset")
+        return cls(MIN_TARGET_OPSET if target is None else int(target))  # type: ignore[call-overload]
 
     def __init__(self, target_opset: int = MIN_TARGET_OPSET) -> None:
         super().__init__()

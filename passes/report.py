@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
+import os
+import pathlib
 from typing import Any
 
 import onnx_ir as ir
 
+from passes.errors import InputError
 from passes.ir.walk import default_opset, iter_scopes
-from passes.verify.check import CheckResult
-from passes.pipeline import PassRun
+from passes.verify.result import CheckResult
 
-__all__ = ["ModelSummary", "Report", "summarize"]
+__all__ = ["ModelSummary", "PassRun", "Report", "summarize"]
+
+
+@dataclasses.dataclass
+class PassRun:
+    """What one pass did: its time, whether it changed the model, and its own statistics."""
+
+    name: str
+    seconds: float
+    modified: bool
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -95,6 +108,22 @@ class Report:
             "passes": [dataclasses.asdict(p) for p in self.passes],
             "check": self.check.to_json() if self.check else None,
         }
+
+    def write_json(self, path: str | os.PathLike[str]) -> None:
+        """Writes :meth:`to_json` to ``path`` (through a temporary file, then a rename).
+
+        Raises:
+            InputError: the file cannot be written.
+        """
+        target = pathlib.Path(path)
+        tmp = target.with_name(f".{target.name}.tmp")
+        try:
+            tmp.write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n", encoding="utf-8")
+            os.replace(tmp, target)
+        except OSError as e:
+            raise InputError(f"{path}: cannot write the report ({e.strerror or e})") from e
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def format(self) -> str:
         """A plain-text table: op counts before and after, totals, passes and the check."""

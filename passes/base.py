@@ -1,0 +1,39 @@
+"""The base class of this project's passes: a name, a description, options and statistics.
+
+Every pass is an ``onnx_ir.passes.InPlacePass``. On top of that a :class:`Pass`
+declares, as class attributes, what the pipeline, the CLI and the report need:
+
+* ``NAME``: the name used by ``--passes``/``--skip`` and in the report;
+* ``DESCRIPTION``: one line for ``--help``;
+* ``OPTIONS``: its :class:`~passes.options.Option` declarations;
+
+and after each call it holds ``stats``, a JSON-serialisable dict of counters
+(ints, and dicts of ints by op type or rule name), the one shape of statistics
+the report reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import onnx_ir as ir
+
+from passes.options import Option
+
+__all__ = ["Pass"]
+
+
+class Pass(ir.passes.InPlacePass):
+    """A pass of this project (see the module docstring)."""
+
+    NAME: ClassVar[str] = ""
+    DESCRIPTION: ClassVar[str] = ""
+    OPTIONS: ClassVar[tuple[Option, ...]] = ()
+
+    stats: dict[str, Any]
+
+    @classmethod
+    def from_options(cls, values: Mapping[str, Any]) -> Pass:
+        """The pass built with the values of its declared options (defaults where absent)."""
+        return cls(**{o.keyword: values.get(o.name, o.default) for o in cls.OPTIONS})

@@ -1,0 +1,117 @@
+"""The ``optimize`` command's arguments: fixed ones, plus one flag per declared pass option."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any, NoReturn
+
+from passes import pipeline
+from passes.errors import EXIT_ERROR
+from passes.options import Option, parse_nonnegative_int
+from passes.verify.result import DEFAULT_DIM
+
+__all__ = ["PROG", "option_values", "parser"]
+
+PROG = "optimize"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"{PROG}: error: {message}\n")
+
+
+def _typed(option: Option) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            return option.parse(text)
+        except (ValueError, OverflowError) as e:
+            raise argparse.ArgumentTypeError(str(e) or f"invalid value {text!r}") from None
+
+    parse.__name__ = option.name  # argparse names the type in its messages
+    return parse
+
+
+def _dim(text: str) -> tuple[str, int]:
+    name, sep, size = text.partition("=")
+    try:
+        value = parse_nonnegative_int(size)
+    except ValueError:
+        value = None
+    if not sep or not name or value is None:
+        raise argparse.ArgumentTypeError(f"invalid --dim {text!r} (expected NAME=SIZE)")
+    return name, value
+
+
+def _seed(text: str) -> int:
+    try:
+        return parse_nonnegative_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid --seed {text!r} (expected a whole number >= 0)") from None
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"invalid tolerance {text!r} (expected a finite number >= 0)")
+    return value
+
+
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's parser; pass options come from the passes' declarations."""
+    available = "\n".join(f"  {s.name:<10} {s.description}" for s in pipeline.PASSES.values())
+    result = _Parser(
+        prog=PROG,
+        description=(
+            "Optimise an ONNX model and prove with onnxruntime that it computes the same thing.\n\n"
+            "passes (run in this order by default, then a clean-up of dead nodes,\n"
+            "unused initializers and unused opset imports):\n" + (available or "  (none)")
+        ),
+        epilog=(
+            "exit codes: 0 success; 1 the check found a difference or the optimised model\n"
+            "does not run; 2 bad usage, bad input, or a model a pass refuses; 130/143\n"
+            "interrupted by SIGINT/SIGTERM (no partial output is left)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    result.add_argument("input", help="the .onnx model to optimise (never modified)")
+    result.add_argument("-o", "--output", required=True, help="where to write the optimised model")
+    result.add_argument("--passes", type=_names, default=None, metavar="NAME,...",
+                        help="passes to run, in order (default: all)")
+    result.add_argument("--skip", type=_names, default=[], metavar="NAME,...", help="passes not to run")
+    for option in pipeline.pass_options():
+        if option.is_switch:
+            result.add_argument(option.flag, dest=option.name, action="store_const",
+                                const=not option.default, default=option.default, help=option.help)
+        else:
+            result.add_argument(option.flag, dest=option.name, type=_typed(option), default=option.default,
+                                metavar=option.metavar, help=option.help)
+    result.add_argument("--no-check", action="store_true", help="do not compare the models in onnxruntime")
+    result.add_argument("--inputs", metavar="FILE.npz", help="check inputs by name (others are generated)")
+    result.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=SIZE",
+                        help=f"size of a named dynamic dimension for generated inputs "
+                             f"(default {DEFAULT_DIM}); repeatable")
+    result.add_argument("--seed", type=_seed, default=0, help="seed of generated inputs (default: 0)")
+    result.add_argument("--rtol", type=_tolerance, default=None, help="relative tolerance for float outputs")
+    result.add_argument("--atol", type=_tolerance, default=None, help="absolute tolerance for float outputs")
+    result.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
+    result.add_argument("--force", action="store_true",
+                        help="write the output even if the check fails (the exit code is still 1)")
+    verbosity = result.add_mutually_exclusive_group()
+    verbosity.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    verbosity.add_argument("-v", "--verbose", action="store_true", help="log details and show tracebacks")
+    return result
+
+
+def option_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The pass options' values from parsed arguments (the pipeline validates them)."""
+    return {option.name: getattr(args, option.name) for option in pipeline.pass_options()}

@@ -1,0 +1,159 @@
+"""The ``optimize`` command: parse arguments, run :func:`passes.pipeline.optimize_file`, report.
+
+Exit codes: 0 success; 1 the check found a difference (or the optimised model
+fails to run or is invalid); 2 bad usage, bad input, or a model a pass refuses;
+128 + the signal number when interrupted (130 SIGINT, 143 SIGTERM), with no
+partial output. Every error is one line starting ``optimize: error:``; ``-v``
+adds tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import traceback
+import warnings
+import zipfile
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import numpy as np
+
+from passes import pipeline
+from passes.cli.args import PROG, option_values, parser
+from passes.errors import EXIT_CHECK, EXIT_ERROR, EXIT_OK, CheckFailedError, InputError, OptimizeError, first_line
+
+__all__ = ["main"]
+
+
+class _Console:
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+
+    def progress(self, message: str) -> None:
+        if self.tty and not self.quiet:
+            print(f"{PROG}: {message}...", file=sys.stderr, flush=True)
+
+    def warn(self, message: str) -> None:
+        if not self.quiet:
+            print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)
+
+    def out(self, text: str) -> None:
+        if not self.quiet:
+            print(text, flush=True)
+
+    def show_warning(self, message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        """Replaces ``warnings.showwarning``: a library warning becomes one line."""
+        text = str(message).strip()
+        self.warn(text.splitlines()[0] if text else category.__name__)
+
+
+def _load_inputs(path: str) -> dict[str, np.ndarray]:
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("not an .npz archive of arrays by input name")
+        with data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise InputError(f"{path}: cannot read inputs ({first_line(e)})") from e
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived; ``signum`` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum: int, frame: Any) -> NoReturn:
+    # Only the first signal interrupts; a second one must not cut the clean-up short.
+    for s in _SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    raise _Interrupted(signum)
+
+
+def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) -> int:
+    inputs = _load_inputs(args.inputs) if args.inputs else None
+    check = pipeline.CheckOptions(
+        enabled=not args.no_check, inputs=inputs, inputs_source=args.inputs or "", dims=dict(args.dim),
+        seed=args.seed, rtol=args.rtol, atol=args.atol,
+    )  # fmt: skip
+
+    def committed(written: bool) -> None:
+        state["written"] = written
+
+    try:
+        report = pipeline.optimize_file(
+            args.input, args.output, passes=args.passes, skip=args.skip, check=check, force=args.force,
+            report_path=args.report, progress=console.progress, warn=console.warn, on_commit=committed,
+            **option_values(args),
+        )  # fmt: skip
+    except CheckFailedError as e:
+        report = getattr(e, "report", None)
+        if report is not None:
+            console.out(report.format())
+        raise
+    console.out(report.format())
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``optimize`` command; returns the exit code."""
+    # A handler installed outside Python (getsignal() is None) could not be restored: leave it.
+    previous = {s: h for s in _SIGNALS if (h := signal.getsignal(s)) is not None}
+    try:
+        for s in previous:
+            signal.signal(s, _terminate)
+    except ValueError:  # not in the main thread (embedded use): leave signals alone
+        previous = {}
+    state = {"written": False}
+    verbose = False
+    try:
+        args = parser().parse_args(argv)
+        verbose = args.verbose
+        level = logging.DEBUG if args.verbose else logging.ERROR if args.quiet else logging.WARNING
+        logging.basicConfig(level=level, format=f"{PROG}: %(levelname)s: %(name)s: %(message)s")
+        console = _Console(args.quiet)
+        with warnings.catch_warnings():
+            warnings.showwarning = console.show_warning
+            return _run(args, console, state)
+    except CheckFailedError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_CHECK
+    except OptimizeError as e:
+        if verbose:
+            traceback.print_exc()
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt as e:
+        done = "the output was already written" if state["written"] else "no output written"
+        print(f"{PROG}: error: interrupted; {done}", file=sys.stderr)
+        return 128 + (e.signum if isinstance(e, _Interrupted) else signal.SIGINT)
+    except MemoryError:
+        print(f"{PROG}: error: out of memory", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as e:  # noqa: BLE001  the last line of defence: no traceback for users
+        if verbose:
+            traceback.print_exc()
+        first = first_line(e) if str(e).strip() else ""
+        print(
+            f"{PROG}: error: internal error ({type(e).__name__}{': ' + first if first else ''}); "
+            "rerun with -v for the traceback and please report it",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
