@@ -33,7 +33,6 @@ inference mask, GroupNormalization-18 in float16: see the adapters).
 
 from __future__ import annotations
 
-import bisect
 import collections
 import dataclasses
 import functools
@@ -45,34 +44,29 @@ import onnx
 import onnx_ir as ir
 
 from passes.ir import inference as _inference, walk as _graphs
-from passes.upgrade.adapters import (
-    ADAPTERS,
-    SEMANTIC_CHANGES,
-    ConstInput,
-    Draft,
-    PlanContext,
-    dtype_of,
-)
 from passes.errors import UpgradeError
 from passes.ir.names import Names
-from passes.ir.types import type_string
+from passes.upgrade.adapters import ADAPTERS, SEMANTIC_CHANGES, ConstInput, Draft, PlanContext
+from passes.upgrade.schemas import (
+    MIN_TARGET_OPSET,
+    all_formals,
+    chain as schema_chain,
+    check_meaning,
+    check_valid,
+    min_ir_version,
+    op_schema,
+)
 
 __all__ = ["UpgradeOpsetPass", "max_supported_opset", "min_ir_version"]
 
 logger = logging.getLogger(__name__)
 
-MIN_TARGET_OPSET = 18
 # The oldest onnx and onnxruntime that pyproject.toml allows (1.17 and 1.20) both run
 # opset 21, so targets up to it need no probe (which would import onnxruntime).
 _ALWAYS_SUPPORTED = 21
 
 
 # --- supported versions ----------------------------------------------------------------------
-
-
-def min_ir_version(opset: int) -> int:
-    """The lowest IR version that allows default-domain ``opset`` (``onnx.helper.VERSION_TABLE``)."""
-    return onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", opset)])
 
 
 def _ort_loads(opset: int) -> bool:
@@ -111,213 +105,6 @@ def max_supported_opset() -> int:
     return MIN_TARGET_OPSET - 1
 
 
-# --- schemas ---------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class _Formal:
-    name: str
-    allowed: frozenset[str]
-    variadic: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class _Schema:
-    """What the checks need from an ``OpSchema``, read once (pybind properties copy on access)."""
-
-    name: str
-    since: int
-    deprecated: bool
-    attributes: Mapping[str, tuple[int, object]]  # name -> (AttributeType, default)
-    required: tuple[str, ...]
-    inputs: tuple[_Formal, ...]
-    outputs: tuple[_Formal, ...]
-    input_range: tuple[int, int]
-    output_range: tuple[int, int]
-
-    @property
-    def label(self) -> str:
-        return f"{self.name}-{self.since}"
-
-    @classmethod
-    def of(cls, schema: onnx.defs.OpSchema) -> _Schema:
-        constraints = {c.type_param_str: frozenset(c.allowed_type_strs) for c in schema.type_constraints}
-        variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
-
-        def formals(params: Sequence[onnx.defs.OpSchema.FormalParameter]) -> tuple[_Formal, ...]:
-            return tuple(
-                _Formal(p.name, constraints.get(p.type_str, frozenset({p.type_str})), p.option == variadic)
-                for p in params
-            )
-
-        attributes = schema.attributes
-        return cls(
-            schema.name,
-            schema.since_version,
-            schema.deprecated,
-            {name: (int(a.type), _default(a)) for name, a in attributes.items()},
-            tuple(name for name, a in attributes.items() if a.required),
-            formals(schema.inputs),
-            formals(schema.outputs),
-            (schema.min_input, schema.max_input),
-            (schema.min_output, schema.max_output),
-        )
-
-
-def _default(attr: onnx.defs.OpSchema.Attribute) -> object:
-    proto = attr.default_value
-    if proto is None or not proto.ListFields():
-        return None
-    value = onnx.helper.get_attribute_value(proto)
-    return value.decode() if isinstance(value, bytes) else value
-
-
-@functools.cache
-def _history(op_type: str) -> tuple[_Schema, ...]:
-    """The default-domain schemas of ``op_type``, oldest first (one ``get_schema`` per version)."""
-    schemas = []
-    version = onnx.defs.onnx_opset_version()
-    while version > 0:
-        try:
-            schema = onnx.defs.get_schema(op_type, version, "")
-        except onnx.defs.SchemaError:
-            break
-        schemas.append(_Schema.of(schema))
-        version = schema.since_version - 1
-    return tuple(reversed(schemas))
-
-
-@functools.cache
-def _versions(op_type: str) -> tuple[int, ...]:
-    return tuple(s.since for s in _history(op_type))
-
-
-def _schema_at(op_type: str, opset: int) -> _Schema | None:
-    """The schema of ``op_type`` that applies at ``opset``, or None if it is not defined there."""
-    index = bisect.bisect_right(_versions(op_type), opset) - 1
-    return _history(op_type)[index] if index >= 0 else None
-
-
-def _next_version(op_type: str, since: int, target: int) -> int | None:
-    versions = _versions(op_type)
-    index = bisect.bisect_right(versions, since)
-    if index < len(versions) and versions[index] <= target:
-        return versions[index]
-    return None
-
-
-def _formal_at(formals: Sequence[_Formal], index: int) -> _Formal | None:
-    if index < len(formals):
-        return formals[index]
-    if formals and formals[-1].variadic:
-        return formals[-1]
-    return None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Step:
-    """One schema change of an op: ``old`` is replaced by ``new`` at opset ``key[1]``.
-
-    ``new`` is None when the op's last version is deprecated (only an adapter
-    that replaces the op can go on). ``typed`` lists the formal parameters whose
-    allowed types shrank, the only ones whose actual types need checking.
-    """
-
-    key: tuple[str, int]
-    old: _Schema
-    new: _Schema | None
-    typed: tuple[tuple[str, int, _Formal], ...] = ()
-    new_defaults: tuple[tuple[str, object, object], ...] = ()  # (attribute, old default, new default)
-    renamed: tuple[tuple[str, int, str, str], ...] = ()  # (kind, position, old name, new name)
-
-
-def _step(op_type: str, old: _Schema, new: _Schema) -> _Step:
-    """Compares two consecutive schemas once; nodes then only look up what changed."""
-    typed, renamed = [], []
-    for kind, before, after in (("input", old.inputs, new.inputs), ("output", old.outputs, new.outputs)):
-        for index, formal in enumerate(after):
-            previous = _formal_at(before, index)
-            if previous is None or not formal.allowed >= previous.allowed:
-                typed.append((kind, index, formal))
-            if previous is not None and previous.name != formal.name:
-                renamed.append((kind, index, previous.name, formal.name))
-    new_defaults = tuple(
-        (name, old.attributes[name][1], default)
-        for name, (_, default) in new.attributes.items()
-        if name in old.attributes and old.attributes[name][1] != default
-    )
-    return _Step((op_type, new.since), old, new, tuple(typed), new_defaults, tuple(renamed))
-
-
-@functools.cache
-def _chain(op_type: str, since: int, target: int) -> tuple[_Step, ...]:
-    """The schema steps of ``op_type`` from its version ``since`` up to ``target``."""
-    steps = []
-    old = _schema_at(op_type, since)
-    while (version := _next_version(op_type, old.since, target)) is not None:
-        new = _schema_at(op_type, version)
-        steps.append(_step(op_type, old, new))
-        old = new
-    if old.deprecated:
-        steps.append(_Step((op_type, old.since), old, None))
-    return tuple(steps)
-
-
-def _check_types(draft: Draft, schema: _Schema, typed: Iterable[tuple[str, int, _Formal]]) -> str | None:
-    for kind, index, formal in typed:
-        values = draft.inputs if kind == "input" else draft.outputs
-        stop = len(values) if formal.variadic else min(index + 1, len(values))
-        for value in values[index:stop]:
-            dtype = dtype_of(value)
-            if dtype is not None and type_string(dtype) not in formal.allowed:
-                return f"{kind} '{formal.name}' of type {dtype.name} is not allowed in {schema.label}"
-    return None
-
-
-def _all_formals(schema: _Schema) -> tuple[tuple[str, int, _Formal], ...]:
-    return tuple(("input", i, f) for i, f in enumerate(schema.inputs)) + tuple(
-        ("output", i, f) for i, f in enumerate(schema.outputs)
-    )
-
-
-def _check_valid(draft: Draft, schema: _Schema, typed: Iterable[tuple[str, int, _Formal]]) -> str | None:
-    """Why the drafted node is not a valid ``schema`` node, or None.
-
-    Only the formal parameters in ``typed`` have their actual types checked.
-    """
-    if schema.deprecated:
-        return f"{schema.label} is deprecated"
-    declared = schema.attributes
-    for name, attr in draft.attributes.items():
-        if name not in declared:
-            return f"attribute '{name}' does not exist in {schema.label}"
-        if declared[name][0] != attr.type:
-            return f"attribute '{name}' changed type to {ir.AttributeType(declared[name][0]).name}"
-    for name in schema.required:
-        if name not in draft.attributes:
-            return f"{schema.label} requires attribute '{name}'"
-    num_inputs = len(draft.inputs)
-    while num_inputs and draft.inputs[num_inputs - 1] is None:
-        num_inputs -= 1
-    low, high = schema.input_range
-    if not low <= num_inputs <= high:
-        return f"{num_inputs} inputs, {schema.label} takes {low} to {high}"
-    low, high = schema.output_range
-    if not low <= draft.num_outputs <= high:
-        return f"{draft.num_outputs} outputs, {schema.label} has {low} to {high}"
-    return _check_types(draft, schema, typed)
-
-
-def _check_meaning(draft: Draft, step: _Step) -> str | None:
-    """Why the step changes what the drafted node computes (schema evidence), or None."""
-    for name, was, now in step.new_defaults:
-        if name not in draft.attributes:
-            return f"the default of '{name}' changed from {was!r} to {now!r}"
-    for kind, index, was, now in step.renamed:
-        if index < (len(draft.inputs) if kind == "input" else draft.num_outputs):
-            return f"{kind} {index} changed from '{was}' to '{now}'"
-    return _check_valid(draft, step.new, step.typed)
-
-
 # --- planning --------------------------------------------------------------------------------
 
 
@@ -327,11 +114,11 @@ class _Refused(Exception):
 
 def _plan_node(node: ir.Node, source: int, target: int, ctx: PlanContext) -> Draft:
     """Walks the schema steps of ``node`` from ``source`` to ``target`` on a draft."""
-    schema = _schema_at(node.op_type, source)
+    schema = op_schema(node.op_type, source)
     if schema is None:
         raise _Refused(f"{node.op_type} is not an operator of opset {source}")
     draft = Draft.of(node)
-    chain = _chain(node.op_type, schema.since, target)
+    chain = schema_chain(node.op_type, schema.since, target)
     index = 0
     while index < len(chain):
         step = chain[index]
@@ -343,7 +130,7 @@ def _plan_node(node: ir.Node, source: int, target: int, ctx: PlanContext) -> Dra
                 raise _Refused(f"{op_type}-{version}: {SEMANTIC_CHANGES[step.key]}, and there is no adapter")
             if step.new is None:
                 raise _Refused(f"{step.old.label} is deprecated and there is no adapter")
-            if reason := _check_meaning(draft, step):
+            if reason := check_meaning(draft, step):
                 raise _Refused(f"{step.old.label} -> {step.new.label}: {reason}")
             continue
         if reason := adapter.plan(draft, ctx):
@@ -352,12 +139,12 @@ def _plan_node(node: ir.Node, source: int, target: int, ctx: PlanContext) -> Dra
         if draft.op_type == op_type and step.new is not None:
             new, typed = step.new, step.typed
         else:  # the adapter replaced the op: carry on along the new op's history
-            new = _schema_at(draft.op_type, version)
+            new = op_schema(draft.op_type, version)
             if new is None:
                 raise _Refused(f"{draft.op_type} is not an operator of opset {version}")
-            typed = _all_formals(new)
-            chain, index = _chain(draft.op_type, new.since, target), 0
-        if reason := _check_valid(draft, new, typed):
+            typed = all_formals(new)
+            chain, index = schema_chain(draft.op_type, new.since, target), 0
+        if reason := check_valid(draft, new, typed):
             raise _Refused(f"{op_type}-{version} after adapter: {reason}")
     return draft
 

@@ -24,6 +24,8 @@ from typing import Protocol
 import numpy as np
 import onnx_ir as ir
 
+from passes.upgrade.schemas import dtype_of
+
 __all__ = [
     "ADAPTERS",
     "SEMANTIC_CHANGES",
@@ -235,16 +237,6 @@ def _register(op_types: str | Sequence[str], since: int, name: str):
 @functools.cache
 def _ir_dtype(dtype: np.dtype) -> ir.DataType:
     return ir.DataType.from_numpy(dtype)
-
-
-def dtype_of(value: ir.Value | ConstInput | None) -> ir.DataType | None:
-    """The element type of a tensor input or output, or None when it is not known."""
-    if value is None:
-        return None
-    if type(value) is ConstInput:
-        return value.dtype
-    value_type = value.type
-    return value_type.dtype if type(value_type) is ir.TensorType else None
 
 
 def _rank_of(value: ir.Value | None) -> int | None:
