@@ -7,6 +7,9 @@ bit-identical onnxruntime outputs (optimisations disabled) before and after.
 from __future__ import annotations
 
 import copy
+import pathlib
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -18,7 +21,8 @@ from onnx.reference import ReferenceEvaluator
 
 from passes.errors import UpgradeError
 from passes.upgrade.adapters import ADAPTERS, SEMANTIC_CHANGES
-from passes.upgrade import UpgradeOpsetPass, max_supported_opset
+from passes.upgrade import UpgradeOpsetPass
+from passes.verify.probe import max_supported_opset
 from helpers import ort_run
 
 REDUCE_18 = (
@@ -642,6 +646,17 @@ def test_a_model_above_the_target_is_left_as_it_is() -> None:
 def test_unsupported_targets_are_refused(target: int) -> None:
     with pytest.raises(UpgradeError, match=str(target)):
         UpgradeOpsetPass(target)
+
+
+@pytest.mark.parametrize("target", [18, 21])
+def test_the_pass_does_not_import_onnxruntime(target: int) -> None:
+    """Only the probe (passes.verify.probe) imports onnxruntime, and targets up to 21 need none."""
+    code = (
+        "import sys, passes.upgrade; assert 'onnxruntime' not in sys.modules; "
+        f"passes.upgrade.UpgradeOpsetPass({target}); assert 'onnxruntime' not in sys.modules"
+    )
+    root = pathlib.Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
 
 
 def test_every_supported_target() -> None:

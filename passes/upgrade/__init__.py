@@ -57,52 +57,20 @@ from passes.upgrade.schemas import (
     op_schema,
 )
 
-__all__ = ["UpgradeOpsetPass", "max_supported_opset", "min_ir_version"]
+__all__ = ["UpgradeOpsetPass"]
 
 logger = logging.getLogger(__name__)
 
 # The oldest onnx and onnxruntime that pyproject.toml allows (1.17 and 1.20) both run
-# opset 21, so targets up to it need no probe (which would import onnxruntime).
+# opset 21, so targets up to it need no probe (which imports onnxruntime).
 _ALWAYS_SUPPORTED = 21
 
 
-# --- supported versions ----------------------------------------------------------------------
+def _highest_target() -> int:
+    """The highest target: the highest opset onnxruntime runs (the probe imports onnxruntime)."""
+    from passes.verify.probe import max_supported_opset  # imported here: only this needs it
 
-
-def _ort_loads(opset: int) -> bool:
-    import onnxruntime as ort  # imported lazily: only the probe needs it
-
-    errors = tuple(
-        getattr(ort.capi.onnxruntime_pybind11_state, name)
-        for name in ("Fail", "InvalidGraph", "InvalidArgument", "NotImplemented", "RuntimeException")
-        if hasattr(ort.capi.onnxruntime_pybind11_state, name)
-    )
-    graph = onnx.helper.make_graph(
-        [onnx.helper.make_node("Identity", ["x"], ["y"])],
-        "probe",
-        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
-        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
-    )
-    model = onnx.helper.make_model(
-        graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=min_ir_version(opset)
-    )
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    try:
-        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except errors as error:
-        logger.debug("onnxruntime does not load opset %s: %s", opset, error)
-        return False
-    return True
-
-
-@functools.cache
-def max_supported_opset() -> int:
-    """The highest default-domain opset that both onnx and onnxruntime support (probed once)."""
-    for opset in range(onnx.defs.onnx_opset_version(), MIN_TARGET_OPSET - 1, -1):
-        if _ort_loads(opset):
-            return opset
-    return MIN_TARGET_OPSET - 1
+    return max_supported_opset()
 
 
 # --- planning --------------------------------------------------------------------------------
@@ -299,7 +267,8 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
 
     Args:
         target_opset: The default-domain opset to reach (18 up to
-            :func:`max_supported_opset`).
+            :func:`passes.verify.probe.max_supported_opset`; only a target above
+            21 needs that probe, which imports onnxruntime).
 
     Raises:
         UpgradeError: For an unsupported target; from ``call``, for a node
@@ -309,11 +278,13 @@ class UpgradeOpsetPass(ir.passes.InPlacePass):
 
     def __init__(self, target_opset: int = MIN_TARGET_OPSET) -> None:
         super().__init__()
-        too_high = target_opset > _ALWAYS_SUPPORTED and target_opset > max_supported_opset()
+        too_high = target_opset > onnx.defs.onnx_opset_version() or (
+            target_opset > _ALWAYS_SUPPORTED and target_opset > _highest_target()
+        )
         if target_opset < MIN_TARGET_OPSET or too_high:
             raise UpgradeError(
                 f"target opset {target_opset} is not supported: choose {MIN_TARGET_OPSET} to"
-                f" {max_supported_opset()} (the highest both onnx and onnxruntime support)"
+                f" {_highest_target()} (the highest both onnx and onnxruntime support)"
             )
         self.target_opset = target_opset
         self.stats: dict[str, object] = {}
