@@ -20,8 +20,8 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 from passes.errors import UpgradeError
-from passes.upgrade.adapters import ADAPTERS, SEMANTIC_CHANGES
 from passes.upgrade import UpgradeOpsetPass
+from passes.upgrade.adapters import ADAPTERS, SEMANTIC_CHANGES
 from passes.verify.probe import max_supported_opset
 from helpers import ort_run
 

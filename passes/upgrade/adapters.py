@@ -3,10 +3,10 @@
 An adapter handles one *schema step* of one operator: the change between the
 schema that applied before ``since`` and the one introduced at ``since`` (for
 example ``("ReduceMean", 18)``: ``axes`` moved from an attribute to an input).
-Adapters never touch the graph while planning. They edit a :class:`Draft` (op
-type, attributes, inputs, number of outputs) and may queue *hooks*, small
-graph edits run only once every node of the model has been planned; a plan
-that fails leaves the model untouched.
+Adapters never touch the graph while planning. They edit a
+:class:`~passes.upgrade.plan.Draft` (op type, attributes, inputs, number of
+outputs) and may queue *hooks*, small graph edits run only once every node of
+the model has been planned; a plan that fails leaves the model untouched.
 
 The adapters cover the breaking steps of onnx's own C++ converter
 (``onnx/version_converter/convert.h``) that exporters emit, with the
@@ -17,25 +17,16 @@ Upsample nearest rounding, BatchNormalization training mode, Hardmax-13).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
 
 import numpy as np
 import onnx_ir as ir
 
+from passes.upgrade.plan import Adapter, ConstInput, Draft, DraftInput, PlanContext
+from passes.upgrade.rewrite import ScopeRewriter
 from passes.upgrade.schemas import dtype_of
 
-__all__ = [
-    "ADAPTERS",
-    "SEMANTIC_CHANGES",
-    "Adapter",
-    "ConstInput",
-    "Draft",
-    "PlanContext",
-    "RewriteContext",
-    "dtype_of",
-]
+__all__ = ["ADAPTERS", "SEMANTIC_CHANGES"]
 
 REDUCE_OPS_18 = (
     "ReduceL1",
@@ -72,153 +63,6 @@ SEMANTIC_CHANGES: Mapping[tuple[str, int], str] = {
 }
 
 
-# --- what planning sees and produces ---------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ConstInput:
-    """An input the upgrade will create: a constant, possibly from a function attribute.
-
-    Attributes:
-        array: The value (for a reference, an example of the dtype and rank).
-        base_name: Base of the generated value name.
-        ref: A reference to a function attribute (``ref_attr_name`` set); the
-            constant becomes a ``Constant`` node whose ``ref_kind`` attribute
-            (``value_ints``, ``value_int``, ``value_floats``, ``value_float``)
-            references it.
-        ref_kind: See ``ref``.
-        like: When set, the constant is converted to the element type of this
-            value with ``CastLike`` (used when that type is not known statically).
-    """
-
-    array: np.ndarray
-    base_name: str
-    ref: ir.Attr | None = None
-    ref_kind: str = ""
-    like: ir.Value | None = None
-
-    @property
-    def dtype(self) -> ir.DataType | None:
-        if self.like is not None:
-            return dtype_of(self.like)
-        return _ir_dtype(self.array.dtype)
-
-
-DraftInput = ir.Value | ConstInput | None
-Hook = Callable[[ir.Node, "RewriteContext"], None]
-
-
-@dataclasses.dataclass
-class Draft:
-    """What a node will look like after the upgrade, built without touching the graph.
-
-    Attributes:
-        node: The node being upgraded (read only while planning).
-        op_type: The op type after the steps planned so far.
-        attributes: The attributes after the steps planned so far.
-        inputs: The inputs after the steps planned so far.
-        num_outputs: How many of the node's outputs are kept (trailing ones are dropped).
-        hooks: Graph edits to run after the node has been rewritten.
-        notes: Facts an adapter leaves for a later step (e.g. the op was an Upsample).
-        applied: Names of the adapters applied, in order.
-    """
-
-    node: ir.Node
-    op_type: str
-    attributes: dict[str, ir.Attr]
-    inputs: list[DraftInput]
-    num_outputs: int
-    hooks: list[Hook] = dataclasses.field(default_factory=list)
-    notes: set[str] = dataclasses.field(default_factory=set)
-    applied: list[str] = dataclasses.field(default_factory=list)
-
-    @classmethod
-    def of(cls, node: ir.Node) -> Draft:
-        return cls(node, node.op_type, dict(node.attributes.data), list(node.inputs), len(node.outputs))
-
-    def input(self, index: int) -> DraftInput:
-        return self.inputs[index] if index < len(self.inputs) else None
-
-    def set_input(self, index: int, value: DraftInput) -> None:
-        if index >= len(self.inputs):
-            self.inputs.extend([None] * (index + 1 - len(self.inputs)))
-        self.inputs[index] = value
-
-    @property
-    def outputs(self) -> Sequence[ir.Value]:
-        return self.node.outputs[: self.num_outputs]
-
-    def changed(self) -> bool:
-        node = self.node
-        return (
-            self.op_type != node.op_type
-            or self.num_outputs != len(node.outputs)
-            or bool(self.hooks)
-            or len(self.inputs) != len(node.inputs)
-            or any(a is not b for a, b in zip(self.inputs, node.inputs))
-            or self.attributes.keys() != node.attributes.keys()
-            or any(node.attributes[k] is not v for k, v in self.attributes.items())
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanContext:
-    """Read-only facts about the scope of the node being planned.
-
-    Attributes:
-        function: The model-local function the node belongs to, if any.
-        ref_attr_is_set: Tells whether a function attribute is always bound
-            (it has a default, or every call site sets it).
-        rank_of: The rank of a value: from the model, else from shape inference.
-    """
-
-    function: ir.Function | None
-    ref_attr_is_set: Callable[[str], bool]
-    rank_of: Callable[[ir.Value], int | None] = lambda value: _rank_of(value)
-
-
-class RewriteContext(Protocol):
-    """What hooks may do to the graph (implemented by the pass, one per scope)."""
-
-    def const(self, array: np.ndarray, base_name: str) -> ir.Value:
-        """A shared constant of this scope (initializer in a graph, Constant in a function)."""
-        ...
-
-    def add_node(
-        self,
-        op_type: str,
-        inputs: Sequence[ir.Value | None],
-        attributes: Sequence[ir.Attr] = (),
-        *,
-        base_name: str,
-        before: ir.Node | None = None,
-        after: ir.Node | None = None,
-    ) -> ir.Node:
-        """Creates a default-domain node with fresh names and inserts it next to a node."""
-        ...
-
-    def fresh_value_name(self, base: str) -> str:
-        """A value name used nowhere in the model."""
-        ...
-
-
-@dataclasses.dataclass(frozen=True)
-class Adapter:
-    """The handler of one breaking schema step.
-
-    Attributes:
-        op_type: The operator.
-        since: The opset version that introduced the change.
-        name: A short description, used in the statistics.
-        plan: Edits the draft; returns why the node cannot be converted, or None.
-    """
-
-    op_type: str
-    since: int
-    name: str
-    plan: Callable[[Draft, PlanContext], str | None]
-
-
 ADAPTERS: dict[tuple[str, int], Adapter] = {}
 
 
@@ -232,17 +76,6 @@ def _register(op_types: str | Sequence[str], since: int, name: str):
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-@functools.cache
-def _ir_dtype(dtype: np.dtype) -> ir.DataType:
-    return ir.DataType.from_numpy(dtype)
-
-
-def _rank_of(value: ir.Value | None) -> int | None:
-    if value is None or value.shape is None:
-        return None
-    return value.shape.rank()
 
 
 def constant_array(value: DraftInput) -> np.ndarray | None:
@@ -616,7 +449,7 @@ def _batchnorm_14(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-def _name_outputs(node: ir.Node, rw: RewriteContext) -> None:
+def _name_outputs(node: ir.Node, rw: ScopeRewriter) -> None:
     """Names outputs that the new schema requires but the old node left unnamed."""
     for index, value in enumerate(node.outputs):
         if not value.name:
@@ -647,7 +480,7 @@ def _softmax_13(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-def _wrap_in_flatten(node: ir.Node, rw: RewriteContext, axis: int) -> None:
+def _wrap_in_flatten(node: ir.Node, rw: ScopeRewriter, axis: int) -> None:
     x = node.inputs[0]
     assert x is not None
     base = node.name or node.op_type
@@ -702,7 +535,7 @@ def _groupnorm_21(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-def _repeat_per_channel(node: ir.Node, rw: RewriteContext, groups: int, channels: int | None) -> None:
+def _repeat_per_channel(node: ir.Node, rw: ScopeRewriter, groups: int, channels: int | None) -> None:
     base = node.name or node.op_type
     if channels is not None:
         repeats = rw.const(np.asarray([1, channels // groups], np.int64), "groupnorm_repeat")
