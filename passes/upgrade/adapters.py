@@ -16,12 +16,12 @@ Upsample nearest rounding, BatchNormalization training mode, Hardmax-13).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
 
+from passes.upgrade.attributes import AttributeToInput, as_adapters, int_attr, string_attr, typed_scalar
 from passes.upgrade.plan import Adapter, ConstInput, Draft, DraftInput, PlanContext
 from passes.upgrade.rewrite import ScopeRewriter
 from passes.upgrade.schemas import dtype_of
@@ -66,10 +66,17 @@ SEMANTIC_CHANGES: Mapping[tuple[str, int], str] = {
 ADAPTERS: dict[tuple[str, int], Adapter] = {}
 
 
+def _add(adapter: Adapter) -> None:
+    key = (adapter.op_type, adapter.since)
+    if key in ADAPTERS:
+        raise ValueError(f"two adapters for {key[0]}-{key[1]}")
+    ADAPTERS[key] = adapter
+
+
 def _register(op_types: str | Sequence[str], since: int, name: str):
     def decorate(plan: Callable[[Draft, PlanContext], str | None]):
         for op_type in (op_types,) if isinstance(op_types, str) else op_types:
-            ADAPTERS[(op_type, since)] = Adapter(op_type, since, name, plan)
+            _add(Adapter(op_type, since, name, plan))
         return plan
 
     return decorate
@@ -98,129 +105,34 @@ def _is_used(value: ir.Value) -> bool:
     return bool(value.uses()) or value.is_graph_output()
 
 
-def _int_attr(draft: Draft, name: str, default: int) -> int | None:
-    """The attribute's int value, its default when absent, None when it is a reference."""
-    attr = draft.attributes.get(name)
-    if attr is None:
-        return default
-    return None if attr.is_ref() else attr.as_int()
-
-
-def _string_attr(draft: Draft, name: str, default: str) -> str | None:
-    attr = draft.attributes.get(name)
-    if attr is None:
-        return default
-    return None if attr.is_ref() else attr.as_string()
-
-
-def _ref_reason(attr: ir.Attr, ctx: PlanContext) -> str | None:
-    if ctx.function is None:
-        return f"attribute '{attr.name}' references '{attr.ref_attr_name}' outside a function"
-    if not ctx.ref_attr_is_set(attr.ref_attr_name):
-        return (
-            f"attribute '{attr.name}' references function attribute '{attr.ref_attr_name}', "
-            "which has no default and is not set by every call site"
-        )
-    return None
-
-
-_REF_KINDS = {
-    ir.AttributeType.INTS: ("value_ints", np.zeros(0, np.int64)),
-    ir.AttributeType.INT: ("value_int", np.zeros((), np.int64)),
-    ir.AttributeType.FLOATS: ("value_floats", np.zeros(0, np.float32)),
-    ir.AttributeType.FLOAT: ("value_float", np.zeros((), np.float32)),
-}
-
-
-def _attr_input(
-    attr: ir.Attr, ctx: PlanContext, base_name: str, *, scalar_to_1d: bool = False
-) -> ConstInput | str:
-    """The constant input that replaces an attribute, or why there cannot be one.
-
-    INTS become a 1-D int64 tensor, INT a scalar int64 (1-D of size 1 with
-    ``scalar_to_1d``), FLOATS a 1-D float32 tensor and FLOAT a scalar float32,
-    which is what ``Constant``'s ``value_*`` attributes produce for references.
-    """
-    if attr.is_ref():
-        if reason := _ref_reason(attr, ctx):
-            return reason
-        kind, example = _REF_KINDS.get(attr.type, (None, None))
-        if kind is None or (scalar_to_1d and attr.type == ir.AttributeType.INT):
-            return (
-                f"attribute '{attr.name}' is a reference of type {attr.type.name},"
-                " which a Constant cannot turn into this input"
-            )
-        return ConstInput(example, base_name, ref=attr, ref_kind=kind)
-    if attr.type == ir.AttributeType.INTS:
-        array = np.asarray(attr.as_ints(), dtype=np.int64)
-    elif attr.type == ir.AttributeType.INT:
-        array = np.asarray([attr.as_int()] if scalar_to_1d else attr.as_int(), dtype=np.int64)
-    elif attr.type == ir.AttributeType.FLOATS:
-        array = np.asarray(attr.as_floats(), dtype=np.float32)
-    elif attr.type == ir.AttributeType.FLOAT:
-        array = np.asarray(attr.as_float(), dtype=np.float32)
-    else:
-        return f"attribute '{attr.name}' has unexpected type {attr.type.name}"
-    return ConstInput(array, base_name)
-
-
-def _typed_scalar(attr: ir.Attr, ctx: PlanContext, like: DraftInput, base_name: str) -> ConstInput | str:
-    """A FLOAT attribute as a scalar of the element type of ``like``.
-
-    The float32 attribute value is converted to that type; when the type is not
-    known statically (or the attribute is a function reference, which a
-    ``Constant`` can only produce as float32), a ``CastLike`` does it at run time.
-    """
-    const = _attr_input(attr, ctx, base_name)
-    if isinstance(const, str):
-        return const
-    dtype = dtype_of(like)
-    if dtype == ir.DataType.FLOAT:
-        return const
-    if const.ref is None and dtype is not None and dtype.is_floating_point():
-        return dataclasses.replace(const, array=const.array.astype(dtype.numpy()))
-    if not isinstance(like, ir.Value):
-        return f"cannot tell the element type for attribute '{attr.name}'"
-    return dataclasses.replace(const, like=like)
-
-
 # --- attribute -> input ----------------------------------------------------------------------
 
-
-def _move_axes(draft: Draft, ctx: PlanContext, *, attr_name: str, index: int, keep_empty: bool) -> str | None:
-    """Moves an INTS attribute to input ``index``; absent stays absent.
-
-    An empty list is dropped when it means the same as an absent attribute
-    (``keep_empty`` False), e.g. "reduce over all axes".
-    """
-    attr = draft.attributes.pop(attr_name, None)
-    if attr is None:
-        return None
-    if not attr.is_ref() and not attr.as_ints() and not keep_empty:
-        return None
-    const = _attr_input(attr, ctx, attr_name)
-    if isinstance(const, str):
-        return const
-    draft.set_input(index, const)
-    return None
-
-
-@_register(REDUCE_OPS_18, 18, "axes attribute -> input")
-@_register("ReduceSum", 13, "axes attribute -> input")
-def _reduce_axes(draft: Draft, ctx: PlanContext) -> str | None:
+#: Attributes that became inputs, all moved by one body (:meth:`AttributeToInput.move`);
+#: the rows of one (op, version) make one adapter, which moves them in order.
+ATTRIBUTE_TO_INPUT: tuple[AttributeToInput, ...] = (
     # No axes, or axes=[], reduces over all axes; opset 18 says the same with no
     # axes input and noop_with_empty_axes left at its default 0.
-    return _move_axes(draft, ctx, attr_name="axes", index=1, keep_empty=False)
+    AttributeToInput(REDUCE_OPS_18, 18, "axes", 1, keep_empty=False),
+    AttributeToInput(("ReduceSum",), 13, "axes", 1, keep_empty=False),
+    AttributeToInput(("Squeeze",), 13, "axes", 1, keep_empty=False),
+    AttributeToInput(("Unsqueeze",), 13, "axes", 1),
+    AttributeToInput(("Split",), 13, "split", 1, keep_empty=False),
+    AttributeToInput(("Slice",), 10, "starts", 1, required=True),
+    AttributeToInput(("Slice",), 10, "ends", 2, required=True),
+    AttributeToInput(("Slice",), 10, "axes", 3),
+    AttributeToInput(("TopK",), 10, "k", 1, scalar_to_1d=True, required=True),
+    AttributeToInput(("Upsample",), 9, "scales", 1, required=True),
+    # The ratio input defaults to 0.5, as the attribute did; the inference behaviour
+    # is unchanged. Spec and onnxruntime disagree on the inference-mode mask of
+    # Dropout-10/11: the onnx reference gives all True, as for Dropout-12+,
+    # onnxruntime's Dropout-10 kernel all False. The spec decides: the mask is kept.
+    AttributeToInput(("Dropout",), 12, "ratio", 1),
+    AttributeToInput(("DFT",), 20, "axis", 2, old_default=1, base_name="dft_axis"),  # DFT-17's default
+)
 
 
-@_register(("Squeeze", "Unsqueeze"), 13, "axes attribute -> input")
-def _squeeze_axes(draft: Draft, ctx: PlanContext) -> str | None:
-    return _move_axes(draft, ctx, attr_name="axes", index=1, keep_empty=draft.op_type == "Unsqueeze")
-
-
-@_register("Split", 13, "split attribute -> input")
-def _split_13(draft: Draft, ctx: PlanContext) -> str | None:
-    return _move_axes(draft, ctx, attr_name="split", index=1, keep_empty=False)
+for _adapter in as_adapters(ATTRIBUTE_TO_INPUT):
+    _add(_adapter)
 
 
 @_register("Split", 18, "num_outputs from the outputs")
@@ -230,47 +142,20 @@ def _split_18(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("Slice", 10, "starts/ends/axes attributes -> inputs")
-def _slice_10(draft: Draft, ctx: PlanContext) -> str | None:
-    for index, name in enumerate(("starts", "ends"), start=1):
-        attr = draft.attributes.pop(name, None)
-        if attr is None:
-            return f"attribute '{name}' is missing"
-        const = _attr_input(attr, ctx, name)
-        if isinstance(const, str):
-            return const
-        draft.set_input(index, const)
-    return _move_axes(draft, ctx, attr_name="axes", index=3, keep_empty=True)
-
-
-@_register("TopK", 10, "k attribute -> input")
-def _topk_10(draft: Draft, ctx: PlanContext) -> str | None:
-    attr = draft.attributes.pop("k", None)
-    if attr is None:
-        return "attribute 'k' is missing"
-    const = _attr_input(attr, ctx, "k", scalar_to_1d=True)
-    if isinstance(const, str):
-        return const
-    draft.set_input(1, const)
-    return None
+_PADS = AttributeToInput(("Pad",), 11, "pads", 1, required=True)
 
 
 @_register("Pad", 11, "pads/value attributes -> inputs")
 def _pad_11(draft: Draft, ctx: PlanContext) -> str | None:
-    pads = draft.attributes.pop("pads", None)
-    if pads is None:
-        return "attribute 'pads' is missing"
-    const = _attr_input(pads, ctx, "pads")
-    if isinstance(const, str):
-        return const
-    draft.set_input(1, const)
+    if reason := _PADS.move(draft, ctx):
+        return reason
     value = draft.attributes.pop("value", None)
-    mode = _string_attr(draft, "mode", "constant")
+    mode = string_attr(draft, "mode", "constant")
     if mode is None:
         return "attribute 'mode' is a reference"
     if value is None or mode != "constant" or (not value.is_ref() and value.as_float() == 0.0):
         return None  # constant_value defaults to 0, other modes ignore it
-    scalar = _typed_scalar(value, ctx, draft.input(0), "pad_value")
+    scalar = typed_scalar(value, ctx, draft.input(0), "pad_value")
     if isinstance(scalar, str):
         return scalar
     draft.set_input(2, scalar)
@@ -283,28 +168,10 @@ def _clip_11(draft: Draft, ctx: PlanContext) -> str | None:
         attr = draft.attributes.pop(name, None)
         if attr is None:
             continue  # an absent bound is an absent input: no clipping on that side
-        scalar = _typed_scalar(attr, ctx, draft.input(0), f"clip_{name}")
+        scalar = typed_scalar(attr, ctx, draft.input(0), f"clip_{name}")
         if isinstance(scalar, str):
             return scalar
         draft.set_input(index, scalar)
-    return None
-
-
-@_register("Dropout", 12, "ratio attribute -> input")
-def _dropout_12(draft: Draft, ctx: PlanContext) -> str | None:
-    """The ratio attribute becomes the ratio input; the inference behaviour is unchanged.
-
-    Spec and onnxruntime disagree on the inference-mode mask of Dropout-10/11: the
-    onnx reference gives all True, as for Dropout-12+, onnxruntime's Dropout-10
-    kernel all False. The spec decides: the mask is kept as it is.
-    """
-    attr = draft.attributes.pop("ratio", None)
-    if attr is None:
-        return None  # the ratio input defaults to 0.5, as the attribute did
-    const = _attr_input(attr, ctx, "ratio")
-    if isinstance(const, str):
-        return const
-    draft.set_input(1, const)
     return None
 
 
@@ -314,28 +181,6 @@ def _dropout_10(draft: Draft, ctx: PlanContext) -> str | None:
         if _is_used(draft.outputs[1]):
             return "the 'mask' output is used and its type changes to bool"
         draft.num_outputs = 1
-    return None
-
-
-@_register("DFT", 20, "axis attribute -> input")
-def _dft_20(draft: Draft, ctx: PlanContext) -> str | None:
-    attr = draft.attributes.pop("axis", None) or ir.AttrInt64("axis", 1)  # DFT-17 default
-    const = _attr_input(attr, ctx, "dft_axis")
-    if isinstance(const, str):
-        return const
-    draft.set_input(2, const)
-    return None
-
-
-@_register("Upsample", 9, "scales attribute -> input")
-def _upsample_9(draft: Draft, ctx: PlanContext) -> str | None:
-    attr = draft.attributes.pop("scales", None)
-    if attr is None:
-        return "attribute 'scales' is missing"
-    const = _attr_input(attr, ctx, "scales")
-    if isinstance(const, str):
-        return const
-    draft.set_input(1, const)
     return None
 
 
@@ -366,7 +211,7 @@ def _resize_11(draft: Draft, ctx: PlanContext) -> str | None:
     only say that when all scales are known and on the same side of 1 (Upsample
     scales are >= 1 by definition).
     """
-    mode = _string_attr(draft, "mode", "nearest")
+    mode = string_attr(draft, "mode", "nearest")
     if mode is None:
         return "attribute 'mode' is a reference"
     draft.inputs = [draft.input(0), None, draft.input(1)]  # roi is inserted before scales
@@ -393,7 +238,7 @@ def _resize_11(draft: Draft, ctx: PlanContext) -> str | None:
 
 @_register("Resize", 13, "check removed modes")
 def _resize_13(draft: Draft, ctx: PlanContext) -> str | None:
-    if _string_attr(draft, "coordinate_transformation_mode", "half_pixel") in (None, "tf_half_pixel_for_nn"):
+    if string_attr(draft, "coordinate_transformation_mode", "half_pixel") in (None, "tf_half_pixel_for_nn"):
         return "coordinate_transformation_mode 'tf_half_pixel_for_nn' has no equivalent"
     return None
 
@@ -409,7 +254,7 @@ def _roialign_16(draft: Draft, ctx: PlanContext) -> str | None:
 
 @_register("GridSample", 20, "rename modes")
 def _gridsample_20(draft: Draft, ctx: PlanContext) -> str | None:
-    mode = _string_attr(draft, "mode", "bilinear")
+    mode = string_attr(draft, "mode", "bilinear")
     if mode is None:
         return "attribute 'mode' is a reference"
     renamed = {"bilinear": "linear", "bicubic": "cubic"}.get(mode)
@@ -423,7 +268,7 @@ def _gridsample_20(draft: Draft, ctx: PlanContext) -> str | None:
 
 @_register("BatchNormalization", 9, "drop spatial=1")
 def _batchnorm_9(draft: Draft, ctx: PlanContext) -> str | None:
-    spatial = _int_attr(draft, "spatial", 1)
+    spatial = int_attr(draft, "spatial", 1)
     if spatial != 1:
         return "spatial=0 (per-activation statistics) has no equivalent"
     draft.attributes.pop("spatial", None)
@@ -466,7 +311,7 @@ def _softmax_13(draft: Draft, ctx: PlanContext) -> str | None:
     If ``axis`` is the last axis that is the same as opset 13; otherwise
     ``Reshape(op(Flatten(x, axis), axis=-1), Shape(x))``.
     """
-    axis = _int_attr(draft, "axis", 1)
+    axis = int_attr(draft, "axis", 1)
     if axis is None:
         return "attribute 'axis' is a reference"
     x = draft.input(0)
@@ -518,7 +363,7 @@ def _groupnorm_21(draft: Draft, ctx: PlanContext) -> str | None:
     opset 18 in float for float16 inputs, against its function body; the spec
     decides, so float16 results differ from onnxruntime's by rounding.
     """
-    groups = _int_attr(draft, "num_groups", 0)
+    groups = int_attr(draft, "num_groups", 0)
     if groups is None or groups <= 0:
         return "attribute 'num_groups' is a reference or missing"
     dtype = dtype_of(draft.input(0))
