@@ -7,6 +7,9 @@ Adapters never touch the graph while planning. They edit a
 :class:`~passes.upgrade.plan.Draft` (op type, attributes, inputs, number of
 outputs) and may queue *hooks*, small graph edits run only once every node of
 the model has been planned; a plan that fails leaves the model untouched.
+An adapter whose step changes a meaning that the schemas do not show carries
+the description of that change (``change``); REFUSED_CHANGES lists the few
+such changes that have no adapter, and SEMANTIC_CHANGES indexes both.
 
 The adapters cover the breaking steps of onnx's own C++ converter
 (``onnx/version_converter/convert.h``) that exporters emit, with the
@@ -16,6 +19,7 @@ Upsample nearest rounding, BatchNormalization training mode, Hardmax-13).
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -26,7 +30,7 @@ from passes.upgrade.plan import Adapter, ConstInput, Draft, DraftInput, PlanCont
 from passes.upgrade.rewrite import ScopeRewriter
 from passes.upgrade.schemas import dtype_of
 
-__all__ = ["ADAPTERS", "SEMANTIC_CHANGES"]
+__all__ = ["ADAPTERS", "ATTRIBUTE_TO_INPUT", "REFUSED_CHANGES", "SEMANTIC_CHANGES"]
 
 REDUCE_OPS_18 = (
     "ReduceL1",
@@ -40,28 +44,12 @@ REDUCE_OPS_18 = (
     "ReduceSumSquare",
 )
 
-# Changes of meaning that the schemas do not show (a new attribute whose default
-# differs from the old behaviour, a reinterpreted attribute, a renamed enum
-# value...). A step listed here must have an adapter; without one the upgrade
-# refuses the node with this description.
-SEMANTIC_CHANGES: Mapping[tuple[str, int], str] = {
-    ("BatchNormalization", 14): "training mode is set by 'training_mode' instead of the number of outputs",
-    ("DFT", 20): "the default axis changed from 1 to -2",
-    ("Dropout", 10): "the 'mask' output became tensor(bool)",
-    ("GridSample", 20): "modes 'bilinear'/'bicubic' were renamed 'linear'/'cubic'",
-    ("GroupNormalization", 21): "scale and bias are per channel instead of per group",
-    ("Hardmax", 13): "'axis' no longer flattens the input to 2-D",
-    ("LogSoftmax", 13): "'axis' no longer flattens the input to 2-D",
-    ("Resize", 11): "Resize-10 used asymmetric coordinates; the new default is half_pixel",
-    ("Resize", 13): "coordinate_transformation_mode 'tf_half_pixel_for_nn' was removed",
-    ("RoiAlign", 16): "the new default coordinate_transformation_mode 'half_pixel' shifts every sample",
+#: Changes of meaning that the schemas do not show and that no adapter handles:
+#: the upgrade refuses such a step with this description. (The changes that
+#: adapters handle are described by the adapters, see SEMANTIC_CHANGES.)
+REFUSED_CHANGES: Mapping[tuple[str, int], str] = {
     ("Scan", 9): "the batch axis and the sequence_lens input were removed",
-    ("Scatter", 11): "Scatter is deprecated in favour of ScatterElements",
-    ("Softmax", 13): "'axis' no longer flattens the input to 2-D",
-    ("Split", 18): "without a 'split' input the 'num_outputs' attribute is required",
-    ("Upsample", 10): "Upsample is deprecated in favour of Resize",
 }
-
 
 ADAPTERS: dict[tuple[str, int], Adapter] = {}
 
@@ -73,10 +61,10 @@ def _add(adapter: Adapter) -> None:
     ADAPTERS[key] = adapter
 
 
-def _register(op_types: str | Sequence[str], since: int, name: str):
+def _register(op_types: str | Sequence[str], since: int, name: str, *, change: str | None = None):
     def decorate(plan: Callable[[Draft, PlanContext], str | None]):
         for op_type in (op_types,) if isinstance(op_types, str) else op_types:
-            _add(Adapter(op_type, since, name, plan))
+            _add(Adapter(op_type, since, name, plan, change))
         return plan
 
     return decorate
@@ -127,7 +115,8 @@ ATTRIBUTE_TO_INPUT: tuple[AttributeToInput, ...] = (
     # Dropout-10/11: the onnx reference gives all True, as for Dropout-12+,
     # onnxruntime's Dropout-10 kernel all False. The spec decides: the mask is kept.
     AttributeToInput(("Dropout",), 12, "ratio", 1),
-    AttributeToInput(("DFT",), 20, "axis", 2, old_default=1, base_name="dft_axis"),  # DFT-17's default
+    AttributeToInput(("DFT",), 20, "axis", 2, old_default=1, base_name="dft_axis",  # DFT-17's default
+                     change="the default axis changed from 1 to -2"),
 )
 
 
@@ -135,7 +124,8 @@ for _adapter in as_adapters(ATTRIBUTE_TO_INPUT):
     _add(_adapter)
 
 
-@_register("Split", 18, "num_outputs from the outputs")
+@_register("Split", 18, "num_outputs from the outputs",
+           change="without a 'split' input the 'num_outputs' attribute is required")
 def _split_18(draft: Draft, ctx: PlanContext) -> str | None:
     if draft.input(1) is None and "num_outputs" not in draft.attributes:
         draft.attributes["num_outputs"] = ir.AttrInt64("num_outputs", draft.num_outputs)
@@ -175,7 +165,7 @@ def _clip_11(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("Dropout", 10, "drop the unused mask output")
+@_register("Dropout", 10, "drop the unused mask output", change="the 'mask' output became tensor(bool)")
 def _dropout_10(draft: Draft, ctx: PlanContext) -> str | None:
     if draft.num_outputs > 1:
         if _is_used(draft.outputs[1]):
@@ -187,7 +177,7 @@ def _dropout_10(draft: Draft, ctx: PlanContext) -> str | None:
 # --- renamed / deprecated ops ----------------------------------------------------------------
 
 
-@_register("Upsample", 10, "Upsample -> Resize")
+@_register("Upsample", 10, "Upsample -> Resize", change="Upsample is deprecated in favour of Resize")
 def _upsample_10(draft: Draft, ctx: PlanContext) -> str | None:
     # Upsample-9 and Resize-10 have the same inputs and attributes; the Resize-11
     # step then pins Upsample's coordinate rules.
@@ -196,13 +186,14 @@ def _upsample_10(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("Scatter", 11, "Scatter -> ScatterElements")
+@_register("Scatter", 11, "Scatter -> ScatterElements", change="Scatter is deprecated in favour of ScatterElements")
 def _scatter_11(draft: Draft, ctx: PlanContext) -> str | None:
     draft.op_type = "ScatterElements"
     return None
 
 
-@_register("Resize", 11, "pin Resize-10 coordinates")
+@_register("Resize", 11, "pin Resize-10 coordinates",
+           change="Resize-10 used asymmetric coordinates; the new default is half_pixel")
 def _resize_11(draft: Draft, ctx: PlanContext) -> str | None:
     """Resize-10 (and Upsample) map output x to input x / scale (asymmetric).
 
@@ -236,14 +227,16 @@ def _resize_11(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("Resize", 13, "check removed modes")
+@_register("Resize", 13, "check removed modes",
+           change="coordinate_transformation_mode 'tf_half_pixel_for_nn' was removed")
 def _resize_13(draft: Draft, ctx: PlanContext) -> str | None:
     if string_attr(draft, "coordinate_transformation_mode", "half_pixel") in (None, "tf_half_pixel_for_nn"):
         return "coordinate_transformation_mode 'tf_half_pixel_for_nn' has no equivalent"
     return None
 
 
-@_register("RoiAlign", 16, "pin output_half_pixel")
+@_register("RoiAlign", 16, "pin output_half_pixel",
+           change="the new default coordinate_transformation_mode 'half_pixel' shifts every sample")
 def _roialign_16(draft: Draft, ctx: PlanContext) -> str | None:
     if "coordinate_transformation_mode" not in draft.attributes:
         draft.attributes["coordinate_transformation_mode"] = ir.AttrString(
@@ -252,7 +245,7 @@ def _roialign_16(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("GridSample", 20, "rename modes")
+@_register("GridSample", 20, "rename modes", change="modes 'bilinear'/'bicubic' were renamed 'linear'/'cubic'")
 def _gridsample_20(draft: Draft, ctx: PlanContext) -> str | None:
     mode = string_attr(draft, "mode", "bilinear")
     if mode is None:
@@ -275,7 +268,8 @@ def _batchnorm_9(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("BatchNormalization", 14, "training outputs -> training_mode")
+@_register("BatchNormalization", 14, "training outputs -> training_mode",
+           change="training mode is set by 'training_mode' instead of the number of outputs")
 def _batchnorm_14(draft: Draft, ctx: PlanContext) -> str | None:
     """Opset 9-13 runs in training mode when it has more than one output.
 
@@ -304,7 +298,8 @@ def _name_outputs(node: ir.Node, rw: ScopeRewriter) -> None:
 # --- Softmax family --------------------------------------------------------------------------
 
 
-@_register(("Softmax", "LogSoftmax", "Hardmax"), 13, "2-D coercion -> one axis (Flatten/Reshape unless it is the last)")
+@_register(("Softmax", "LogSoftmax", "Hardmax"), 13, "2-D coercion -> one axis (Flatten/Reshape unless it is the last)",
+           change="'axis' no longer flattens the input to 2-D")
 def _softmax_13(draft: Draft, ctx: PlanContext) -> str | None:
     """Up to opset 12 the op flattens the input to 2-D at ``axis`` and works on rows.
 
@@ -353,7 +348,8 @@ def _wrap_in_flatten(node: ir.Node, rw: ScopeRewriter, axis: int) -> None:
 # --- GroupNormalization ----------------------------------------------------------------------
 
 
-@_register("GroupNormalization", 21, "per-group scale/bias -> per-channel")
+@_register("GroupNormalization", 21, "per-group scale/bias -> per-channel",
+           change="scale and bias are per channel instead of per group")
 def _groupnorm_21(draft: Draft, ctx: PlanContext) -> str | None:
     """Opset 18 scale/bias have one value per group, opset 21 one per channel.
 
@@ -413,3 +409,16 @@ def _repeat_per_channel(node: ir.Node, rw: ScopeRewriter, groups: int, channels:
         wide = rw.add_node("Expand", [col.outputs[0], repeats], base_name=f"{base}_{name}_wide", before=node)
         per_channel = rw.add_node("Reshape", [wide.outputs[0], flat], base_name=f"{base}_{name}_c", before=node)
         node.replace_input_with(index, per_channel.outputs[0])
+
+
+# --- the changes of meaning ------------------------------------------------------------------
+
+#: Every change of meaning that the schemas do not show (a new attribute whose
+#: default differs from the old behaviour, a reinterpreted attribute, a renamed
+#: enum value...), by step: those the adapters handle (their ``change``) and
+#: REFUSED_CHANGES. Read only when a step has no adapter: the step is then
+#: refused with this description. Built once, so a step whose adapter is
+#: removed at run time is still refused, never bumped as if nothing changed.
+SEMANTIC_CHANGES: Mapping[tuple[str, int], str] = types.MappingProxyType(
+    {key: a.change for key, a in ADAPTERS.items() if a.change is not None} | dict(REFUSED_CHANGES)
+)

@@ -131,6 +131,7 @@ class AttributeToInput:
         old_default: When the attribute is absent, the input still gets this
             value, the old schema's default, because the new default differs.
         base_name: Base of the new constant's name; the attribute's name if empty.
+        change: The change of meaning that the schemas do not show, if any.
     """
 
     op_types: tuple[str, ...]
@@ -142,6 +143,7 @@ class AttributeToInput:
     required: bool = False
     old_default: int | None = None
     base_name: str = ""
+    change: str | None = None
 
     def move(self, draft: Draft, ctx: PlanContext) -> str | None:
         """Moves the attribute of ``draft`` to its input; returns why it cannot, or None."""
@@ -185,5 +187,6 @@ def as_adapters(rows: Iterable[AttributeToInput]) -> list[Adapter]:
     for (op_type, since), group in by_step.items():
         plural = "s" if len(group) > 1 else ""
         name = f"{'/'.join(row.attribute for row in group)} attribute{plural} -> input{plural}"
-        adapters.append(Adapter(op_type, since, name, _moves(group)))
+        change = "; ".join(row.change for row in group if row.change) or None
+        adapters.append(Adapter(op_type, since, name, _moves(group), change))
     return adapters

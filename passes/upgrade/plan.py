@@ -169,12 +169,16 @@ class Adapter:
         since: The opset version that introduced the change.
         name: A short description, used in the statistics.
         plan: Edits the draft; returns why the node cannot be converted, or None.
+        change: The change of meaning that the adapter handles and that the
+            schemas do not show, if any (without the adapter, the step is
+            refused with this description).
     """
 
     op_type: str
     since: int
     name: str
     plan: Callable[[Draft, PlanContext], str | None]
+    change: str | None = None
 
 
 @dataclasses.dataclass
