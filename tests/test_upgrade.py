@@ -22,6 +22,7 @@ from onnx.reference import ReferenceEvaluator
 from passes.errors import UpgradeError
 from passes.upgrade import UpgradeOpsetPass
 from passes.upgrade.adapters import ADAPTERS, REFUSED_CHANGES, SEMANTIC_CHANGES
+from passes.upgrade.schemas import reduce_ops_by_axes_version
 from passes.verify.probe import max_supported_opset
 from helpers import ort_run
 
@@ -609,6 +610,12 @@ def test_breaking_steps_are_detected_without_their_adapter(monkeypatch, key, fra
     else:
         model = make_model([oh.make_node("ReduceMean", ["x"], ["y"], axes=[1])], {"x": X}, ["y"], opset=13)
     assert_refused(model, fragment)
+
+
+def test_the_reduce_ops_that_moved_axes_come_from_the_schemas() -> None:
+    assert reduce_ops_by_axes_version() == {13: ("ReduceSum",), 18: REDUCE_18}
+    for op_type in REDUCE_18:
+        assert ADAPTERS[(op_type, 18)].name == "axes attribute -> input"
 
 
 def test_semantic_changes_have_adapters() -> None:

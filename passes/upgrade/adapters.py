@@ -28,21 +28,9 @@ import onnx_ir as ir
 from passes.upgrade.attributes import AttributeToInput, as_adapters, int_attr, string_attr, typed_scalar
 from passes.upgrade.plan import Adapter, ConstInput, Draft, DraftInput, PlanContext
 from passes.upgrade.rewrite import ScopeRewriter
-from passes.upgrade.schemas import dtype_of
+from passes.upgrade.schemas import dtype_of, reduce_ops_by_axes_version
 
 __all__ = ["ADAPTERS", "ATTRIBUTE_TO_INPUT", "REFUSED_CHANGES", "SEMANTIC_CHANGES"]
-
-REDUCE_OPS_18 = (
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-    "ReduceMax",
-    "ReduceMean",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceSumSquare",
-)
 
 #: Changes of meaning that the schemas do not show and that no adapter handles:
 #: the upgrade refuses such a step with this description. (The changes that
@@ -98,10 +86,13 @@ def _is_used(value: ir.Value) -> bool:
 #: Attributes that became inputs, all moved by one body (:meth:`AttributeToInput.move`);
 #: the rows of one (op, version) make one adapter, which moves them in order.
 ATTRIBUTE_TO_INPUT: tuple[AttributeToInput, ...] = (
-    # No axes, or axes=[], reduces over all axes; opset 18 says the same with no
-    # axes input and noop_with_empty_axes left at its default 0.
-    AttributeToInput(REDUCE_OPS_18, 18, "axes", 1, keep_empty=False),
-    AttributeToInput(("ReduceSum",), 13, "axes", 1, keep_empty=False),
+    # No axes, or axes=[], reduces over all axes; the new version says the same with
+    # no axes input and noop_with_empty_axes left at its default 0. (ReduceSum-13,
+    # the others at 18, as the schemas say.)
+    *(
+        AttributeToInput(op_types, since, "axes", 1, keep_empty=False)
+        for since, op_types in reduce_ops_by_axes_version().items()
+    ),
     AttributeToInput(("Squeeze",), 13, "axes", 1, keep_empty=False),
     AttributeToInput(("Unsqueeze",), 13, "axes", 1),
     AttributeToInput(("Split",), 13, "split", 1, keep_empty=False),

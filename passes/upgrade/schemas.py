@@ -7,6 +7,8 @@
   drafted node (:class:`passes.upgrade.adapters.Draft`), the evidence that a plain
   version bump would change what it computes, or that the drafted node is not
   a valid node of the new schema.
+* :func:`reduce_ops_by_axes_version`: which Reduce ops moved ``axes`` from an
+  attribute to an input, and at which version.
 * :func:`min_ir_version`: the IR version an opset needs.
 """
 
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 import onnx
 import onnx_ir as ir
 
+from passes.ir.schemas import input_since
 from passes.ir.types import type_string
 
 if TYPE_CHECKING:
@@ -38,6 +41,7 @@ __all__ = [
     "dtype_of",
     "min_ir_version",
     "op_schema",
+    "reduce_ops_by_axes_version",
 ]
 
 #: The lowest target opset: the first at which every Reduce op takes ``axes`` as an input.
@@ -47,6 +51,22 @@ MIN_TARGET_OPSET = 18
 def min_ir_version(opset: int) -> int:
     """The lowest IR version that allows default-domain ``opset`` (``onnx.helper.VERSION_TABLE``)."""
     return onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", opset)])
+
+
+@functools.cache
+def reduce_ops_by_axes_version() -> Mapping[int, tuple[str, ...]]:
+    """Version -> the default-domain Reduce ops whose ``axes`` became an input at that version.
+
+    ``{13: ("ReduceSum",), 18: ("ReduceL1", ..., "ReduceSumSquare")}``, read
+    from the schemas (:func:`passes.ir.schemas.input_since`), not a hand-kept list.
+    """
+    names = sorted({s.name for s in onnx.defs.get_all_schemas() if s.domain == "" and s.name.startswith("Reduce")})
+    by_version: dict[int, list[str]] = {}
+    for name in names:
+        since = input_since(name, "axes")
+        if since is not None:
+            by_version.setdefault(since, []).append(name)
+    return {since: tuple(ops) for since, ops in sorted(by_version.items())}
 
 
 def dtype_of(value: object) -> ir.DataType | None:
