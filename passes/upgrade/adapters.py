@@ -115,6 +115,9 @@ for _adapter in as_adapters(ATTRIBUTE_TO_INPUT):
     _add(_adapter)
 
 
+# --- other changes of inputs, attributes and outputs -----------------------------------------
+
+
 @_register("Split", 18, "num_outputs from the outputs",
            change="without a 'split' input the 'num_outputs' attribute is required")
 def _split_18(draft: Draft, ctx: PlanContext) -> str | None:

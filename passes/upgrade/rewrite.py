@@ -5,8 +5,10 @@ an int64/float initializer of the graph that uses it, shared by value within
 that graph and named so that no value of the model is shadowed; in a
 model-local function (which cannot hold initializers) it is a ``Constant``
 node at the top of the body, and a reference to a function attribute becomes
-a ``Constant`` whose ``value_ints``/``value_float``... references it. Each
-subgraph gets its own constants, so that every graph stays self-contained.
+a ``Constant`` whose ``value_ints``/``value_float``... references it.
+Subgraphs (If/Loop/Scan bodies) get their own initializers rather than using
+the main graph's, so each graph stays self-contained (a subgraph can be moved,
+inlined or folded on its own) and different graphs never share a constant.
 Names come from :class:`passes.ir.names.Names`; the nodes are not built with
 :class:`passes.ir.build.Builder`, whose ``<prefix>/<tag>`` names would rename
 every node the upgrade has always created.
