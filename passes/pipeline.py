@@ -36,7 +36,8 @@ from passes.ir.walk import default_opset
 from passes.options import Option
 from passes.report import PassRun, Report, summarize
 from passes.simplify import SimplifyPass
-from passes.upgrade import MIN_TARGET_OPSET, UpgradeOpsetPass
+from passes.upgrade import UpgradeOpsetPass
+from passes.upgrade.schemas import MIN_TARGET_OPSET
 
 __all__ = [
     "DEFAULT_FOLD_SIZE_LIMIT",
