@@ -228,6 +228,27 @@ def computed_reshape_target():
     return _model(nodes, [_io("x", ["b", "s", 8])], [_io("y", [None] * 4)])
 
 
+@case("shapes", "Gather")
+def head_split_target_from_shape_arithmetic():
+    # x.view(x.size(0), x.size(1), -1, 4): the dims are copies of x's own, so [0, 0, -1, 4].
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), _const("i0", np.array(0)), _const("i1", np.array(1)),
+             helper.make_node("Gather", ["s", "i0"], ["b"], axis=0), helper.make_node("Gather", ["s", "i1"], ["t"], axis=0),
+             _const("z", np.array([0])), helper.make_node("Unsqueeze", ["b", "z"], ["b1"]),
+             helper.make_node("Unsqueeze", ["t", "z"], ["t1"]), _const("tail", np.array([-1, 4])),
+             helper.make_node("Concat", ["b1", "t1", "tail"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    return _model(nodes, [_io("x", ["b", "s", 8])], [_io("y", [None] * 4)])
+
+
+@case("noops", "Reshape")
+def reshape_to_its_own_dims_with_allowzero():
+    # dynamo's ids.view(-1, ids.size(1)) with allowzero=1: the output is the input.
+    nodes = [helper.make_node("Shape", ["x"], ["s"], start=1, end=2), _const("m", np.array([-1])),
+             helper.make_node("Concat", ["m", "s"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["t"], allowzero=1), helper.make_node("Relu", ["t"], ["y"])]
+    return _model(nodes, [_io("x", ["b", "s"])], [_io("y", ["b", "s"])])
+
+
 @case("algebra", "Mul")
 def times_one():
     return _model([_const("one", np.ones((3, 4), np.float32)), helper.make_node("Mul", ["x", "one"], ["t"]),

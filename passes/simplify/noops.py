@@ -11,6 +11,7 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.simplify.rules import Context, Outcome, rule
+from passes.simplify.shape_values import DimOf, shape_value
 
 __all__: list[str] = []
 
@@ -57,10 +58,39 @@ def inference_dropout(node: ir.Node, ctx: Context) -> Outcome:
     return ctx.bypass(node, node.inputs[0])
 
 
+def _keeps_each_dim(node: ir.Node, ctx: Context) -> bool:
+    """Whether the target shape, as built, gives back every dim of the input (see shape_values).
+
+    Reshape: entry ``i`` is dim ``i`` of the input (or ``0``, "copy", when
+    allowzero is 0), except at most one ``-1``, which then can only be that
+    dim too (the original fails where it would not be: a ``-1`` next to a zero
+    dim). Expand: each entry, aligned from the right, is ``1`` or the input's dim.
+    """
+    x = node.inputs[0]
+    built = shape_value(ctx, node.inputs[1] if len(node.inputs) > 1 else None)
+    dims = ctx.dims(x)
+    if built is None or built.scalar or dims is None:
+        return False
+
+    def is_dim(element: object, i: int) -> bool:
+        if isinstance(element, DimOf):
+            return element.value is x and element.index == i
+        return isinstance(element, int) and isinstance(dims[i], int) and element == dims[i] and element > 0
+
+    entries = built.elements
+    if node.op_type == "Reshape":
+        copy_zero = not node.attributes.get_int("allowzero", 0)
+        if len(entries) != len(dims) or list(entries).count(-1) > 1:
+            return False
+        return all(e == -1 or (copy_zero and e == 0) or is_dim(e, i) for i, e in enumerate(entries))
+    offset = len(dims) - len(entries)
+    return offset >= 0 and all(e == 1 or is_dim(e, offset + i) for i, e in enumerate(entries))
+
+
 @rule("Expand", "Reshape", family="noops", name="same_shape")
 def same_shape(node: ir.Node, ctx: Context) -> Outcome:
     x = node.inputs[0]
-    if not _same_shape(ctx, x, node.outputs[0]):
+    if not (_same_shape(ctx, x, node.outputs[0]) or _keeps_each_dim(node, ctx)):
         return "the output's shape is not proved equal to the input's"
     return ctx.bypass(node, x)
 

@@ -25,6 +25,7 @@ import onnx_ir as ir
 
 from passes.ir.inference import shape_slice
 from passes.simplify.rules import Context, Dim, Outcome, rule
+from passes.simplify.shape_values import shape_value
 
 __all__: list[str] = []
 
@@ -113,15 +114,28 @@ def slice_of_shape(node: ir.Node, ctx: Context) -> Outcome:
     return _replace_by_constant(node, ctx, picked)
 
 
-@rule("Reshape", family="shapes", name="constant_reshape_target")
-def constant_reshape_target(node: ir.Node, ctx: Context) -> Outcome:
-    target = node.inputs[1] if len(node.inputs) > 1 else None
-    if target is None or ctx.constant(target) is not None:
-        return "the target is already constant"
-    if target.is_graph_input() or target.producer() is None:
-        return "the target is a graph input"
-    if node.attributes.get_int("allowzero", 0):
-        return "allowzero=1"
+def _target_from_shape_value(node: ir.Node, ctx: Context) -> list[int | None] | None:
+    """The target entry by entry from the arithmetic that built it; None where a dim is not a copy."""
+    built = shape_value(ctx, node.inputs[1])
+    if built is None or built.scalar:
+        return None
+    x = node.inputs[0]
+    dims_x = ctx.dims(x)
+    entries: list[int | None] = []
+    for i, element in enumerate(built.elements):
+        if isinstance(element, int):
+            entries.append(element)  # a literal of the original target, -1 and 0 included
+            continue
+        copied = element.value is x and element.index == i
+        if not copied and dims_x is not None and i < len(dims_x):
+            other = ctx.dims(element.value)
+            mine = dims_x[i]
+            copied = other is not None and mine is not None and element.index < len(other) and other[element.index] == mine
+        entries.append(0 if copied else None)
+    return entries
+
+
+def _target_from_inference(node: ir.Node, ctx: Context) -> list[int | None] | str:
     inputs, outputs = ctx.dims(node.inputs[0]), ctx.dims(node.outputs[0])
     if inputs is None or outputs is None:
         return "shapes unknown"
@@ -137,8 +151,28 @@ def constant_reshape_target(node: ir.Node, ctx: Context) -> Outcome:
             entries.append(0)
         else:
             entries.append(None)
+    return entries
+
+
+@rule("Reshape", family="shapes", name="constant_reshape_target")
+def constant_reshape_target(node: ir.Node, ctx: Context) -> Outcome:
+    """A computed target -> a constant one (see the module docstring)."""
+    target = node.inputs[1] if len(node.inputs) > 1 else None
+    if target is None or ctx.constant(target) is not None:
+        return "the target is already constant"
+    if target.is_graph_input() or target.producer() is None:
+        return "the target is a graph input"
+    if node.attributes.get_int("allowzero", 0):
+        return "allowzero=1"
+    entries = _target_from_shape_value(node, ctx)
+    if entries is None or None in entries:
+        inferred = _target_from_inference(node, ctx)
+        if isinstance(inferred, str):
+            return inferred
+        if entries is None or inferred.count(None) < entries.count(None):
+            entries = inferred
     unknown = [i for i, e in enumerate(entries) if e is None]
-    if len(unknown) > 1:
+    if len(unknown) > 1 or (unknown and -1 in entries):
         return "more than one dim is neither static nor copied"
     if unknown:
         others = [e for i, e in enumerate(entries) if i != unknown[0]]
