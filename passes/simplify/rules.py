@@ -96,8 +96,12 @@ class Context:
 
     # --- values ---------------------------------------------------------------------------
 
-    def constant(self, value: ir.Value | None) -> np.ndarray | None:
-        """The value of a constant (initializer that is not a graph input, Constant node), if small."""
+    def constant(self, value: ir.Value | None, limit: int | None = None) -> np.ndarray | None:
+        """The value of a constant (initializer that is not a graph input, Constant node), if small.
+
+        ``limit`` (elements) replaces :attr:`constant_limit` for a rule that must read
+        weights, which are larger than the shape-like constants most rules read.
+        """
         if value is None:
             return None
         tensor: ir.TensorProtocol | None = None
@@ -113,7 +117,8 @@ class Context:
                     tensor = attr.as_tensor()
                 elif len(producer.attributes) == 1:
                     return _scalar_constant(producer)
-        if tensor is None or tensor.size > self.constant_limit or tensor.dtype == ir.DataType.STRING:
+        limit = self.constant_limit if limit is None else limit
+        if tensor is None or tensor.size > limit or tensor.dtype == ir.DataType.STRING:
             return None
         try:
             return np.asarray(tensor.numpy())
