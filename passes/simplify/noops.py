@@ -74,7 +74,10 @@ def _keeps_each_dim(node: ir.Node, ctx: Context) -> bool:
 
     def is_dim(element: object, i: int) -> bool:
         if isinstance(element, DimOf):
-            return element.value is x and element.index == i
+            if element.value is x:
+                return element.index == i
+            other = ctx.dims(element.value)  # another tensor's dim, equal by inference's symbols
+            return other is not None and element.index < len(other) and other[element.index] == dims[i] is not None
         return isinstance(element, int) and isinstance(dims[i], int) and element == dims[i] and element > 0
 
     entries = built.elements
