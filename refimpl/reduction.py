@@ -27,14 +27,16 @@ Numerics:
     (from the largest magnitude and the count) shows that nothing can overflow, and in int64 or
     Python ints otherwise. A sum, sum of squares, L1 norm or product that does not fit
     the input type raises: the spec does not define the overflow and runtimes disagree
-    (onnxruntime saturates, numpy and the onnx reference wrap around). Integer ReduceMean,
+    (onnxruntime saturates, numpy and the onnx reference wrap around): UndefinedResultError.
+    Integer ReduceMean,
     ReduceL2, ReduceLogSum and ReduceLogSumExp return the exact real result truncated toward
     zero (as Cast converts a real to an integer). onnxruntime agrees except for
     ReduceLogSumExp, whose integer exp terms it truncates before summing.
   * Empty reductions give the schema's value: 0 for sums and norms, 1 for ReduceProd, -inf for
     ReduceLogSum/LogSumExp, -inf (or the dtype's minimum, False for bool) for ReduceMax and
     +inf (or the maximum, True) for ReduceMin. Where the schema says "undefined" (ReduceMean;
-    ReduceLogSum/LogSumExp on integers, which cannot hold -inf) the kernel raises.
+    ReduceLogSum/LogSumExp on integers, which cannot hold -inf) the kernel raises
+    UndefinedResultError.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ from typing import Any
 import numpy as np
 
 from refimpl._common import Attrs, Inputs, int_extent, normalize_axes
-from refimpl._dtypes import F32, F64, DTypes, as_dtype, checked, int_range, register_versions
-from refimpl._registry import Kernel
+from refimpl._dtypes import F32, F64, DTypes, as_dtype, checked, int_range
+from refimpl._errors import UndefinedResultError
+from refimpl._registry import Kernel, Typed, register
 
 Array = np.ndarray
 Axes = tuple[int, ...]
@@ -65,7 +68,7 @@ def _axes(op: str, axes: Any, rank: int, noop_with_empty_axes: bool) -> Axes:
     return normalize_axes(op, values, rank)
 
 
-def _kernel(op: str, reducer: Reducer, *, axes_input: bool) -> Callable[[DTypes], Kernel]:
+def _kernel(op: str, reducer: Reducer, *, axes_input: bool) -> Typed:
     """Wraps a reducer in the attribute form or the input form of the Reduce* schemas."""
 
     def make(types: DTypes) -> Kernel:
@@ -82,7 +85,7 @@ def _kernel(op: str, reducer: Reducer, *, axes_input: bool) -> Callable[[DTypes]
 
         return kernel
 
-    return make
+    return Typed(make)
 
 
 def _drop(out: Array, axes: Axes, keepdims: int) -> Array:
@@ -160,7 +163,7 @@ def _fit(total: Array, dtype: np.dtype) -> Array:
     if total.size and (total.min() < low or total.max() > high):
         # The spec does not define integer overflow here and runtimes disagree
         # (onnxruntime saturates, numpy wraps around), so there is no value to fold.
-        raise ValueError(f"the result overflows {dtype}")
+        raise UndefinedResultError(f"the result overflows {dtype}")
     return total.astype(dtype)
 
 
@@ -218,7 +221,7 @@ def _check_defined(x: Array, axes: Axes, what: str) -> int:
     """The number of reduced elements; raises if an output element reduces an empty set."""
     count = _count(x, axes)
     if count == 0 and x.ndim and math.prod(d for i, d in enumerate(x.shape) if i not in axes):
-        raise ValueError(f"{what} of an empty set is undefined")
+        raise UndefinedResultError(f"{what} of an empty set is undefined")
     return count
 
 
@@ -257,7 +260,7 @@ def _float_log_sum(x: Array, axes: Axes, keepdims: int) -> Array:
 def _int_log_sum(x: Array, axes: Axes, keepdims: int) -> Array:
     total = _sum(x.astype(object), axes, keepdims)
     if total.size and total.min() <= 0:
-        raise ValueError("the log of a non-positive integer sum is not representable")
+        raise UndefinedResultError("the log of a non-positive integer sum is not representable")
     return np.trunc(np.log(total.astype(np.float64)))
 
 
@@ -291,7 +294,7 @@ def _int_log_sum_exp(x: Array, axes: Axes, keepdims: int) -> Array:
         offset = np.log(np.add.reduce(np.exp(-gap_f.astype(np.float64)), axes, None, None, True))
     whole = np.floor(offset)
     if np.any(top.astype(np.float64) + whole > float(int_range(x.dtype)[1])):
-        raise ValueError("ReduceLogSumExp overflows the input type")
+        raise UndefinedResultError("ReduceLogSumExp overflows the input type")
     base = top + whole.astype(x.dtype)
     # base + fraction truncated toward zero: a negative base with a fraction moves up by one.
     return _drop(base + ((base < 0) & (offset > whole)).astype(x.dtype), axes, keepdims)
@@ -310,20 +313,10 @@ _REDUCERS: dict[str, Reducer] = {
     "ReduceLogSumExp": _reducer(_float_log_sum_exp, _int_log_sum_exp),
 }
 
-# Schema versions per op: (attribute form, input form).
-_VERSIONS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
-    "ReduceSum": ((1, 11), (13,)),
-    "ReduceSumSquare": ((1, 11, 13), (18,)),
-    "ReduceL1": ((1, 11, 13), (18,)),
-    "ReduceL2": ((1, 11, 13), (18,)),
-    "ReduceMean": ((1, 11, 13), (18,)),
-    "ReduceProd": ((1, 11, 13), (18,)),
-    "ReduceMax": ((1, 11, 12, 13), (18, 20)),
-    "ReduceMin": ((1, 11, 12, 13), (18, 20)),
-    "ReduceLogSum": ((1, 11, 13), (18, 28)),
-    "ReduceLogSumExp": ((1, 11, 13), (18, 28)),
-}
+# op: (the last schema version with the axes attribute, the first with the axes input).
+_FORMS: dict[str, tuple[int, int]] = {"ReduceSum": (11, 13)}
 
-for _op, (_attr_versions, _input_versions) in _VERSIONS.items():
-    register_versions(_op, _attr_versions, _kernel(_op, _REDUCERS[_op], axes_input=False))
-    register_versions(_op, _input_versions, _kernel(_op, _REDUCERS[_op], axes_input=True))
+for _op, _reduce in _REDUCERS.items():
+    _last_attribute, _first_input = _FORMS.get(_op, (13, 18))
+    register(_op, 1, _last_attribute)(_kernel(_op, _reduce, axes_input=False))
+    register(_op, _first_input)(_kernel(_op, _reduce, axes_input=True))

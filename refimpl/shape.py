@@ -4,8 +4,8 @@ Every kernel only moves data (or computes shapes), so results are bit-exact.
 Kernels never write into their inputs; outputs may be views of them.
 
 Split needs the node's output count when no sizes are given (Split-2..13
-without ``split``): callers pass ``num_outputs`` to ``refimpl.run``, which hands
-it over as the reserved attribute :data:`NUM_OUTPUTS`; other kernels ignore it.
+without ``split``): callers pass ``num_outputs`` to ``refimpl.run``, and the Split
+kernels, registered with ``needs_num_outputs=True``, receive it as their third argument.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from refimpl._common import (
-    LATEST,
     Attrs,
     Inputs,
     as_array,
@@ -27,15 +26,13 @@ from refimpl._common import (
     same_dtype,
     scalar_int,
 )
-from refimpl._registry import NUM_OUTPUTS, Kernel, RefImplError, register
-
-__all__ = ["NUM_OUTPUTS"]
-
+from refimpl._errors import RefImplError
+from refimpl._registry import CountedKernel, Kernel, register
 
 # --- Identity, Shape, Size ----------------------------------------------------------------
 
 
-@register("Identity", 1, LATEST)
+@register("Identity", 1)
 def _identity(inputs: Inputs, attrs: Attrs) -> tuple[Any]:
     # Tensors, sequences (14+, lists) and optionals (16+, None when empty) pass through.
     x = inputs[0]
@@ -60,10 +57,10 @@ def _shape(sliced: bool) -> Kernel:
 
 
 register("Shape", 1, 13)(_shape(sliced=False))
-register("Shape", 15, LATEST)(_shape(sliced=True))
+register("Shape", 15)(_shape(sliced=True))
 
 
-@register("Size", 1, LATEST)
+@register("Size", 1)
 def _size(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     return (np.array(np.size(inputs[0]), dtype=np.int64),)
 
@@ -75,7 +72,8 @@ def _reshaped_dims(in_shape: tuple[int, ...], shape: list[int], allowzero: bool)
     """The dims to give ``ndarray.reshape``: a 0 copies the input dim unless ``allowzero``.
 
     numpy infers the -1 and raises ValueError for two -1s, a -1 next to a zero-sized product
-    or a size mismatch; it would take any other negative dim as -1, so those are refused here.
+    or a size mismatch (``_reshape`` reports those); it would take any other negative dim as -1,
+    so those are refused here.
     """
     if min(shape, default=0) < -1:
         raise RefImplError(f"Reshape: invalid dimension {min(shape)} in shape {shape}")
@@ -89,12 +87,15 @@ def _reshaped_dims(in_shape: tuple[int, ...], shape: list[int], allowzero: bool)
     return [in_shape[i] if d == 0 else d for i, d in enumerate(shape)]
 
 
-@register("Reshape", 5, LATEST)
+@register("Reshape", 5)
 def _reshape(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     """Reshape: 0 copies the input dim (unless ``allowzero``, version 14+), -1 is inferred."""
     data = as_array(inputs[0])
     dims = _reshaped_dims(data.shape, int_list(inputs[1]), bool(attrs.get("allowzero", 0)))
-    return (data.reshape(dims),)
+    try:
+        return (data.reshape(dims),)
+    except ValueError:  # only the dims can be wrong: they are Python ints, at most one -1
+        raise RefImplError(f"Reshape: cannot reshape {data.shape} to {dims}") from None
 
 
 def _flatten(allow_negative: bool) -> Kernel:
@@ -114,7 +115,7 @@ def _flatten(allow_negative: bool) -> Kernel:
 
 
 register("Flatten", 1, 9)(_flatten(allow_negative=False))
-register("Flatten", 11, LATEST)(_flatten(allow_negative=True))
+register("Flatten", 11)(_flatten(allow_negative=True))
 
 
 def _axes_argument(inputs: Inputs, attrs: Attrs, from_input: bool) -> list[int] | None:
@@ -144,9 +145,9 @@ def _squeeze(from_input: bool, allow_negative: bool) -> Kernel:
     return kernel
 
 
-register("Squeeze", 1)(_squeeze(from_input=False, allow_negative=False))
-register("Squeeze", 11)(_squeeze(from_input=False, allow_negative=True))
-register("Squeeze", 13, LATEST)(_squeeze(from_input=True, allow_negative=True))
+register("Squeeze", 1, 1)(_squeeze(from_input=False, allow_negative=False))
+register("Squeeze", 11, 11)(_squeeze(from_input=False, allow_negative=True))
+register("Squeeze", 13)(_squeeze(from_input=True, allow_negative=True))
 
 
 def _unsqueeze(from_input: bool, allow_negative: bool) -> Kernel:
@@ -167,9 +168,9 @@ def _unsqueeze(from_input: bool, allow_negative: bool) -> Kernel:
     return kernel
 
 
-register("Unsqueeze", 1)(_unsqueeze(from_input=False, allow_negative=False))
-register("Unsqueeze", 11)(_unsqueeze(from_input=False, allow_negative=True))
-register("Unsqueeze", 13, LATEST)(_unsqueeze(from_input=True, allow_negative=True))
+register("Unsqueeze", 1, 1)(_unsqueeze(from_input=False, allow_negative=False))
+register("Unsqueeze", 11, 11)(_unsqueeze(from_input=False, allow_negative=True))
+register("Unsqueeze", 13)(_unsqueeze(from_input=True, allow_negative=True))
 
 
 # --- Concat, Split, Slice -----------------------------------------------------------------
@@ -186,17 +187,23 @@ def _concat(allow_negative: bool) -> Kernel:
             if a.ndim != rank:
                 raise RefImplError("Concat: inputs have different ranks")
         axis = normalize_axis("Concat", attrs["axis"], rank, allow_negative=allow_negative)
-        return (np.concatenate(arrays, axis),)
+        try:
+            return (np.concatenate(arrays, axis),)
+        except ValueError:  # ranks, dtypes and the axis are checked: only the dims can differ
+            shapes = [a.shape for a in arrays]
+            raise RefImplError(f"Concat: shapes {shapes} differ off axis {axis}") from None
 
     return kernel
 
 
-register("Concat", 4)(_concat(allow_negative=False))
-register("Concat", 11, 13)(_concat(allow_negative=True))
+register("Concat", 4, 4)(_concat(allow_negative=False))
+register("Concat", 11)(_concat(allow_negative=True))
 
 
-def _split_sizes(dim: int, split: list[int] | None, attrs: Attrs) -> list[int]:
-    count = attrs.get(NUM_OUTPUTS)
+def _split_sizes(
+    dim: int, split: list[int] | None, attrs: Attrs, count: int | None
+) -> list[int]:
+    """The sizes of the parts; ``count`` is the node's output count, if the caller gave it."""
     if split is not None:
         if any(s < 0 for s in split) or sum(split) != dim:
             raise RefImplError(f"Split: sizes {split} do not split a dimension of {dim}")
@@ -214,19 +221,17 @@ def _split_sizes(dim: int, split: list[int] | None, attrs: Attrs) -> list[int]:
             raise RefImplError(f"Split: {dim} cannot be split into {n} outputs")
         return [chunk] * (n - 1) + [last]
     if count is None:
-        raise RefImplError(
-            f"Split: without sizes the output count is needed (attribute {NUM_OUTPUTS!r})"
-        )
+        raise RefImplError("Split: without sizes the output count is needed (run's num_outputs)")
     n = int(count)
     if n < 1 or dim % n:
         raise RefImplError(f"Split: dimension {dim} is not evenly splittable into {n} outputs")
     return [dim // n] * n
 
 
-def _split(from_input: bool, allow_negative: bool, num_outputs: bool = False) -> Kernel:
+def _split(from_input: bool, allow_negative: bool, num_outputs: bool = False) -> CountedKernel:
     """Split; sizes come from the attribute (2, 11) or the input (13+), or num_outputs (18+)."""
 
-    def kernel(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray, ...]:
+    def kernel(inputs: Inputs, attrs: Attrs, count: int | None) -> tuple[np.ndarray, ...]:
         data = as_array(inputs[0])
         axis = normalize_axis(
             "Split", attrs.get("axis", 0), data.ndim, allow_negative=allow_negative
@@ -237,7 +242,7 @@ def _split(from_input: bool, allow_negative: bool, num_outputs: bool = False) ->
             split = int_list(attrs["split"]) if attrs.get("split") is not None else None
         if num_outputs and split is not None and attrs.get("num_outputs") is not None:
             raise RefImplError("Split: both the split input and num_outputs are given")
-        sizes = _split_sizes(data.shape[axis], split, attrs)
+        sizes = _split_sizes(data.shape[axis], split, attrs, count)
         index: list[slice] = [slice(None)] * data.ndim
         outputs = []
         start = 0
@@ -250,10 +255,13 @@ def _split(from_input: bool, allow_negative: bool, num_outputs: bool = False) ->
     return kernel
 
 
-register("Split", 2)(_split(from_input=False, allow_negative=False))
-register("Split", 11)(_split(from_input=False, allow_negative=True))
-register("Split", 13)(_split(from_input=True, allow_negative=True))
-register("Split", 18)(_split(from_input=True, allow_negative=True, num_outputs=True))
+for _since, _until, _kernel in (
+    (2, 2, _split(from_input=False, allow_negative=False)),
+    (11, 11, _split(from_input=False, allow_negative=True)),
+    (13, 13, _split(from_input=True, allow_negative=True)),
+    (18, None, _split(from_input=True, allow_negative=True, num_outputs=True)),
+):
+    register("Split", _since, _until, needs_num_outputs=True)(_kernel)
 
 
 def _slice_index(
@@ -311,15 +319,15 @@ def _slice(from_inputs: bool, allow_negative_axes: bool) -> Kernel:
     return kernel
 
 
-register("Slice", 1)(_slice(from_inputs=False, allow_negative_axes=False))
-register("Slice", 10)(_slice(from_inputs=True, allow_negative_axes=False))
-register("Slice", 11, 13)(_slice(from_inputs=True, allow_negative_axes=True))
+register("Slice", 1, 1)(_slice(from_inputs=False, allow_negative_axes=False))
+register("Slice", 10, 10)(_slice(from_inputs=True, allow_negative_axes=False))
+register("Slice", 11)(_slice(from_inputs=True, allow_negative_axes=True))
 
 
 # --- Transpose, Expand, Tile --------------------------------------------------------------
 
 
-@register("Transpose", 1, LATEST)
+@register("Transpose", 1)
 def _transpose(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     data = as_array(inputs[0])
     perm = attrs.get("perm")
@@ -331,7 +339,7 @@ def _transpose(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     return (data.transpose(perm),)
 
 
-@register("Expand", 8, 13)
+@register("Expand", 8)
 def _expand(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     """Expand: bidirectional broadcast of the input with ``shape``."""
     data = as_array(inputs[0])
@@ -345,7 +353,7 @@ def _expand(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     return (np.broadcast_to(data, out_shape).copy(),)
 
 
-@register("Tile", 6, 13)
+@register("Tile", 6)
 def _tile(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     data = as_array(inputs[0])
     repeats = int_list(inputs[1])
@@ -440,9 +448,10 @@ def _pad(pads_from_input: bool, axes_input: bool, modes: tuple[str, ...]) -> Ker
 
 
 _PAD_MODES = ("constant", "reflect", "edge")
-register("Pad", 2)(_pad(pads_from_input=False, axes_input=False, modes=_PAD_MODES))
-register("Pad", 11, 13)(_pad(pads_from_input=True, axes_input=False, modes=_PAD_MODES))
-register("Pad", 18)(_pad(pads_from_input=True, axes_input=True, modes=_PAD_MODES))
-register("Pad", 19, LATEST)(
-    _pad(pads_from_input=True, axes_input=True, modes=(*_PAD_MODES, "wrap"))
-)
+for _since, _until, _from_input, _axes, _modes in (
+    (2, 2, False, False, _PAD_MODES),
+    (11, 13, True, False, _PAD_MODES),
+    (18, 18, True, True, _PAD_MODES),
+    (19, None, True, True, (*_PAD_MODES, "wrap")),
+):
+    register("Pad", _since, _until)(_pad(_from_input, _axes, _modes))
