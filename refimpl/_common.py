@@ -47,12 +47,13 @@ _NDARRAY = np.ndarray
 
 
 def as_array(value: Any) -> np.ndarray:
-    """An input as an ndarray; numpy ``str_`` arrays become ``object`` arrays (ONNX strings).
+    """An input as an ndarray; numpy ``str_`` and ``bytes_`` arrays become ``object`` arrays
+    (ONNX strings: onnx_ir reads a string tensor as ``bytes_``).
 
     Backend test data may hold numpy scalars or lists, so anything numpy accepts is taken.
     """
     x = value if type(value) is _NDARRAY else np.asarray(value)
-    return x.astype(object) if x.dtype.kind == "U" else x
+    return x.astype(object) if x.dtype.kind in "US" else x
 
 
 def normalize_axis(op: str, axis: int, rank: int, *, allow_negative: bool = True) -> int:

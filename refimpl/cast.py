@@ -9,14 +9,22 @@ Rules (the contract the tests check):
     instead of inventing a value (onnxruntime gives INT_MIN or wraps around, numpy wraps around).
   * Integer to integer keeps the low bits (two's complement), int4/int2 included.
   * Anything to bool is ``x != 0``.
-  * Strings parse decimal literals (integers must be in range); other text is undefined.
-  * Numbers to strings: integers print in decimal; floats have no specified formatting
-    (onnxruntime prints %.8g, the onnx reference the shortest repr), so they are refused.
+  * Strings (``bytes`` or ``str`` items, UTF-8) to numbers read the text as onnxruntime does
+    (``std::stod``/``std::stoll``) where the spec defines the result: surrounding ASCII white
+    space, a decimal literal (``"1.5"``, ``"-0"``, ``"1e-5"``, ``".5"``) or, case-insensitively,
+    ``"INF"``, ``"+INF"``, ``"-INF"``, ``"NaN"``. Floats are the literal rounded to double, then
+    to float32 for every narrower target (onnxruntime rounds twice too). Integer targets take
+    integer literals within range. Anything else is undefined by the spec (UndefinedResultError),
+    and literals beyond the double range are refused (RefImplError) as onnxruntime refuses them.
+  * Numbers to strings print as onnxruntime does: integers in decimal, bool as ``"1"``/``"0"``,
+    floats with ``%.8g`` and ``"NaN"``, ``"INF"``, ``"-INF"``.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import sys
 from collections.abc import Callable
 
 import ml_dtypes
@@ -26,6 +34,7 @@ from refimpl._common import Attrs, Inputs, as_array
 from refimpl._dtypes import (
     BOOL,
     F32,
+    F64,
     FLOATS,
     NARROW_INTS,
     STRING,
@@ -84,37 +93,96 @@ def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
     return result.astype(np.uint8).view(_E8M0)
 
 
-_INT_LITERAL = re.compile(r"\s*[+-]?\d+\s*")
+# --- strings ---------------------------------------------------------------------------------
+
+_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_SPECIAL = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def _text(item: object) -> str:
+    """One element of a string tensor as ``str``: numpy object arrays hold bytes or str."""
+    if isinstance(item, str):
+        return item
+    if isinstance(item, bytes):
+        try:
+            return item.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RefImplError(f"string {item!r} is not UTF-8") from None
+    raise RefImplError(f"a string tensor holds a {type(item).__name__}")
+
+
+def _parse_float(item: object) -> float:
+    """A float literal as ``std::stod`` reads it: correctly rounded to double.
+
+    Raises:
+        UndefinedResultError: the text is not a literal the spec defines (``"abc"``, ``"0x10"``,
+            ``"1.5abc"``, which onnxruntime reads as 1.5).
+        RefImplError: the literal lies beyond the range of double, or underflows to a
+            subnormal or zero; onnxruntime refuses those (``std::stod`` throws out_of_range).
+    """
+    text = _text(item).strip(_SPACE)
+    special = _SPECIAL.get(text.lower())
+    if special is not None:
+        return special
+    if not _DECIMAL.fullmatch(text):
+        raise UndefinedResultError(f"{text!r} is not a numeric literal")
+    value = float(text)
+    digits = text.partition("e")[0].partition("E")[0]
+    if math.isinf(value) or (abs(value) < sys.float_info.min and digits.strip("+-.0")):
+        raise RefImplError(f"{text!r} is out of the range of double")
+    return value
+
+
+def _parse_int(item: object, to: np.dtype) -> int:
+    """An integer literal that ``to`` can hold (float literals to integers are undefined)."""
+    text = _text(item).strip(_SPACE)
+    if not _INTEGER.fullmatch(text):
+        raise UndefinedResultError(f"{text!r} is not an integer literal")
+    value = int(text)
+    low, high = int_range(to)
+    if not low <= value <= high:
+        raise UndefinedResultError(f"{text!r} is out of the range of {to}")
+    return value
 
 
 def _from_string(x: np.ndarray, to: np.dtype, saturate: bool, round_mode: str) -> np.ndarray:
-    flat = [str(s) for s in x.ravel()]
+    flat = x.ravel().tolist()
     if to in FLOATS:
-        try:
-            if any("_" in s for s in flat):
-                raise ValueError("an underscore")
-            values = [float(s) for s in flat]
-        except ValueError:
-            raise UndefinedResultError("string is not a floating-point literal") from None
-        return to_float(np.array(values, np.float64), to).reshape(x.shape)
+        wide = np.array([_parse_float(s) for s in flat], F64).reshape(x.shape)
+        if to == F64:
+            return wide
+        with np.errstate(over="ignore"):  # beyond float32: +-inf, as onnxruntime gives
+            single = wide.astype(F32)
+        return single if to == F32 else cast(single, to, saturate=saturate, round_mode=round_mode)
     if to.kind in "iu" or to in NARROW_INTS:
-        if not all(_INT_LITERAL.fullmatch(s) for s in flat):
-            raise UndefinedResultError("a non-integer string to an integer type is undefined")
-        values = [int(s) for s in flat]
-        low, high = int_range(to)
-        if any(not low <= v <= high for v in values):
-            raise UndefinedResultError(f"integer string out of range for {to}")
-        wide = np.array(values, dtype=np.int64 if to in NARROW_INTS else to)
-        return wide.astype(to).reshape(x.shape)
+        values = [_parse_int(s, to) for s in flat]
+        exact = np.array(values, dtype=np.int64 if to in NARROW_INTS else to)
+        return exact.astype(to).reshape(x.shape)
     raise UndefinedResultError(f"string to {to} is not defined by the spec")
 
 
+def _format_float(value: float) -> str:
+    if value != value:
+        return "NaN"
+    if math.isinf(value):
+        return "INF" if value > 0 else "-INF"
+    return "%.8g" % value
+
+
 def _to_string(x: np.ndarray) -> np.ndarray:
-    if x.dtype.kind in "iu" or x.dtype in NARROW_INTS:
-        return np.array([str(int(v)) for v in x.ravel()], dtype=object).reshape(x.shape)
-    # The spec only asks for "plain floating-point representation": onnxruntime prints %.8g,
-    # the onnx reference prints the shortest repr. Neither can be called right, so no folding.
-    raise RefImplError(f"{x.dtype} to string has no specified formatting")
+    """Numbers as onnxruntime prints them (the spec only asks for "plain" notation)."""
+    if x.dtype in FLOATS:
+        items = [_format_float(v) for v in x.astype(F64).ravel().tolist()]
+    elif x.dtype == BOOL:
+        items = ["1" if v else "0" for v in x.ravel().tolist()]
+    else:  # integers; int4/int2 convert to int64 first, as tolist() cannot read them
+        wide = x.astype(np.int64) if x.dtype in NARROW_INTS else x
+        items = [str(v) for v in wide.ravel().tolist()]
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out.reshape(x.shape)
 
 
 # --- the kernels --------------------------------------------------------------------------------
@@ -127,7 +195,7 @@ def cast(
 
     Raises:
         UndefinedResultError: the conversion is undefined for some element (e.g. NaN to int32).
-        RefImplError: refimpl refuses the conversion (e.g. float to string).
+        RefImplError: refimpl refuses the conversion (a string beyond the double range).
     """
     src = x.dtype
     if to == src:

@@ -866,18 +866,6 @@ def test_cast_undefined_float_to_int_is_refused(x: np.ndarray, to: int) -> None:
         refimpl.run("Cast", [x], {"to": to}, opset=19)
 
 
-def test_cast_strings() -> None:
-    """String <-> number where the spec fixes the result; float -> string is not specified."""
-    s = np.array(["1.5", "INF", "-INF", "NaN", "+INF", "1e-5"], dtype=object)
-    (out,) = refimpl.run("Cast", [s], {"to": onnx.TensorProto.FLOAT}, opset=19)
-    assert_same(out, ort_eval("Cast", [s], {"to": onnx.TensorProto.FLOAT}, 19, [np.float32])[0])
-    n = np.array([12, -3], np.int64)
-    (text,) = refimpl.run("Cast", [n], {"to": onnx.TensorProto.STRING}, opset=19)
-    assert text.tolist() == ["12", "-3"]
-    with pytest.raises(RefImplError, match="Cast"):
-        refimpl.run("Cast", [np.array([0.1], np.float32)], {"to": onnx.TensorProto.STRING}, opset=19)
-
-
 # --- errors --------------------------------------------------------------------------------
 
 
