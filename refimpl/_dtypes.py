@@ -46,6 +46,7 @@ __all__ = [
     "exact_type",
     "float_to_int",
     "int_range",
+    "overflow_limit",
     "quiet",
     "schema_dtypes",
     "to_float",
@@ -208,6 +209,18 @@ def to_float(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if dtype.kind == "V" and x.dtype not in (F32, F16) and x.dtype.kind != "V":
         x = _round_to_odd_f32(x.astype(np.float64))
     return x.astype(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def overflow_limit(dtype: np.dtype) -> float:
+    """The smallest magnitude that rounds to infinity in the float ``dtype`` (inf for float64).
+
+    That is the largest finite value plus half an ulp: the tie rounds to even, away from it.
+    """
+    if dtype == F64 or dtype not in FLOATS:
+        return math.inf
+    info = ml_dtypes.finfo(dtype)
+    return float(info.max) + 2.0 ** (int(info.maxexp) - 2 - int(info.nmant))
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,8 +1,8 @@
 """Reduction kernels: ReduceSum, ReduceMean, ReduceMax, ReduceLogSumExp and the rest of the family.
 
 Each op is one *reducer* built by ``_reducer(on_float, on_int)``: a function
-``(data, axes, keepdims) -> array`` that reduces ``data`` over the normalised ``axes``.
-``_kernel`` wraps a reducer in either calling convention:
+``(data, axes, keepdims, limit) -> array`` that reduces ``data`` over the normalised ``axes``
+(``limit``: see Numerics). ``_kernel`` wraps a reducer in either calling convention:
 
   * attribute form (schema versions below 18; ReduceSum below 13): ``axes`` is an attribute and
     an absent or empty list reduces every axis;
@@ -18,6 +18,15 @@ Numerics:
     once to the input type, so the result is the float64 result correctly rounded. (float32
     accumulation, which the brief suggested for float16, can be hundreds of ulps off after
     cancellation, e.g. the sum of [65504, 2**-14, -65504].)
+  * Except where the op's definition holds an intermediate tensor in the input type and that
+    tensor overflows there: the sum of squares of ReduceL2, the sum of ReduceLogSum and
+    ReduceMean, the shifted sum of exps of ReduceLogSumExp. Where such an intermediate rounds
+    to +-inf in the input type (its magnitude reaches ``limit``, the largest finite value plus
+    half an ulp) the result is what +-inf gives: float32 ReduceL2 of [3e19, 4e19] is inf, as in
+    onnxruntime, the onnx reference and the schema's function body, not 5e19. (onnxruntime
+    accumulates float16 in float32, so its float16 ReduceL2 of [200, 300] is 360.5; the function
+    body and the onnx reference give inf, as refimpl does.) Partial sums are not intermediates
+    of the definition: ReduceSum of float32 [3e38, 3e38, -3e38] is 3e38 (onnxruntime: inf).
   * NaN propagates through every reduction, ReduceMax/ReduceMin included (as the elementwise
     Max/Min do; onnxruntime's ReduceMax/Min drop a NaN that is not the first element).
   * ReduceLogSumExp shifts by the slice maximum (by 0 where that is not finite): a slice of
@@ -48,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from refimpl._common import Attrs, Inputs, int_extent, normalize_axes
-from refimpl._dtypes import F32, F64, DTypes, as_dtype, checked, int_range
+from refimpl._dtypes import F32, F64, DTypes, as_dtype, checked, int_range, overflow_limit
 from refimpl._errors import UndefinedResultError
 from refimpl._registry import Kernel, Typed, register
 
@@ -56,6 +65,10 @@ Array = np.ndarray
 Axes = tuple[int, ...]
 Reducer = Callable[[Array, Axes, int], Array]
 """``reduce(data, axes, keepdims)``: the reduction of ``data`` over the (normalised) ``axes``."""
+FloatReducer = Callable[[Array, Axes, int, float], Array]
+"""``reduce(data, axes, keepdims, limit)``: a float reduction; ``limit`` is the magnitude from
+which the input type (not float64) would hold an intermediate as +-inf."""
+
 
 def _axes(op: str, axes: Any, rank: int, noop_with_empty_axes: bool) -> Axes:
     """Normalises ``axes`` (attribute list or int64 tensor); empty means all unless noop."""
@@ -68,11 +81,12 @@ def _axes(op: str, axes: Any, rank: int, noop_with_empty_axes: bool) -> Axes:
     return normalize_axes(op, values, rank)
 
 
-def _kernel(op: str, reducer: Reducer, *, axes_input: bool) -> Typed:
+def _kernel(op: str, reducer: FloatReducer, *, axes_input: bool) -> Typed:
     """Wraps a reducer in the attribute form or the input form of the Reduce* schemas."""
 
     def make(types: DTypes) -> Kernel:
         allowed = types["T"]
+        limits = {dtype: overflow_limit(dtype) for dtype in allowed}
 
         def kernel(inputs: Inputs, attrs: Attrs) -> tuple[Array]:
             data = checked(inputs[0], allowed)
@@ -81,7 +95,8 @@ def _kernel(op: str, reducer: Reducer, *, axes_input: bool) -> Typed:
                 axes = _axes(op, raw, data.ndim, attrs.get("noop_with_empty_axes", 0))
             else:
                 axes = _axes(op, attrs.get("axes"), data.ndim, False)
-            return (as_dtype(reducer(data, axes, attrs.get("keepdims", 1)), data.dtype),)
+            keepdims = attrs.get("keepdims", 1)
+            return (as_dtype(reducer(data, axes, keepdims, limits[data.dtype]), data.dtype),)
 
         return kernel
 
@@ -100,53 +115,66 @@ def _count(data: Array, axes: Axes) -> int:
 
 
 def _reducer(
-    on_float: Reducer, on_int: Reducer, *, exact: bool = False, quiet: bool = False
-) -> Reducer:
+    on_float: FloatReducer, on_int: Reducer, *, exact: bool = False, quiet: bool = False
+) -> FloatReducer:
     """Builds a reducer: floats go to ``on_float``, integers and bool to ``on_int``.
 
     Args:
-        on_float: the float computation; it receives float64 unless ``exact``.
+        on_float: the float computation; it receives float64 unless ``exact``, and the input
+            type's overflow limit.
         on_int: the integer (and bool) computation.
         exact: the result is one of the inputs (max, min), so floats stay in their own type
             (float32 for ml_dtypes floats).
         quiet: silence numpy's floating-point warnings (log(0) = -inf is intended).
     """
 
-    def reduce(data: Array, axes: Axes, keepdims: int) -> Array:
+    def reduce(data: Array, axes: Axes, keepdims: int, limit: float) -> Array:
         kind = data.dtype.kind
         if kind in "iub":
             return on_int(data, axes, keepdims)
         if exact:
-            return on_float(data.astype(F32) if kind == "V" else data, axes, keepdims)
+            return on_float(data.astype(F32) if kind == "V" else data, axes, keepdims, limit)
         wide = data if data.dtype == F64 else data.astype(F64)
         if quiet:
             with np.errstate(all="ignore"):
-                return on_float(wide, axes, keepdims)
-        return on_float(wide, axes, keepdims)
+                return on_float(wide, axes, keepdims, limit)
+        return on_float(wide, axes, keepdims, limit)
 
     return reduce
 
 
 # --- the reducers --------------------------------------------------------------------------
+# The reducers shared by floats and integers take ``limit`` with a default, which they ignore:
+# their result is the intermediate, and rounding it to the input type overflows by itself.
 
 
-def _sum(x: Array, axes: Axes, keepdims: int) -> Array:
+def _sum(x: Array, axes: Axes, keepdims: int, limit: float = math.inf) -> Array:
     total = np.add.reduce(x, axes, None, None, keepdims)
     # A reduction to one element returns a numpy scalar (a bare Python int for object arrays).
     return total if isinstance(total, np.ndarray) else np.asarray(total, dtype=x.dtype)
 
 
-def _sum_square(x: Array, axes: Axes, keepdims: int) -> Array:
+def _sum_square(x: Array, axes: Axes, keepdims: int, limit: float = math.inf) -> Array:
     return _sum(np.asarray(x * x, dtype=x.dtype), axes, keepdims)
 
 
-def _sum_abs(x: Array, axes: Axes, keepdims: int) -> Array:
+def _sum_abs(x: Array, axes: Axes, keepdims: int, limit: float = math.inf) -> Array:
     return _sum(np.asarray(np.abs(x), dtype=x.dtype), axes, keepdims)
 
 
-def _prod(x: Array, axes: Axes, keepdims: int) -> Array:
+def _prod(x: Array, axes: Axes, keepdims: int, limit: float = math.inf) -> Array:
     total = np.multiply.reduce(x, axes, None, None, keepdims)
     return total if isinstance(total, np.ndarray) else np.asarray(total, dtype=x.dtype)
+
+
+def _held(total: Array, limit: float) -> Array:
+    """A float64 intermediate as the input type holds it: +-inf where it rounds beyond range."""
+    if limit == math.inf or not total.size:
+        return total
+    over = np.abs(total) >= limit
+    if not over.any():
+        return total
+    return np.where(over, np.copysign(np.inf, total), total)
 
 
 def _log2_peak(x: Array) -> float:
@@ -205,10 +233,10 @@ _IDENTITIES = {
 }
 
 
-def _extreme(ufunc: np.ufunc, *, largest: bool) -> Reducer:
+def _extreme(ufunc: np.ufunc, *, largest: bool) -> FloatReducer:
     """ReduceMax/ReduceMin; the identity fills the results of empty sets."""
 
-    def reduce(x: Array, axes: Axes, keepdims: int) -> Array:
+    def reduce(x: Array, axes: Axes, keepdims: int, limit: float = math.inf) -> Array:
         if x.size:  # then no reduced set is empty
             return ufunc.reduce(x, axes, None, None, keepdims)
         initial = _IDENTITIES[(x.dtype.type, largest)]
@@ -225,9 +253,9 @@ def _check_defined(x: Array, axes: Axes, what: str) -> int:
     return count
 
 
-def _float_mean(x: Array, axes: Axes, keepdims: int) -> Array:
+def _float_mean(x: Array, axes: Axes, keepdims: int, limit: float) -> Array:
     count = _check_defined(x, axes, "the mean")
-    return _sum(x, axes, keepdims) / max(count, 1)
+    return _held(_sum(x, axes, keepdims), limit) / max(count, 1)
 
 
 def _int_mean(x: Array, axes: Axes, keepdims: int) -> Array:
@@ -243,8 +271,8 @@ def _trunc_div(a: int, b: int) -> int:
     return q if a >= 0 else -q
 
 
-def _float_l2(x: Array, axes: Axes, keepdims: int) -> Array:
-    return np.sqrt(_sum_square(x, axes, keepdims))
+def _float_l2(x: Array, axes: Axes, keepdims: int, limit: float) -> Array:
+    return np.sqrt(_held(_sum_square(x, axes, keepdims), limit))
 
 
 def _int_l2(x: Array, axes: Axes, keepdims: int) -> Array:
@@ -253,8 +281,8 @@ def _int_l2(x: Array, axes: Axes, keepdims: int) -> Array:
     return _drop(_fit(roots.reshape(squares.shape), x.dtype), axes, keepdims)
 
 
-def _float_log_sum(x: Array, axes: Axes, keepdims: int) -> Array:
-    return np.log(_sum(x, axes, keepdims))
+def _float_log_sum(x: Array, axes: Axes, keepdims: int, limit: float) -> Array:
+    return np.log(_held(_sum(x, axes, keepdims), limit))
 
 
 def _int_log_sum(x: Array, axes: Axes, keepdims: int) -> Array:
@@ -264,21 +292,29 @@ def _int_log_sum(x: Array, axes: Axes, keepdims: int) -> Array:
     return np.trunc(np.log(total.astype(np.float64)))
 
 
-def _float_log_sum_exp(x: Array, axes: Axes, keepdims: int) -> Array:
+def _float_log_sum_exp(x: Array, axes: Axes, keepdims: int, limit: float) -> Array:
     """``m + log(sum(exp(x - m)))`` with ``m`` the slice maximum.
 
     A slice whose maximum is not finite (all -inf, empty, a +inf or a NaN in it) is shifted by
     0 instead: -inf stays -inf, +inf gives +inf and NaN propagates. Only that case can warn.
+    The shifted sum is at most the count of terms, so only a float16 slice of more than 65519
+    terms can overflow it.
     """
     shift = np.maximum.reduce(x, axes, None, None, True, -np.inf)
     finite = np.isfinite(shift)
     if np.count_nonzero(finite) == finite.size:
-        log_total = np.log(np.add.reduce(np.exp(x - shift), axes, None, None, keepdims))
+        log_total = np.log(_shifted_sum(x, shift, axes, keepdims, limit))
     else:
         shift = np.where(finite, shift, 0.0)
         with np.errstate(all="ignore"):
-            log_total = np.log(np.add.reduce(np.exp(x - shift), axes, None, None, keepdims))
+            log_total = np.log(_shifted_sum(x, shift, axes, keepdims, limit))
     return log_total + (shift if keepdims else shift.reshape(log_total.shape))
+
+
+def _shifted_sum(x: Array, shift: Array, axes: Axes, keepdims: int, limit: float) -> Array:
+    total = np.add.reduce(np.exp(x - shift), axes, None, None, keepdims)
+    # Each term is at most 1: below ``limit`` terms the sum cannot overflow the input type.
+    return _held(total, limit) if x.size >= limit else total
 
 
 def _int_log_sum_exp(x: Array, axes: Axes, keepdims: int) -> Array:
@@ -300,7 +336,7 @@ def _int_log_sum_exp(x: Array, axes: Axes, keepdims: int) -> Array:
     return _drop(base + ((base < 0) & (offset > whole)).astype(x.dtype), axes, keepdims)
 
 
-_REDUCERS: dict[str, Reducer] = {
+_REDUCERS: dict[str, FloatReducer] = {
     "ReduceSum": _reducer(_sum, _exact_int(_sum, power=1)),
     "ReduceSumSquare": _reducer(_sum_square, _exact_int(_sum_square, power=2)),
     "ReduceL1": _reducer(_sum_abs, _exact_int(_sum_abs, power=1)),
