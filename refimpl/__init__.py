@@ -7,7 +7,8 @@ Kernels live in family modules and are registered with the schema versions they 
   * ``arithmetic``: binary arithmetic, comparison and logic, Sum/Mean/Max/Min, Pow, Clip, Where;
   * ``cast``: Cast and CastLike;
   * ``reduction``: the Reduce* family;
-  * ``shape``: ops that reshape, slice, pad or rearrange tensors;
+  * ``shape``: Identity, Shape, Size and the ops that reshape or rearrange tensors;
+  * ``slicing``: Concat, Split, Slice, Pad, Trilu;
   * ``generators``: Constant, ConstantOfShape, Range, EyeLike, OneHot;
   * ``indexing``: gathers, scatters, Compress, NonZero, ArgMax/ArgMin, TopK, CumSum;
   * ``linalg``: MatMul, Gemm, Einsum;
@@ -43,6 +44,7 @@ from refimpl import (  # noqa: E402,F401  isort: skip
     nn,
     reduction,
     shape,
+    slicing,
 )
 
 __all__ = [
