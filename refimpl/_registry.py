@@ -12,9 +12,9 @@ applies at that opset and only uses a kernel that declares that exact schema ver
 schema that changes the semantics therefore never falls back to an older kernel: its kernel
 has to be registered with a range that ends before it (``until``).
 
-``run`` checks the input count and the required attributes against the schema, calls the kernel
-and sorts what escapes it: :class:`RefImplError` propagates (with the op recorded), anything else
-becomes :class:`KernelBugError`.
+``run`` checks the input count against the schema, calls the kernel and sorts what escapes it:
+:class:`RefImplError` propagates (with the op recorded); a failure on a missing required input or
+attribute becomes a RefImplError; anything else becomes :class:`KernelBugError`.
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ class Resolved:
         defaults: The schema's attribute defaults.
         since_version: The schema version that applies at the looked-up opset.
         needs_num_outputs: The kernel's third argument is the node's output count.
-        input_range: The fewest and most inputs the schema takes.
-        required_inputs: How many leading inputs may not be omitted (None).
+        input_range: The fewest and most inputs the schema takes; the fewest are also the
+            leading inputs that may not be omitted (None).
         required_attributes: The attributes without a default that must be given.
     """
 
@@ -98,7 +98,6 @@ class Resolved:
     since_version: int
     needs_num_outputs: bool
     input_range: tuple[int, int]
-    required_inputs: int
     required_attributes: tuple[str, ...]
 
 
@@ -241,7 +240,6 @@ def lookup(op_type: str, opset: int, domain: str = "") -> Resolved:
                 version,
                 entry.needs_num_outputs,
                 (schema.min_input, schema.max_input),
-                schema.min_input,
                 tuple(name for name, a in schema.attributes.items() if a.required),
             )
     raise UnsupportedOpError(
@@ -301,11 +299,10 @@ def run(
     attrs = {**defaults, **attributes} if attributes else dict(defaults)
     # Kernels never mutate their inputs, so a list is passed on without a copy.
     args = inputs if type(inputs) is list else list(inputs)
-    if not low <= len(args) <= high or required:
+    if not low <= len(args) <= high:
         error = _schema_error(args, attrs, low, high, required)
-        if error is not None:
-            error.locate(op_type, version)
-            raise error
+        error.locate(op_type, version)
+        raise error
     try:
         outputs = kernel(args, attrs, num_outputs) if counted else kernel(args, attrs)
     except RefImplError as e:
@@ -314,8 +311,8 @@ def run(
     except MemoryError:
         raise
     except Exception as e:
-        # A kernel may index a required input that the caller left out (None): not a bug.
-        error = _schema_error(args, attrs, low, high, required, leading=low)
+        # A kernel may read a required input or attribute that the caller left out: not a bug.
+        error = _schema_error(args, attrs, low, high, required)
         if error is not None:
             error.locate(op_type, version)
             raise error from e
@@ -329,18 +326,18 @@ def _schema_error(
     low: int,
     high: int,
     required: tuple[str, ...],
-    leading: int = 0,
 ) -> RefImplError | None:
-    """The error for inputs or attributes that break the schema's counts, or None.
+    """The error for inputs or attributes that break the schema, or None if they do not.
 
-    ``leading`` inputs are also checked for being given (not None); ``run`` asks for that only
-    after a kernel failed, which keeps the common call free of a Python loop.
+    The input count is checked on every call; the first ``low`` inputs being given (not None)
+    and the required attributes only after a kernel failed, which keeps the common call free
+    of Python loops. Every kernel fails when it reads a missing one.
     """
     if not low <= len(inputs) <= high:
         most = "any number" if high == _VARIADIC else f"at most {high}"
         return RefImplError(f"{len(inputs)} inputs; the schema takes at least {low}, {most}")
-    if any(inputs[i] is None for i in range(leading)):
-        return RefImplError(f"a required input (one of the first {leading}) is missing")
+    if any(inputs[i] is None for i in range(low)):
+        return RefImplError(f"a required input (one of the first {low}) is missing")
     missing = [name for name in required if attrs.get(name) is None]
     if missing:
         return RefImplError(f"required attribute(s) {missing} missing")
