@@ -12,9 +12,10 @@ applies at that opset and only uses a kernel that declares that exact schema ver
 schema that changes the semantics therefore never falls back to an older kernel: its kernel
 has to be registered with a range that ends before it (``until``).
 
-``run`` checks the input count against the schema, calls the kernel and sorts what escapes it:
-:class:`RefImplError` propagates (with the op recorded); a failure on a missing required input or
-attribute becomes a RefImplError; anything else becomes :class:`KernelBugError`.
+``run`` calls the kernel and sorts what escapes it: :class:`RefImplError` propagates (with the op
+recorded); a failure while the inputs or attributes break the schema's counts (too few or too
+many inputs, a required one missing) becomes a RefImplError; anything else becomes
+:class:`KernelBugError`.
 """
 
 from __future__ import annotations
@@ -299,10 +300,6 @@ def run(
     attrs = {**defaults, **attributes} if attributes else dict(defaults)
     # Kernels never mutate their inputs, so a list is passed on without a copy.
     args = inputs if type(inputs) is list else list(inputs)
-    if not low <= len(args) <= high:
-        error = _schema_error(args, attrs, low, high, required)
-        error.locate(op_type, version)
-        raise error
     try:
         outputs = kernel(args, attrs, num_outputs) if counted else kernel(args, attrs)
     except RefImplError as e:
@@ -311,7 +308,7 @@ def run(
     except MemoryError:
         raise
     except Exception as e:
-        # A kernel may read a required input or attribute that the caller left out: not a bug.
+        # A kernel fails when it reads an input or attribute the caller left out: not a bug.
         error = _schema_error(args, attrs, low, high, required)
         if error is not None:
             error.locate(op_type, version)
@@ -329,9 +326,9 @@ def _schema_error(
 ) -> RefImplError | None:
     """The error for inputs or attributes that break the schema, or None if they do not.
 
-    The input count is checked on every call; the first ``low`` inputs being given (not None)
-    and the required attributes only after a kernel failed, which keeps the common call free
-    of Python loops. Every kernel fails when it reads a missing one.
+    ``run`` asks only after a kernel failed, which keeps the common call free of these checks
+    (every kernel fails when it reads a missing input or attribute): the input count, the first
+    ``low`` inputs being given (not None), the required attributes being there.
     """
     if not low <= len(inputs) <= high:
         most = "any number" if high == _VARIADIC else f"at most {high}"

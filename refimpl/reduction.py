@@ -1,8 +1,8 @@
 """Reduction kernels: ReduceSum, ReduceMean, ReduceMax, ReduceLogSumExp and the rest of the family.
 
 Each op is one *reducer* built by ``_reducer(on_float, on_int)``: a function
-``(data, axes, keepdims, limit) -> array`` that reduces ``data`` over the normalised ``axes``
-(``limit``: see Numerics). ``_kernel`` wraps a reducer in either calling convention:
+``(data, axes, keepdims) -> array`` that reduces ``data`` over the normalised ``axes``.
+``_kernel`` wraps a reducer in either calling convention:
 
   * attribute form (schema versions below 18; ReduceSum below 13): ``axes`` is an attribute and
     an absent or empty list reduces every axis;
@@ -65,9 +65,10 @@ Array = np.ndarray
 Axes = tuple[int, ...]
 Reducer = Callable[[Array, Axes, int], Array]
 """``reduce(data, axes, keepdims)``: the reduction of ``data`` over the (normalised) ``axes``."""
-FloatReducer = Callable[[Array, Axes, int, float], Array]
-"""``reduce(data, axes, keepdims, limit)``: a float reduction; ``limit`` is the magnitude from
-which the input type (not float64) would hold an intermediate as +-inf."""
+HeldReducer = Callable[[Array, Axes, int, float], Array]
+"""``reduce(data, axes, keepdims, limit)``: a float reduction whose definition holds an
+intermediate in the input type; ``limit`` is the magnitude from which that type holds it as
++-inf (``overflow_limit``)."""
 
 
 def _axes(op: str, axes: Any, rank: int, noop_with_empty_axes: bool) -> Axes:
@@ -81,12 +82,11 @@ def _axes(op: str, axes: Any, rank: int, noop_with_empty_axes: bool) -> Axes:
     return normalize_axes(op, values, rank)
 
 
-def _kernel(op: str, reducer: FloatReducer, *, axes_input: bool) -> Typed:
+def _kernel(op: str, reducer: Reducer, *, axes_input: bool) -> Typed:
     """Wraps a reducer in the attribute form or the input form of the Reduce* schemas."""
 
     def make(types: DTypes) -> Kernel:
         allowed = types["T"]
-        limits = {dtype: overflow_limit(dtype) for dtype in allowed}
 
         def kernel(inputs: Inputs, attrs: Attrs) -> tuple[Array]:
             data = checked(inputs[0], allowed)
@@ -95,8 +95,7 @@ def _kernel(op: str, reducer: FloatReducer, *, axes_input: bool) -> Typed:
                 axes = _axes(op, raw, data.ndim, attrs.get("noop_with_empty_axes", 0))
             else:
                 axes = _axes(op, attrs.get("axes"), data.ndim, False)
-            keepdims = attrs.get("keepdims", 1)
-            return (as_dtype(reducer(data, axes, keepdims, limits[data.dtype]), data.dtype),)
+            return (as_dtype(reducer(data, axes, attrs.get("keepdims", 1)), data.dtype),)
 
         return kernel
 
@@ -115,54 +114,58 @@ def _count(data: Array, axes: Axes) -> int:
 
 
 def _reducer(
-    on_float: FloatReducer, on_int: Reducer, *, exact: bool = False, quiet: bool = False
-) -> FloatReducer:
+    on_float: Reducer | HeldReducer,
+    on_int: Reducer,
+    *,
+    exact: bool = False,
+    quiet: bool = False,
+    held: bool = False,
+) -> Reducer:
     """Builds a reducer: floats go to ``on_float``, integers and bool to ``on_int``.
 
     Args:
-        on_float: the float computation; it receives float64 unless ``exact``, and the input
-            type's overflow limit.
+        on_float: the float computation; it receives float64 unless ``exact``.
         on_int: the integer (and bool) computation.
         exact: the result is one of the inputs (max, min), so floats stay in their own type
             (float32 for ml_dtypes floats).
         quiet: silence numpy's floating-point warnings (log(0) = -inf is intended).
+        held: ``on_float`` is a HeldReducer: it also receives the input type's overflow limit.
     """
 
-    def reduce(data: Array, axes: Axes, keepdims: int, limit: float) -> Array:
+    def reduce(data: Array, axes: Axes, keepdims: int) -> Array:
         kind = data.dtype.kind
         if kind in "iub":
             return on_int(data, axes, keepdims)
         if exact:
-            return on_float(data.astype(F32) if kind == "V" else data, axes, keepdims, limit)
+            return on_float(data.astype(F32) if kind == "V" else data, axes, keepdims)
         wide = data if data.dtype == F64 else data.astype(F64)
+        limit = (overflow_limit(data.dtype),) if held else ()  # looked up only where needed
         if quiet:
             with np.errstate(all="ignore"):
-                return on_float(wide, axes, keepdims, limit)
-        return on_float(wide, axes, keepdims, limit)
+                return on_float(wide, axes, keepdims, *limit)
+        return on_float(wide, axes, keepdims, *limit)
 
     return reduce
 
 
 # --- the reducers --------------------------------------------------------------------------
-# The reducers shared by floats and integers take ``limit`` with a default, which they ignore:
-# their result is the intermediate, and rounding it to the input type overflows by itself.
 
 
-def _sum(x: Array, axes: Axes, keepdims: int, limit: float = math.inf) -> Array:
+def _sum(x: Array, axes: Axes, keepdims: int) -> Array:
     total = np.add.reduce(x, axes, None, None, keepdims)
     # A reduction to one element returns a numpy scalar (a bare Python int for object arrays).
     return total if isinstance(total, np.ndarray) else np.asarray(total, dtype=x.dtype)
 
 
-def _sum_square(x: Array, axes: Axes, keepdims: int, limit: float = math.inf) -> Array:
+def _sum_square(x: Array, axes: Axes, keepdims: int) -> Array:
     return _sum(np.asarray(x * x, dtype=x.dtype), axes, keepdims)
 
 
-def _sum_abs(x: Array, axes: Axes, keepdims: int, limit: float = math.inf) -> Array:
+def _sum_abs(x: Array, axes: Axes, keepdims: int) -> Array:
     return _sum(np.asarray(np.abs(x), dtype=x.dtype), axes, keepdims)
 
 
-def _prod(x: Array, axes: Axes, keepdims: int, limit: float = math.inf) -> Array:
+def _prod(x: Array, axes: Axes, keepdims: int) -> Array:
     total = np.multiply.reduce(x, axes, None, None, keepdims)
     return total if isinstance(total, np.ndarray) else np.asarray(total, dtype=x.dtype)
 
@@ -233,10 +236,10 @@ _IDENTITIES = {
 }
 
 
-def _extreme(ufunc: np.ufunc, *, largest: bool) -> FloatReducer:
+def _extreme(ufunc: np.ufunc, *, largest: bool) -> Reducer:
     """ReduceMax/ReduceMin; the identity fills the results of empty sets."""
 
-    def reduce(x: Array, axes: Axes, keepdims: int, limit: float = math.inf) -> Array:
+    def reduce(x: Array, axes: Axes, keepdims: int) -> Array:
         if x.size:  # then no reduced set is empty
             return ufunc.reduce(x, axes, None, None, keepdims)
         initial = _IDENTITIES[(x.dtype.type, largest)]
@@ -336,17 +339,19 @@ def _int_log_sum_exp(x: Array, axes: Axes, keepdims: int) -> Array:
     return _drop(base + ((base < 0) & (offset > whole)).astype(x.dtype), axes, keepdims)
 
 
-_REDUCERS: dict[str, FloatReducer] = {
+# ReduceSumSquare, ReduceL1 and ReduceSum need no limit: their result is the intermediate, and
+# rounding it to the input type overflows by itself.
+_REDUCERS: dict[str, Reducer] = {
     "ReduceSum": _reducer(_sum, _exact_int(_sum, power=1)),
     "ReduceSumSquare": _reducer(_sum_square, _exact_int(_sum_square, power=2)),
     "ReduceL1": _reducer(_sum_abs, _exact_int(_sum_abs, power=1)),
-    "ReduceL2": _reducer(_float_l2, _int_l2),
-    "ReduceMean": _reducer(_float_mean, _int_mean, quiet=True),
+    "ReduceL2": _reducer(_float_l2, _int_l2, held=True),
+    "ReduceMean": _reducer(_float_mean, _int_mean, quiet=True, held=True),
     "ReduceProd": _reducer(_prod, _exact_int(_prod, power=0)),
     "ReduceMax": _reducer(*[_extreme(np.maximum, largest=True)] * 2, exact=True),
     "ReduceMin": _reducer(*[_extreme(np.minimum, largest=False)] * 2, exact=True),
-    "ReduceLogSum": _reducer(_float_log_sum, _int_log_sum, quiet=True),
-    "ReduceLogSumExp": _reducer(_float_log_sum_exp, _int_log_sum_exp),
+    "ReduceLogSum": _reducer(_float_log_sum, _int_log_sum, quiet=True, held=True),
+    "ReduceLogSumExp": _reducer(_float_log_sum_exp, _int_log_sum_exp, held=True),
 }
 
 # op: (the last schema version with the axes attribute, the first with the axes input).

@@ -134,17 +134,25 @@ def test_refimpl_errors_of_a_kernel_name_the_op(test_op: Any) -> None:
         _run(op, [np.zeros(1, np.float32)], {"mode": "undefined"})
 
 
-def test_missing_required_input_is_a_refimpl_error_not_a_bug(test_op: Any) -> None:
+def test_inputs_that_break_the_schema_are_a_refimpl_error_not_a_bug(test_op: Any) -> None:
+    """A kernel failing on a missing or extra input reports the caller's error, not a bug.
+
+    run() diagnoses only after the kernel failed, so that the common call pays nothing.
+    """
     op = test_op(1)
 
     @refimpl.register(op, 1, domain=DOMAIN)
     def kernel(inputs: Any, attrs: Any) -> Any:
-        return (inputs[0] * 2,)  # TypeError for None
+        (x,) = inputs  # ValueError for two inputs
+        return (x * 2,)  # TypeError for None
 
-    with pytest.raises(RefImplError, match="required input"):
+    with pytest.raises(RefImplError, match="required input") as info:
         _run(op, [None])
+    assert isinstance(info.value.__cause__, TypeError)
     with pytest.raises(RefImplError, match="2 inputs; the schema takes at least 1, at most 1"):
         _run(op, [np.zeros(1), np.zeros(1)])
+    with pytest.raises(RefImplError, match="0 inputs"):
+        _run(op, [])
 
 
 @pytest.mark.parametrize(
