@@ -105,7 +105,7 @@ class Resolved:
 _KERNELS: dict[tuple[str, str], list[KernelEntry]] = {}
 # run()'s memo of lookup(): (op_type, opset, domain) -> the fields of Resolved it reads.
 # A plain dict and a tuple unpack cost less per call than the lru_cache and attribute reads.
-_Runnable = tuple[AnyKernel, Mapping[str, Any], int, bool, int, int, tuple[str, ...]]
+_Runnable = tuple[AnyKernel, Mapping[str, Any], int, bool]
 _RUNNABLE: dict[tuple[str, int, str], _Runnable] = {}
 _VARIADIC = 2**31 - 1  # OpSchema.max_input of a variadic input
 
@@ -249,19 +249,6 @@ def lookup(op_type: str, opset: int, domain: str = "") -> Resolved:
     )
 
 
-def _runnable(resolved: Resolved) -> _Runnable:
-    low, high = resolved.input_range
-    return (
-        resolved.kernel,
-        resolved.defaults,
-        resolved.since_version,
-        resolved.needs_num_outputs,
-        low,
-        high,
-        resolved.required_attributes,
-    )
-
-
 def run(
     op_type: str,
     inputs: Sequence[Any],
@@ -295,8 +282,9 @@ def run(
     key = (op_type, opset, domain)
     runnable = _RUNNABLE.get(key)
     if runnable is None:
-        runnable = _RUNNABLE[key] = _runnable(lookup(op_type, opset, domain))
-    kernel, defaults, version, counted, low, high, required = runnable
+        r = lookup(op_type, opset, domain)
+        runnable = _RUNNABLE[key] = (r.kernel, r.defaults, r.since_version, r.needs_num_outputs)
+    kernel, defaults, version, counted = runnable
     attrs = {**defaults, **attributes} if attributes else dict(defaults)
     # Kernels never mutate their inputs, so a list is passed on without a copy.
     args = inputs if type(inputs) is list else list(inputs)
@@ -309,7 +297,7 @@ def run(
         raise
     except Exception as e:
         # A kernel fails when it reads an input or attribute the caller left out: not a bug.
-        error = _schema_error(args, attrs, low, high, required)
+        error = _schema_error(args, attrs, lookup(op_type, opset, domain))
         if error is not None:
             error.locate(op_type, version)
             raise error from e
@@ -318,11 +306,7 @@ def run(
 
 
 def _schema_error(
-    inputs: list[Any],
-    attrs: Mapping[str, Any],
-    low: int,
-    high: int,
-    required: tuple[str, ...],
+    inputs: list[Any], attrs: Mapping[str, Any], resolved: Resolved
 ) -> RefImplError | None:
     """The error for inputs or attributes that break the schema, or None if they do not.
 
@@ -330,12 +314,13 @@ def _schema_error(
     (every kernel fails when it reads a missing input or attribute): the input count, the first
     ``low`` inputs being given (not None), the required attributes being there.
     """
+    low, high = resolved.input_range
     if not low <= len(inputs) <= high:
         most = "any number" if high == _VARIADIC else f"at most {high}"
         return RefImplError(f"{len(inputs)} inputs; the schema takes at least {low}, {most}")
     if any(inputs[i] is None for i in range(low)):
         return RefImplError(f"a required input (one of the first {low}) is missing")
-    missing = [name for name in required if attrs.get(name) is None]
+    missing = [name for name in resolved.required_attributes if attrs.get(name) is None]
     if missing:
         return RefImplError(f"required attribute(s) {missing} missing")
     return None
