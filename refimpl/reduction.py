@@ -139,11 +139,15 @@ def _reducer(
         if exact:
             return on_float(data.astype(F32) if kind == "V" else data, axes, keepdims)
         wide = data if data.dtype == F64 else data.astype(F64)
-        limit = (overflow_limit(data.dtype),) if held else ()  # looked up only where needed
+        if not (held or quiet):  # sums and products: the common call pays for nothing else
+            return on_float(wide, axes, keepdims)
+        args: tuple[Any, ...] = (wide, axes, keepdims)
+        if held:
+            args += (overflow_limit(data.dtype),)
         if quiet:
             with np.errstate(all="ignore"):
-                return on_float(wide, axes, keepdims, *limit)
-        return on_float(wide, axes, keepdims, *limit)
+                return on_float(*args)
+        return on_float(*args)
 
     return reduce
 
