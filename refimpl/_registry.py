@@ -10,7 +10,9 @@ once per schema version with the dtypes that version allows.
 When a node is evaluated at a model opset, the registry asks ``onnx.defs`` which schema version
 applies at that opset and only uses a kernel that declares that exact schema version. A newer
 schema that changes the semantics therefore never falls back to an older kernel: its kernel
-has to be registered with a range that ends before it (``until``).
+has to be registered with a range that ends before it (``until``). An open range is a claim
+about the future too: the schema versions a newer onnx adds are served by it, so after an onnx
+upgrade the conformance cases (which run at the newest opsets) check the claim.
 
 ``run`` calls the kernel and sorts what escapes it: :class:`RefImplError` propagates (with the op
 recorded); a failure while the inputs or attributes break the schema's counts (too few or too
