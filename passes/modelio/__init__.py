@@ -41,7 +41,7 @@ from passes.modelio.destinations import (
     data_file_of,
     shown,
 )
-from passes.modelio.sparse import densify_sparse_constants
+from passes.modelio import sparse as _sparse
 from passes.errors import InputError, first_line as _first_line
 from passes.limits import PROTOBUF_LIMIT, PROTOBUF_MAX
 
@@ -226,11 +226,11 @@ def validate_proto(
 
 
 def model_from_proto(proto: onnx.ModelProto, *, validate: bool = False) -> ir.Model:
-    """Builds the IR of ``proto`` (changed in place: sparse Constants densified, map types stashed).
+    """Builds the IR of ``proto`` (changed in place: sparse Constants and map types stashed).
 
     onnx_ir represents neither sparse tensor attributes nor map types; see
     ``passes.modelio.sparse`` and ``passes.modelio.opaque``. :func:`model_to_proto` and
-    :func:`save_model` put the stashed types back.
+    :func:`save_model` put the stashed nodes and types back.
 
     Raises:
         InputError: with ``validate``, the model is invalid (see :func:`validate_proto`);
@@ -238,7 +238,7 @@ def model_from_proto(proto: onnx.ModelProto, *, validate: bool = False) -> ir.Mo
     """
     if validate:
         validate_proto(proto)
-    densify_sparse_constants(proto)
+    sparse = _sparse.stash(proto)
     stashed = _opaque_types.stash(proto)
     try:
         model = ir.serde.deserialize_model(proto)
@@ -246,21 +246,28 @@ def model_from_proto(proto: onnx.ModelProto, *, validate: bool = False) -> ir.Mo
         raise InputError(f"cannot read the model ({_root_message(e)})") from e
     if stashed:
         model.meta[_opaque_types.STASH_KEY] = stashed
+    if sparse:
+        model.meta[_sparse.STASH_KEY] = sparse
+        _sparse.attach_types(model)
     return model
 
 
 def model_to_proto(model: ir.Model) -> onnx.ModelProto:
-    """Serialises ``model`` (tensors in memory) with the declarations :func:`model_from_proto` stashed."""
+    """Serialises ``model`` (tensors in memory) with what :func:`model_from_proto` stashed put back."""
     proto = ir.serde.serialize_model(model)
-    _opaque_types.restore(proto, model.meta.get(_opaque_types.STASH_KEY, {}))
+    _restore_stashed(model, proto)
     return proto
 
 
-def _restore_opaque_types(model: ir.Model, path: pathlib.Path) -> None:
-    stashed = model.meta.get(_opaque_types.STASH_KEY)
-    if stashed:
+def _restore_stashed(model: ir.Model, proto: onnx.ModelProto) -> None:
+    _opaque_types.restore(proto, model.meta.get(_opaque_types.STASH_KEY, {}))
+    _sparse.restore(proto, model.meta.get(_sparse.STASH_KEY, {}))
+
+
+def _restore_stashed_file(model: ir.Model, path: pathlib.Path) -> None:
+    if model.meta.get(_opaque_types.STASH_KEY) or model.meta.get(_sparse.STASH_KEY):
         proto = onnx.load_model(str(path), load_external_data=False)
-        _opaque_types.restore(proto, stashed)
+        _restore_stashed(model, proto)
         onnx.save_model(proto, str(path))
 
 
@@ -360,10 +367,10 @@ def save_model(
             data.unlink()  # every initializer was small enough to stay inline
         elif data.exists():
             written.append(data)
-        _restore_opaque_types(model, path)
+        _restore_stashed_file(model, path)
         return written
     ir.save(model, path)
-    _restore_opaque_types(model, path)
+    _restore_stashed_file(model, path)
     return [path]
 
 
