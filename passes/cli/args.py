@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 
 from passes import pipeline
 from passes.errors import EXIT_ERROR
-from passes.options import Option, parse_nonnegative_int, short
+from passes.options import Option, parse_int, parse_nonnegative_int, short
 from passes.verify.result import DEFAULT_DIM
 
 __all__ = ["PROG", "option_values", "parser"]
@@ -24,9 +24,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _typed(option: Option) -> Any:
+    # A pass declaring parse=int would take '٤', '1_8' or 5000 digits: the strict parser instead.
+    parser_of_text = parse_int if option.parse is int else option.parse
+
     def parse(text: str) -> Any:
         try:
-            return option.parse(text)
+            return parser_of_text(text)
         except (ValueError, OverflowError) as e:
             raise argparse.ArgumentTypeError(str(e) or f"invalid value {short(text)}") from None
 
