@@ -20,7 +20,7 @@ def _interrupted_during_start_up(signum: int, frame: Any) -> NoReturn:
     os._exit(128 + signum)
 
 
-def main() -> int:
+def main() -> NoReturn:
     """Installs the start-up signal handlers, then runs the command as a process.
 
     :func:`passes.cli.command.run` ends the process itself (see there why), so

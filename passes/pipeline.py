@@ -331,7 +331,8 @@ def _check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | os.P
     clashes = sorted(written & inputs) if target != source else []
     if clashes:
         raise InputError(f"{dst}: writing it would overwrite the input's file {clashes[0]}; choose another output")
-    check_encodable(dst, shown(dst), "onnx and onnxruntime take paths as UTF-8 text, so the output could not be checked")
+    check_encodable(dst, shown(dst), "onnx and onnxruntime take paths as UTF-8 text, so the output "
+                                     "could not be checked")
     check_writable(dst, shown(dst))
     if target != source and modelio.has_external_data(model):
         check_data_file(dst, replace=replace_data)

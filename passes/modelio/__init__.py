@@ -130,7 +130,8 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
             _bind_external_tensors(model, path.parent)
         except (OSError, ValueError) as e:  # onnx_ir refusing a file that changed since validation
             check_unchanged(model)
-            raise InputError(f"cannot read external data ({e.strerror if isinstance(e, OSError) and e.strerror else _first_line(e)})") from e
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else _first_line(e)
+            raise InputError(f"cannot read external data ({reason})") from e
         check_unchanged(model)
     except InputError as e:
         raise InputError(f"{shown(path)}: {e}") from e

@@ -23,7 +23,9 @@ import onnx
 import onnx.numpy_helper
 import onnx_ir as ir
 
-__all__ = ["DOMAIN", "STASH_KEY", "attach_types", "densify_placeholders", "densify_sparse_constants", "restore", "stash"]
+__all__ = [
+    "DOMAIN", "STASH_KEY", "attach_types", "densify_placeholders", "densify_sparse_constants", "restore", "stash",
+]
 
 #: The placeholder's domain and op type (never written: :func:`restore` replaces the node).
 DOMAIN = "onnx_optimize.stashed"
