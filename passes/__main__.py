@@ -20,13 +20,17 @@ def _interrupted_during_start_up(signum: int, frame: Any) -> NoReturn:
     os._exit(128 + signum)
 
 
-def main() -> int:
-    """Installs the start-up signal handlers, then runs :func:`passes.cli.main`."""
+def main() -> NoReturn:
+    """Installs the start-up signal handlers, then runs the command as a process.
+
+    :func:`passes.cli.command.run` ends the process itself (see there why), so
+    this returns only if it is replaced.
+    """
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, _interrupted_during_start_up)
-    from passes.cli import main as cli_main
+    from passes.cli.command import run
 
-    return cli_main()
+    run()
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from passes.base import Pass
 from passes.cleanup import CleanupPass
 from passes.decompose import DecomposeLogSumExpPass
 from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
+from passes.modelio.destinations import check_data_file, check_encodable, check_writable, shown
 from passes.fold import ConstantFoldingPass
 from passes.ir.walk import default_opset
 from passes.options import Option
@@ -310,21 +311,42 @@ def _verify(original: Any, staged: Any, check: CheckOptions, report: Report,
 
 
 def _check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | os.PathLike[str] | None,
-                        model: ir.Model) -> None:  # fmt: skip
-    """Refuses an OUTPUT (or its ``.data`` file, or the report) that would overwrite part of the
-    input other than by replacing the input model as a whole (``-o INPUT``)."""
+                        model: ir.Model, replace_data: bool = False) -> None:  # fmt: skip
+    """Refuses, before any work, what the run must not write.
+
+    * OUTPUT (or its ``.data`` file, or the report) overwriting part of the input
+      other than by replacing the input model as a whole (``-o INPUT``);
+    * OUTPUT, OUTPUT.data or the report existing as anything but a regular file
+      (a device, a FIFO, a socket, a folder): only regular files and new paths
+      are written;
+    * OUTPUT.data that is not OUTPUT's own data file, when the model has external
+      data (so the output will too), unless ``replace_data``; the commit checks
+      again whatever the output turns out to need;
+    * an OUTPUT path that is not UTF-8 text (onnx could not check the output).
+    """
     source = src.resolve()
     inputs = {source, *modelio.data_files(model)}
     target = dst.resolve()
-    written = {target, target.with_name(target.name + ".data")}
+    data = target.with_name(target.name + ".data")
+    written = {target, data}
     clashes = sorted(written & inputs) if target != source else []
     if clashes:
         raise InputError(f"{dst}: writing it would overwrite the input's file {clashes[0]}; choose another output")
+    check_encodable(dst, shown(dst), "onnx and onnxruntime take paths as UTF-8 text, so the output "
+                                     "could not be checked")
+    check_writable(dst, shown(dst))
+    if target != source and modelio.has_external_data(model):
+        check_data_file(dst, replace=replace_data)
+    else:
+        check_writable(data, f"{shown(data)} (the output's data file)")
     if report is not None:
-        if pathlib.Path(report).resolve() in inputs | written:
-            raise InputError(f"--report {report}: that is a model file of this run; choose another name")
-        if not pathlib.Path(report).resolve().parent.is_dir():
-            raise InputError(f"--report {report}: its folder does not exist")
+        label = f"--report {shown(report)}"
+        resolved = pathlib.Path(report).resolve()
+        if resolved in inputs | written:
+            raise InputError(f"{label}: that is a model file of this run; choose another name")
+        if not resolved.parent.is_dir():
+            raise InputError(f"{label}: its folder does not exist")
+        check_writable(pathlib.Path(report), label)
 
 
 def optimize_file(
@@ -339,6 +361,7 @@ def optimize_file(
     progress: Callable[[str], None] | None = None,
     warn: Callable[[str], None] = logger.warning,
     on_commit: Callable[[bool], None] | None = None,
+    replace_data: bool = False,
     **options: Any,
 ) -> Report:
     """Loads ``source``, optimises it, checks the result and writes it to ``output`` atomically.
@@ -354,10 +377,12 @@ def optimize_file(
         skip: Pass names not to run.
         check: How to check (default: :class:`CheckOptions`).
         force: Write the output even when the check fails (the error is still raised).
-        report_path: Also write the report there as JSON.
+        report_path: Also write the report there as JSON (committed with the output).
         progress: Called with a short message before each phase.
         warn: Called with a warning (a check that could not run).
         on_commit: Called with True once the output is in place (False if it was not written).
+        replace_data: Replace an existing ``OUTPUT.data`` even when it is not the
+            existing OUTPUT's own data file (it may be another model's weights).
         **options: Values of the passes' declared options.
 
     Returns:
@@ -375,26 +400,29 @@ def optimize_file(
     if progress:
         progress(f"loading {src}")
     model = modelio.load_model(src)
-    _check_destinations(src, dst, report_path, model)
+    _check_destinations(src, dst, report_path, model, replace_data)
     report = Report(str(src), str(dst), summarize(model))
     report.passes = optimize_model(model, names, progress=progress, **values)
     report.after = summarize(model)
-    with modelio.staged_output(dst) as staged:
+    with modelio.staged_output(dst, replace_data=replace_data) as staged:
         if progress:
             progress(f"saving {dst}")
         staged_path = staged.save(model)
         if progress and check.enabled:
             progress("checking with onnxruntime")
         failure = _verify(src, staged_path, check, report, warn)
-        if failure is None or force:
-            try:
-                staged.commit()
-            finally:  # an interrupt may arrive as the commit completes
-                report.written = staged.committed
-                if on_commit:
-                    on_commit(staged.committed)
-    if report_path is not None:
-        report.write_json(report_path)
+        commit = failure is None or force
+        if report_path is not None:
+            # Staged with the output and renamed in the same commit, so that a report that
+            # cannot be written leaves the output as it was; it says what the commit will do.
+            report.written = commit
+            staged.stage_file(report_path, report.write_json, f"--report {shown(report_path)}")
+        try:
+            staged.commit(model=commit)
+        finally:  # an interrupt may arrive as the commit completes
+            report.written = staged.committed
+            if on_commit and commit:
+                on_commit(staged.committed)
     if failure is not None:
         error = CheckFailedError(failure + ("" if report.written else f"; {dst} not written"))
         error.report = report  # type: ignore[attr-defined]

@@ -21,9 +21,11 @@ import os
 import pathlib
 import shutil
 import signal
+import stat
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import IO
 
 import google.protobuf.message
 import onnx
@@ -32,13 +34,21 @@ import onnx.external_data_helper
 import onnx_ir as ir
 
 from passes.modelio import opaque as _opaque_types, validate as _validate
-from passes.modelio.sparse import densify_sparse_constants
+from passes.modelio.destinations import (
+    check_data_file,
+    check_encodable,
+    check_writable,
+    data_file_of,
+    shown,
+)
+from passes.modelio import sparse as _sparse
 from passes.errors import InputError, first_line as _first_line
 from passes.limits import PROTOBUF_LIMIT, PROTOBUF_MAX
 
 __all__ = [
     "PROTOBUF_LIMIT",
     "StagedOutput",
+    "check_unchanged",
     "data_files",
     "has_external_data",
     "load_model",
@@ -87,34 +97,74 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
             (including type inference).
     """
     path = pathlib.Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    if not path.is_file():
-        raise InputError(f"{path}: not a regular file")
-    size = path.stat().st_size
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(f"{shown(path)}: no such file") from None
+    except (OSError, ValueError) as e:  # a name too long, a loop, a NUL...
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else _first_line(e)
+        raise InputError(f"{shown(path)}: cannot read ({reason})") from e
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{shown(path)}: not a regular file")
+    size = info.st_size
     if size == 0:
-        raise InputError(f"{path}: empty file, not an ONNX model")
+        raise InputError(f"{shown(path)}: empty file, not an ONNX model")
     if size >= PROTOBUF_MAX:
         raise InputError(
-            f"{path}: {size} bytes is over protobuf's 2 GB limit; "
+            f"{shown(path)}: {size} bytes is over protobuf's 2 GB limit; "
             "store the weights as external data to load it"
         )
     try:
         proto = onnx.load_model(str(path), load_external_data=False)
     except (google.protobuf.message.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: not a valid ONNX model ({_first_line(e)})") from e
+        raise InputError(f"{shown(path)}: not a valid ONNX model ({_first_line(e)})") from e
     except OSError as e:
-        raise InputError(f"{path}: cannot read ({_first_line(e)})") from e
+        raise InputError(f"{shown(path)}: cannot read ({e.strerror or _first_line(e)})") from e
+    identities: dict[pathlib.Path, _validate.Identity] = {}
     try:
-        validate_proto(proto, path.parent, path=path, check=check)
-    except InputError as e:
-        raise InputError(f"{path}: {e}") from e
-    try:
+        validate_proto(proto, path.parent, path=path, check=check, identities=identities)
         model = model_from_proto(proto)
+        if identities:
+            model.meta[_IDENTITY_KEY] = identities
+        try:
+            _bind_external_tensors(model, path.parent)
+        except (OSError, ValueError) as e:  # onnx_ir refusing a file that changed since validation
+            check_unchanged(model)
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else _first_line(e)
+            raise InputError(f"cannot read external data ({reason})") from e
+        check_unchanged(model)
     except InputError as e:
-        raise InputError(f"{path}: {e}") from e
-    _bind_external_tensors(model, path.parent)
+        raise InputError(f"{shown(path)}: {e}") from e
     return model
+
+
+#: Key of the validated external-data files' identities in ``ir.Model.meta``.
+_IDENTITY_KEY = "onnx_optimize.external_identity"
+
+
+def check_unchanged(model: ir.Model) -> None:
+    """Refuses a model whose external-data files are no longer the files validation looked at.
+
+    Validation inspects paths, and onnx_ir opens the files later, by path: a file
+    swapped in between (for a symlink, another file) or rewritten would be read
+    instead of the validated one. Each file's device, inode, size and mtime are
+    compared with those validation saw; ``load_model`` checks after reading the
+    Constants' external values, and :meth:`StagedOutput.save` after the save has
+    read every initializer.
+
+    Raises:
+        InputError: a file is gone or is another file now.
+    """
+    for path, seen in model.meta.get(_IDENTITY_KEY, {}).items():
+        try:
+            now = _validate.identity(path)
+        except OSError:
+            now = None
+        if now != seen:
+            raise InputError(
+                f"external data file {shown(path)} changed after it was validated "
+                "(replaced, rewritten or removed); refusing to use it"
+            )
 
 
 def _root_message(error: BaseException) -> str:
@@ -140,7 +190,7 @@ def proto_from_bytes(data: bytes) -> onnx.ModelProto:
 
 def validate_proto(
     proto: onnx.ModelProto, base_dir: pathlib.Path | None = None, *, path: pathlib.Path | None = None,
-    check: bool = True,
+    check: bool = True, identities: dict[pathlib.Path, _validate.Identity] | None = None,
 ) -> int:
     """The load-time validation of :func:`load_model`, for a model already in memory.
 
@@ -151,6 +201,7 @@ def validate_proto(
             that refers to external data needs one.
         path: The model's file, if it has one (the checker reads external data through it).
         check: Also run the ONNX checker with type inference.
+        identities: Receives the identity of each external-data file (see :func:`check_unchanged`).
 
     Returns:
         How many tensors are stored externally.
@@ -164,20 +215,23 @@ def validate_proto(
         # own datasets/mul_1.onnx does) and onnxruntime runs such models, so they are read
         # as IR 4 (the upgrade raises the version further anyway).
         proto.ir_version = 4
-    external = _validate.check_contents(proto, base_dir or pathlib.Path.cwd())
+    external = _validate.check_contents(proto, base_dir or pathlib.Path.cwd(), identities)
     if external and (base_dir is None or (check and path is None)):
         raise InputError("the model refers to external data; load it from its file instead")
+    if external and check and path is not None:
+        check_encodable(path, "its path", "onnx and onnxruntime read external data by a path given as UTF-8 "
+                                          "text; rename or move it")  # fmt: skip
     if check:
         _validate.check_validity(proto, path, external)
     return external
 
 
 def model_from_proto(proto: onnx.ModelProto, *, validate: bool = False) -> ir.Model:
-    """Builds the IR of ``proto`` (changed in place: sparse Constants densified, map types stashed).
+    """Builds the IR of ``proto`` (changed in place: sparse Constants and map types stashed).
 
     onnx_ir represents neither sparse tensor attributes nor map types; see
     ``passes.modelio.sparse`` and ``passes.modelio.opaque``. :func:`model_to_proto` and
-    :func:`save_model` put the stashed types back.
+    :func:`save_model` put the stashed nodes and types back.
 
     Raises:
         InputError: with ``validate``, the model is invalid (see :func:`validate_proto`);
@@ -185,7 +239,7 @@ def model_from_proto(proto: onnx.ModelProto, *, validate: bool = False) -> ir.Mo
     """
     if validate:
         validate_proto(proto)
-    densify_sparse_constants(proto)
+    sparse = _sparse.stash(proto)
     stashed = _opaque_types.stash(proto)
     try:
         model = ir.serde.deserialize_model(proto)
@@ -193,21 +247,28 @@ def model_from_proto(proto: onnx.ModelProto, *, validate: bool = False) -> ir.Mo
         raise InputError(f"cannot read the model ({_root_message(e)})") from e
     if stashed:
         model.meta[_opaque_types.STASH_KEY] = stashed
+    if sparse:
+        model.meta[_sparse.STASH_KEY] = sparse
+        _sparse.attach_types(model)
     return model
 
 
 def model_to_proto(model: ir.Model) -> onnx.ModelProto:
-    """Serialises ``model`` (tensors in memory) with the declarations :func:`model_from_proto` stashed."""
+    """Serialises ``model`` (tensors in memory) with what :func:`model_from_proto` stashed put back."""
     proto = ir.serde.serialize_model(model)
-    _opaque_types.restore(proto, model.meta.get(_opaque_types.STASH_KEY, {}))
+    _restore_stashed(model, proto)
     return proto
 
 
-def _restore_opaque_types(model: ir.Model, path: pathlib.Path) -> None:
-    stashed = model.meta.get(_opaque_types.STASH_KEY)
-    if stashed:
+def _restore_stashed(model: ir.Model, proto: onnx.ModelProto) -> None:
+    _opaque_types.restore(proto, model.meta.get(_opaque_types.STASH_KEY, {}))
+    _sparse.restore(proto, model.meta.get(_sparse.STASH_KEY, {}))
+
+
+def _restore_stashed_file(model: ir.Model, path: pathlib.Path) -> None:
+    if model.meta.get(_opaque_types.STASH_KEY) or model.meta.get(_sparse.STASH_KEY):
         proto = onnx.load_model(str(path), load_external_data=False)
-        _opaque_types.restore(proto, stashed)
+        _restore_stashed(model, proto)
         onnx.save_model(proto, str(path))
 
 
@@ -307,10 +368,10 @@ def save_model(
             data.unlink()  # every initializer was small enough to stay inline
         elif data.exists():
             written.append(data)
-        _restore_opaque_types(model, path)
+        _restore_stashed_file(model, path)
         return written
     ir.save(model, path)
-    _restore_opaque_types(model, path)
+    _restore_stashed_file(model, path)
     return [path]
 
 
@@ -360,67 +421,137 @@ def _signals_deferred() -> Iterator[None]:
 
 
 class StagedOutput:
-    """A temporary folder next to the destination; :meth:`commit` renames its files into place."""
+    """A temporary folder next to the destination; :meth:`commit` renames its files into place.
 
-    def __init__(self, destination: pathlib.Path) -> None:
+    Other files to commit with the model (the JSON report) are staged with
+    :meth:`stage_file` under unique temporary names next to their own
+    destinations, and renamed in the same commit, after the model.
+    """
+
+    def __init__(self, destination: pathlib.Path, *, replace_data: bool = False) -> None:
         self.destination = destination
+        self.replace_data = replace_data
         self.folder = pathlib.Path(
             tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
         )
         self.path = self.folder / destination.name
         self.files: list[pathlib.Path] = []
+        self.extra: list[tuple[pathlib.Path, pathlib.Path, str]] = []  # (temporary file, target, label)
         self.committed = False
 
     def save(self, model: ir.Model, *, external_data: bool | None = None) -> pathlib.Path:
         """Writes the model into the temporary folder.
 
         Raises:
-            InputError: the disk is full, or another error of the file system.
+            InputError: the disk is full, another error of the file system, or an
+                input data file that changed since it was validated.
         """
         try:
             self.files = save_model(model, self.path, external_data=external_data)
         except OSError as e:
-            raise InputError(f"{self.destination}: cannot write ({e.strerror or _first_line(e)})") from e
+            raise InputError(f"{shown(self.destination)}: cannot write ({e.strerror or _first_line(e)})") from e
+        except ValueError:  # onnx_ir refusing to read an input data file that changed
+            check_unchanged(model)
+            raise
+        check_unchanged(model)
         return self.path
 
-    def commit(self) -> list[pathlib.Path]:
-        """Moves the written files to the destination folder; the model file last."""
+    def stage_file(self, target: str | os.PathLike[str], write: Callable[[IO[str]], None], label: str) -> None:
+        """Writes a text file to a unique temporary name next to ``target``, renamed there by :meth:`commit`.
+
+        Raises:
+            InputError: ``target`` is not a regular file or a new path, or cannot be written.
+        """
+        target = pathlib.Path(target)
+        check_writable(target, label)
+        try:
+            with _signals_deferred():  # the temporary file is registered before an interrupt can land
+                fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+                self.extra.append((pathlib.Path(name), target, label))
+            os.fchmod(fd, 0o666 & ~_umask())  # as an ordinary new file would be, not mkstemp's 0600
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                write(f)
+        except OSError as e:
+            raise InputError(f"{label}: cannot write ({e.strerror or _first_line(e)})") from e
+
+    def commit(self, *, model: bool = True) -> list[pathlib.Path]:
+        """Moves the written files to the destination folder (the model file last), then the staged files.
+
+        Args:
+            model: Commit the model; False commits only the files of :meth:`stage_file`.
+
+        Raises:
+            InputError: a destination became something other than a regular file,
+                ``NAME.data`` belongs to another model (see ``check_data_file``),
+                or a rename failed.
+        """
+        files = [f for f in self.files if f != self.path] + [self.path] if model else []
+        for f in files:
+            check_writable(self.destination.parent / f.name, shown(self.destination.parent / f.name))
+        if model and len(files) > 1:
+            check_data_file(self.destination, replace=self.replace_data)
+        for _, target, label in self.extra:
+            check_writable(target, label)
         moved = []
-        others = [f for f in self.files if f != self.path]
         with _signals_deferred():
             try:
-                for f in [*others, self.path]:
+                for f in files:
                     target = self.destination.parent / f.name
                     os.replace(f, target)
                     moved.append(target)
             except OSError as e:
-                raise InputError(f"{self.destination}: cannot write ({e.strerror or _first_line(e)})") from e
-            self.committed = True
+                raise InputError(f"{shown(self.destination)}: cannot write ({e.strerror or _first_line(e)})") from e
+            self.committed = model
+            for tmp, target, label in self.extra:
+                try:
+                    os.replace(tmp, target)
+                except OSError as e:
+                    written = f"; {shown(self.destination)} was written" if model else ""
+                    raise InputError(f"{label}: cannot write ({e.strerror or _first_line(e)}){written}") from e
+                moved.append(target)
+            self.extra.clear()
         return moved
 
     def discard(self) -> None:
         with _signals_deferred():
             shutil.rmtree(self.folder, ignore_errors=True)
+            for tmp, _, _ in self.extra:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+            self.extra.clear()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager
-def staged_output(destination: str | os.PathLike[str]) -> Iterator[StagedOutput]:
-    """Context manager for an atomic save; the temporary folder is always removed.
+def staged_output(destination: str | os.PathLike[str], *, replace_data: bool = False) -> Iterator[StagedOutput]:
+    """Context manager for an atomic save; the temporary folder (and staged files) are always removed.
+
+    Args:
+        destination: The model file to write: a regular file or a new path.
+        replace_data: Replace ``NAME.data`` even when it is not the existing model's own.
 
     Raises:
-        InputError: the destination folder does not exist or is not writable.
+        InputError: the destination folder does not exist or is not writable, the
+            destination is not a regular file or a new path, or its name is not UTF-8.
     """
     destination = pathlib.Path(destination)
     parent = destination.parent
+    check_encodable(destination, shown(destination),
+                    "onnx and onnxruntime take paths as UTF-8 text, so the output could not be checked")
     if not parent.is_dir():
-        raise InputError(f"{destination}: folder {str(parent) or '.'!r} does not exist")
-    if destination.is_dir():
-        raise InputError(f"{destination}: is a folder")
+        raise InputError(f"{shown(destination)}: folder {shown(str(parent) or '.')!r} does not exist")
+    check_writable(destination, shown(destination))
+    check_writable(data_file_of(destination), f"{shown(data_file_of(destination))} (the output's data file)")
     try:
         with _signals_deferred():  # an interrupt must not leave the folder behind
-            staged = StagedOutput(destination)
+            staged = StagedOutput(destination, replace_data=replace_data)
     except OSError as e:
-        raise InputError(f"{destination}: cannot write here ({_first_line(e)})") from e
+        raise InputError(f"{shown(destination)}: cannot write here ({_first_line(e)})") from e
     try:
         yield staged
     finally:

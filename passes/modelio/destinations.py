@@ -1,0 +1,132 @@
+"""What a run may write to: regular files or new paths, and only its own data file.
+
+* :func:`check_writable`: a destination that exists must be a regular file
+  (a symlink is followed to see what it names). Renaming over anything else
+  replaces it, and as root that includes ``/dev/null`` itself; a FIFO, a
+  socket, a device or a folder is refused instead.
+* :func:`check_encodable`: onnx and onnxruntime take paths as UTF-8 text, so
+  a path with bytes that are not UTF-8 cannot be checked (or, for a data file,
+  even named inside the model).
+* :func:`check_data_file`: ``OUT.data`` may be replaced only when it is
+  ``OUT``'s own data file, i.e. the existing ``OUT`` is a model that refers to
+  it. Otherwise it may hold another model's weights (that model would then
+  compute with ours), and it is refused unless the caller says to replace it.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import stat
+
+import google.protobuf.message
+import onnx
+
+from passes.errors import InputError
+from passes.limits import PROTOBUF_MAX
+
+__all__ = ["check_data_file", "check_encodable", "check_writable", "data_file_of", "shown"]
+
+_KINDS = (
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a folder"),
+)
+
+
+def shown(path: str | os.PathLike[str], limit: int = 200) -> str:
+    """``path`` for a message: undecodable bytes as ``\\xNN``, at most ``limit`` characters."""
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def data_file_of(destination: pathlib.Path) -> pathlib.Path:
+    """The external-data file that saving ``destination`` writes (``NAME.data`` next to it)."""
+    return destination.with_name(destination.name + ".data")
+
+
+def check_writable(path: pathlib.Path, label: str) -> None:
+    """Refuses ``path`` unless it is absent (a dangling symlink counts) or names a regular file.
+
+    Raises:
+        InputError: it is a device, a FIFO, a socket or a folder, or cannot be looked at.
+    """
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise InputError(f"{label}: a part of the path is not a folder") from None
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise InputError(f"{label}: cannot use this path ({reason})") from e
+    if stat.S_ISREG(info.st_mode):
+        return
+    kind = next((name for test, name in _KINDS if test(info.st_mode)), "not a regular file")
+    raise InputError(f"{label}: is {kind}, not a regular file; refusing to replace it")
+
+
+def check_encodable(path: pathlib.Path | str, label: str, why: str) -> None:
+    """Refuses a path that is not valid UTF-8 text (bytes the file system decoding could not read).
+
+    Raises:
+        InputError: it holds such bytes; ``why`` says what needs the text.
+    """
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{label}: the path is not valid UTF-8 text; {why}") from None
+
+
+def _external_locations(proto: onnx.ModelProto) -> set[str]:
+    """The external-data locations any tensor of ``proto`` refers to, at any depth."""
+    found: set[str] = set()
+    stack: list[google.protobuf.message.Message] = [proto]
+    while stack:
+        message = stack.pop()
+        if isinstance(message, onnx.TensorProto) and message.data_location == onnx.TensorProto.EXTERNAL:
+            found.update(e.value for e in message.external_data if e.key == "location")
+        for field, value in message.ListFields():
+            if field.type == field.TYPE_MESSAGE:
+                if isinstance(value, google.protobuf.message.Message):
+                    stack.append(value)
+                else:
+                    stack.extend(value)
+    return found
+
+
+def _refers_to(model_path: pathlib.Path, data: pathlib.Path) -> bool:
+    """Whether the file at ``model_path`` is an ONNX model with external data in ``data``."""
+    try:
+        info = os.stat(model_path)
+        if not stat.S_ISREG(info.st_mode) or not 0 < info.st_size < PROTOBUF_MAX:
+            return False
+        proto = onnx.load_model(os.fspath(model_path), load_external_data=False)
+    except (OSError, ValueError, RuntimeError, UnicodeDecodeError, google.protobuf.message.DecodeError):
+        return False
+    target = os.path.normpath(data.name)
+    return any(os.path.normpath(location) == target for location in _external_locations(proto))
+
+
+def check_data_file(destination: pathlib.Path, *, replace: bool = False) -> None:
+    """Refuses to replace an existing ``NAME.data`` that is not ``destination``'s own.
+
+    Args:
+        destination: The model file about to be written.
+        replace: Replace the data file whoever it belongs to (``--replace-data``).
+
+    Raises:
+        InputError: the data file exists, is not a regular file, or (unless
+            ``replace``) is not referred to by the model now at ``destination``.
+    """
+    data = data_file_of(destination)
+    check_writable(data, f"{shown(data)} (the output's data file)")
+    if replace or not os.path.lexists(data) or _refers_to(destination, data):
+        return
+    owner = "which does not exist" if not os.path.lexists(destination) else "which does not refer to it"
+    raise InputError(
+        f"{shown(data)}: exists and is not the data file of {shown(destination)} ({owner}); it may hold "
+        "another model's weights, so it is not replaced (--replace-data replaces it)"
+    )
