@@ -506,4 +506,11 @@ def optimize(
         raise CheckFailedError(failure)
     if isinstance(original, bytes):
         return proto.SerializeToString()
-    return proto if isinstance(model, onnx.ModelProto) else ir_model
+    if isinstance(model, onnx.ModelProto):
+        return proto
+    # An onnx_ir.Model cannot hold a sparse Constant: the caller gets the dense one.
+    try:
+        modelio.sparse.densify_placeholders(ir_model)
+    except ValueError as e:
+        raise InputError(f"cannot return the model as an onnx_ir.Model: {first_line(e)}; give output= instead") from e
+    return ir_model
