@@ -20,23 +20,27 @@ import logging
 import os
 import pathlib
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-import onnx
-import onnx_ir as ir
-
-from passes import modelio
-from passes.base import Pass
-from passes.cleanup import CleanupPass
-from passes.decompose import DecomposeLogSumExpPass
+# Only light modules at the top: ``--help`` and early errors need no more (see passes.registry).
+# onnx, onnx_ir, the passes and the report are imported where they are used.
+from passes import modelio  # light: it imports onnx and onnx_ir on first use
 from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
-from passes.fold import ConstantFoldingPass
-from passes.ir.walk import default_opset
+from passes.lazy import lazy_module
 from passes.options import Option
-from passes.report import PassRun, Report, summarize
-from passes.simplify import SimplifyPass
-from passes.upgrade import MIN_TARGET_OPSET, UpgradeOpsetPass
+from passes.registry import PassSpec, Registry
+
+if TYPE_CHECKING:
+    import onnx
+    import onnx_ir as ir
+
+    from passes.report import PassRun, Report
+else:
+    onnx = lazy_module("onnx")
+    ir = lazy_module("onnx_ir")
+_report = lazy_module("passes.report")
+_walk = lazy_module("passes.ir.walk")
 
 __all__ = [
     "DEFAULT_FOLD_SIZE_LIMIT",
@@ -55,33 +59,32 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TARGET_OPSET = MIN_TARGET_OPSET
-DEFAULT_FOLD_SIZE_LIMIT = ConstantFoldingPass.OPTIONS[0].default
-
-# The passes in their default order. One line per pass.
-_PASS_CLASSES: tuple[type[Pass], ...] = (
-    UpgradeOpsetPass,
-    ConstantFoldingPass,
-    SimplifyPass,
-    DecomposeLogSumExpPass,
+# The passes in their default order, as "module:Class". One line per pass.
+_PASS_CLASSES: tuple[str, ...] = (
+    "passes.upgrade:UpgradeOpsetPass",
+    "passes.fold:ConstantFoldingPass",
+    "passes.simplify:SimplifyPass",
+    "passes.decompose:DecomposeLogSumExpPass",
 )
 
-
-@dataclasses.dataclass(frozen=True)
-class PassSpec:
-    """A pass the pipeline can run: its name, a one-line description, its options, how to build it."""
-
-    name: str
-    description: str
-    build: Callable[[Mapping[str, Any]], ir.passes.PassBase]
-    options: tuple[Option, ...] = ()
-
-    @classmethod
-    def of(cls, pass_class: type[Pass]) -> PassSpec:
-        return cls(pass_class.NAME, pass_class.DESCRIPTION, pass_class.from_options, pass_class.OPTIONS)
+PASSES: MutableMapping[str, PassSpec] = Registry(_PASS_CLASSES)
 
 
-PASSES: dict[str, PassSpec] = {spec.name: spec for spec in map(PassSpec.of, _PASS_CLASSES)}
+def __getattr__(name: str) -> Any:
+    """The constants and names that come from the passes, imported on first use."""
+    if name == "DEFAULT_TARGET_OPSET":
+        from passes.upgrade import MIN_TARGET_OPSET
+
+        return MIN_TARGET_OPSET
+    if name == "DEFAULT_FOLD_SIZE_LIMIT":
+        from passes.fold import DEFAULT_SIZE_LIMIT
+
+        return DEFAULT_SIZE_LIMIT
+    if name == "PassRun":
+        from passes.report import PassRun
+
+        return PassRun
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def pass_options() -> list[Option]:
@@ -131,6 +134,8 @@ def select_passes(passes: Iterable[str] | None = None, skip: Iterable[str] = ())
 def _build(names: Sequence[str], values: Mapping[str, Any], cleanup: bool) -> list[tuple[str, ir.passes.PassBase]]:
     steps = [(name, PASSES[name].build(values)) for name in names]
     if cleanup:
+        from passes.cleanup import CleanupPass
+
         steps.append(("cleanup", CleanupPass()))
     return steps
 
@@ -155,7 +160,7 @@ def _root_cause(error: BaseException) -> BaseException:
 
 def _refuse_lower_target(model: ir.Model, names: Sequence[str], values: Mapping[str, Any]) -> None:
     target = values.get("target_opset")
-    opset = default_opset(model.opset_imports)
+    opset = _walk.default_opset(model.opset_imports)
     if "upgrade" in names and target is not None and opset is not None and target < opset:
         raise InputError(
             f"--target-opset {target} is lower than the model's opset {opset}; this tool never lowers an opset"
@@ -234,7 +239,7 @@ def _run_pass(name: str, pass_: ir.passes.PassBase, model: ir.Model) -> PassRun:
         raise
     seconds = time.perf_counter() - start
     logger.info("pass %s: %.3f s, modified=%s", name, seconds, result.modified)
-    return PassRun(name, seconds, bool(result.modified), dict(getattr(pass_, "stats", None) or {}))
+    return _report.PassRun(name, seconds, bool(result.modified), dict(getattr(pass_, "stats", None) or {}))
 
 
 def _merge_run(runs: list[PassRun], run: PassRun, rounds: int) -> None:
@@ -375,9 +380,9 @@ def optimize_file(
         progress(f"loading {src}")
     model = modelio.load_model(src)
     _check_destinations(src, dst, report_path, model)
-    report = Report(str(src), str(dst), summarize(model))
+    report = _report.Report(str(src), str(dst), _report.summarize(model))
     report.passes = optimize_model(model, names, progress=progress, **values)
-    report.after = summarize(model)
+    report.after = _report.summarize(model)
     with modelio.staged_output(dst) as staged:
         if progress:
             progress(f"saving {dst}")
@@ -472,7 +477,7 @@ def optimize(
         raise TypeError("optimize(): output= is only for a path input")
     optimize_model(ir_model, names, **values)
     proto = modelio.model_to_proto(ir_model)
-    failure = _verify(original, proto, checking, Report("", None, summarize(ir_model)), logger.warning)
+    failure = _verify(original, proto, checking, _report.Report("", None, _report.summarize(ir_model)), logger.warning)
     if failure is not None:
         raise CheckFailedError(failure)
     if isinstance(original, bytes):

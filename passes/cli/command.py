@@ -17,13 +17,14 @@ import traceback
 import warnings
 import zipfile
 from collections.abc import Sequence
-from typing import Any, NoReturn
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from passes import pipeline
 from passes.cli.args import PROG, option_values, parser
 from passes.errors import EXIT_CHECK, EXIT_ERROR, EXIT_OK, CheckFailedError, InputError, OptimizeError, first_line
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["main"]
 
@@ -52,6 +53,8 @@ class _Console:
 
 
 def _load_inputs(path: str) -> dict[str, np.ndarray]:
+    import numpy as np  # only with --inputs: --help and early errors stay cheap
+
     try:
         data = np.load(path, allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):

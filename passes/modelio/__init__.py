@@ -24,17 +24,24 @@ import signal
 import tempfile
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import google.protobuf.message
-import onnx
-import onnx.checker
-import onnx.external_data_helper
-import onnx_ir as ir
-
-from passes.modelio import opaque as _opaque_types, validate as _validate
-from passes.modelio.sparse import densify_sparse_constants
 from passes.errors import InputError, first_line as _first_line
+from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_LIMIT, PROTOBUF_MAX
+
+# Importing this module is cheap (the command's early errors come from load_model's first
+# lines): onnx, onnx_ir, protobuf and the validation import on first use.
+if TYPE_CHECKING:
+    import onnx
+    import onnx_ir as ir
+else:
+    onnx = lazy_module("onnx")
+    ir = lazy_module("onnx_ir")
+_protobuf = lazy_module("google.protobuf.message")
+_opaque_types = lazy_module("passes.modelio.opaque")
+_validate = lazy_module("passes.modelio.validate")
+_sparse = lazy_module("passes.modelio.sparse")
 
 __all__ = [
     "PROTOBUF_LIMIT",
@@ -101,7 +108,7 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         )
     try:
         proto = onnx.load_model(str(path), load_external_data=False)
-    except (google.protobuf.message.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
+    except (_protobuf.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: not a valid ONNX model ({_first_line(e)})") from e
     except OSError as e:
         raise InputError(f"{path}: cannot read ({_first_line(e)})") from e
@@ -134,7 +141,7 @@ def proto_from_bytes(data: bytes) -> onnx.ModelProto:
         raise InputError(f"{len(data)} bytes is over protobuf's 2 GB limit")
     try:
         return onnx.load_model_from_string(data)
-    except (google.protobuf.message.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
+    except (_protobuf.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
         raise InputError(f"not a valid ONNX model ({_first_line(e)})") from e
 
 
@@ -185,7 +192,7 @@ def model_from_proto(proto: onnx.ModelProto, *, validate: bool = False) -> ir.Mo
     """
     if validate:
         validate_proto(proto)
-    densify_sparse_constants(proto)
+    _sparse.densify_sparse_constants(proto)
     stashed = _opaque_types.stash(proto)
     try:
         model = ir.serde.deserialize_model(proto)
