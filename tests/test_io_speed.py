@@ -106,3 +106,189 @@ def test_upgrade_error_is_one_class() -> None:
 
     assert errors.UpgradeError is UpgradeError and issubclass(UpgradeError, ir.passes.PassError)
     assert type(pickle.loads(pickle.dumps(UpgradeError("x")))) is UpgradeError
+
+
+# --- 2. untouched weights are copied by the kernel --------------------------------------------------
+
+
+def _external_model(folder: pathlib.Path, sizes: dict[str, int], *, transpose: str = "") -> pathlib.Path:
+    """Per weight ``w`` (square float32 of the given side, external): ``x_w -> MatMul(w) -> ReduceL2 -> y_w``.
+
+    With ``transpose``, that weight goes through a Transpose first (fold replaces it).
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    inits, nodes, inputs, outputs = [], [], [], []
+    for name, side in sizes.items():
+        inits.append(numpy_helper.from_array(rng.standard_normal((side, side)).astype(np.float32), name))
+        weight = name
+        if name == transpose:
+            nodes.append(helper.make_node("Transpose", [name], [f"{name}_t"], perm=[1, 0]))
+            weight = f"{name}_t"
+        nodes.append(helper.make_node("MatMul", [f"x_{name}", weight], [f"h_{name}"]))
+        nodes.append(helper.make_node("ReduceL2", [f"h_{name}"], [f"y_{name}"], axes=[-1]))
+        inputs.append(helper.make_tensor_value_info(f"x_{name}", TensorProto.FLOAT, [2, side]))
+        outputs.append(helper.make_tensor_value_info(f"y_{name}", TensorProto.FLOAT, [2, 1]))
+    graph = helper.make_graph(nodes, "external", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    path = folder / "m.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, location="m.onnx.data", size_threshold=1024)
+    return path
+
+
+def _external_bytes(path: pathlib.Path) -> dict[str, bytes]:
+    """Each external initializer's bytes, read from its data file by its (location, offset, length)."""
+    proto = onnx.load(str(path), load_external_data=False)
+    found = {}
+    for t in proto.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL:
+            info = {e.key: e.value for e in t.external_data}
+            with open(path.parent / info["location"], "rb") as f:
+                f.seek(int(info.get("offset", 0)))
+                found[t.name] = f.read(int(info["length"]))
+    return found
+
+
+def _optimize(src: pathlib.Path, out: pathlib.Path, monkeypatch: pytest.MonkeyPatch, **kwargs) -> dict[str, int]:
+    """Runs the pipeline without onnxruntime; returns how many bytes each method wrote."""
+    from passes import pipeline
+    from passes.modelio import copy as copy_module
+
+    methods: dict[str, int] = {}
+    real = copy_module.write_external_data
+
+    def spy(*args, **kw):
+        result = real(*args, **kw)
+        methods.update(result)
+        return result
+
+    monkeypatch.setattr(copy_module, "write_external_data", spy)
+    pipeline.optimize_file(src, out, check=pipeline.CheckOptions(enabled=False), **kwargs)
+    return methods
+
+
+SIZES = {"w0": 64, "w1": 600, "w2": 64}  # 16 KiB, 1.4 MiB (aligned to 64 KiB), 16 KiB
+
+
+def test_untouched_external_weights_are_copied_byte_for_byte(tmp_path: pathlib.Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _external_model(tmp_path / "in", SIZES)
+    out = tmp_path / "out.onnx"
+    methods = _optimize(src, out, monkeypatch)
+    assert "python" not in methods and sum(methods.values()) == sum(4 * s * s for s in SIZES.values())
+    assert _external_bytes(out) == _external_bytes(src)
+    proto = onnx.load(str(out), load_external_data=False)
+    offsets = {t.name: int({e.key: e.value for e in t.external_data}["offset"])
+               for t in proto.graph.initializer if t.external_data}
+    assert offsets == {"w0": 0, "w1": 64 << 10, "w2": (64 << 10) + 4 * 600 * 600}
+    assert all(o % 16 == 0 for o in offsets.values())
+    assert proto.opset_import[0].version == 18  # the passes ran
+
+
+def test_a_changed_weight_is_written_and_the_others_copied(tmp_path: pathlib.Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _external_model(tmp_path / "in", SIZES, transpose="w0")
+    out = tmp_path / "out.onnx"
+    methods = _optimize(src, out, monkeypatch)
+    assert methods.pop("python") == 4 * 64 * 64  # the folded Transpose(w0)
+    assert sum(methods.values()) == 4 * (600 * 600 + 64 * 64)  # w1 and w2, copied
+    before, after = _external_bytes(src), _external_bytes(out)
+    assert after["w1"] == before["w1"] and after["w2"] == before["w2"] and "w0" not in after
+    folded = onnx.numpy_helper.to_array(next(t for t in onnx.load(str(out)).graph.initializer
+                                             if t.name not in ("w1", "w2") and t.dims == [64, 64]))  # fmt: skip
+    w0 = np.frombuffer(before["w0"], np.float32).reshape(64, 64)
+    np.testing.assert_array_equal(folded, w0.T)
+    from passes.verify import check
+
+    assert check.check(src, out).ok
+
+
+def test_reruns_write_identical_files(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _external_model(tmp_path / "in", SIZES, transpose="w2")
+    for name in ("a", "b"):
+        _optimize(src, tmp_path / f"{name}.onnx", monkeypatch)
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    assert (tmp_path / "a.onnx.data").read_bytes() == (tmp_path / "b.onnx.data").read_bytes()
+    proto_a, proto_b = onnx.load(str(a), load_external_data=False), onnx.load(str(b), load_external_data=False)
+    for t in proto_b.graph.initializer:  # the data file's name is the only difference
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = "a.onnx.data"
+    assert proto_a.SerializeToString() == proto_b.SerializeToString()
+
+
+@pytest.mark.parametrize("broken", [("copy_file_range",), ("copy_file_range", "sendfile")],
+                         ids=["no copy_file_range", "neither copy_file_range nor sendfile"])
+def test_without_kernel_copies_it_falls_back_to_a_plain_copy(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, broken: tuple[str, ...]
+) -> None:
+    import errno
+
+    src = _external_model(tmp_path / "in", SIZES)
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    for name in broken:
+        monkeypatch.setattr(os, name, refuse)
+    methods = _optimize(src, tmp_path / "out.onnx", monkeypatch)
+    expected = "sendfile" if broken == ("copy_file_range",) else "read/write"
+    assert set(methods) == {expected}
+    assert _external_bytes(tmp_path / "out.onnx") == _external_bytes(src)
+
+
+def test_a_real_write_error_is_not_taken_for_a_missing_feature(tmp_path: pathlib.Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from passes.errors import InputError
+
+    src = _external_model(tmp_path / "in", SIZES)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "copy_file_range", full)
+    with pytest.raises(InputError, match="No space left on device"):
+        _optimize(src, tmp_path / "out.onnx", monkeypatch)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+_SLOW_COPY = """
+import os, pathlib, signal, sys, time
+from passes.modelio import copy
+marker, argv = pathlib.Path(sys.argv[1]), sys.argv[2:]
+copy.CHUNK = 1 << 16
+real = os.copy_file_range
+def slow(*args, **kwargs):
+    marker.touch()
+    time.sleep(0.1)
+    return real(*args, **kwargs)
+os.copy_file_range = slow
+from passes.cli import command as cli
+code = cli.main(argv)
+for s in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(s, signal.SIG_IGN)
+sys.exit(code)
+"""
+
+
+def test_an_interrupt_during_the_copy_leaves_no_partial_output(tmp_path: pathlib.Path) -> None:
+    import signal
+    import time
+
+    src = _external_model(tmp_path / "in", SIZES)
+    marker, out = tmp_path / "copying", tmp_path / "out" / "out.onnx"
+    out.parent.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_COPY, str(marker), str(src), "-o", str(out), "--no-check",
+                             "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert marker.exists(), proc.communicate()[1]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip() == "optimize: error: interrupted; no output written"
+    assert list(out.parent.iterdir()) == []  # neither the output nor the staged folder

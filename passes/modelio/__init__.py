@@ -23,7 +23,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from passes.errors import InputError, first_line as _first_line
@@ -42,6 +42,7 @@ _protobuf = lazy_module("google.protobuf.message")
 _opaque_types = lazy_module("passes.modelio.opaque")
 _validate = lazy_module("passes.modelio.validate")
 _sparse = lazy_module("passes.modelio.sparse")
+_copy = lazy_module("passes.modelio.copy")
 
 __all__ = [
     "PROTOBUF_LIMIT",
@@ -210,14 +211,6 @@ def model_to_proto(model: ir.Model) -> onnx.ModelProto:
     return proto
 
 
-def _restore_opaque_types(model: ir.Model, path: pathlib.Path) -> None:
-    stashed = model.meta.get(_opaque_types.STASH_KEY)
-    if stashed:
-        proto = onnx.load_model(str(path), load_external_data=False)
-        _opaque_types.restore(proto, stashed)
-        onnx.save_model(proto, str(path))
-
-
 def _bind_external_tensors(model: ir.Model, base_dir: pathlib.Path) -> None:
     """Resolves every external tensor against the model's folder.
 
@@ -288,8 +281,15 @@ def save_model(
     path: str | os.PathLike[str],
     *,
     external_data: bool | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[pathlib.Path]:
     """Saves ``model`` to ``path`` (not atomic by itself; see :func:`staged_output`).
+
+    With external data, a weight that no pass changed (still the input's
+    ``ExternalTensor``) is copied from the input's data file by the kernel,
+    never read into Python; new and changed tensors are written from memory
+    (see :mod:`passes.modelio.copy` for the methods and the layout). The model
+    file is written once, map types restored in memory first.
 
     Args:
         model: The model to save. It is not modified.
@@ -297,6 +297,7 @@ def save_model(
         external_data: Store large initializers in ``<name>.data`` next to the
             file. ``None`` chooses: yes if the model already had external data or
             would exceed protobuf's 2 GB limit.
+        progress: Called with a byte count as the external data is written.
 
     Returns:
         The files written.
@@ -304,42 +305,59 @@ def save_model(
     path = pathlib.Path(path)
     if external_data is None:
         external_data = has_external_data(model) or _inline_nbytes(model) >= PROTOBUF_LIMIT
-    if external_data:
-        data_name = path.name + ".data"
-        with _small_external_tensors_in_memory(model, _INLINE_UP_TO):
-            ir.save(model, path, external_data=data_name, size_threshold_bytes=_INLINE_UP_TO)
-        written = [path]
-        data = path.parent / data_name
-        if data.exists() and data.stat().st_size == 0:
-            data.unlink()  # every initializer was small enough to stay inline
-        elif data.exists():
-            written.append(data)
-        _restore_opaque_types(model, path)
-        return written
-    ir.save(model, path)
-    _restore_opaque_types(model, path)
-    return [path]
+    if not external_data:
+        _write_proto(model_to_proto(model), path)
+        return [path]
+    data = path.with_name(path.name + ".data")
+    inline, placed = _split_initializers(model)
+    placements, size = _copy.plan([value.const_value for value in placed])
+    swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    try:
+        for value in inline:  # small external weights are written inline: read them now
+            swapped.append((value, value.const_value))
+            value.const_value = _in_memory(value.const_value)
+        if placements:
+            with open(data, "wb") as f:
+                methods = _copy.write_external_data(placements, size, f, progress)
+            logger.info("external data: %d bytes, %s", size, methods)
+        for value, p in zip(placed, placements):
+            tensor = p.tensor
+            swapped.append((value, tensor))
+            value.const_value = ir.ExternalTensor(
+                data.name, p.offset, p.length, tensor.dtype, shape=tensor.shape, name=tensor.name,
+                doc_string=getattr(tensor, "doc_string", None),
+                metadata_props=dict(getattr(tensor, "metadata_props", None) or {}) or None,
+                base_dir=str(path.parent),
+            )  # fmt: skip
+        _write_proto(model_to_proto(model), path)
+    finally:
+        for value, tensor in reversed(swapped):
+            value.const_value = tensor
+    return [path, data] if placements else [path]
 
 
-@contextlib.contextmanager
-def _small_external_tensors_in_memory(model: ir.Model, threshold: int) -> Iterator[None]:
-    """For the duration of a save, external initializers that the save writes inline are in memory.
+def _split_initializers(model: ir.Model) -> tuple[list[ir.Value], list[ir.Value]]:
+    """The initializers to store inline that are external now, and those to store externally, in order.
 
-    onnx_ir reads them itself, then closes their memory map, which fails while
-    an array viewing it is alive (a pass may hold one); see :func:`_in_memory`.
+    Over :data:`_INLINE_UP_TO` bytes a tensor goes to the data file, except
+    strings (which ONNX cannot store externally).
     """
-    swapped = []
+    inline, external = [], []
     for graph in model.graphs():
         for value in graph.initializers.values():
             tensor = value.const_value
-            if isinstance(tensor, ir.ExternalTensor) and tensor.nbytes <= threshold:
-                swapped.append((value, tensor))
-                value.const_value = _in_memory(tensor)
-    try:
-        yield
-    finally:
-        for value, tensor in swapped:
-            value.const_value = tensor
+            if tensor is None:
+                continue
+            if tensor.nbytes > _INLINE_UP_TO and tensor.dtype != ir.DataType.STRING:
+                external.append(value)
+            elif isinstance(tensor, ir.ExternalTensor):
+                inline.append(value)
+    return inline, external
+
+
+def _write_proto(proto: onnx.ModelProto, path: pathlib.Path) -> None:
+    with open(path, "wb") as f:
+        f.write(proto.SerializeToString())
 
 
 @contextlib.contextmanager
