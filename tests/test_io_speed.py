@@ -292,3 +292,52 @@ def test_an_interrupt_during_the_copy_leaves_no_partial_output(tmp_path: pathlib
     assert proc.returncode == 130, err
     assert err.strip() == "optimize: error: interrupted; no output written"
     assert list(out.parent.iterdir()) == []  # neither the output nor the staged folder
+
+
+# --- 3. one checker each way; the map-type restore does not re-read the file ----------------------
+
+
+def _zipmap_model() -> onnx.ModelProto:
+    out_type = helper.make_sequence_type_proto(
+        helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, None)))
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["proba"], axis=1),
+         helper.make_node("ZipMap", ["proba"], ["zipped"], domain="ai.onnx.ml", classlabels_int64s=[3, 7])],
+        "classifier", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])],
+        [helper.make_tensor_value_info("proba", TensorProto.FLOAT, ["n", 2]), helper.make_value_info("zipped", out_type)],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("ai.onnx.ml", 1)],
+                             ir_version=8)  # fmt: skip
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[object]:
+    calls: list[object] = []
+    real = getattr(owner, name)
+
+    def counting(*args, **kwargs):
+        calls.append(args[0] if args else None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["inline", "external", "map types"])
+def test_the_checker_runs_once_on_the_way_in_and_once_on_the_way_out(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    if kind == "external":
+        src = _external_model(tmp_path / "in", SIZES)
+    elif kind == "inline":
+        src = _small_model(tmp_path / "m.onnx")
+    else:
+        src = tmp_path / "zipmap.onnx"
+        onnx.save_model(_zipmap_model(), str(src))
+    checks = _count_calls(monkeypatch, onnx.checker, "check_model")
+    loads = _count_calls(monkeypatch, onnx, "load_model")
+    out = tmp_path / "out.onnx"
+    _optimize(src, out, monkeypatch)
+    assert len(checks) == 2, checks
+    assert [str(p) for p in loads] == [str(src)]  # the save does not re-read what it wrote
+    if kind == "map types":
+        assert onnx.load(str(out)).graph.output[1].type == _zipmap_model().graph.output[1].type
