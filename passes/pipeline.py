@@ -29,6 +29,7 @@ from passes import modelio  # light: it imports onnx and onnx_ir on first use
 from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
 from passes.lazy import lazy_module
 from passes.options import Option
+from passes.phases import Phases
 from passes.registry import PassSpec, Registry
 
 if TYPE_CHECKING:
@@ -359,7 +360,8 @@ def optimize_file(
         check: How to check (default: :class:`CheckOptions`).
         force: Write the output even when the check fails (the error is still raised).
         report_path: Also write the report there as JSON.
-        progress: Called with a short message before each phase.
+        progress: Called with a short message before each phase and pass; a
+            :class:`passes.phases.Listener` is also told the bytes written and when each phase ends.
         warn: Called with a warning (a check that could not run).
         on_commit: Called with True once the output is in place (False if it was not written).
         **options: Values of the passes' declared options.
@@ -376,20 +378,20 @@ def optimize_file(
     names = select_passes(passes, skip)
     values = _option_values(options)
     src, dst = pathlib.Path(source), pathlib.Path(output)
-    if progress:
-        progress(f"loading {src}")
-    model = modelio.load_model(src)
+    phases = Phases(progress)
+    with phases.phase("load", f"loading {src}"):
+        model = modelio.load_model(src)
     _check_destinations(src, dst, report_path, model)
     report = _report.Report(str(src), str(dst), _report.summarize(model))
-    report.passes = optimize_model(model, names, progress=progress, **values)
+    report.phases = phases.seconds
+    with phases.phase("passes", None):
+        report.passes = optimize_model(model, names, progress=progress, **values)
     report.after = _report.summarize(model)
     with modelio.staged_output(dst) as staged:
-        if progress:
-            progress(f"saving {dst}")
-        staged_path = staged.save(model)
-        if progress and check.enabled:
-            progress("checking with onnxruntime")
-        failure = _verify(src, staged_path, check, report, warn)
+        with phases.phase("save", f"saving {dst}", modelio.external_data_nbytes(model) or None, "B") as advance:
+            staged_path = staged.save(model, progress=advance)
+        with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):
+            failure = _verify(src, staged_path, check, report, warn)
         if failure is None or force:
             try:
                 staged.commit()

@@ -341,3 +341,69 @@ def test_the_checker_runs_once_on_the_way_in_and_once_on_the_way_out(
     assert [str(p) for p in loads] == [str(src)]  # the save does not re-read what it wrote
     if kind == "map types":
         assert onnx.load(str(out)).graph.output[1].type == _zipmap_model().graph.output[1].type
+
+
+# --- 4. progress on a terminal, nothing extra on a pipe; phase times in the report --------------------
+
+
+def _run_with_stderr_on_a_pty(args: list[str], cache: pathlib.Path) -> tuple[int, str, str]:
+    import pty
+
+    master, slave = pty.openpty()
+    env = dict(os.environ, ONNX_OPTIMIZE_CACHE_DIR=str(cache), COLUMNS="200")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen([sys.executable, "-m", "passes", *args], stdout=subprocess.PIPE, stderr=slave,
+                            text=True, env=env)  # fmt: skip
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    out = proc.stdout.read()
+    proc.wait(timeout=300)
+    return proc.returncode, out, b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_shows_on_a_terminal_only(tmp_path: pathlib.Path) -> None:
+    src = _external_model(tmp_path / "in", SIZES)
+    report = tmp_path / "r.json"
+    args = [str(src), "-o", str(tmp_path / "out.onnx"), "--no-check", "--report", str(report)]
+    code, out, err = _run_with_stderr_on_a_pty(args, tmp_path)
+    assert code == 0, err
+    # Each line is redrawn in place ("\r", erase to the end): what stays is the last drawing.
+    lines = [line.rstrip("\r").rsplit("\r", 1)[-1].replace("\x1b[K", "") for line in err.split("\n")]
+    assert any(re.fullmatch(r"optimize: loading .*m\.onnx: \d+\.\d\d s", line) for line in lines), lines
+    assert any(re.fullmatch(r"optimize: running upgrade: \d+\.\d\d s", line) for line in lines), lines
+    saved = [line for line in lines if line.startswith("optimize: saving")]
+    assert saved and re.search(r": 1\.4 MiB in \d+\.\d\d s \(.*/s\)$", saved[0]), saved
+    assert "op type" in out  # the report itself is on stdout
+    phases = json.loads(report.read_text())["phases"]
+    assert list(phases) == ["load", "passes", "save", "check"] and all(v >= 0 for v in phases.values())
+    # -q: nothing at all; a pipe: no progress (the report on stdout as before).
+    quiet = _run_with_stderr_on_a_pty([*args, "-q"], tmp_path)
+    assert quiet[0] == 0 and quiet[2] == "" and quiet[1] == ""
+    piped = _cli(*args, cache=tmp_path)
+    assert piped.returncode == 0 and piped.stderr == "" and "op type" in piped.stdout
+
+
+def test_terminal_progress_reports_bytes_and_rate() -> None:
+    import io
+
+    from passes.cli.progress import TerminalProgress, format_bytes
+
+    stream = io.StringIO()
+    progress = TerminalProgress(stream, interval=0)
+    progress.start("saving out.onnx", 4 << 20, "B")
+    progress.advance(1 << 20)
+    progress.advance(3 << 20)
+    progress.close()
+    text = stream.getvalue()
+    assert "1.0 MiB of 4.0 MiB (25%)" in text and "MiB/s" in text
+    assert re.search(r"saving out\.onnx: 4\.0 MiB in \d+\.\d\d s \(.*/s\)\n$", text)
+    assert (format_bytes(0), format_bytes(1536), format_bytes(15 << 30)) == ("0 B", "1.5 KiB", "15.0 GiB")

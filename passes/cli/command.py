@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from passes import pipeline
 from passes.cli.args import PROG, option_values, parser
+from passes.cli.progress import TerminalProgress
 from passes.errors import EXIT_CHECK, EXIT_ERROR, EXIT_OK, CheckFailedError, InputError, OptimizeError, first_line
 
 if TYPE_CHECKING:
@@ -33,13 +34,13 @@ class _Console:
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
-
-    def progress(self, message: str) -> None:
-        if self.tty and not self.quiet:
-            print(f"{PROG}: {message}...", file=sys.stderr, flush=True)
+        # The progress line: on a terminal only, never with -q (see passes.cli.progress).
+        self.progress = TerminalProgress(sys.stderr, PROG) if self.tty and not quiet else None
 
     def warn(self, message: str) -> None:
         if not self.quiet:
+            if self.progress is not None:
+                self.progress.clear()
             print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)
 
     def out(self, text: str) -> None:
@@ -125,9 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         level = logging.DEBUG if args.verbose else logging.ERROR if args.quiet else logging.WARNING
         logging.basicConfig(level=level, format=f"{PROG}: %(levelname)s: %(name)s: %(message)s")
         console = _Console(args.quiet)
-        with warnings.catch_warnings():
-            warnings.showwarning = console.show_warning
-            return _run(args, console, state)
+        try:
+            with warnings.catch_warnings():
+                warnings.showwarning = console.show_warning
+                return _run(args, console, state)
+        finally:
+            if console.progress is not None:
+                console.progress.close()
     except CheckFailedError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_CHECK

@@ -48,6 +48,7 @@ __all__ = [
     "PROTOBUF_LIMIT",
     "StagedOutput",
     "data_files",
+    "external_data_nbytes",
     "has_external_data",
     "load_model",
     "model_from_proto",
@@ -336,6 +337,13 @@ def save_model(
     return [path, data] if placements else [path]
 
 
+def external_data_nbytes(model: ir.Model, *, external_data: bool | None = None) -> int:
+    """How many bytes :func:`save_model` would write to the data file (0: none)."""
+    if external_data is None:
+        external_data = has_external_data(model) or _inline_nbytes(model) >= PROTOBUF_LIMIT
+    return sum(v.const_value.nbytes for v in _split_initializers(model)[1]) if external_data else 0
+
+
 def _split_initializers(model: ir.Model) -> tuple[list[ir.Value], list[ir.Value]]:
     """The initializers to store inline that are external now, and those to store externally, in order.
 
@@ -396,14 +404,15 @@ class StagedOutput:
         self.files: list[pathlib.Path] = []
         self.committed = False
 
-    def save(self, model: ir.Model, *, external_data: bool | None = None) -> pathlib.Path:
-        """Writes the model into the temporary folder.
+    def save(self, model: ir.Model, *, external_data: bool | None = None,
+             progress: Callable[[int], None] | None = None) -> pathlib.Path:  # fmt: skip
+        """Writes the model into the temporary folder (``progress``: see :func:`save_model`).
 
         Raises:
             InputError: the disk is full, or another error of the file system.
         """
         try:
-            self.files = save_model(model, self.path, external_data=external_data)
+            self.files = save_model(model, self.path, external_data=external_data, progress=progress)
         except OSError as e:
             raise InputError(f"{self.destination}: cannot write ({e.strerror or _first_line(e)})") from e
         return self.path
