@@ -10,7 +10,11 @@ checker, type inference included. External weights are memory-mapped by
 
 Saving is atomic: everything is written into a temporary folder next to the
 destination and renamed into place only when complete, so a failure or an
-interrupt never leaves a partial output behind.
+interrupt never leaves a partial output behind. Weights that no pass changed
+are copied from the input's data file by the kernel, never decoded
+(:mod:`passes.modelio.copy`), and the model file is written once.
+
+Importing this module is cheap: onnx and onnx_ir are imported on first use.
 """
 
 from __future__ import annotations
@@ -30,8 +34,7 @@ from passes.errors import InputError, first_line as _first_line
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_LIMIT, PROTOBUF_MAX
 
-# Importing this module is cheap (the command's early errors come from load_model's first
-# lines): onnx, onnx_ir, protobuf and the validation import on first use.
+# The command's early errors come from load_model's first lines, before any of these is needed.
 if TYPE_CHECKING:
     import onnx
     import onnx_ir as ir
