@@ -1,9 +1,13 @@
 """``python -m passes`` and the ``optimize`` console script.
 
-Importing the command (numpy, onnx, onnxruntime, the passes) takes about a
-second. A SIGINT or SIGTERM in that time must still end in one line and no
-traceback, so a minimal handler goes in first and the CLI is imported after;
-nothing has been written yet, so it can exit at once.
+Start-up imports only what the run needs: ``--help`` and an early error (a
+missing file, a bad flag) import neither numpy nor onnx nor onnx_ir (the
+parser reads the passes' declarations from the cache of
+:mod:`passes.registry`), a run imports the passes it runs (refimpl with
+``fold``) and onnxruntime only to check. Those imports still take a second or
+more; a SIGINT or SIGTERM in that time must end in one line and no traceback,
+so a minimal handler goes in first and the CLI is imported after; nothing has
+been written yet, so it can exit at once.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ def main() -> NoReturn:
     """
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, _interrupted_during_start_up)
+    from passes import registry
+
+    registry.use_cache()
     from passes.cli.command import run
 
     run()

@@ -20,25 +20,29 @@ import logging
 import os
 import pathlib
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-import onnx
-import onnx_ir as ir
-
-from passes import modelio
-from passes.base import Pass
-from passes.cleanup import CleanupPass
-from passes.decompose import DecomposeLogSumExpPass
+# Only light modules at the top: ``--help`` and early errors need no more (see passes.registry).
+# onnx, onnx_ir, the passes and the report are imported where they are used.
+from passes import modelio  # light: it imports onnx and onnx_ir on first use
 from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
-from passes.modelio.destinations import check_data_file, check_encodable, check_writable, shown
-from passes.fold import ConstantFoldingPass
-from passes.ir.walk import default_opset
+from passes.lazy import lazy_module
 from passes.options import Option
-from passes.report import PassRun, Report, summarize
-from passes.simplify import SimplifyPass
-from passes.upgrade import UpgradeOpsetPass
-from passes.upgrade.schemas import MIN_TARGET_OPSET
+from passes.phases import Phases
+from passes.registry import PassSpec, Registry
+
+if TYPE_CHECKING:
+    import onnx
+    import onnx_ir as ir
+
+    from passes.report import PassRun, Report
+else:
+    onnx = lazy_module("onnx")
+    ir = lazy_module("onnx_ir")
+_report = lazy_module("passes.report")
+_walk = lazy_module("passes.ir.walk")
+_destinations = lazy_module("passes.modelio.destinations")
 
 __all__ = [
     "DEFAULT_FOLD_SIZE_LIMIT",
@@ -57,33 +61,32 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TARGET_OPSET = MIN_TARGET_OPSET
-DEFAULT_FOLD_SIZE_LIMIT = ConstantFoldingPass.OPTIONS[0].default
-
-# The passes in their default order. One line per pass.
-_PASS_CLASSES: tuple[type[Pass], ...] = (
-    UpgradeOpsetPass,
-    ConstantFoldingPass,
-    SimplifyPass,
-    DecomposeLogSumExpPass,
+# The passes in their default order, as "module:Class". One line per pass.
+_PASS_CLASSES: tuple[str, ...] = (
+    "passes.upgrade:UpgradeOpsetPass",
+    "passes.fold:ConstantFoldingPass",
+    "passes.simplify:SimplifyPass",
+    "passes.decompose:DecomposeLogSumExpPass",
 )
 
-
-@dataclasses.dataclass(frozen=True)
-class PassSpec:
-    """A pass the pipeline can run: its name, a one-line description, its options, how to build it."""
-
-    name: str
-    description: str
-    build: Callable[[Mapping[str, Any]], ir.passes.PassBase]
-    options: tuple[Option, ...] = ()
-
-    @classmethod
-    def of(cls, pass_class: type[Pass]) -> PassSpec:
-        return cls(pass_class.NAME, pass_class.DESCRIPTION, pass_class.from_options, pass_class.OPTIONS)
+PASSES: MutableMapping[str, PassSpec] = Registry(_PASS_CLASSES)
 
 
-PASSES: dict[str, PassSpec] = {spec.name: spec for spec in map(PassSpec.of, _PASS_CLASSES)}
+def __getattr__(name: str) -> Any:
+    """The constants and names that come from the passes, imported on first use."""
+    if name == "DEFAULT_TARGET_OPSET":
+        from passes.upgrade import MIN_TARGET_OPSET
+
+        return MIN_TARGET_OPSET
+    if name == "DEFAULT_FOLD_SIZE_LIMIT":
+        from passes.fold import DEFAULT_SIZE_LIMIT
+
+        return DEFAULT_SIZE_LIMIT
+    if name == "PassRun":
+        from passes.report import PassRun
+
+        return PassRun
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def pass_options() -> list[Option]:
@@ -133,6 +136,8 @@ def select_passes(passes: Iterable[str] | None = None, skip: Iterable[str] = ())
 def _build(names: Sequence[str], values: Mapping[str, Any], cleanup: bool) -> list[tuple[str, ir.passes.PassBase]]:
     steps = [(name, PASSES[name].build(values)) for name in names]
     if cleanup:
+        from passes.cleanup import CleanupPass
+
         steps.append(("cleanup", CleanupPass()))
     return steps
 
@@ -157,7 +162,7 @@ def _root_cause(error: BaseException) -> BaseException:
 
 def _refuse_lower_target(model: ir.Model, names: Sequence[str], values: Mapping[str, Any]) -> None:
     target = values.get("target_opset")
-    opset = default_opset(model.opset_imports)
+    opset = _walk.default_opset(model.opset_imports)
     if "upgrade" in names and target is not None and opset is not None and target < opset:
         raise InputError(
             f"--target-opset {target} is lower than the model's opset {opset}; this tool never lowers an opset"
@@ -236,7 +241,7 @@ def _run_pass(name: str, pass_: ir.passes.PassBase, model: ir.Model) -> PassRun:
         raise
     seconds = time.perf_counter() - start
     logger.info("pass %s: %.3f s, modified=%s", name, seconds, result.modified)
-    return PassRun(name, seconds, bool(result.modified), dict(getattr(pass_, "stats", None) or {}))
+    return _report.PassRun(name, seconds, bool(result.modified), dict(getattr(pass_, "stats", None) or {}))
 
 
 def _merge_run(runs: list[PassRun], run: PassRun, rounds: int) -> None:
@@ -332,21 +337,21 @@ def _check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | os.P
     clashes = sorted(written & inputs) if target != source else []
     if clashes:
         raise InputError(f"{dst}: writing it would overwrite the input's file {clashes[0]}; choose another output")
-    check_encodable(dst, shown(dst), "onnx and onnxruntime take paths as UTF-8 text, so the output "
+    _destinations.check_encodable(dst, _destinations.shown(dst), "onnx and onnxruntime take paths as UTF-8 text, so the output "
                                      "could not be checked")
-    check_writable(dst, shown(dst))
+    _destinations.check_writable(dst, _destinations.shown(dst))
     if target != source and modelio.has_external_data(model):
-        check_data_file(dst, replace=replace_data)
+        _destinations.check_data_file(dst, replace=replace_data)
     else:
-        check_writable(data, f"{shown(data)} (the output's data file)")
+        _destinations.check_writable(data, f"{_destinations.shown(data)} (the output's data file)")
     if report is not None:
-        label = f"--report {shown(report)}"
+        label = f"--report {_destinations.shown(report)}"
         resolved = pathlib.Path(report).resolve()
         if resolved in inputs | written:
             raise InputError(f"{label}: that is a model file of this run; choose another name")
         if not resolved.parent.is_dir():
             raise InputError(f"{label}: its folder does not exist")
-        check_writable(pathlib.Path(report), label)
+        _destinations.check_writable(pathlib.Path(report), label)
 
 
 def optimize_file(
@@ -378,7 +383,8 @@ def optimize_file(
         check: How to check (default: :class:`CheckOptions`).
         force: Write the output even when the check fails (the error is still raised).
         report_path: Also write the report there as JSON (committed with the output).
-        progress: Called with a short message before each phase.
+        progress: Called with a short message before each phase and pass; a
+            :class:`passes.phases.Listener` is also told the bytes written and when each phase ends.
         warn: Called with a warning (a check that could not run).
         on_commit: Called with True once the output is in place (False if it was not written).
         replace_data: Replace an existing ``OUTPUT.data`` even when it is not the
@@ -397,26 +403,26 @@ def optimize_file(
     names = select_passes(passes, skip)
     values = _option_values(options)
     src, dst = pathlib.Path(source), pathlib.Path(output)
-    if progress:
-        progress(f"loading {src}")
-    model = modelio.load_model(src)
+    phases = Phases(progress)
+    with phases.phase("load", f"loading {src}"):
+        model = modelio.load_model(src)
     _check_destinations(src, dst, report_path, model, replace_data)
-    report = Report(str(src), str(dst), summarize(model))
-    report.passes = optimize_model(model, names, progress=progress, **values)
-    report.after = summarize(model)
+    report = _report.Report(str(src), str(dst), _report.summarize(model))
+    report.phases = phases.seconds
+    with phases.phase("passes", None):
+        report.passes = optimize_model(model, names, progress=progress, **values)
+    report.after = _report.summarize(model)
     with modelio.staged_output(dst, replace_data=replace_data) as staged:
-        if progress:
-            progress(f"saving {dst}")
-        staged_path = staged.save(model)
-        if progress and check.enabled:
-            progress("checking with onnxruntime")
-        failure = _verify(src, staged_path, check, report, warn)
+        with phases.phase("save", f"saving {dst}", modelio.external_data_nbytes(model) or None, "B") as advance:
+            staged_path = staged.save(model, progress=advance)
+        with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):
+            failure = _verify(src, staged_path, check, report, warn)
         commit = failure is None or force
         if report_path is not None:
             # Staged with the output and renamed in the same commit, so that a report that
             # cannot be written leaves the output as it was; it says what the commit will do.
             report.written = commit
-            staged.stage_file(report_path, report.write_json, f"--report {shown(report_path)}")
+            staged.stage_file(report_path, report.write_json, f"--report {_destinations.shown(report_path)}")
         try:
             staged.commit(model=commit)
         finally:  # an interrupt may arrive as the commit completes
@@ -501,7 +507,7 @@ def optimize(
         raise TypeError("optimize(): output= is only for a path input")
     optimize_model(ir_model, names, **values)
     proto = modelio.model_to_proto(ir_model)
-    failure = _verify(original, proto, checking, Report("", None, summarize(ir_model)), logger.warning)
+    failure = _verify(original, proto, checking, _report.Report("", None, _report.summarize(ir_model)), logger.warning)
     if failure is not None:
         raise CheckFailedError(failure)
     if isinstance(original, bytes):

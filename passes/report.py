@@ -118,6 +118,8 @@ class Report:
     passes: list[PassRun] = dataclasses.field(default_factory=list)
     check: CheckResult | None = None
     written: bool = False
+    #: Seconds of each phase of the run (load, passes, save, check), in order.
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -128,6 +130,7 @@ class Report:
             "after": self.after.to_json() if self.after else None,
             "passes": [dataclasses.asdict(p) for p in self.passes],
             "check": self.check.to_json() if self.check else None,
+            "phases": dict(self.phases),
         }
 
     def write_json(self, path: str | os.PathLike[str] | IO[str]) -> None:

@@ -19,13 +19,15 @@ import traceback
 import warnings
 import zipfile
 from collections.abc import Iterator, Sequence
-from typing import Any, NoReturn
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from passes import pipeline
 from passes.cli.args import PROG, option_values, parser
+from passes.cli.progress import TerminalProgress
 from passes.errors import EXIT_CHECK, EXIT_ERROR, EXIT_OK, CheckFailedError, InputError, OptimizeError, first_line
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["main", "run"]
 
@@ -34,13 +36,13 @@ class _Console:
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
-
-    def progress(self, message: str) -> None:
-        if self.tty and not self.quiet:
-            print(f"{PROG}: {message}...", file=sys.stderr, flush=True)
+        # The progress line: on a terminal only, never with -q (see passes.cli.progress).
+        self.progress = TerminalProgress(sys.stderr, PROG) if self.tty and not quiet else None
 
     def warn(self, message: str) -> None:
         if not self.quiet:
+            if self.progress is not None:
+                self.progress.clear()
             print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)
 
     def out(self, text: str) -> None:
@@ -85,6 +87,8 @@ def _logging(verbose: bool, quiet: bool) -> Iterator[None]:
 
 
 def _load_inputs(path: str) -> dict[str, np.ndarray]:
+    import numpy as np  # only with --inputs: --help and early errors stay cheap
+
     try:
         data = np.load(path, allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):
@@ -198,9 +202,13 @@ def _main(argv: Sequence[str] | None, state: dict[str, bool]) -> int:
         args = parser().parse_args(argv)
         verbose = args.verbose
         console = _Console(args.quiet)
-        with _logging(args.verbose, args.quiet), warnings.catch_warnings():
-            warnings.showwarning = console.show_warning
-            return _run(args, console, state)
+        try:
+            with _logging(args.verbose, args.quiet), warnings.catch_warnings():
+                warnings.showwarning = console.show_warning
+                return _run(args, console, state)
+        finally:
+            if console.progress is not None:
+                console.progress.close()
     except CheckFailedError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_CHECK

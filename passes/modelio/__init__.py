@@ -10,7 +10,11 @@ checker, type inference included. External weights are memory-mapped by
 
 Saving is atomic: everything is written into a temporary folder next to the
 destination and renamed into place only when complete, so a failure or an
-interrupt never leaves a partial output behind.
+interrupt never leaves a partial output behind. Weights that no pass changed
+are copied from the input's data file by the kernel, never decoded
+(:mod:`passes.modelio.copy`), and the model file is written once.
+
+Importing this module is cheap: onnx and onnx_ir are imported on first use.
 """
 
 from __future__ import annotations
@@ -25,15 +29,8 @@ import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-import google.protobuf.message
-import onnx
-import onnx.checker
-import onnx.external_data_helper
-import onnx_ir as ir
-
-from passes.modelio import opaque as _opaque_types, validate as _validate
 from passes.modelio.destinations import (
     check_data_file,
     check_encodable,
@@ -41,15 +38,29 @@ from passes.modelio.destinations import (
     data_file_of,
     shown,
 )
-from passes.modelio import sparse as _sparse
 from passes.errors import InputError, first_line as _first_line
+from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_LIMIT, PROTOBUF_MAX
+
+# The command's early errors come from load_model's first lines, before any of these is needed.
+if TYPE_CHECKING:
+    import onnx
+    import onnx_ir as ir
+else:
+    onnx = lazy_module("onnx")
+    ir = lazy_module("onnx_ir")
+_protobuf = lazy_module("google.protobuf.message")
+_opaque_types = lazy_module("passes.modelio.opaque")
+_validate = lazy_module("passes.modelio.validate")
+_sparse = lazy_module("passes.modelio.sparse")
+_copy = lazy_module("passes.modelio.copy")
 
 __all__ = [
     "PROTOBUF_LIMIT",
     "StagedOutput",
     "check_unchanged",
     "data_files",
+    "external_data_nbytes",
     "has_external_data",
     "load_model",
     "model_from_proto",
@@ -116,7 +127,7 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         )
     try:
         proto = onnx.load_model(str(path), load_external_data=False)
-    except (google.protobuf.message.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
+    except (_protobuf.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
         raise InputError(f"{shown(path)}: not a valid ONNX model ({_first_line(e)})") from e
     except OSError as e:
         raise InputError(f"{shown(path)}: cannot read ({e.strerror or _first_line(e)})") from e
@@ -184,7 +195,7 @@ def proto_from_bytes(data: bytes) -> onnx.ModelProto:
         raise InputError(f"{len(data)} bytes is over protobuf's 2 GB limit")
     try:
         return onnx.load_model_from_string(data)
-    except (google.protobuf.message.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
+    except (_protobuf.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
         raise InputError(f"not a valid ONNX model ({_first_line(e)})") from e
 
 
@@ -265,13 +276,6 @@ def _restore_stashed(model: ir.Model, proto: onnx.ModelProto) -> None:
     _sparse.restore(proto, model.meta.get(_sparse.STASH_KEY, {}))
 
 
-def _restore_stashed_file(model: ir.Model, path: pathlib.Path) -> None:
-    if model.meta.get(_opaque_types.STASH_KEY) or model.meta.get(_sparse.STASH_KEY):
-        proto = onnx.load_model(str(path), load_external_data=False)
-        _restore_stashed(model, proto)
-        onnx.save_model(proto, str(path))
-
-
 def _bind_external_tensors(model: ir.Model, base_dir: pathlib.Path) -> None:
     """Resolves every external tensor against the model's folder.
 
@@ -342,8 +346,15 @@ def save_model(
     path: str | os.PathLike[str],
     *,
     external_data: bool | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[pathlib.Path]:
     """Saves ``model`` to ``path`` (not atomic by itself; see :func:`staged_output`).
+
+    With external data, a weight that no pass changed (still the input's
+    ``ExternalTensor``) is copied from the input's data file by the kernel,
+    never read into Python; new and changed tensors are written from memory
+    (see :mod:`passes.modelio.copy` for the methods and the layout). The model
+    file is written once, map types restored in memory first.
 
     Args:
         model: The model to save. It is not modified.
@@ -351,6 +362,7 @@ def save_model(
         external_data: Store large initializers in ``<name>.data`` next to the
             file. ``None`` chooses: yes if the model already had external data or
             would exceed protobuf's 2 GB limit.
+        progress: Called with a byte count as the external data is written.
 
     Returns:
         The files written.
@@ -358,42 +370,66 @@ def save_model(
     path = pathlib.Path(path)
     if external_data is None:
         external_data = has_external_data(model) or _inline_nbytes(model) >= PROTOBUF_LIMIT
-    if external_data:
-        data_name = path.name + ".data"
-        with _small_external_tensors_in_memory(model, _INLINE_UP_TO):
-            ir.save(model, path, external_data=data_name, size_threshold_bytes=_INLINE_UP_TO)
-        written = [path]
-        data = path.parent / data_name
-        if data.exists() and data.stat().st_size == 0:
-            data.unlink()  # every initializer was small enough to stay inline
-        elif data.exists():
-            written.append(data)
-        _restore_stashed_file(model, path)
-        return written
-    ir.save(model, path)
-    _restore_stashed_file(model, path)
-    return [path]
+    if not external_data:
+        _write_proto(model_to_proto(model), path)
+        return [path]
+    data = path.with_name(path.name + ".data")
+    inline, placed = _split_initializers(model)
+    placements, size = _copy.plan([value.const_value for value in placed])
+    swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    try:
+        for value in inline:  # small external weights are written inline: read them now
+            swapped.append((value, value.const_value))
+            value.const_value = _in_memory(value.const_value)
+        if placements:
+            with open(data, "wb") as f:
+                methods = _copy.write_external_data(placements, size, f, progress)
+            logger.info("external data: %d bytes, %s", size, methods)
+        for value, p in zip(placed, placements):
+            tensor = p.tensor
+            swapped.append((value, tensor))
+            value.const_value = ir.ExternalTensor(
+                data.name, p.offset, p.length, tensor.dtype, shape=tensor.shape, name=tensor.name,
+                doc_string=getattr(tensor, "doc_string", None),
+                metadata_props=dict(getattr(tensor, "metadata_props", None) or {}) or None,
+                base_dir=str(path.parent),
+            )  # fmt: skip
+        _write_proto(model_to_proto(model), path)
+    finally:
+        for value, tensor in reversed(swapped):
+            value.const_value = tensor
+    return [path, data] if placements else [path]
 
 
-@contextlib.contextmanager
-def _small_external_tensors_in_memory(model: ir.Model, threshold: int) -> Iterator[None]:
-    """For the duration of a save, external initializers that the save writes inline are in memory.
+def external_data_nbytes(model: ir.Model, *, external_data: bool | None = None) -> int:
+    """How many bytes :func:`save_model` would write to the data file (0: none)."""
+    if external_data is None:
+        external_data = has_external_data(model) or _inline_nbytes(model) >= PROTOBUF_LIMIT
+    return sum(v.const_value.nbytes for v in _split_initializers(model)[1]) if external_data else 0
 
-    onnx_ir reads them itself, then closes their memory map, which fails while
-    an array viewing it is alive (a pass may hold one); see :func:`_in_memory`.
+
+def _split_initializers(model: ir.Model) -> tuple[list[ir.Value], list[ir.Value]]:
+    """The initializers to store inline that are external now, and those to store externally, in order.
+
+    Over :data:`_INLINE_UP_TO` bytes a tensor goes to the data file, except
+    strings (which ONNX cannot store externally).
     """
-    swapped = []
+    inline, external = [], []
     for graph in model.graphs():
         for value in graph.initializers.values():
             tensor = value.const_value
-            if isinstance(tensor, ir.ExternalTensor) and tensor.nbytes <= threshold:
-                swapped.append((value, tensor))
-                value.const_value = _in_memory(tensor)
-    try:
-        yield
-    finally:
-        for value, tensor in swapped:
-            value.const_value = tensor
+            if tensor is None:
+                continue
+            if tensor.nbytes > _INLINE_UP_TO and tensor.dtype != ir.DataType.STRING:
+                external.append(value)
+            elif isinstance(tensor, ir.ExternalTensor):
+                inline.append(value)
+    return inline, external
+
+
+def _write_proto(proto: onnx.ModelProto, path: pathlib.Path) -> None:
+    with open(path, "wb") as f:
+        f.write(proto.SerializeToString())
 
 
 @contextlib.contextmanager
@@ -439,15 +475,16 @@ class StagedOutput:
         self.extra: list[tuple[pathlib.Path, pathlib.Path, str]] = []  # (temporary file, target, label)
         self.committed = False
 
-    def save(self, model: ir.Model, *, external_data: bool | None = None) -> pathlib.Path:
-        """Writes the model into the temporary folder.
+    def save(self, model: ir.Model, *, external_data: bool | None = None,
+             progress: Callable[[int], None] | None = None) -> pathlib.Path:  # fmt: skip
+        """Writes the model into the temporary folder (``progress``: see :func:`save_model`).
 
         Raises:
             InputError: the disk is full, another error of the file system, or an
                 input data file that changed since it was validated.
         """
         try:
-            self.files = save_model(model, self.path, external_data=external_data)
+            self.files = save_model(model, self.path, external_data=external_data, progress=progress)
         except OSError as e:
             raise InputError(f"{shown(self.destination)}: cannot write ({e.strerror or _first_line(e)})") from e
         except ValueError:  # onnx_ir refusing to read an input data file that changed

@@ -18,12 +18,18 @@ from __future__ import annotations
 import os
 import pathlib
 import stat
-
-import google.protobuf.message
-import onnx
+from typing import TYPE_CHECKING
 
 from passes.errors import InputError
+from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_MAX
+
+if TYPE_CHECKING:
+    import google.protobuf.message
+    import onnx
+else:  # an early error (a missing file) must not pay for importing onnx
+    onnx = lazy_module("onnx")
+    _protobuf = lazy_module("google.protobuf.message")
 
 __all__ = ["check_data_file", "check_encodable", "check_writable", "data_file_of", "shown"]
 
@@ -90,7 +96,7 @@ def _external_locations(proto: onnx.ModelProto) -> set[str]:
             found.update(e.value for e in message.external_data if e.key == "location")
         for field, value in message.ListFields():
             if field.type == field.TYPE_MESSAGE:
-                if isinstance(value, google.protobuf.message.Message):
+                if isinstance(value, _protobuf.Message):
                     stack.append(value)
                 else:
                     stack.extend(value)
@@ -104,7 +110,7 @@ def _refers_to(model_path: pathlib.Path, data: pathlib.Path) -> bool:
         if not stat.S_ISREG(info.st_mode) or not 0 < info.st_size < PROTOBUF_MAX:
             return False
         proto = onnx.load_model(os.fspath(model_path), load_external_data=False)
-    except (OSError, ValueError, RuntimeError, UnicodeDecodeError, google.protobuf.message.DecodeError):
+    except (OSError, ValueError, RuntimeError, UnicodeDecodeError, _protobuf.DecodeError):
         return False
     target = os.path.normpath(data.name)
     return any(os.path.normpath(location) == target for location in _external_locations(proto))
