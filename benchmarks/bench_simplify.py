@@ -782,7 +782,11 @@ def summary(results: list[ModelResult], tools: list[str]) -> tuple[str, dict[str
     lines = ["### Summary", "",
              f"- nodes summed over the {len(common)} models where every tool's output is valid and equal: "
              + ", ".join(f"{t} {sums[t]}" for t in tools)]
-    data: dict[str, Any] = {"models_all_good": [r.name for r in common], "node_sums": sums}
+    no_constant = {t: sum(r.cells[t].nodes - r.cells[t].op_counts.get("Constant", 0) for r in common) for t in tools}
+    lines.append("- the same without Constant nodes (the others turn them into initializers): "
+                 + ", ".join(f"{t} {no_constant[t]}" for t in tools))
+    data: dict[str, Any] = {"models_all_good": [r.name for r in common], "node_sums": sums,
+                            "node_sums_without_constant": no_constant}
     others = [t for t in tools if t != OURS]
     if OURS in tools and others:
         behind = []
@@ -852,6 +856,26 @@ def histograms(results: list[ModelResult], worst: int = 5) -> tuple[str, list[di
     return "\n".join(lines), gaps
 
 
+def _header(mode: str, models: int, seconds: float, cpus: int | None) -> str:
+    return (f"## bench_simplify ({mode} run: {models} models, {seconds / 60:.1f} min, {cpus} CPUs, "
+            f"target opset {TARGET_OPSET})")
+
+
+def render(payload: dict[str, Any]) -> str:
+    """The tables and summary again, from a ``--json`` file (e.g. after changing the summary)."""
+    cell_fields = {f.name for f in dataclasses.fields(Cell)}
+    model_fields = {f.name for f in dataclasses.fields(ModelResult)}
+    results = {m["name"]: ModelResult(**{k: v for k, v in m.items() if k in model_fields})
+               for m in payload["models"]}
+    for row in payload["rows"]:
+        results[row["model"]].cells[row["tool"]] = Cell(**{k: v for k, v in row.items() if k in cell_fields})
+    tools = payload["tools"]
+    mode = "quick" if payload.get("quick") else ("selected" if payload.get("only") else "full")
+    text, _ = summary(list(results.values()), tools)
+    return (_header(mode, len(results), payload.get("seconds", 0.0), payload.get("cpu_count")) + "\n\n"
+            + tables(list(results.values()), tools) + "\n\n" + text)
+
+
 # --- driver ----------------------------------------------------------------------------------------
 
 
@@ -866,7 +890,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-own-check", action="store_true", help="do not also run ours with its own check")
     parser.add_argument("--json", type=pathlib.Path, help="write the results here as JSON")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
+    parser.add_argument("--render", type=pathlib.Path, metavar="FILE.json",
+                        help="print the tables and summary of an earlier run's --json file and exit")
     args = parser.parse_args(argv)
+    if args.render:
+        print(render(json.loads(args.render.read_text(encoding="utf-8"))))
+        return 0
     tools = [t for t in args.tools.split(",") if t]
     unknown = sorted(set(tools) - set(TOOLS))
     if unknown:
@@ -894,9 +923,7 @@ def main(argv: list[str] | None = None) -> int:
     table = tables(results, tools)
     text, data = summary(results, tools)
     mode = "quick" if args.quick else ("selected" if args.only else "full")
-    header = (f"## bench_simplify ({mode} run: {len(results)} models, {seconds / 60:.1f} min, "
-              f"{os.cpu_count()} CPUs, target opset {TARGET_OPSET})")
-    print(header + "\n\n" + table + "\n\n" + text)
+    print(_header(mode, len(results), seconds, os.cpu_count()) + "\n\n" + table + "\n\n" + text)
     if args.json:
         rows = []
         for r in results:
