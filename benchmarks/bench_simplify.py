@@ -35,7 +35,8 @@ multiply-by-one or add-zero a tool could drop because of the random init);
 modules are in eval mode. An export that fails is a row "export failed:
 <reason>"; the run goes on.
 
-Inputs (the same for the original and every output): floats standard normal,
+Inputs (the same for the original and every output; never the initializer-backed
+inputs of IR < 4 models, which are weights): floats standard normal,
 integers in [0, 4) (valid token ids for any vocabulary; inputs named
 ``*mask*`` in [0, 2)), booleans fair; dynamic dimensions: batch 1, sequence
 12, image 48 (the exports' own sizes are in ``ARCHS``), any other 1. Outputs
@@ -443,13 +444,21 @@ def _make_inputs(specs: list[dict[str, Any]], seed: int) -> dict[str, np.ndarray
     return feeds
 
 
+def _fed_inputs(session: Any, path: str) -> list[Any]:
+    """The inputs a user feeds: not those an initializer backs (listed as inputs by IR < 4 models,
+    such as onnx's light zoo, where they are the weights; overriding them is not what we compare)."""
+    model = onnx.load(path, load_external_data=False)
+    backed = {t.name for t in model.graph.initializer} | {t.values.name for t in model.graph.sparse_initializer}
+    return [arg for arg in session.get_inputs() if arg.name not in backed]
+
+
 def reference(original: str, out_pickle: str, dims_json: str) -> None:
     """Child: inputs for ``original``, its outputs in onnxruntime (optimisations off), pickled; prints JSON."""
     start = time.perf_counter()
     dims = json.loads(dims_json)
     session = _session(original)
     specs = []
-    for arg in session.get_inputs():
+    for arg in _fed_inputs(session, original):
         if arg.type not in _NP_TYPES:
             raise SystemExit(f"input {arg.name} has type {arg.type}: no generated value for it")
         shape = [d if isinstance(d, int) and d >= 0 else dim_size(d if isinstance(d, str) else None, dims)
@@ -532,7 +541,7 @@ def verify(output: str, ref_pickle: str) -> None:
             if names != ref["names"]:
                 raise ValueError(f"outputs {names} instead of {ref['names']}")
             feeds = _make_inputs(ref["inputs"], SEED)
-            wanted = {i.name for i in session.get_inputs()}
+            wanted = {i.name for i in _fed_inputs(session, output)}
             if not wanted <= set(feeds):
                 raise ValueError(f"new inputs {sorted(wanted - set(feeds))}")
             actual = session.run(names, {k: v for k, v in feeds.items() if k in wanted})
