@@ -1174,6 +1174,7 @@ def test_model_without_constants_is_not_modified() -> None:
         "removed_initializers": 0,
         "unsupported": {},
         "failed": {},
+        "refused": {},
     }
     assert op_types(out.graph) == ["Relu", "Add"]
 

@@ -1,0 +1,180 @@
+"""What may be folded: a list of guards, each saying why a node must not be, or nothing.
+
+Every node whose inputs are all constant is a :class:`Candidate`. The guards
+in :data:`GUARDS` run in order before anything is evaluated; the first that
+returns a reason wins, and the sweep logs it (debug level) and counts it under
+the reason's category, the text before the first colon, in
+``stats["refused"]``. Some categories also feed the older counters
+(:data:`COUNTERS`): ``unsupported`` (by op type) and ``skipped_too_large``.
+
+After evaluation, :func:`result_too_large` applies the size policy to the
+actual results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import onnx_ir as ir
+
+import refimpl
+from passes.fold.size import estimate_output_bytes
+from passes.ir.schemas import is_deterministic
+from passes.ir.tensors import tensor_nbytes
+
+__all__ = ["COUNTERS", "GUARDS", "Candidate", "category", "refusal", "result_too_large"]
+
+logger = logging.getLogger(__name__)
+
+_QUANTIZE_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+_QUANTIZE_DOMAINS = frozenset({"", "com.microsoft"})
+
+#: Reason categories that are also counted under an older stats key.
+COUNTERS: Mapping[str, str] = {
+    "no opset": "unsupported",
+    "no kernel": "unsupported",
+    "too large": "skipped_too_large",
+}
+
+
+@dataclasses.dataclass
+class Candidate:
+    """A node whose inputs are all constant, with what the guards and the evaluation need.
+
+    Attributes:
+        node: The node.
+        domain: Its normalised domain (``""`` for ONNX).
+        opset: The version its scope imports for that domain (None if none).
+        tensors: Its constant inputs (None for omitted optional inputs).
+        attrs: Its attribute values for the kernel, or None when some cannot be given.
+        initializers: Whether a result is stored as an initializer (main graph,
+            IR >= 4) rather than as a Constant node.
+        default_opset: The default-domain version of its scope (a Constant node needs one).
+        size_limit: The pass's ``size_limit``.
+        constant: The sweep's lookup of constant values.
+    """
+
+    node: ir.Node
+    domain: str
+    opset: int | None
+    tensors: Sequence[ir.TensorProtocol | None]
+    attrs: Mapping[str, Any] | None
+    initializers: bool
+    default_opset: int | None
+    size_limit: int
+    constant: Callable[[ir.Value], ir.TensorProtocol | None]
+
+    @property
+    def op_type(self) -> str:
+        return self.node.op_type
+
+    @functools.cached_property
+    def freed_bytes(self) -> int:
+        """Bytes of the constant inputs that folding the node leaves unused (and removes)."""
+        node = self.node
+        total = 0
+        for value in dict.fromkeys(v for v in node.inputs if v is not None):
+            if value.is_graph_output() or any(use.node is not node for use in value.uses()):
+                continue
+            producer = value.producer()
+            if value.is_initializer() or (producer is not None and producer.op_type == "Constant"):
+                tensor = self.constant(value)
+                if tensor is not None:
+                    total += tensor_nbytes(tensor)
+        return total
+
+    def grows_model(self, nbytes: int) -> bool:
+        """Whether a result of ``nbytes`` is over the size limit and over what folding frees."""
+        return nbytes > self.size_limit and nbytes > self.freed_bytes
+
+
+def category(reason: str) -> str:
+    """The stats key of a reason: its text up to the first colon."""
+    return reason.split(":", 1)[0]
+
+
+# --- the guards, in order -----------------------------------------------------------------------
+
+
+def no_opset(c: Candidate) -> str | None:
+    if c.opset is None:
+        return f"no opset: the scope imports no version of domain {c.domain or 'ai.onnx'!r}"
+    return None
+
+
+def nowhere_to_store(c: Candidate) -> str | None:
+    if not c.initializers and c.default_opset is None:
+        return "no constant storage: no default-domain opset for a Constant node"
+    return None
+
+
+def quantisation(c: Candidate) -> str | None:
+    if c.op_type in _QUANTIZE_OPS and c.domain in _QUANTIZE_DOMAINS:
+        return "quantisation op: kept as the model's quantisation boundary"
+    return None
+
+
+def nondeterministic(c: Candidate) -> str | None:
+    assert c.opset is not None
+    if not is_deterministic(c.op_type, c.domain, c.opset):
+        return f"not deterministic: {c.op_type}"
+    return None
+
+
+def unusable_attributes(c: Candidate) -> str | None:
+    if c.attrs is None:
+        return "unusable attributes: a reference, graph, sparse tensor or type"
+    if any(o.type is not None and not isinstance(o.type, ir.TensorType) for o in c.node.outputs):
+        return "unusable attributes: an output that is not a tensor"
+    return None
+
+
+def no_kernel(c: Candidate) -> str | None:
+    assert c.opset is not None
+    try:
+        refimpl.lookup(c.op_type, c.opset, c.domain)
+    except refimpl.UnsupportedOpError as e:
+        return f"no kernel: {e}"
+    return None
+
+
+def estimated_too_large(c: Candidate) -> str | None:
+    assert c.attrs is not None
+    estimate = estimate_output_bytes(c.op_type, c.domain, c.tensors, c.attrs)
+    if estimate is not None and c.grows_model(estimate):
+        return f"too large: {estimate} bytes would grow the model"
+    return None
+
+
+Guard = Callable[[Candidate], "str | None"]
+
+#: The may-this-fold checks, cheapest and most structural first.
+GUARDS: tuple[Guard, ...] = (
+    no_opset,
+    nowhere_to_store,
+    quantisation,
+    nondeterministic,
+    unusable_attributes,
+    no_kernel,
+    estimated_too_large,
+)
+
+
+def refusal(candidate: Candidate) -> str | None:
+    """The first guard's reason not to evaluate the candidate, or None if it may be."""
+    for guard in GUARDS:
+        reason = guard(candidate)
+        if reason is not None:
+            return reason
+    return None
+
+
+def result_too_large(candidate: Candidate, nbytes: int) -> str | None:
+    """The size policy on actual results: a reason not to keep them, or None."""
+    if candidate.grows_model(nbytes):
+        return f"too large: {nbytes} bytes would grow the model"
+    return None
