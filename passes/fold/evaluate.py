@@ -18,7 +18,6 @@ import onnx_ir as ir
 import refimpl
 from passes.fold.policy import Candidate
 from passes.ir.schemas import expected_dtypes
-from passes.ir.tensors import read_array
 
 __all__ = ["EvaluationError", "evaluate"]
 
@@ -45,11 +44,7 @@ def read_inputs(candidate: Candidate) -> list[np.ndarray | None]:
     Raises:
         InputError: an input's data cannot be read.
     """
-    node = candidate.node
-    return [
-        None if tensor is None else read_array(value, tensor, node)
-        for value, tensor in zip(node.inputs, candidate.tensors)
-    ]
+    return [None if t is None else candidate.array(i) for i, t in enumerate(candidate.tensors)]
 
 
 def evaluate(candidate: Candidate) -> list[np.ndarray | None]:

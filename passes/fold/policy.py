@@ -7,8 +7,13 @@ the reason's category, the text before the first colon, in
 ``stats["refused"]``. Some categories also feed the older counters
 (:data:`COUNTERS`): ``unsupported`` (by op type) and ``skipped_too_large``.
 
-After evaluation, :func:`result_too_large` applies the size policy to the
-actual results.
+The size policy: a result larger than ``size_limit`` is kept only if folding
+frees at least as many bytes of constant inputs (the model does not grow).
+Every output is sized before evaluation (``size.estimate_outputs``): an exact
+size that breaks the policy is refused there, and whatever the estimate, no
+evaluation may produce more than :data:`EVALUATION_BYTES` beyond what the
+policy would keep. After evaluation, :func:`result_too_large` applies the
+policy to the actual results.
 """
 
 from __future__ import annotations
@@ -19,14 +24,23 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 import refimpl
-from passes.fold.size import estimate_output_bytes
+from passes.fold import size
 from passes.ir.schemas import is_deterministic
-from passes.ir.tensors import tensor_nbytes
+from passes.ir.tensors import read_array, tensor_nbytes
 
-__all__ = ["COUNTERS", "GUARDS", "Candidate", "category", "refusal", "result_too_large"]
+__all__ = [
+    "COUNTERS",
+    "EVALUATION_BYTES",
+    "GUARDS",
+    "Candidate",
+    "category",
+    "refusal",
+    "result_too_large",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +53,10 @@ COUNTERS: Mapping[str, str] = {
     "no kernel": "unsupported",
     "too large": "skipped_too_large",
 }
+
+#: Bytes an evaluation may produce beyond what the size policy keeps: outputs the
+#: model does not use, and results whose size is only bounded (NonZero, strings).
+EVALUATION_BYTES = 64 << 20
 
 
 @dataclasses.dataclass
@@ -67,10 +85,31 @@ class Candidate:
     default_opset: int | None
     size_limit: int
     constant: Callable[[ir.Value], ir.TensorProtocol | None]
+    estimate: size.Estimate | None = None
+
+    _arrays: dict[int, np.ndarray] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def op_type(self) -> str:
         return self.node.op_type
+
+    def array(self, index: int) -> np.ndarray:
+        """Input ``index`` as an array, read once (external data is read here).
+
+        Raises:
+            InputError: its data cannot be read.
+        """
+        array = self._arrays.get(index)
+        if array is None:
+            tensor = self.tensors[index]
+            assert tensor is not None
+            array = self._arrays[index] = read_array(self.node.inputs[index], tensor, self.node)
+        return array
+
+    def needed(self, index: int) -> bool:
+        """Whether output ``index`` is used (by a node or as a graph output)."""
+        value = self.node.outputs[index]
+        return bool(value.uses()) or value.is_graph_output()
 
     @functools.cached_property
     def freed_bytes(self) -> int:
@@ -142,11 +181,19 @@ def no_kernel(c: Candidate) -> str | None:
     return None
 
 
-def estimated_too_large(c: Candidate) -> str | None:
-    assert c.attrs is not None
-    estimate = estimate_output_bytes(c.op_type, c.domain, c.tensors, c.attrs)
-    if estimate is not None and c.grows_model(estimate):
-        return f"too large: {estimate} bytes would grow the model"
+def output_size(c: Candidate) -> str | None:
+    """Refuses what the size policy would throw away, and what cannot be sized beforehand."""
+    assert c.opset is not None and c.attrs is not None
+    try:
+        estimate = size.estimate_outputs(c.node, c.domain, c.opset, c.tensors, c.attrs, c.array)
+    except size.Unbounded as e:
+        return f"output size unknown: {e}"
+    c.estimate = estimate
+    kept = sum(n for i, n in enumerate(estimate.nbytes) if c.needed(i))
+    if estimate.exact and c.grows_model(kept):
+        return f"too large: {kept} bytes would grow the model"
+    if c.grows_model(estimate.total) and estimate.total > EVALUATION_BYTES:
+        return f"too large: evaluating it makes up to {estimate.total} bytes"
     return None
 
 
@@ -160,7 +207,7 @@ GUARDS: tuple[Guard, ...] = (
     nondeterministic,
     unusable_attributes,
     no_kernel,
-    estimated_too_large,
+    output_size,
 )
 
 
