@@ -387,3 +387,60 @@ def test_ops_sized_before_evaluation_still_fold(node, inits, elem, expected) -> 
     result = _initializer(out, "r")
     assert result.dtype == expected.dtype
     np.testing.assert_array_equal(result, expected)
+
+
+# --- contractions have a compute budget ---------------------------------------------------------------
+
+
+def _einsum_model(n_operands: int, size: int, dtype=np.float32) -> onnx.ModelProto:
+    letters = "abcdefgh"
+    equation = ",".join(letters[k : k + 2] for k in range(n_operands)) + f"->a{letters[n_operands]}"
+    names = [f"m{k}" for k in range(n_operands)]
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((size, size)).astype(dtype), n) for n in names]
+    node = helper.make_node("Einsum", names, ["big"], equation=equation)
+    return _reduced(node, inits, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+
+
+case("einsum_5x60")(lambda: _einsum_model(5, 60))  # 60^6 x 5 = 2.3e11 steps: over 2 minutes
+case("matmul_int64_1024")(  # 2^30 multiply-adds without BLAS: ~7 s
+    lambda: _reduced(
+        helper.make_node("MatMul", ["a", "a"], ["big"]),
+        [numpy_helper.from_array(np.ones((1024, 1024), np.int64), "a")],
+        I64,
+    )
+)
+
+
+@pytest.mark.parametrize("name", ["einsum_5x60", "matmul_int64_1024"])
+def test_contraction_over_its_compute_budget_is_not_evaluated(name: str, reports) -> None:
+    report = reports[name]
+    assert_bounded(report)
+    assert report["op_types"][0] in ("Einsum", "MatMul") and len(report["op_types"]) == 2
+    assert report["stats"]["refused"] == {"over compute budget": 1}
+
+
+@pytest.mark.parametrize(
+    ("node", "shapes", "dtype"),
+    [
+        (helper.make_node("Einsum", ["a", "b", "c"], ["r"], equation="ab,bc,cd->ad"), [(60, 60)] * 3, np.float32),
+        (helper.make_node("MatMul", ["a", "b"], ["r"]), [(256, 512), (512, 256)], np.float32),  # 2^25
+        (helper.make_node("MatMul", ["a", "b"], ["r"]), [(64, 64), (64, 64)], np.int64),
+        (helper.make_node("Gemm", ["a", "b"], ["r"], transB=1), [(128, 64), (32, 64)], np.float32),
+    ],
+    ids=["einsum3", "matmul_f32", "matmul_i64", "gemm"],
+)
+def test_contractions_within_budget_still_fold(node, shapes, dtype) -> None:
+    rng = np.random.default_rng(1)
+    arrays = [(rng.standard_normal(s) * 3).astype(dtype) for s in shapes]
+    inits = [numpy_helper.from_array(a, n) for a, n in zip(arrays, node.input)]
+    if node.op_type == "Einsum":
+        expected = np.einsum("ab,bc,cd->ad", *(a.astype(np.float64) for a in arrays)).astype(dtype)
+    elif node.op_type == "Gemm":
+        expected = arrays[0] @ arrays[1].T
+    else:
+        expected = arrays[0] @ arrays[1]
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    out, stats = _fold_here(make_model([node], [], [vi("r", elem, list(expected.shape))], inits))
+    assert stats["refused"] == {} and [n.op_type for n in out.graph.node] == []
+    np.testing.assert_allclose(_initializer(out, "r"), expected, rtol=1e-5, atol=1e-3)

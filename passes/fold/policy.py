@@ -28,7 +28,7 @@ import numpy as np
 import onnx_ir as ir
 
 import refimpl
-from passes.fold import size
+from passes.fold import cost, size
 from passes.ir.schemas import is_deterministic
 from passes.ir.tensors import read_array, tensor_nbytes
 
@@ -197,6 +197,21 @@ def output_size(c: Candidate) -> str | None:
     return None
 
 
+def compute_cost(c: Candidate) -> str | None:
+    """Refuses a contraction (MatMul, Gemm, Einsum, Conv) over its multiply-add budget."""
+    assert c.attrs is not None
+    shapes = c.estimate.shapes if c.estimate is not None else ()
+    estimated = cost.cost(c.op_type, c.domain, c.tensors, c.attrs, shapes[0] if shapes else None)
+    if estimated is None:
+        return None
+    value, budget = estimated
+    if value is None:
+        return "cost unknown: the multiply-adds cannot be estimated"
+    if value > budget:
+        return f"over compute budget: {value} multiply-adds, the budget is {budget}"
+    return None
+
+
 Guard = Callable[[Candidate], "str | None"]
 
 #: The may-this-fold checks, cheapest and most structural first.
@@ -208,6 +223,7 @@ GUARDS: tuple[Guard, ...] = (
     unusable_attributes,
     no_kernel,
     output_size,
+    compute_cost,
 )
 
 
