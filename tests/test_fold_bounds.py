@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.external_data_helper
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -444,3 +445,63 @@ def test_contractions_within_budget_still_fold(node, shapes, dtype) -> None:
     out, stats = _fold_here(make_model([node], [], [vi("r", elem, list(expected.shape))], inits))
     assert stats["refused"] == {} and [n.op_type for n in out.graph.node] == []
     np.testing.assert_allclose(_initializer(out, "r"), expected, rtol=1e-5, atol=1e-3)
+
+
+# --- weights read from subgraphs stay initializers, and external ----------------------------------------
+
+
+def test_external_weights_used_only_in_a_branch_stay_external_initializers(tmp_path) -> None:
+    # Each weight's only use is inside the then-branch: folding it there made an inline
+    # Constant holding the whole weight (above 2 GB the save failed).
+    from helpers import ort_run
+
+    shape = [512, 1024]  # 2 MiB each, over the 1 MiB size limit
+    rng = np.random.default_rng(0)
+    weights = {n: rng.standard_normal(shape).astype(np.float32) for n in ("w_neg", "w_out", "w_add")}
+    then_branch = helper.make_graph(
+        [
+            helper.make_node("Neg", ["w_neg"], ["t_neg"]),  # the result would be a 2 MiB Constant
+            helper.make_node("Identity", ["w_out"], ["t_out"]),  # a branch output: the weight itself
+            helper.make_node("Identity", ["w_add"], ["t_id"]),
+            helper.make_node("Add", ["t_id", "x"], ["t_add"]),
+        ],
+        "then",
+        [],
+        [vi("t_neg", F32, shape), vi("t_out", F32, shape), vi("t_add", F32, shape)],
+    )
+    else_branch = helper.make_graph(
+        [helper.make_node("Identity", ["x"], [f"e{k}"]) for k in range(3)],
+        "else",
+        [],
+        [vi(f"e{k}", F32, shape) for k in range(3)],
+    )
+    nodes = [helper.make_node("If", ["b"], ["y0", "y1", "y2"], then_branch=then_branch, else_branch=else_branch)]
+    model = make_model(
+        nodes,
+        [vi("b", TensorProto.BOOL, []), vi("x", F32, shape)],
+        [vi(f"y{k}", F32, shape) for k in range(3)],
+        [numpy_helper.from_array(w, n) for n, w in weights.items()],
+    )
+    src = tmp_path / "src" / "model.onnx"
+    src.parent.mkdir()
+    onnx.save(model, src, save_as_external_data=True, location="model.data", size_threshold=1024)
+    dst = tmp_path / "dst" / "model.onnx"
+    dst.parent.mkdir()
+
+    [report] = fold_in_child([{"model": str(src), "save_to": str(dst)}], tmp_path)
+    assert_bounded(report)
+    assert report["stats"]["refused"] == {"too large": 1, "initializer kept": 1}
+    assert report["stats"]["folded"] == 1  # the Identity feeding Add now reads w_add directly
+
+    out = onnx.load(dst, load_external_data=False)
+    assert dst.stat().st_size < 100_000  # no weight inline
+    assert sorted(t.name for t in out.graph.initializer) == sorted(weights)
+    assert all(onnx.external_data_helper.uses_external_data(t) for t in out.graph.initializer)
+    branch = next(a.g for a in out.graph.node[0].attribute if a.name == "then_branch")
+    assert [n.op_type for n in branch.node] == ["Neg", "Identity", "Add"]
+    assert list(branch.node[2].input) == ["w_add", "x"]
+    x = rng.standard_normal(shape).astype(np.float32)
+    for b in (True, False):
+        feeds = {"b": np.array(b), "x": x}
+        for before, after in zip(ort_run(str(src), feeds), ort_run(str(dst), feeds)):
+            np.testing.assert_array_equal(before, after)

@@ -237,11 +237,12 @@ class _Sweep:
                 return
             reason = policy.result_too_large(candidate, sum(a.nbytes for a in outputs if a is not None))
         if reason is not None:
-            self._refuse(node, reason)
+            self.refuse(node, reason)
             return
         self.replace(node, outputs, scope)
 
-    def _refuse(self, node: ir.Node, reason: str) -> None:
+    def refuse(self, node: ir.Node, reason: str) -> None:
+        """Logs and counts why ``node`` is left alone (see ``policy``)."""
         logger.debug("Not folding %s node %r: %s", node.op_type, node.name, reason)
         key = policy.category(reason)
         self.stats.refused[key] += 1

@@ -7,8 +7,9 @@ the reason's category, the text before the first colon, in
 ``stats["refused"]``. Some categories also feed the older counters
 (:data:`COUNTERS`): ``unsupported`` (by op type) and ``skipped_too_large``.
 
-The size policy: a result larger than ``size_limit`` is kept only if folding
-frees at least as many bytes of constant inputs (the model does not grow).
+The size policy: a result larger than ``size_limit`` is kept only as an
+initializer of the main graph, and only if folding frees at least as many
+bytes of constant inputs (the model does not grow).
 Every output is sized before evaluation (``size.estimate_outputs``): an exact
 size that breaks the policy is refused there, and whatever the estimate, no
 evaluation may produce more than :data:`EVALUATION_BYTES` beyond what the
@@ -127,8 +128,17 @@ class Candidate:
         return total
 
     def grows_model(self, nbytes: int) -> bool:
-        """Whether a result of ``nbytes`` is over the size limit and over what folding frees."""
-        return nbytes > self.size_limit and nbytes > self.freed_bytes
+        """Whether a result of ``nbytes`` breaks the size policy.
+
+        Above the size limit, a result is kept only as an initializer and only
+        if folding frees at least as many bytes. A Constant node's tensor is
+        always saved inline (only initializers are written as external data),
+        so a large result in a subgraph or function would pull a weight out of
+        external data into the proto, whatever it frees.
+        """
+        if nbytes <= self.size_limit:
+            return False
+        return not self.initializers or nbytes > self.freed_bytes
 
 
 def category(reason: str) -> str:

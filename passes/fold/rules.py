@@ -9,7 +9,9 @@ subgraphs are swept, or it is evaluated when its inputs are constant).
 * ``Shape`` / ``Size``: fold when the input's shape is static (from a constant,
   the model, or shape inference), including Shape-15's ``start``/``end``.
 * ``Identity(c)``: redirects the uses to ``c`` when ``c`` stays in use anyway,
-  so that tied weights are not duplicated; otherwise it folds like any op.
+  so that tied weights are not duplicated, and when ``c`` is an initializer
+  read from a subgraph or function (it would be copied inline); otherwise it
+  folds like any op.
 * ``If`` with a constant condition: the branch it takes is inlined and swept.
 """
 
@@ -65,14 +67,24 @@ def _identity(sweep: _Sweep, node: ir.Node, scope: _Scope) -> bool:
 
     (Tied weights in torch exports reach their users through such Identity
     nodes.) An Identity producing a graph output keeps its name by folding.
+    Where results become Constant nodes (subgraphs, functions), an Identity
+    of an initializer never copies it: its uses are redirected to the
+    initializer (subgraphs may read outer values), and one that produces a
+    graph output stays, so the weight stays an initializer and external.
     """
     x = node.inputs[0] if node.inputs else None
-    if x is None or sweep.constant(x) is None:
+    tensor = None if x is None else sweep.constant(x)
+    if x is None or tensor is None:
         return False
     y = node.outputs[0]
+    keep_weight = not scope.initializers and x.is_initializer()
     if y.is_graph_output():
-        return False
-    if not x.is_graph_output() and all(use.node is node for use in x.uses()):
+        if not keep_weight:
+            return False
+        sweep.known[y] = tensor
+        sweep.refuse(node, f"initializer kept: {x.name!r} would be copied into a Constant node")
+        return True
+    if not keep_weight and not x.is_graph_output() and all(use.node is node for use in x.uses()):
         return False  # folding moves the bytes under y's name without growth
     sweep.rewriter.redirect({y: x})
     sweep.rewriter.drop(node)
