@@ -505,3 +505,85 @@ def test_external_weights_used_only_in_a_branch_stay_external_initializers(tmp_p
         feeds = {"b": np.array(b), "x": x}
         for before, after in zip(ort_run(str(src), feeds), ort_run(str(dst), feeds)):
             np.testing.assert_array_equal(before, after)
+
+
+# --- external data is read with checked reads, not memory maps ------------------------------------------
+
+
+def test_external_data_truncated_during_folding_is_an_error_not_sigbus(tmp_path) -> None:
+    # The weight is read for the first fold; the file is then truncated. Through a memory map,
+    # the second read touched pages past the end of the file: SIGBUS killed the process.
+    w = numpy_helper.from_array(np.arange(256 * 256, dtype=np.float32).reshape(256, 256), "w")
+    nodes = [
+        helper.make_node("Mul", ["w", "two"], ["a"], name="mul"),
+        helper.make_node("Add", ["w", "two"], ["b"], name="add"),
+    ]
+    two = numpy_helper.from_array(np.float32(2), "two")
+    model = make_model(nodes, [], [vi("a", F32, [256, 256]), vi("b", F32, [256, 256])], [w, two])
+    src = tmp_path / "model.onnx"
+    onnx.save(model, src, save_as_external_data=True, location="model.data", size_threshold=1024)
+
+    [report] = fold_in_child([{"model": str(src), "truncate": str(tmp_path / "model.data")}], tmp_path)
+    assert report["error"].startswith("InputError: cannot read the data of 'w', input of ")
+    assert "'model.data' is truncated: bytes 0..262144 needed, the file has 0" in report["error"]
+
+
+def _external(tmp_path: pathlib.Path, array: np.ndarray, dtype: Any = None, offset: int = 0) -> Any:
+    import onnx_ir as ir
+
+    tensor = ir.Tensor(array, dtype=dtype)
+    data = tensor.tobytes()
+    (tmp_path / "w.bin").write_bytes(b"\0" * offset + data)
+    return ir.ExternalTensor(
+        "w.bin", offset, len(data), tensor.dtype, shape=tensor.shape, name="w", base_dir=str(tmp_path)
+    )
+
+
+@pytest.mark.parametrize(
+    ("array", "dtype"),
+    [
+        (np.arange(12, dtype=np.float32).reshape(3, 4) / 7, None),
+        (np.array([[True, False, True]]), None),
+        (np.arange(10, dtype=np.float16), None),
+        (np.arange(-8, 8, dtype=np.int8).reshape(4, 4), "INT4"),  # packed two per byte
+        (np.zeros((0, 3), np.int64), None),
+    ],
+    ids=["float32", "bool", "float16", "int4", "empty"],
+)
+def test_checked_read_gives_the_same_array_as_onnx_ir(array, dtype, tmp_path) -> None:
+    import onnx_ir as ir
+
+    from passes.ir.tensors import read_external
+
+    tensor = _external(tmp_path, array, getattr(ir.DataType, dtype) if dtype else None, offset=3)
+    result = read_external(tensor)
+    expected = tensor.numpy()
+    assert result.dtype == expected.dtype and result.shape == expected.shape
+    np.testing.assert_array_equal(result.astype(np.float64), expected.astype(np.float64))
+
+
+def test_checked_read_refuses_short_files_fifos_and_paths_outside_the_folder(tmp_path) -> None:
+    import onnx_ir as ir
+
+    from passes.errors import InputError
+    from passes.ir.tensors import read_external
+
+    tensor = _external(tmp_path, np.ones(1000, np.float32), offset=8)
+    os.truncate(tmp_path / "w.bin", 1000)
+    with pytest.raises(InputError, match=r"'w.bin' is truncated: bytes 8..4008 needed, the file has 1000"):
+        read_external(tensor)
+
+    os.mkfifo(tmp_path / "fifo")  # opening it to read would block without O_NONBLOCK
+    fifo = ir.ExternalTensor("fifo", 0, 4, ir.DataType.FLOAT, shape=ir.Shape([1]), name="f", base_dir=str(tmp_path))
+    with pytest.raises(InputError, match="not a regular file"):
+        read_external(fifo)
+
+    inside = tmp_path / "model"
+    inside.mkdir()
+    outside = ir.ExternalTensor("../w.bin", 8, 4000, ir.DataType.FLOAT, shape=ir.Shape([1000]), name="o", base_dir=str(inside))
+    with pytest.raises(InputError, match="is outside"):
+        read_external(outside)
+    (inside / "link.bin").symlink_to(tmp_path / "w.bin")
+    linked = ir.ExternalTensor("link.bin", 0, 4, ir.DataType.FLOAT, shape=ir.Shape([1]), name="l", base_dir=str(inside))
+    with pytest.raises(InputError, match="is outside"):
+        read_external(linked)
