@@ -125,7 +125,7 @@ def fold_in_child(jobs: list[dict[str, Any]], tmp_path: pathlib.Path, timeout: f
     jobs_file.write_text(json.dumps(jobs))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     argv = [sys.executable, "-c", _CHILD, str(jobs_file), str(ADDRESS_SPACE)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, f"child exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

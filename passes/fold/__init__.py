@@ -12,7 +12,8 @@ subgraph and every model-local function:
   (from the model or from onnx shape inference run once before the sweep),
   including the ``start``/``end`` slice of Shape-15.
 * ``Identity(c) -> c`` (uses redirected, no copy) when ``c`` has other users,
-  so that tied weights are not duplicated; otherwise Identity folds like any op.
+  so that tied weights are not duplicated, or when ``c`` is an initializer read
+  from a subgraph or function; otherwise Identity folds like any op.
 * ``If(c, then, else) -> the branch c selects``, inlined into the enclosing graph.
 
 Never folded: initializers that are graph inputs, ops whose schema is not
@@ -21,6 +22,38 @@ and DequantizeLinear, control flow other than a constant If, ops without a
 kernel (counted in ``stats["unsupported"]``), and results larger than
 ``size_limit`` bytes that would make the model grow (``skipped_too_large``).
 Nodes and initializers left unused by these rewrites are removed.
+
+Bounded cost. Folding a hostile model must neither exhaust memory nor run for
+minutes, while real models fold as before:
+
+* Size. Every node's outputs are sized before it is evaluated (``size``: own
+  rules for the blow-up, elementwise and rearranging ops, onnx's shape
+  inference of the one node for the rest, an upper bound for NonZero and
+  Compress). A node whose output size cannot be bounded is not evaluated
+  (``refused["output size unknown"]``). A result above ``size_limit`` is kept
+  only as a main-graph initializer that frees at least as many bytes of
+  inputs (a weight transform: Transpose, Mul, Cast of a weight used once),
+  so it is refused before evaluation when its size is known, and no
+  evaluation produces more than ``policy.EVALUATION_BYTES`` (64 MiB) beyond
+  what would be kept. In subgraphs and functions, where a result is an inline
+  Constant node, nothing above ``size_limit`` is created, so weights read
+  there stay initializers of the main graph and stay external.
+* Compute. MatMul, Gemm, Einsum and Conv get a multiply-add budget of about
+  a second each (``cost``): 2^33 for MatMul/Gemm on floats (BLAS), 2^27 on
+  integers (numpy's own loop), 2^30 for Einsum (numpy without ``optimize``)
+  and Conv (``refused["over compute budget"]``). Transposing a transformer's
+  weights costs no multiply-adds; a float MatMul of two 2048x2048 constants
+  is within budget.
+* Rewrites are linear in the inputs and outputs they touch (``surgery``): a
+  Split into 20,000 parts feeding one Concat folds in about a second.
+* External data is read with checked reads, not memory maps: a data file
+  truncated while the pass runs is an ``InputError``, not a SIGBUS.
+
+The pieces: ``rules`` (Constant, Shape, Size, Identity, If), ``policy`` (the
+guards a node with constant inputs must pass, each giving a reason that is
+logged and counted in ``stats["refused"]``), ``size`` and ``cost`` (the
+estimates), ``evaluate`` (inputs, kernel, result checks), ``surgery`` (graph
+changes and garbage collection).
 
 Why Constant nodes rather than initializers in subgraphs: a function cannot
 hold initializers at all, and a subgraph initializer is legal but handled
@@ -45,8 +78,8 @@ from passes.fold import evaluate, policy
 from passes.fold.rules import RULES
 from passes.fold.surgery import Rewriter, subgraphs_of
 from passes.ir import inference
-from passes.ir.walk import iter_nodes, normalize_domain, opset_of
 from passes.ir.tensors import attribute_values
+from passes.ir.walk import iter_nodes, normalize_domain, opset_of
 
 __all__ = ["ConstantFoldingPass"]
 
@@ -103,8 +136,9 @@ class ConstantFoldingPass(ir.passes.InPlacePass):
 
     Attributes:
         size_limit: A folded result larger than this many bytes is kept only
-            if the constants it replaces are at least as large (the model
-            does not grow).
+            as a main-graph initializer, and only if the constants it replaces
+            are at least as large (the model does not grow). The evaluation
+            and compute bounds are described in the module docstring.
     """
 
     def __init__(self, size_limit: int = 1 << 20) -> None:
@@ -235,7 +269,13 @@ class _Sweep:
                 counter = self.stats.unsupported if e.unsupported else self.stats.failed
                 counter[node.op_type] += 1
                 return
-            reason = policy.result_too_large(candidate, sum(a.nbytes for a in outputs if a is not None))
+            nbytes = sum(a.nbytes for a in outputs if a is not None)
+            if nbytes > candidate.estimate.total:
+                logger.warning(
+                    "%s node %r: %d bytes of results, more than the %d estimated",
+                    node.op_type, node.name, nbytes, candidate.estimate.total,
+                )
+            reason = policy.result_too_large(candidate, nbytes)
         if reason is not None:
             self.refuse(node, reason)
             return

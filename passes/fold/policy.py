@@ -86,7 +86,6 @@ class Candidate:
     default_opset: int | None
     size_limit: int
     constant: Callable[[ir.Value], ir.TensorProtocol | None]
-    estimate: size.Estimate | None = None
 
     _arrays: dict[int, np.ndarray] = dataclasses.field(default_factory=dict, repr=False)
 
@@ -106,6 +105,16 @@ class Candidate:
             assert tensor is not None
             array = self._arrays[index] = read_array(self.node.inputs[index], tensor, self.node)
         return array
+
+    @functools.cached_property
+    def estimate(self) -> size.Estimate:
+        """The outputs' sizes before evaluation (see ``size.estimate_outputs``).
+
+        Raises:
+            size.Unbounded: they cannot be bounded.
+        """
+        assert self.opset is not None and self.attrs is not None
+        return size.estimate_outputs(self.node, self.domain, self.opset, self.tensors, self.attrs, self.array)
 
     def needed(self, index: int) -> bool:
         """Whether output ``index`` is used (by a node or as a graph output)."""
@@ -193,12 +202,10 @@ def no_kernel(c: Candidate) -> str | None:
 
 def output_size(c: Candidate) -> str | None:
     """Refuses what the size policy would throw away, and what cannot be sized beforehand."""
-    assert c.opset is not None and c.attrs is not None
     try:
-        estimate = size.estimate_outputs(c.node, c.domain, c.opset, c.tensors, c.attrs, c.array)
+        estimate = c.estimate
     except size.Unbounded as e:
         return f"output size unknown: {e}"
-    c.estimate = estimate
     kept = sum(n for i, n in enumerate(estimate.nbytes) if c.needed(i))
     if estimate.exact and c.grows_model(kept):
         return f"too large: {kept} bytes would grow the model"
@@ -210,7 +217,7 @@ def output_size(c: Candidate) -> str | None:
 def compute_cost(c: Candidate) -> str | None:
     """Refuses a contraction (MatMul, Gemm, Einsum, Conv) over its multiply-add budget."""
     assert c.attrs is not None
-    shapes = c.estimate.shapes if c.estimate is not None else ()
+    shapes = c.estimate.shapes  # sized by output_size, which runs first
     estimated = cost.cost(c.op_type, c.domain, c.tensors, c.attrs, shapes[0] if shapes else None)
     if estimated is None:
         return None

@@ -89,17 +89,17 @@ def set_inputs(node: ir.Node, changes: Mapping[int, ir.Value | None]) -> None:
         if not 0 <= index < len(new_inputs):
             raise ValueError(f"Index out of range: {index}")
         new_inputs[index] = value
-    node._inputs = tuple(new_inputs)  # noqa: SLF001  (see the docstring)
+    node._inputs = tuple(new_inputs)  # private: see the docstring
     dropped: dict[ir.Value, None] = {}
     for index, value in changes.items():
         old = old_inputs[index]
         if old is value:
             continue
         if old is not None:
-            old._remove_usage(node, index)  # noqa: SLF001
+            old._remove_usage(node, index)
             dropped[old] = None
         if value is not None:
-            value._add_usage(node, index)  # noqa: SLF001
+            value._add_usage(node, index)
     drop_sharding = getattr(node, "_drop_sharding_for_value", None)
     if drop_sharding is not None:
         still_used = set(new_inputs)

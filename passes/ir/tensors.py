@@ -16,7 +16,7 @@ import logging
 import math
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
