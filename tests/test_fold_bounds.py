@@ -113,7 +113,9 @@ print(json.dumps(reports))
 """
 
 
-def fold_in_child(jobs: list[dict[str, Any]], tmp_path: pathlib.Path, timeout: float = 120) -> list[dict[str, Any]]:
+def fold_in_child(
+    jobs: list[dict[str, Any]], tmp_path: pathlib.Path, timeout: float = 120
+) -> list[dict[str, Any]]:
     """Folds each job's model file in one child process; a report per job.
 
     A job is ``{"model": path, "kwargs": {...}, "save_to": path, "truncate": path}``:
@@ -123,9 +125,14 @@ def fold_in_child(jobs: list[dict[str, Any]], tmp_path: pathlib.Path, timeout: f
     """
     jobs_file = tmp_path / "jobs.json"
     jobs_file.write_text(json.dumps(jobs))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
     argv = [sys.executable, "-c", _CHILD, str(jobs_file), str(ADDRESS_SPACE)]
-    proc = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(
+        argv, check=False, capture_output=True, text=True, timeout=timeout, env=env
+    )
     assert proc.returncode == 0, f"child exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -171,7 +178,9 @@ def case(name: str) -> Callable[[Callable[[], onnx.ModelProto]], Callable[[], on
 N_PARTS = 20_000
 
 
-def _split_model(concat_inputs: list[str], extra_inputs: list[onnx.ValueInfoProto] = ()) -> onnx.ModelProto:
+def _split_model(
+    concat_inputs: list[str], extra_inputs: list[onnx.ValueInfoProto] = ()
+) -> onnx.ModelProto:
     parts = [f"p{i}" for i in range(N_PARTS)]
     c = numpy_helper.from_array(np.arange(N_PARTS, dtype=np.float32), "c")
     nodes = [
@@ -191,7 +200,9 @@ case("split_concat_stays")(
 BIG = 10**10  # elements: 40 GB of float32
 
 
-def _reduced(node: onnx.NodeProto, inits: list[onnx.TensorProto], elem: int = F32) -> onnx.ModelProto:
+def _reduced(
+    node: onnx.NodeProto, inits: list[onnx.TensorProto], elem: int = F32
+) -> onnx.ModelProto:
     """``node`` (producing "big") followed by a ReduceMax to a scalar graph output."""
     reduce = helper.make_node("ReduceMax", ["big"], ["y"], keepdims=0, name="reduce")
     return make_model([node, reduce], [], [vi("y", elem, [])], inits)
@@ -207,7 +218,10 @@ def _col_row() -> list[onnx.TensorProto]:
 BLOW_UPS = {
     "Pad": lambda: _reduced(
         helper.make_node("Pad", ["v", "pads"], ["big"]),
-        [numpy_helper.from_array(np.float32([1, 2]), "v"), numpy_helper.from_array(np.array([0, BIG]), "pads")],
+        [
+            numpy_helper.from_array(np.float32([1, 2]), "v"),
+            numpy_helper.from_array(np.array([0, BIG]), "pads"),
+        ],
     ),
     "Add": lambda: _reduced(helper.make_node("Add", ["col", "row"], ["big"]), _col_row()),
     "Where": lambda: _reduced(
@@ -250,7 +264,10 @@ RANGE_OVERFLOWS = [(-1e308, 1e308, 1.0), (0.0, 1e308, 1e-300), (0.0, float("nan"
 
 
 def _range_model(start: float, limit: float, delta: float) -> onnx.ModelProto:
-    inits = [numpy_helper.from_array(np.float64(v), n) for n, v in (("s", start), ("l", limit), ("d", delta))]
+    inits = [
+        numpy_helper.from_array(np.float64(v), n)
+        for n, v in (("s", start), ("l", limit), ("d", delta))
+    ]
     return _reduced(helper.make_node("Range", ["s", "l", "d"], ["big"]), inits, TensorProto.DOUBLE)
 
 
@@ -342,7 +359,10 @@ def _initializer(model: onnx.ModelProto, name: str) -> np.ndarray:
         ),
         (
             helper.make_node("Compress", ["v", "keep"], ["r"], axis=0),
-            [numpy_helper.from_array(np.float32([1, 2, 3]), "v"), numpy_helper.from_array(np.array([1, 0, 1], bool), "keep")],
+            [
+                numpy_helper.from_array(np.float32([1, 2, 3]), "v"),
+                numpy_helper.from_array(np.array([1, 0, 1], bool), "keep"),
+            ],
             F32,
             np.float32([1, 3]),
         ),
@@ -368,13 +388,19 @@ def _initializer(model: onnx.ModelProto, name: str) -> np.ndarray:
         ),
         (
             helper.make_node("Reshape", ["v", "shape"], ["r"]),
-            [numpy_helper.from_array(np.arange(6, dtype=np.float32), "v"), numpy_helper.from_array(np.array([-1, 3]), "shape")],
+            [
+                numpy_helper.from_array(np.arange(6, dtype=np.float32), "v"),
+                numpy_helper.from_array(np.array([-1, 3]), "shape"),
+            ],
             F32,
             np.arange(6, dtype=np.float32).reshape(2, 3),
         ),
         (
             helper.make_node("Range", ["s", "l", "d"], ["r"]),
-            [numpy_helper.from_array(np.float32(v), n) for n, v in (("s", 1), ("l", 2), ("d", 0.25))],
+            [
+                numpy_helper.from_array(np.float32(v), n)
+                for n, v in (("s", 1), ("l", 2), ("d", 0.25))
+            ],
             F32,
             np.float32([1, 1.25, 1.5, 1.75]),
         ),
@@ -398,7 +424,9 @@ def _einsum_model(n_operands: int, size: int, dtype=np.float32) -> onnx.ModelPro
     equation = ",".join(letters[k : k + 2] for k in range(n_operands)) + f"->a{letters[n_operands]}"
     names = [f"m{k}" for k in range(n_operands)]
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal((size, size)).astype(dtype), n) for n in names]
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((size, size)).astype(dtype), n) for n in names
+    ]
     node = helper.make_node("Einsum", names, ["big"], equation=equation)
     return _reduced(node, inits, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
 
@@ -424,8 +452,16 @@ def test_contraction_over_its_compute_budget_is_not_evaluated(name: str, reports
 @pytest.mark.parametrize(
     ("node", "shapes", "dtype"),
     [
-        (helper.make_node("Einsum", ["a", "b", "c"], ["r"], equation="ab,bc,cd->ad"), [(60, 60)] * 3, np.float32),
-        (helper.make_node("MatMul", ["a", "b"], ["r"]), [(256, 512), (512, 256)], np.float32),  # 2^25
+        (
+            helper.make_node("Einsum", ["a", "b", "c"], ["r"], equation="ab,bc,cd->ad"),
+            [(60, 60)] * 3,
+            np.float32,
+        ),
+        (
+            helper.make_node("MatMul", ["a", "b"], ["r"]),
+            [(256, 512), (512, 256)],
+            np.float32,
+        ),  # 2^25
         (helper.make_node("MatMul", ["a", "b"], ["r"]), [(64, 64), (64, 64)], np.int64),
         (helper.make_node("Gemm", ["a", "b"], ["r"], transB=1), [(128, 64), (32, 64)], np.float32),
     ],
@@ -457,11 +493,15 @@ def test_external_weights_used_only_in_a_branch_stay_external_initializers(tmp_p
 
     shape = [512, 1024]  # 2 MiB each, over the 1 MiB size limit
     rng = np.random.default_rng(0)
-    weights = {n: rng.standard_normal(shape).astype(np.float32) for n in ("w_neg", "w_out", "w_add")}
+    weights = {
+        n: rng.standard_normal(shape).astype(np.float32) for n in ("w_neg", "w_out", "w_add")
+    }
     then_branch = helper.make_graph(
         [
             helper.make_node("Neg", ["w_neg"], ["t_neg"]),  # the result would be a 2 MiB Constant
-            helper.make_node("Identity", ["w_out"], ["t_out"]),  # a branch output: the weight itself
+            helper.make_node(
+                "Identity", ["w_out"], ["t_out"]
+            ),  # a branch output: the weight itself
             helper.make_node("Identity", ["w_add"], ["t_id"]),
             helper.make_node("Add", ["t_id", "x"], ["t_add"]),
         ],
@@ -475,7 +515,11 @@ def test_external_weights_used_only_in_a_branch_stay_external_initializers(tmp_p
         [],
         [vi(f"e{k}", F32, shape) for k in range(3)],
     )
-    nodes = [helper.make_node("If", ["b"], ["y0", "y1", "y2"], then_branch=then_branch, else_branch=else_branch)]
+    nodes = [
+        helper.make_node(
+            "If", ["b"], ["y0", "y1", "y2"], then_branch=then_branch, else_branch=else_branch
+        )
+    ]
     model = make_model(
         nodes,
         [vi("b", TensorProto.BOOL, []), vi("x", F32, shape)],
@@ -523,7 +567,9 @@ def test_external_data_truncated_during_folding_is_an_error_not_sigbus(tmp_path)
     src = tmp_path / "model.onnx"
     onnx.save(model, src, save_as_external_data=True, location="model.data", size_threshold=1024)
 
-    [report] = fold_in_child([{"model": str(src), "truncate": str(tmp_path / "model.data")}], tmp_path)
+    [report] = fold_in_child(
+        [{"model": str(src), "truncate": str(tmp_path / "model.data")}], tmp_path
+    )
     assert report["error"].startswith("InputError: cannot read the data of 'w', input of ")
     assert "'model.data' is truncated: bytes 0..262144 needed, the file has 0" in report["error"]
 
@@ -535,7 +581,13 @@ def _external(tmp_path: pathlib.Path, array: np.ndarray, dtype: Any = None, offs
     data = tensor.tobytes()
     (tmp_path / "w.bin").write_bytes(b"\0" * offset + data)
     return ir.ExternalTensor(
-        "w.bin", offset, len(data), tensor.dtype, shape=tensor.shape, name="w", base_dir=str(tmp_path)
+        "w.bin",
+        offset,
+        len(data),
+        tensor.dtype,
+        shape=tensor.shape,
+        name="w",
+        base_dir=str(tmp_path),
     )
 
 
@@ -570,20 +622,34 @@ def test_checked_read_refuses_short_files_fifos_and_paths_outside_the_folder(tmp
 
     tensor = _external(tmp_path, np.ones(1000, np.float32), offset=8)
     os.truncate(tmp_path / "w.bin", 1000)
-    with pytest.raises(InputError, match=r"'w.bin' is truncated: bytes 8..4008 needed, the file has 1000"):
+    with pytest.raises(
+        InputError, match=r"'w.bin' is truncated: bytes 8..4008 needed, the file has 1000"
+    ):
         read_external(tensor)
 
     os.mkfifo(tmp_path / "fifo")  # opening it to read would block without O_NONBLOCK
-    fifo = ir.ExternalTensor("fifo", 0, 4, ir.DataType.FLOAT, shape=ir.Shape([1]), name="f", base_dir=str(tmp_path))
+    fifo = ir.ExternalTensor(
+        "fifo", 0, 4, ir.DataType.FLOAT, shape=ir.Shape([1]), name="f", base_dir=str(tmp_path)
+    )
     with pytest.raises(InputError, match="not a regular file"):
         read_external(fifo)
 
     inside = tmp_path / "model"
     inside.mkdir()
-    outside = ir.ExternalTensor("../w.bin", 8, 4000, ir.DataType.FLOAT, shape=ir.Shape([1000]), name="o", base_dir=str(inside))
+    outside = ir.ExternalTensor(
+        "../w.bin",
+        8,
+        4000,
+        ir.DataType.FLOAT,
+        shape=ir.Shape([1000]),
+        name="o",
+        base_dir=str(inside),
+    )
     with pytest.raises(InputError, match="is outside"):
         read_external(outside)
     (inside / "link.bin").symlink_to(tmp_path / "w.bin")
-    linked = ir.ExternalTensor("link.bin", 0, 4, ir.DataType.FLOAT, shape=ir.Shape([1]), name="l", base_dir=str(inside))
+    linked = ir.ExternalTensor(
+        "link.bin", 0, 4, ir.DataType.FLOAT, shape=ir.Shape([1]), name="l", base_dir=str(inside)
+    )
     with pytest.raises(InputError, match="is outside"):
         read_external(linked)

@@ -273,7 +273,10 @@ class _Sweep:
             if nbytes > candidate.estimate.total:
                 logger.warning(
                     "%s node %r: %d bytes of results, more than the %d estimated",
-                    node.op_type, node.name, nbytes, candidate.estimate.total,
+                    node.op_type,
+                    node.name,
+                    nbytes,
+                    candidate.estimate.total,
                 )
             reason = policy.result_too_large(candidate, nbytes)
         if reason is not None:
@@ -294,7 +297,9 @@ class _Sweep:
 
     def replace(self, node: ir.Node, arrays: Sequence[np.ndarray | None], scope: _Scope) -> None:
         """Replaces the node's outputs by constants with the same names, and drops the node."""
-        made = self.rewriter.replace_with_constants(node, arrays, use_initializers=scope.initializers)
+        made = self.rewriter.replace_with_constants(
+            node, arrays, use_initializers=scope.initializers
+        )
         self.known.update(made)
         self.stats.folded += 1
         logger.debug("Folded %s node %r", node.op_type, node.name)

@@ -103,9 +103,9 @@ def _einsum(inputs: _Inputs, attrs: Mapping[str, Any], out: Sequence[int] | None
         n_middle = len(dims) - len(letters)
         if (letters and not letters.isalpha()) or n_middle < 0 or (n_middle and not dots):
             return 0  # an invalid equation: the kernel rejects it
-        for letter, dim in zip(letters, dims[: len(left)] + dims[len(dims) - len(right):]):
+        for letter, dim in zip(letters, dims[: len(left)] + dims[len(dims) - len(right) :]):
             labels[letter] = max(labels.get(letter, 1), dim)
-        middles.append(dims[len(left): len(dims) - len(right)])
+        middles.append(dims[len(left) : len(dims) - len(right)])
     return math.prod(labels.values()) * math.prod(_broadcast_max(middles)) * len(inputs)
 
 
@@ -118,7 +118,9 @@ def _conv(inputs: _Inputs, attrs: Mapping[str, Any], out: Sequence[int] | None) 
     return math.prod(out) * math.prod(w[1:])  # each output: C/group x kernel multiply-adds
 
 
-def _conv_transpose(inputs: _Inputs, attrs: Mapping[str, Any], out: Sequence[int] | None) -> int | None:
+def _conv_transpose(
+    inputs: _Inputs, attrs: Mapping[str, Any], out: Sequence[int] | None
+) -> int | None:
     x, w = _dims(inputs[0]), _dims(inputs[1] if len(inputs) > 1 else None)
     if x is None or w is None or len(w) < 2:
         return 0
@@ -153,6 +155,11 @@ def cost(
     if estimator is None:
         return None
     budget = BUDGETS[op_type]
-    if op_type in ("MatMul", "Gemm") and inputs and inputs[0] is not None and inputs[0].dtype in _BLAS_DTYPES:
+    if (
+        op_type in ("MatMul", "Gemm")
+        and inputs
+        and inputs[0] is not None
+        and inputs[0].dtype in _BLAS_DTYPES
+    ):
         budget = FLOAT_MATMUL_BUDGET
     return estimator(inputs, attrs, out), budget

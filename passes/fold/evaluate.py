@@ -101,7 +101,9 @@ def check_results(
         if not isinstance(array, (np.ndarray, np.generic)):
             raise _misfit(node, f"output {i} is a {type(array).__name__}")
         array = np.asarray(array)
-        dtype = ir.DataType.STRING if array.dtype.kind in "OSU" else ir.DataType.from_numpy(array.dtype)
+        dtype = (
+            ir.DataType.STRING if array.dtype.kind in "OSU" else ir.DataType.from_numpy(array.dtype)
+        )
         for want in (expected[i], value.dtype):
             if want is not None and want != dtype:
                 raise _misfit(node, f"kernel gave {dtype} for {want} output {value.name}")

@@ -114,7 +114,9 @@ class Candidate:
             size.Unbounded: they cannot be bounded.
         """
         assert self.opset is not None and self.attrs is not None
-        return size.estimate_outputs(self.node, self.domain, self.opset, self.tensors, self.attrs, self.array)
+        return size.estimate_outputs(
+            self.node, self.domain, self.opset, self.tensors, self.attrs, self.array
+        )
 
     def needed(self, index: int) -> bool:
         """Whether output ``index`` is used (by a node or as a graph output)."""

@@ -97,7 +97,8 @@ def _estimate(outputs: Sequence[tuple[Sequence[int], ir.DataType | None]], exact
     return Estimate(tuple(shapes), tuple(nbytes), exact)
 
 
-_REJECTED = Estimate(((0,),), (0,), exact=False)  # invalid inputs: the kernel raises, computes nothing
+#: What invalid inputs make: nothing, the kernel raises.
+_REJECTED = Estimate(((0,),), (0,), exact=False)
 
 
 # --- own rules -------------------------------------------------------------------------------------
@@ -109,7 +110,9 @@ def _small_ints(tensor: ir.TensorProtocol | None, read: Reader, index: int) -> l
     return [int(v) for v in read(index).reshape(-1)]
 
 
-def _constant_of_shape(op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader) -> Estimate | None:
+def _constant_of_shape(
+    op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader
+) -> Estimate | None:
     dims = _small_ints(inputs[0] if inputs else None, read, 0)
     if dims is None:
         return None
@@ -120,7 +123,9 @@ def _constant_of_shape(op: str, opset: int, inputs: _Inputs, attrs: Mapping[str,
     return _estimate([(dims, dtype)], exact=True)
 
 
-def _expand(op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader) -> Estimate | None:
+def _expand(
+    op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader
+) -> Estimate | None:
     if len(inputs) < 2 or inputs[0] is None:
         return None
     shape = _small_ints(inputs[1], read, 1)
@@ -132,7 +137,9 @@ def _expand(op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read
     return _estimate([(dims, inputs[0].dtype)], exact=True)
 
 
-def _tile(op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader) -> Estimate | None:
+def _tile(
+    op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader
+) -> Estimate | None:
     if len(inputs) < 2 or inputs[0] is None:
         return None
     repeats = _small_ints(inputs[1], read, 1)
@@ -144,7 +151,9 @@ def _tile(op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: 
     return _estimate([([d * r for d, r in zip(dims, repeats)], inputs[0].dtype)], exact=True)
 
 
-def _range(op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader) -> Estimate | None:
+def _range(
+    op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader
+) -> Estimate | None:
     if len(inputs) < 3 or any(t is None or t.size != 1 for t in inputs[:3]):
         return _REJECTED
     values = [read(i).reshape(-1)[0] for i in range(3)]
@@ -165,7 +174,9 @@ def _range(op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read:
     return _estimate([([count], dtype)], exact=True)
 
 
-def _elementwise(op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader) -> Estimate | None:
+def _elementwise(
+    op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader
+) -> Estimate | None:
     """Ops whose one output has the broadcast shape of their inputs, in the schema's dtype."""
     if not inputs or any(t is None for t in inputs):
         return None  # an omitted optional input: leave it to shape inference
@@ -183,7 +194,9 @@ def _elementwise(op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any],
     return _estimate([(dims, dtype)], exact=True)
 
 
-def _same_elements(op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader) -> Estimate | None:
+def _same_elements(
+    op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader
+) -> Estimate | None:
     """Ops that rearrange input 0's elements: as many bytes, shape left to the kernel's check."""
     x = inputs[0] if inputs else None
     if x is None or x.dtype == ir.DataType.STRING:
@@ -192,7 +205,9 @@ def _same_elements(op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any
     return Estimate((None,), (count * itemsize(x.dtype),), exact=True)
 
 
-def _concat(op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader) -> Estimate | None:
+def _concat(
+    op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader
+) -> Estimate | None:
     if not inputs or any(t is None or t.dtype != inputs[0].dtype for t in inputs):
         return _REJECTED
     if inputs[0].dtype == ir.DataType.STRING:
@@ -219,7 +234,10 @@ _RULES: dict[str, Callable[[str, int, _Inputs, Mapping[str, Any], Reader], Estim
     "Range": _range,
     "Concat": _concat,
     **{op: _elementwise for op in (_UNARY + " " + _BROADCASTING).split()},
-    **{op: _same_elements for op in ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")},
+    **{
+        op: _same_elements
+        for op in ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")
+    },
 }
 
 

@@ -131,7 +131,9 @@ class Rewriter:
         index = self._output_index.get(graph)
         positions = None if index is None else index.get(value)
         outputs = graph.outputs
-        if positions is None or any(i >= len(outputs) or outputs[i] is not value for i in positions):
+        if positions is None or any(
+            i >= len(outputs) or outputs[i] is not value for i in positions
+        ):
             index = {}
             for i, output in enumerate(outputs):
                 index.setdefault(output, []).append(i)
@@ -193,7 +195,14 @@ class Rewriter:
             else:
                 name = node.name if i == 0 or not node.name else f"{node.name}_{i}"
                 constants.append(
-                    ir.Node("", "Constant", [], [ir.AttrTensor("value", tensor)], outputs=[new], name=name)
+                    ir.Node(
+                        "",
+                        "Constant",
+                        [],
+                        [ir.AttrTensor("value", tensor)],
+                        outputs=[new],
+                        name=name,
+                    )
                 )
                 made.append((new, tensor))
         if constants:
@@ -286,7 +295,9 @@ class Rewriter:
         self.redirect(replaced)
         return constants, replaced
 
-    def inline_branch(self, if_node: ir.Node, branch: ir.Graph, *, use_initializers: bool) -> list[ir.Node]:
+    def inline_branch(
+        self, if_node: ir.Node, branch: ir.Graph, *, use_initializers: bool
+    ) -> list[ir.Node]:
         """Moves ``branch``'s nodes just before ``if_node`` and makes them produce the If's outputs.
 
         Each If output is replaced by the branch output it stands for, which takes
@@ -340,7 +351,9 @@ class Rewriter:
             else:
                 replacement = ir.Value(name=if_out.name, type=if_out.type, shape=if_out.shape)
                 name = names.node(f"{if_node.name or 'If'}_{if_out.name}")
-                identities.append(ir.Node("", "Identity", [br_out], outputs=[replacement], name=name))
+                identities.append(
+                    ir.Node("", "Identity", [br_out], outputs=[replacement], name=name)
+                )
             replacements[if_out] = replacement
         self.redirect(replacements)
         inlined.extend(identities)

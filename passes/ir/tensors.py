@@ -156,7 +156,9 @@ def read_external(tensor: ir.ExternalTensor) -> np.ndarray:
     nbytes = int(tensor.nbytes)
     offset = int(tensor.offset or 0)
     if tensor.length is not None and int(tensor.length) != nbytes:
-        raise InputError(f"external data length {tensor.length} does not match the {nbytes} bytes of its type")
+        raise InputError(
+            f"external data length {tensor.length} does not match the {nbytes} bytes of its type"
+        )
     path = _contained(tensor)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
