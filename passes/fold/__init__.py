@@ -269,16 +269,7 @@ class _Sweep:
                 counter = self.stats.unsupported if e.unsupported else self.stats.failed
                 counter[node.op_type] += 1
                 return
-            nbytes = sum(a.nbytes for a in outputs if a is not None)
-            if nbytes > candidate.estimate.total:
-                logger.warning(
-                    "%s node %r: %d bytes of results, more than the %d estimated",
-                    node.op_type,
-                    node.name,
-                    nbytes,
-                    candidate.estimate.total,
-                )
-            reason = policy.result_too_large(candidate, nbytes)
+            reason = policy.result_too_large(candidate, outputs)
         if reason is not None:
             self.refuse(node, reason)
             return

@@ -3,7 +3,8 @@
 A result is kept only if every output the model needs is an array whose dtype
 is the one the schema implies and the one the model declares, and whose shape
 fits the declared shape. Anything else is an :class:`EvaluationError` that
-leaves the node in place.
+leaves the node in place. Results larger than the size estimated before
+evaluation (``size``) are logged as a warning: the estimate is wrong.
 """
 
 from __future__ import annotations
@@ -72,7 +73,17 @@ def evaluate(candidate: Candidate) -> list[np.ndarray | None]:
     # TODO(refimpl.KernelBugError): once refimpl defines it (an exception that escaped a
     # kernel, not a RefImplError), catch it here, log it and count it as stats["kernel_bugs"].
     expected = expected_dtypes(op, domain, opset, candidate.tensors, len(node.outputs))
-    return check_results(node, results, expected)
+    outputs = check_results(node, results, expected)
+    nbytes = sum(a.nbytes for a in outputs if a is not None)
+    if nbytes > candidate.estimate.total:  # a bug of the estimate, not of the model
+        logger.warning(
+            "%s node %r: %d bytes of results, over the %d estimated before evaluation",
+            op,
+            node.name,
+            nbytes,
+            candidate.estimate.total,
+        )
+    return outputs
 
 
 def _needed(value: ir.Value) -> bool:

@@ -255,8 +255,9 @@ def refusal(candidate: Candidate) -> str | None:
     return None
 
 
-def result_too_large(candidate: Candidate, nbytes: int) -> str | None:
-    """The size policy on actual results: a reason not to keep them, or None."""
+def result_too_large(candidate: Candidate, outputs: Sequence[np.ndarray | None]) -> str | None:
+    """The size policy on the results the model uses: a reason not to keep them, or None."""
+    nbytes = sum(a.nbytes for a in outputs if a is not None)
     if candidate.grows_model(nbytes):
         return f"too large: {nbytes} bytes would grow the model"
     return None
