@@ -175,6 +175,7 @@ class _Sweep:
         self.known: dict[ir.Value, ir.TensorProtocol] = {}
         self.rewriter = Rewriter(model)
         self._inferred: dict[ir.Value, tuple[int, ...]] = {}
+        self._dims: dict[ir.Value, tuple[int, ...]] = {}
 
     def run(self) -> None:
         self._inferred = inference.infer_static_shapes(self.model, self._unknown_shapes())
@@ -226,6 +227,17 @@ class _Sweep:
             tensors.append(tensor)
         self._fold(node, domain, tensors, scope)
 
+    def _dims_of(
+        self, value: ir.Value | None, tensor: ir.TensorProtocol | None
+    ) -> tuple[int, ...] | None:
+        """The dims of a constant input, worked out once per value."""
+        if value is None or tensor is None:
+            return None
+        dims = self._dims.get(value)
+        if dims is None:
+            dims = self._dims[value] = tuple(int(d) for d in tensor.shape.dims)
+        return dims
+
     # --- constness ---------------------------------------------------------------------------
 
     def constant(self, value: ir.Value) -> ir.TensorProtocol | None:
@@ -255,6 +267,7 @@ class _Sweep:
             domain=domain,
             opset=scope.opset(domain),
             tensors=tensors,
+            dims=[self._dims_of(v, t) for v, t in zip(node.inputs, tensors)],
             attrs=attribute_values(node),
             initializers=scope.initializers,
             default_opset=scope.opset(""),

@@ -20,7 +20,6 @@ policy to the actual results.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -69,6 +68,7 @@ class Candidate:
         domain: Its normalised domain (``""`` for ONNX).
         opset: The version its scope imports for that domain (None if none).
         tensors: Its constant inputs (None for omitted optional inputs).
+        dims: Their dims.
         attrs: Its attribute values for the kernel, or None when some cannot be given.
         initializers: Whether a result is stored as an initializer (main graph,
             IR >= 4) rather than as a Constant node.
@@ -81,6 +81,7 @@ class Candidate:
     domain: str
     opset: int | None
     tensors: Sequence[ir.TensorProtocol | None]
+    dims: Sequence[tuple[int, ...] | None]
     attrs: Mapping[str, Any] | None
     initializers: bool
     default_opset: int | None
@@ -88,10 +89,11 @@ class Candidate:
     constant: Callable[[ir.Value], ir.TensorProtocol | None]
 
     _arrays: dict[int, np.ndarray] = dataclasses.field(default_factory=dict, repr=False)
+    _estimate: size.Estimate | None = dataclasses.field(default=None, repr=False)
+    _freed: int | None = dataclasses.field(default=None, repr=False)
 
-    @property
-    def op_type(self) -> str:
-        return self.node.op_type
+    def __post_init__(self) -> None:
+        self.op_type: str = self.node.op_type
 
     def array(self, index: int) -> np.ndarray:
         """Input ``index`` as an array, read once (external data is read here).
@@ -106,37 +108,43 @@ class Candidate:
             array = self._arrays[index] = read_array(self.node.inputs[index], tensor, self.node)
         return array
 
-    @functools.cached_property
+    @property
     def estimate(self) -> size.Estimate:
-        """The outputs' sizes before evaluation (see ``size.estimate_outputs``).
+        """The outputs' sizes before evaluation (see ``size.estimate_outputs``), made once.
 
         Raises:
             size.Unbounded: they cannot be bounded.
         """
-        assert self.opset is not None and self.attrs is not None
-        return size.estimate_outputs(
-            self.node, self.domain, self.opset, self.tensors, self.attrs, self.array
-        )
+        if self._estimate is None:
+            assert self.opset is not None and self.attrs is not None
+            self._estimate = size.estimate_outputs(
+                self.node, self.domain, self.opset, self.tensors, self.dims, self.attrs, self.array
+            )
+        return self._estimate
 
     def needed(self, index: int) -> bool:
         """Whether output ``index`` is used (by a node or as a graph output)."""
         value = self.node.outputs[index]
         return bool(value.uses()) or value.is_graph_output()
 
-    @functools.cached_property
+    @property
     def freed_bytes(self) -> int:
         """Bytes of the constant inputs that folding the node leaves unused (and removes)."""
-        node = self.node
-        total = 0
-        for value in dict.fromkeys(v for v in node.inputs if v is not None):
-            if value.is_graph_output() or any(use.node is not node for use in value.uses()):
-                continue
-            producer = value.producer()
-            if value.is_initializer() or (producer is not None and producer.op_type == "Constant"):
-                tensor = self.constant(value)
-                if tensor is not None:
-                    total += tensor_nbytes(tensor)
-        return total
+        if self._freed is None:
+            node = self.node
+            total = 0
+            for value in dict.fromkeys(v for v in node.inputs if v is not None):
+                if value.is_graph_output() or any(use.node is not node for use in value.uses()):
+                    continue
+                producer = value.producer()
+                if value.is_initializer() or (
+                    producer is not None and producer.op_type == "Constant"
+                ):
+                    tensor = self.constant(value)
+                    if tensor is not None:
+                        total += tensor_nbytes(tensor)
+            self._freed = total
+        return self._freed
 
     def grows_model(self, nbytes: int) -> bool:
         """Whether a result of ``nbytes`` breaks the size policy.
@@ -208,6 +216,8 @@ def output_size(c: Candidate) -> str | None:
         estimate = c.estimate
     except size.Unbounded as e:
         return f"output size unknown: {e}"
+    if estimate.total <= c.size_limit:
+        return None
     kept = sum(n for i, n in enumerate(estimate.nbytes) if c.needed(i))
     if estimate.exact and c.grows_model(kept):
         return f"too large: {kept} bytes would grow the model"
@@ -218,6 +228,8 @@ def output_size(c: Candidate) -> str | None:
 
 def compute_cost(c: Candidate) -> str | None:
     """Refuses a contraction (MatMul, Gemm, Einsum, Conv) over its multiply-add budget."""
+    if c.op_type not in cost.BUDGETS or c.domain != "":
+        return None
     assert c.attrs is not None
     shapes = c.estimate.shapes  # sized by output_size, which runs first
     estimated = cost.cost(c.op_type, c.domain, c.tensors, c.attrs, shapes[0] if shapes else None)

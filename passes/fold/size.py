@@ -24,6 +24,7 @@ evaluated. String elements count 64 bytes (an upper bound, not exact).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -56,11 +57,14 @@ _Inputs = Sequence[ir.TensorProtocol | None]
 Reader = Callable[[int], np.ndarray]
 
 
+_Dims = Sequence["tuple[int, ...] | None"]
+
+
 class Unbounded(Exception):
     """The outputs' size cannot be bounded before evaluating the node."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class Estimate:
     """The outputs' shapes (as far as known) and byte counts, before evaluation.
 
@@ -80,6 +84,7 @@ class Estimate:
         return sum(self.nbytes)
 
 
+@functools.cache
 def itemsize(dtype: ir.DataType) -> int:
     """Bytes per element of the numpy array of ``dtype`` (strings: an upper bound)."""
     if dtype == ir.DataType.STRING:
@@ -111,48 +116,48 @@ def _small_ints(tensor: ir.TensorProtocol | None, read: Reader, index: int) -> l
 
 
 def _constant_of_shape(
-    op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader
+    op: str, opset: int, inputs: _Inputs, dims: _Dims, attrs: Mapping[str, Any], read: Reader
 ) -> Estimate | None:
-    dims = _small_ints(inputs[0] if inputs else None, read, 0)
-    if dims is None:
+    shape = _small_ints(inputs[0] if inputs else None, read, 0)
+    if shape is None:
         return None
-    if any(d < 0 for d in dims):
+    if any(d < 0 for d in shape):
         return _REJECTED
     value = attrs.get("value")
     dtype = ir.DataType.FLOAT if value is None else ir.DataType.from_numpy(np.asarray(value).dtype)
-    return _estimate([(dims, dtype)], exact=True)
+    return _estimate([(shape, dtype)], exact=True)
 
 
 def _expand(
-    op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader
+    op: str, opset: int, inputs: _Inputs, dims: _Dims, attrs: Mapping[str, Any], read: Reader
 ) -> Estimate | None:
     if len(inputs) < 2 or inputs[0] is None:
         return None
     shape = _small_ints(inputs[1], read, 1)
     if shape is None:
         return None
-    dims = _broadcast([tuple(int(d) for d in inputs[0].shape.numpy()), tuple(shape)])
-    if dims is None:
+    out = _broadcast([dims[0], tuple(shape)])
+    if out is None:
         return _REJECTED
-    return _estimate([(dims, inputs[0].dtype)], exact=True)
+    return _estimate([(out, inputs[0].dtype)], exact=True)
 
 
 def _tile(
-    op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader
+    op: str, opset: int, inputs: _Inputs, dims: _Dims, attrs: Mapping[str, Any], read: Reader
 ) -> Estimate | None:
     if len(inputs) < 2 or inputs[0] is None:
         return None
     repeats = _small_ints(inputs[1], read, 1)
-    dims = [int(d) for d in inputs[0].shape.numpy()]
-    if repeats is None:
+    x = dims[0]
+    if repeats is None or x is None:
         return None
-    if len(repeats) != len(dims) or any(r < 0 for r in repeats):
+    if len(repeats) != len(x) or any(r < 0 for r in repeats):
         return _REJECTED
-    return _estimate([([d * r for d, r in zip(dims, repeats)], inputs[0].dtype)], exact=True)
+    return _estimate([([d * r for d, r in zip(x, repeats)], inputs[0].dtype)], exact=True)
 
 
 def _range(
-    op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader
+    op: str, opset: int, inputs: _Inputs, dims: _Dims, attrs: Mapping[str, Any], read: Reader
 ) -> Estimate | None:
     if len(inputs) < 3 or any(t is None or t.size != 1 for t in inputs[:3]):
         return _REJECTED
@@ -175,13 +180,13 @@ def _range(
 
 
 def _elementwise(
-    op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader
+    op: str, opset: int, inputs: _Inputs, dims: _Dims, attrs: Mapping[str, Any], read: Reader
 ) -> Estimate | None:
     """Ops whose one output has the broadcast shape of their inputs, in the schema's dtype."""
     if not inputs or any(t is None for t in inputs):
         return None  # an omitted optional input: leave it to shape inference
-    dims = _broadcast([tuple(int(d) for d in t.shape.numpy()) for t in inputs])
-    if dims is None:
+    out = _broadcast(dims)  # type: ignore[arg-type]  # no input is omitted
+    if out is None:
         return _REJECTED
     if op == "Cast":
         dtype: ir.DataType | None = ir.DataType(int(attrs["to"])) if "to" in attrs else None
@@ -191,28 +196,28 @@ def _elementwise(
         dtype = expected_dtypes(op, "", opset, inputs, 1)[0]
     if dtype is None:
         return None
-    return _estimate([(dims, dtype)], exact=True)
+    return _estimate([(out, dtype)], exact=True)
 
 
 def _same_elements(
-    op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader
+    op: str, opset: int, inputs: _Inputs, dims: _Dims, attrs: Mapping[str, Any], read: Reader
 ) -> Estimate | None:
     """Ops that rearrange input 0's elements: as many bytes, shape left to the kernel's check."""
     x = inputs[0] if inputs else None
     if x is None or x.dtype == ir.DataType.STRING:
         return None
-    count = math.prod(int(d) for d in x.shape.numpy())
+    count = math.prod(dims[0])
     return Estimate((None,), (count * itemsize(x.dtype),), exact=True)
 
 
 def _concat(
-    op: str, opset: int, inputs: _Inputs, attrs: Mapping[str, Any], read: Reader
+    op: str, opset: int, inputs: _Inputs, dims: _Dims, attrs: Mapping[str, Any], read: Reader
 ) -> Estimate | None:
     if not inputs or any(t is None or t.dtype != inputs[0].dtype for t in inputs):
         return _REJECTED
     if inputs[0].dtype == ir.DataType.STRING:
         return None
-    count = sum(math.prod(int(d) for d in t.shape.numpy()) for t in inputs)
+    count = sum(math.prod(d) for d in dims)
     return Estimate((None,), (count * itemsize(inputs[0].dtype),), exact=True)
 
 
@@ -227,7 +232,9 @@ _BROADCASTING = (
     "BitwiseAnd BitwiseOr BitwiseXor Where Max Min Sum Mean PRelu"
 )
 
-_RULES: dict[str, Callable[[str, int, _Inputs, Mapping[str, Any], Reader], Estimate | None]] = {
+_RULES: dict[
+    str, Callable[[str, int, _Inputs, _Dims, Mapping[str, Any], Reader], Estimate | None]
+] = {
     "ConstantOfShape": _constant_of_shape,
     "Expand": _expand,
     "Tile": _tile,
@@ -243,6 +250,12 @@ _RULES: dict[str, Callable[[str, int, _Inputs, Mapping[str, Any], Reader], Estim
 
 def _broadcast(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
     """Numpy broadcasting of ``shapes`` in Python integers (no size limit), None if they clash."""
+    first = shapes[0]
+    for other in shapes:
+        if other != first:
+            break
+    else:  # all equal: the common case, without the general loop
+        return first if not first or min(first) >= 0 else None
     rank = max((len(s) for s in shapes), default=0)
     dims = []
     for axis in range(rank):
@@ -274,7 +287,7 @@ def _data(tensor: ir.TensorProtocol, read: Reader, index: int) -> onnx.TensorPro
 
 
 def _inferred(
-    node: ir.Node, domain: str, opset: int, inputs: _Inputs, read: Reader
+    node: ir.Node, domain: str, opset: int, inputs: _Inputs, dims: _Dims, read: Reader
 ) -> list[tuple[list[int] | None, ir.DataType | None]]:
     """What onnx infers for each output: dims (None if not all known) and dtype."""
     schema = schema_at(node.op_type, opset, domain)
@@ -285,8 +298,7 @@ def _inferred(
     for k, tensor in enumerate(inputs):
         if tensor is None:
             continue
-        dims = [int(d) for d in tensor.shape.numpy()]
-        types[f"i{k}"] = onnx.helper.make_tensor_type_proto(int(tensor.dtype), dims)
+        types[f"i{k}"] = onnx.helper.make_tensor_type_proto(int(tensor.dtype), dims[k])
         if (proto := _data(tensor, read, k)) is not None:
             data[f"i{k}"] = proto
     try:
@@ -307,28 +319,27 @@ def _inferred(
             continue
         tensor_type = type_proto.tensor_type
         dtype = ir.DataType(tensor_type.elem_type) if tensor_type.elem_type else None
-        dims: list[int] | None = None
+        out: list[int] | None = None
         if tensor_type.HasField("shape"):
-            dims = []
+            out = []
             for dim in tensor_type.shape.dim:
                 if not dim.HasField("dim_value") or dim.dim_value < 0:
-                    dims = None
+                    out = None
                     break
-                dims.append(int(dim.dim_value))
-        results.append((dims, dtype))
+                out.append(int(dim.dim_value))
+        results.append((out, dtype))
     return results
 
 
-def _data_dependent_bound(op: str, inputs: _Inputs, k: int) -> list[int] | None:
+def _data_dependent_bound(op: str, dims: _Dims, k: int) -> list[int] | None:
     """An upper bound of output ``k``'s dims for ops whose length depends on the data."""
-    x = inputs[0] if inputs else None
+    x = dims[0] if dims else None
     if x is None or k != 0:
         return None
-    dims = [int(d) for d in x.shape.numpy()]
     if op == "NonZero":
-        return [len(dims), math.prod(dims)]
+        return [len(x), math.prod(x)]
     if op == "Compress":
-        return [math.prod(dims)]  # at most every element, whatever the axis
+        return [math.prod(x)]  # at most every element, whatever the axis
     return None
 
 
@@ -337,6 +348,7 @@ def estimate_outputs(
     domain: str,
     opset: int,
     inputs: _Inputs,
+    dims: _Dims,
     attrs: Mapping[str, Any],
     read: Reader,
 ) -> Estimate:
@@ -347,6 +359,8 @@ def estimate_outputs(
         domain: Its normalised domain (``""`` for ONNX).
         opset: The version of that domain in the node's scope.
         inputs: The constant input tensors (None for omitted optional inputs).
+        dims: Their dims (a ``TensorProto``-backed tensor recomputes its shape
+            on every access, so the sweep passes them once).
         attrs: The attribute values as given to the kernel.
         read: Reads input ``i`` as an array (only small inputs are read).
 
@@ -355,17 +369,17 @@ def estimate_outputs(
     """
     op = node.op_type
     rule = _RULES.get(op) if domain == "" else None
-    if rule is not None and (estimate := rule(op, opset, inputs, attrs, read)) is not None:
+    if rule is not None and (estimate := rule(op, opset, inputs, dims, attrs, read)) is not None:
         return estimate
-    inferred = _inferred(node, domain, opset, inputs, read)
+    inferred = _inferred(node, domain, opset, inputs, dims, read)
     schema_dtypes = expected_dtypes(op, domain, opset, inputs, len(node.outputs))
     outputs: list[tuple[Sequence[int], ir.DataType | None]] = []
     exact = True
-    for k, (dims, dtype) in enumerate(inferred):
-        if dims is None:
-            dims = _data_dependent_bound(op, inputs, k) if domain == "" else None
-            if dims is None:
+    for k, (out, dtype) in enumerate(inferred):
+        if out is None:
+            out = _data_dependent_bound(op, dims, k) if domain == "" else None
+            if out is None:
                 raise Unbounded(f"shape inference leaves the shape of output {k} open")
             exact = False
-        outputs.append((dims, dtype or schema_dtypes[k] or node.outputs[k].dtype))
+        outputs.append((out, dtype or schema_dtypes[k] or node.outputs[k].dtype))
     return _estimate(outputs, exact)

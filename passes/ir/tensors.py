@@ -110,10 +110,12 @@ def read_array(value: ir.Value, tensor: ir.TensorProtocol, node: ir.Node) -> np.
         InputError: the tensor's data cannot be read (a missing or short
             external-data file, raw data of the wrong length).
     """
-    where = f"{value.name!r}, input of {node.op_type} node {node.name!r}"
+    # Not isinstance: ExternalTensor derives from a Protocol, whose isinstance costs microseconds.
+    external = ir.ExternalTensor in type(tensor).__mro__
     try:
-        array = read_external(tensor) if isinstance(tensor, ir.ExternalTensor) else tensor.numpy()
+        array = read_external(tensor) if external else tensor.numpy()
     except (InputError, OSError, ValueError) as e:
+        where = f"{value.name!r}, input of {node.op_type} node {node.name!r}"
         raise InputError(f"cannot read the data of {where}: {e}") from e
     if tensor.dtype == ir.DataType.STRING:
         return np.asarray(array, dtype=object)
