@@ -86,18 +86,21 @@ def run(job):
     fold = ConstantFoldingPass(**job.get("kwargs", {}))
     reset_peak_rss()
     start = time.perf_counter()
+    error = None
     try:
         fold(model)
+    except Exception as e:  # reported with the time and memory it took
+        error = f"{type(e).__name__}: {e}"
     finally:
         refimpl.run = real_run
-    seconds = time.perf_counter() - start
-    report = {
-        "seconds": seconds,
-        "peak_rss_mib": peak_rss_mib(),
-        "stats": fold.stats,
-        "uses_consistent": uses_consistent(model),
-        "op_types": [node.op_type for node in model.graph],
-    }
+    report = {"seconds": time.perf_counter() - start, "peak_rss_mib": peak_rss_mib()}
+    if error is not None:
+        return {**report, "error": error}
+    report.update(
+        stats=fold.stats,
+        uses_consistent=uses_consistent(model),
+        op_types=[node.op_type for node in model.graph],
+    )
     if job.get("save_to"):
         ir.save(model, job["save_to"], external_data=os.path.basename(job["save_to"]) + ".data")
     return report
@@ -121,7 +124,8 @@ def fold_in_child(
     A job is ``{"model": path, "kwargs": {...}, "save_to": path, "truncate": path}``:
     ``kwargs`` for the pass, ``save_to`` where to save the result (external data
     next to it), ``truncate`` a file to truncate to 0 bytes right after the
-    first kernel evaluation.
+    first kernel evaluation. A pass that raises is reported as ``error`` with
+    its time and peak memory; any other failure in the child as ``error`` alone.
     """
     jobs_file = tmp_path / "jobs.json"
     jobs_file.write_text(json.dumps(jobs))
@@ -572,6 +576,7 @@ def test_external_data_truncated_during_folding_is_an_error_not_sigbus(tmp_path)
     )
     assert report["error"].startswith("InputError: cannot read the data of 'w', input of ")
     assert "'model.data' is truncated: bytes 0..262144 needed, the file has 0" in report["error"]
+    assert report["seconds"] < 5 and report["peak_rss_mib"] < PEAK_RSS_MIB
 
 
 def _external(tmp_path: pathlib.Path, array: np.ndarray, dtype: Any = None, offset: int = 0) -> Any:
