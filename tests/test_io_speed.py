@@ -404,6 +404,7 @@ def test_terminal_progress_reports_bytes_and_rate() -> None:
     progress.advance(3 << 20)
     progress.close()
     text = stream.getvalue()
-    assert "1.0 MiB of 4.0 MiB (25%)" in text and "MiB/s" in text
+    assert "1.0 MiB of 4.0 MiB (25%)" in text
+    assert re.search(r"\d [KMGT]?i?B/s", text)  # the rate's unit depends on how fast the machine is
     assert re.search(r"saving out\.onnx: 4\.0 MiB in \d+\.\d\d s \(.*/s\)\n$", text)
     assert (format_bytes(0), format_bytes(1536), format_bytes(15 << 30)) == ("0 B", "1.5 KiB", "15.0 GiB")
