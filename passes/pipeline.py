@@ -315,45 +315,6 @@ def _verify(original: Any, staged: Any, check: CheckOptions, report: Report,
     return None if result.ok else result.summary()
 
 
-def _check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | os.PathLike[str] | None,
-                        model: ir.Model, replace_data: bool = False) -> None:  # fmt: skip
-    """Refuses, before any work, what the run must not write.
-
-    * OUTPUT (or its ``.data`` file, or the report) overwriting part of the input
-      other than by replacing the input model as a whole (``-o INPUT``);
-    * OUTPUT, OUTPUT.data or the report existing as anything but a regular file
-      (a device, a FIFO, a socket, a folder): only regular files and new paths
-      are written;
-    * OUTPUT.data that is not OUTPUT's own data file, when the model has external
-      data (so the output will too), unless ``replace_data``; the commit checks
-      again whatever the output turns out to need;
-    * an OUTPUT path that is not UTF-8 text (onnx could not check the output).
-    """
-    source = src.resolve()
-    inputs = {source, *modelio.data_files(model)}
-    target = dst.resolve()
-    data = target.with_name(target.name + ".data")
-    written = {target, data}
-    clashes = sorted(written & inputs) if target != source else []
-    if clashes:
-        raise InputError(f"{dst}: writing it would overwrite the input's file {clashes[0]}; choose another output")
-    _destinations.check_encodable(dst, _destinations.shown(dst), "onnx and onnxruntime take paths as UTF-8 text, so the output "
-                                     "could not be checked")
-    _destinations.check_writable(dst, _destinations.shown(dst))
-    if target != source and modelio.has_external_data(model):
-        _destinations.check_data_file(dst, replace=replace_data)
-    else:
-        _destinations.check_writable(data, f"{_destinations.shown(data)} (the output's data file)")
-    if report is not None:
-        label = f"--report {_destinations.shown(report)}"
-        resolved = pathlib.Path(report).resolve()
-        if resolved in inputs | written:
-            raise InputError(f"{label}: that is a model file of this run; choose another name")
-        if not resolved.parent.is_dir():
-            raise InputError(f"{label}: its folder does not exist")
-        _destinations.check_writable(pathlib.Path(report), label)
-
-
 def optimize_file(
     source: str | os.PathLike[str],
     output: str | os.PathLike[str],
@@ -406,7 +367,7 @@ def optimize_file(
     phases = Phases(progress)
     with phases.phase("load", f"loading {src}"):
         model = modelio.load_model(src)
-    _check_destinations(src, dst, report_path, model, replace_data)
+    _destinations.check_destinations(src, dst, report_path, model, replace_data)
     report = _report.Report(str(src), str(dst), _report.summarize(model))
     report.phases = phases.seconds
     with phases.phase("passes", None):

@@ -27,11 +27,12 @@ from passes.limits import PROTOBUF_MAX
 if TYPE_CHECKING:
     import google.protobuf.message
     import onnx
+    import onnx_ir as ir
 else:  # an early error (a missing file) must not pay for importing onnx
     onnx = lazy_module("onnx")
     _protobuf = lazy_module("google.protobuf.message")
 
-__all__ = ["check_data_file", "check_encodable", "check_writable", "data_file_of", "shown"]
+__all__ = ["check_data_file", "check_destinations", "check_encodable", "check_writable", "data_file_of", "shown"]
 
 _KINDS = (
     (stat.S_ISCHR, "a character device"),
@@ -136,3 +137,44 @@ def check_data_file(destination: pathlib.Path, *, replace: bool = False) -> None
         f"{shown(data)}: exists and is not the data file of {shown(destination)} ({owner}); it may hold "
         "another model's weights, so it is not replaced (--replace-data replaces it)"
     )
+
+
+def check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | os.PathLike[str] | None,
+                        model: ir.Model, replace_data: bool = False) -> None:  # fmt: skip
+    """Refuses, before any work, what the run must not write.
+
+    * OUTPUT (or its ``.data`` file, or the report) overwriting part of the input
+      other than by replacing the input model as a whole (``-o INPUT``);
+    * OUTPUT, OUTPUT.data or the report existing as anything but a regular file
+      (a device, a FIFO, a socket, a folder): only regular files and new paths
+      are written;
+    * OUTPUT.data that is not OUTPUT's own data file, when the model has external
+      data (so the output will too), unless ``replace_data``; the commit checks
+      again whatever the output turns out to need;
+    * an OUTPUT path that is not UTF-8 text (onnx could not check the output).
+    """
+    from passes.modelio.load import data_files, has_external_data  # load imports this module
+
+    source = src.resolve()
+    inputs = {source, *data_files(model)}
+    target = dst.resolve()
+    data = target.with_name(target.name + ".data")
+    written = {target, data}
+    clashes = sorted(written & inputs) if target != source else []
+    if clashes:
+        raise InputError(f"{dst}: writing it would overwrite the input's file {clashes[0]}; choose another output")
+    check_encodable(dst, shown(dst), "onnx and onnxruntime take paths as UTF-8 text, so the output "
+                                     "could not be checked")
+    check_writable(dst, shown(dst))
+    if target != source and has_external_data(model):
+        check_data_file(dst, replace=replace_data)
+    else:
+        check_writable(data, f"{shown(data)} (the output's data file)")
+    if report is not None:
+        label = f"--report {shown(report)}"
+        resolved = pathlib.Path(report).resolve()
+        if resolved in inputs | written:
+            raise InputError(f"{label}: that is a model file of this run; choose another name")
+        if not resolved.parent.is_dir():
+            raise InputError(f"{label}: its folder does not exist")
+        check_writable(pathlib.Path(report), label)

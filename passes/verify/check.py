@@ -10,7 +10,6 @@ tolerance with NaN in the same places and infinities equal.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import pathlib
 import tempfile
