@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx.external_data_helper
+import hypothesis
+import hypothesis.strategies as st
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -684,3 +686,57 @@ def test_a_kernel_bug_is_counted_apart_and_the_node_kept(monkeypatch: pytest.Mon
     fold(model)
     assert fold.stats["kernel_bugs"] == {"Add": 1} and fold.stats["failed"] == {}
     assert [n.op_type for n in model.graph] == ["Add", "Mul"]
+
+
+# --- a fuzzer of blow-ups: op attributes and constant shapes drawn to be huge -------------------
+
+def _blow_up(kind: str, n: int, m: int) -> onnx.ModelProto:
+    """A small model whose one constant node would produce about n * m elements (or cost)."""
+    f = lambda name, shape: numpy_helper.from_array(np.full(shape, 0.5, np.float32), name)  # noqa: E731
+    i = lambda name, values: numpy_helper.from_array(np.asarray(values, np.int64), name)  # noqa: E731
+    builds = {
+        "pad": ([helper.make_node("Pad", ["a", "p"], ["c"])], [f("a", [1, 2]), i("p", [0, 0, m, n])]),
+        "add": ([helper.make_node("Add", ["a", "b"], ["c"])], [f("a", [n, 1]), f("b", [1, m])]),
+        "where": ([helper.make_node("Where", ["k", "a", "b"], ["c"])],
+                  [numpy_helper.from_array(np.ones((n, 1), bool), "k"), f("a", [1, m]), f("b", [1])]),
+        "onehot": ([helper.make_node("OneHot", ["x", "d", "v"], ["c"])],
+                   [i("x", [0, 1]), i("d", [n * m]), numpy_helper.from_array(np.array([0.0, 1.0], np.float32), "v")]),
+        "matmul": ([helper.make_node("MatMul", ["a", "b"], ["c"])], [f("a", [n, 1]), f("b", [1, m])]),
+        "gather": ([helper.make_node("Gather", ["a", "x"], ["c"], axis=1)],
+                   [f("a", [1, m]), i("x", np.zeros((min(n, 10**4), 1)))]),
+        "range": ([helper.make_node("Range", ["s", "l", "d"], ["c"])],
+                  [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in (("s", 0), ("l", n * m), ("d", 1))]),
+        "constant_of_shape": ([helper.make_node("ConstantOfShape", ["s"], ["c"])], [i("s", [n, m])]),
+        "expand": ([helper.make_node("Expand", ["a", "s"], ["c"])], [f("a", [1]), i("s", [n, m])]),
+        "tile": ([helper.make_node("Tile", ["a", "r"], ["c"])], [f("a", [2, 2]), i("r", [n, m])]),
+    }
+    nodes, inits = builds[kind]
+    nodes = [*nodes, helper.make_node("Shape", ["c"], ["y"])]
+    return make_model(nodes, [], [vi("y", I64, [None])], inits)
+
+
+_KINDS = ["pad", "add", "where", "onehot", "matmul", "gather", "range", "constant_of_shape", "expand", "tile"]
+
+
+@hypothesis.settings(max_examples=3, deadline=None, derandomize=True, phases=[hypothesis.Phase.generate],
+                     suppress_health_check=list(hypothesis.HealthCheck))  # fmt: skip
+@hypothesis.given(st.lists(
+    st.tuples(st.sampled_from(_KINDS), st.integers(10**3, 10**5), st.integers(10**3, 10**5)),
+    min_size=6, max_size=6,
+))  # fmt: skip
+def test_fuzzed_blow_ups_are_refused_in_bounded_time_and_memory(
+    tmp_path_factory: pytest.TempPathFactory, drawn: list[tuple[str, int, int]]
+) -> None:
+    folder = tmp_path_factory.mktemp("blowups")
+    jobs = []
+    for k, (kind, n, m) in enumerate(drawn):
+        path = folder / f"{k}_{kind}.onnx"
+        onnx.save_model(_blow_up(kind, n, m), str(path))
+        jobs.append({"model": str(path)})
+    # The results are up to 1e10 elements: folding must refuse what is over the size limit before
+    # computing it (the Shape after it may still fold, from the inferred shape alone), in bounded
+    # time and memory. (A Gather's result is as large as its indices: it may fold.)
+    for (kind, n, m), report in zip(drawn, fold_in_child(jobs, folder)):
+        assert_bounded(report)
+        if kind != "gather" and n * m * 4 > 1 << 20:
+            assert report["stats"]["folded"] <= 1, (kind, n, m, report["stats"])
