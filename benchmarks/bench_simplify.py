@@ -577,18 +577,15 @@ except BaseException as error:
 
 # Ours with its own onnxruntime check (what a user gets without --no-check): the exit status.
 _OWN_CHECK = f"""
-import contextlib, io, json, runpy, sys, time
+import contextlib, io, json, sys, time
 sys.path.insert(0, {str(REPO)!r})
+import passes.cli
 src, dst, *dims = sys.argv[1:]
-sys.argv = ["optimize", src, "-o", dst, "-q"] + [a for d in dims for a in ("--dim", d)]
+argv = [src, "-o", dst, "-q"] + [a for d in dims for a in ("--dim", d)]
 err = io.StringIO()
 start = time.perf_counter()
-try:
-    with contextlib.redirect_stderr(err):
-        runpy.run_module("passes", run_name="__main__", alter_sys=True)
-    code = 0
-except SystemExit as exit_:
-    code = exit_.code if isinstance(exit_.code, int) else 1
+with contextlib.redirect_stderr(err):
+    code = passes.cli.main(argv)
 lines = [line for line in err.getvalue().splitlines() if line.strip()]
 print(json.dumps({{"seconds": time.perf_counter() - start, "exit_code": code, "message": lines[-1][:200] if lines else ""}}))
 """
