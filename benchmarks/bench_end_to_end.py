@@ -186,7 +186,7 @@ def _first_line(error: BaseException) -> str:
 
 def verify(original: str, optimized: str, dims: str) -> None:
     """Full checker and onnxruntime comparison of one tool's output; prints JSON (for harness.measure)."""
-    from passes import ort_check
+    from passes.verify import check as ort_check
 
     start = time.perf_counter()
     model = onnx.load(optimized, load_external_data=False)
