@@ -13,7 +13,7 @@ import onnx_ir as ir
 
 from passes.errors import InputError
 from passes.ir.walk import default_opset, iter_scopes
-from passes.verify.result import CheckResult
+from passes.verify.result import CheckResult, json_safe
 
 __all__ = ["ModelSummary", "PassRun", "Report", "summarize"]
 
@@ -110,7 +110,8 @@ class Report:
         }
 
     def write_json(self, path: str | os.PathLike[str]) -> None:
-        """Writes :meth:`to_json` to ``path`` (through a temporary file, then a rename).
+        """Writes :meth:`to_json` to ``path`` (through a temporary file, then a rename) as strict
+        JSON: a non-finite float (an infinite error) is written as the string ``"inf"``.
 
         Raises:
             InputError: the file cannot be written.
@@ -118,7 +119,8 @@ class Report:
         target = pathlib.Path(path)
         tmp = target.with_name(f".{target.name}.tmp")
         try:
-            tmp.write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n", encoding="utf-8")
+            text = json.dumps(json_safe(self.to_json()), indent=2, default=str, allow_nan=False)
+            tmp.write_text(text + "\n", encoding="utf-8")
             os.replace(tmp, target)
         except OSError as e:
             raise InputError(f"{path}: cannot write the report ({e.strerror or e})") from e

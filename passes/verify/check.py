@@ -10,7 +10,6 @@ tolerance with NaN in the same places and infinities equal.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import pathlib
 import tempfile
@@ -25,6 +24,7 @@ import onnxruntime as ort
 
 from passes.errors import first_line as _first_line
 from passes.limits import PROTOBUF_LIMIT
+from passes.verify.compare import compare
 from passes.verify.result import (
     DEFAULT_DIM,
     MAX_GENERATED_BYTES,
@@ -143,95 +143,16 @@ def make_inputs(
     return feeds
 
 
-def _dtype_name(array: np.ndarray) -> str:
-    return str(array.dtype)
-
-
 def _compare(
     name: str, expected: Any, actual: Any, rtol: float | None, atol: float | None
 ) -> OutputComparison:
-    if not isinstance(expected, np.ndarray) or not isinstance(actual, np.ndarray):
-        # Sequences and maps (e.g. ZipMap's list of dicts): same structure, then the
-        # leaves compared as one array (Python floats come from float32 tensors).
-        e_leaves, e_shape = _flatten(expected)
-        a_leaves, a_shape = _flatten(actual)
-        if e_shape != a_shape:
-            return OutputComparison(name, False, message="sequence/map structure differs")
-        e_arr, a_arr = np.asarray(e_leaves), np.asarray(a_leaves)
-        if e_arr.dtype == np.float64 and all(isinstance(v, float) for v in e_leaves):
-            e_arr, a_arr = e_arr.astype(np.float32), a_arr.astype(np.float32)
-        result = _compare(name, e_arr, a_arr, rtol, atol)
-        result.shape = None
-        return result
-    result = OutputComparison(name, True, _dtype_name(expected), tuple(expected.shape))
-    if expected.dtype != actual.dtype:
-        result.ok = False
-        result.message = f"dtype {actual.dtype} instead of {expected.dtype}"
-        return result
-    if expected.shape != actual.shape:
-        result.ok = False
-        result.message = f"shape {actual.shape} instead of {expected.shape}"
-        return result
-    kind = _dtype_name(expected)
+    """Compares with the tolerance of the output's dtype (unless given), exactly for other types."""
+    kind = str(expected.dtype) if isinstance(expected, np.ndarray) else "float32"  # ZipMap's floats
     if kind not in TOLERANCES:
-        if expected.dtype == object or expected.dtype.kind in "USO":
-            diff = np.asarray(expected != actual)
-        else:
-            diff = expected != actual
-        result.mismatches = int(np.count_nonzero(diff))
-        if result.mismatches:
-            result.ok = False
-            result.message = f"{result.mismatches} element(s) differ (exact comparison)"
-            if expected.dtype.kind in "iub":
-                delta = np.abs(expected.astype(np.float64) - actual.astype(np.float64))
-                result.max_abs_error = float(delta.max())
-        return result
+        return compare(name, expected, actual, None, None)
     default_rtol, default_atol = TOLERANCES[kind]
-    rtol = default_rtol if rtol is None else rtol
-    atol = default_atol if atol is None else atol
-    e = expected.astype(np.float64)
-    a = actual.astype(np.float64)
-    e_nan, a_nan = np.isnan(e), np.isnan(a)
-    e_inf, a_inf = np.isinf(e), np.isinf(a)
-    bad = (e_nan != a_nan) | ((e_inf | a_inf) & (e != a) & ~e_nan & ~a_nan)
-    finite = np.isfinite(e) & np.isfinite(a)
-    delta = np.where(finite, np.abs(e - a), 0.0)
-    bad |= finite & (delta > atol + rtol * np.abs(e))
-    if delta.size:
-        result.max_abs_error = float(delta.max())
-        rel = np.where(finite, delta / np.maximum(np.abs(e), np.finfo(np.float64).tiny), 0.0)
-        result.max_rel_error = float(rel.max())
-    result.mismatches = int(np.count_nonzero(bad))
-    if result.mismatches:
-        result.ok = False
-        result.message = (
-            f"{result.mismatches} of {e.size} element(s) differ beyond rtol={rtol:g}, atol={atol:g} "
-            f"(max abs error {result.max_abs_error:.3g}, max rel error {result.max_rel_error:.3g}; "
-            "NaN/inf placement must match)"
-        )
-    return result
-
-
-def _flatten(value: Any) -> tuple[list[Any], Any]:
-    """The leaves of a nested sequence/map output and a hashable description of its structure."""
-    if isinstance(value, np.ndarray):
-        return list(value.reshape(-1)), ("tensor", str(value.dtype), value.shape)
-    if isinstance(value, (list, tuple)):
-        leaves, shapes = [], []
-        for item in value:
-            item_leaves, item_shape = _flatten(item)
-            leaves.extend(item_leaves)
-            shapes.append(item_shape)
-        return leaves, ("seq", tuple(shapes))
-    if isinstance(value, dict):
-        keys = sorted(value, key=repr)
-        leaves, shapes = [], []
-        for key in keys:
-            item_leaves, item_shape = _flatten(value[key])
-            leaves.extend(item_leaves)
-            shapes.append((repr(key), item_shape))
-        return leaves, ("map", tuple(shapes))
-    return [value], ("scalar", type(value).__name__)
+    return compare(name, expected, actual, default_rtol if rtol is None else rtol,
+                   default_atol if atol is None else atol)  # fmt: skip
 
 
 def check(

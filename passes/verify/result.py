@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
-__all__ = ["DEFAULT_DIM", "MAX_GENERATED_BYTES", "TOLERANCES", "CheckResult", "OutputComparison"]
+__all__ = ["DEFAULT_DIM", "MAX_GENERATED_BYTES", "TOLERANCES", "CheckResult", "OutputComparison", "json_safe"]
 
 #: Size given to a dynamic dimension that ``dims`` does not name.
 DEFAULT_DIM = 2
@@ -22,9 +23,23 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 }
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float as a string (``"inf"``, ``"-inf"``, ``"nan"``): strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 @dataclasses.dataclass
 class OutputComparison:
-    """How one output of the optimised model compares with the original's."""
+    """How one output of the optimised model compares with the original's.
+
+    ``rtol`` and ``atol`` are the tolerance applied (None: compared exactly).
+    """
 
     name: str
     ok: bool
@@ -34,9 +49,19 @@ class OutputComparison:
     max_rel_error: float = 0.0
     mismatches: int = 0
     message: str = ""
+    rtol: float | None = None
+    atol: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> OutputComparison:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in fields}
+        if values.get("shape") is not None:
+            values["shape"] = tuple(values["shape"])
+        return cls(**values)
 
 
 @dataclasses.dataclass
@@ -74,9 +99,9 @@ class CheckResult:
         return "check failed: " + "; ".join(f"output {o.name!r}: {o.message}" for o in bad)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        return json_safe({
             "ok": self.ok,
             "skipped": self.skipped,
             "error": self.error,
             "outputs": [o.to_json() for o in self.outputs],
-        }
+        })
