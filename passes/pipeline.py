@@ -36,6 +36,7 @@ from passes.ir.walk import default_opset
 from passes.options import Option
 from passes.report import PassRun, Report, summarize
 from passes.upgrade import MIN_TARGET_OPSET, UpgradeOpsetPass
+from passes.verify.result import DEFAULT_TIMEOUT
 
 __all__ = [
     "DEFAULT_FOLD_SIZE_LIMIT",
@@ -214,23 +215,39 @@ class CheckOptions:
         enabled: Run onnxruntime on both models and compare; the ONNX checker runs regardless.
         inputs: Input arrays by name (others are generated).
         inputs_source: Where ``inputs`` came from, for messages (``--inputs FILE``).
+        inputs_file: An ``.npz`` of input arrays by name, read bounded (``--inputs FILE``).
         dims: Sizes of named dynamic dimensions for generated inputs.
         seed: Seed of generated inputs.
         rtol: Relative tolerance for float outputs (default per dtype).
         atol: Absolute tolerance for float outputs (default per dtype).
+        required: A check that could not run is a failure (``--require-check``).
+        timeout: Seconds onnxruntime may take (``--check-timeout``).
+        memory_limit: Address-space bound of the check's process in bytes (None: 3/4 of
+            physical memory; 0: none).
     """
 
     enabled: bool = True
     inputs: Mapping[str, Any] | None = None
     inputs_source: str = ""
+    inputs_file: str | os.PathLike[str] | None = None
     dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
     seed: int = 0
     rtol: float | None = None
     atol: float | None = None
+    required: bool = False
+    timeout: float = DEFAULT_TIMEOUT
+    memory_limit: int | None = None
 
 
-def _verify(original: Any, staged: Any, check: CheckOptions, report: Report,
-            warn: Callable[[str], None]) -> str | None:  # fmt: skip
+def _verify(
+    original: Any,
+    staged: Any,
+    check: CheckOptions,
+    report: Report,
+    warn: Callable[[str], None],
+    *,
+    worker: Any = None,
+) -> str | None:
     """The ONNX checker, then the onnxruntime comparison; why the result is refused, or None."""
     try:
         onnx.checker.check_model(staged if not isinstance(staged, pathlib.Path) else str(staged))
@@ -238,16 +255,21 @@ def _verify(original: Any, staged: Any, check: CheckOptions, report: Report,
         return f"the optimised model is invalid: {first_line(e)}"
     if not check.enabled:
         return None
-    from passes.verify import check as check_module  # onnxruntime only when checking
+    from passes.verify import check as check_module  # the child process only when checking
 
-    result = check_module.check(
-        original, staged, inputs=check.inputs, dims=dict(check.dims),
-        rtol=check.rtol, atol=check.atol, seed=check.seed,
-    )  # fmt: skip
+    with check_module.Checker(
+        original, inputs=check.inputs, inputs_file=check.inputs_file, dims=dict(check.dims),
+        rtol=check.rtol, atol=check.atol, seed=check.seed, timeout=check.timeout,
+        memory_limit=check.memory_limit, worker=worker,
+    ) as checker:  # fmt: skip
+        result = checker.check(staged)
     report.check = result
     if result.inputs_rejected:
-        raise InputError(f"--inputs {check.inputs_source or '(given)'}: {result.skipped}")
-    if result.skipped:
+        source = check.inputs_source or (str(check.inputs_file) if check.inputs_file else "(given)")
+        raise InputError(f"--inputs {source}: {result.skipped}")
+    if not result.checked:
+        if check.required:
+            return f"{result.summary()} (--require-check)"
         warn(result.summary())
         return None
     return None if result.ok else result.summary()
@@ -315,6 +337,33 @@ def optimize_file(
     check = check or CheckOptions()
     names = select_passes(passes, skip)
     values = _option_values(options)
+    worker = _start_worker(check)  # its imports overlap with the passes
+    try:
+        return _optimize_file(source, output, names, values, check, force, report_path, progress, warn,
+                              on_commit, worker)  # fmt: skip
+    finally:
+        if worker is not None:
+            worker.close()
+
+
+def _start_worker(check: CheckOptions) -> Any:
+    """The check's child process, started now (None when there is no check)."""
+    if not check.enabled:
+        return None
+    from passes.verify.child import Worker, default_memory_limit
+
+    limit = default_memory_limit() if check.memory_limit is None else check.memory_limit
+    try:
+        return Worker(limit).start()
+    except OSError:
+        return None  # the check starts its own and reports why it cannot
+
+
+def _optimize_file(source: str | os.PathLike[str], output: str | os.PathLike[str], names: list[str],
+                   values: dict[str, Any], check: CheckOptions, force: bool,
+                   report_path: str | os.PathLike[str] | None, progress: Callable[[str], None] | None,
+                   warn: Callable[[str], None], on_commit: Callable[[bool], None] | None,
+                   worker: Any) -> Report:  # fmt: skip
     src, dst = pathlib.Path(source), pathlib.Path(output)
     if progress:
         progress(f"loading {src}")
@@ -329,7 +378,7 @@ def optimize_file(
         staged_path = staged.save(model)
         if progress and check.enabled:
             progress("checking with onnxruntime")
-        failure = _verify(src, staged_path, check, report, warn)
+        failure = _verify(src, staged_path, check, report, warn, worker=worker)
         if failure is None or force:
             try:
                 staged.commit()
@@ -340,7 +389,8 @@ def optimize_file(
     if report_path is not None:
         report.write_json(report_path)
     if failure is not None:
-        error = CheckFailedError(failure + ("" if report.written else f"; {dst} not written"))
+        first, *rest = failure.split("\n")  # the located difference follows the error's one line
+        error = CheckFailedError("\n".join([first + ("" if report.written else f"; {dst} not written"), *rest]))
         error.report = report  # type: ignore[attr-defined]
         raise error
     return report
@@ -415,9 +465,22 @@ def optimize(
         )
     if output is not None:
         raise TypeError("optimize(): output= is only for a path input")
+    worker = _start_worker(checking)  # its imports overlap with the passes
+    try:
+        return _optimize_in_memory(model, original, ir_model, names, values, checking, worker)
+    finally:
+        if worker is not None:
+            worker.close()
+
+
+def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, names: list[str], values: dict[str, Any],
+                        checking: CheckOptions, worker: Any) -> Any:  # fmt: skip
     optimize_model(ir_model, names, **values)
     proto = modelio.model_to_proto(ir_model)
-    failure = _verify(original, proto, checking, Report("", None, summarize(ir_model)), logger.warning)
+    report = Report("", None, summarize(ir_model))
+    failure = _verify(original, proto, checking, report, logger.warning, worker=worker)
+    for note in report.check.notes if report.check else []:
+        logger.warning("%s", note)
     if failure is not None:
         raise CheckFailedError(failure)
     if isinstance(original, bytes):

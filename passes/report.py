@@ -155,11 +155,20 @@ class Report:
                 lines.extend(f"{'':<32}{line}" for line in nested)
         if self.check is not None:
             lines.append("")
-            lines.append(self.check.summary())
-            for out in self.check.outputs:
-                status = "ok" if out.ok else "MISMATCH"
-                lines.append(
-                    f"  {out.name}: {status}  max abs {out.max_abs_error:.3g}  max rel {out.max_rel_error:.3g}"
-                    + (f"  ({out.message})" if out.message and not out.ok else "")
-                )
+            lines.extend(_check_lines(self.check))
         return "\n".join(lines)
+
+
+def _check_lines(check: CheckResult) -> list[str]:
+    """The check's summary, the inputs it used, each output with its tolerance, its notes."""
+    lines = check.summary().splitlines()
+    if check.inputs is not None:
+        lines.append(f"  inputs: {check.inputs.text()}")
+    for out in check.outputs:
+        status = "ok" if out.ok else "MISMATCH"
+        lines.append(
+            f"  {out.name}: {status}  max abs {out.max_abs_error:.3g}  max rel {out.max_rel_error:.3g}"
+            f"  ({out.tolerance_text()})" + (f"  ({out.message})" if out.message and not out.ok else "")
+        )
+    lines.extend(f"note: {note}" for note in check.notes)
+    return lines
