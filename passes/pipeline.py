@@ -221,9 +221,10 @@ class CheckOptions:
         rtol: Relative tolerance for float outputs (default per dtype).
         atol: Absolute tolerance for float outputs (default per dtype).
         required: A check that could not run is a failure (``--require-check``).
-        timeout: Seconds onnxruntime may take (``--check-timeout``).
+        timeout: Seconds onnxruntime may take (``--check-timeout``); the locator gets as much again.
         memory_limit: Address-space bound of the check's process in bytes (None: 3/4 of
             physical memory; 0: none).
+        locate: After a mismatch, find the first differing node and the pass that caused it.
     """
 
     enabled: bool = True
@@ -237,6 +238,36 @@ class CheckOptions:
     required: bool = False
     timeout: float = DEFAULT_TIMEOUT
     memory_limit: int | None = None
+    locate: bool = True
+
+
+#: Rebuilds the optimised model from a fresh load with the given passes (and the clean-up or not).
+Rebuild = Callable[[Sequence[str], bool], ir.Model]
+
+
+def _bisect(checker: Any, rebuild: Rebuild, names: Sequence[str]) -> tuple[str, list[dict[str, Any]]]:
+    """The pass whose addition brings the mismatch: reruns the pipeline with one pass less at a
+    time (from the end) until the check passes."""
+    pipelines: list[dict[str, Any]] = []
+    steps = [(list(names[:k]), True) for k in range(len(names) - 1, -1, -1)] + [([], False)]
+    culprits = [*reversed(names), "cleanup"]
+    for (kept, cleanup), culprit in zip(steps, culprits):
+        label = [*kept, "cleanup"] if cleanup else ["(load and save only)"]
+        try:
+            model = rebuild(kept, cleanup)
+            folder = checker.folder / f"bisect-{len(pipelines)}"
+            folder.mkdir()
+            modelio.save_model(model, folder / "model.onnx")
+        except OptimizeError as e:
+            pipelines.append({"passes": label, "ok": False, "error": first_line(e)})
+            return "", pipelines
+        result = checker.recheck(folder / "model.onnx")
+        pipelines.append({"passes": label, "ok": result.checked and result.ok})
+        if not result.checked:
+            return "", pipelines
+        if result.ok:
+            return culprit, pipelines
+    return "", pipelines
 
 
 def _verify(
@@ -246,9 +277,15 @@ def _verify(
     report: Report,
     warn: Callable[[str], None],
     *,
+    rebuild: Rebuild | None = None,
+    names: Sequence[str] = (),
     worker: Any = None,
 ) -> str | None:
-    """The ONNX checker, then the onnxruntime comparison; why the result is refused, or None."""
+    """The ONNX checker, then the onnxruntime comparison; why the result is refused, or None.
+
+    After a mismatch, the first differing node is located and, given
+    ``rebuild`` and the pass ``names``, the pass that brings it.
+    """
     try:
         onnx.checker.check_model(staged if not isinstance(staged, pathlib.Path) else str(staged))
     except (onnx.checker.ValidationError, RuntimeError, ValueError) as e:
@@ -263,6 +300,14 @@ def _verify(
         memory_limit=check.memory_limit, worker=worker,
     ) as checker:  # fmt: skip
         result = checker.check(staged)
+        if check.locate and result.checked and not result.ok:
+            start = time.perf_counter()
+            found = checker.locate(staged) if not result.error else check_module.FirstDifference()
+            if rebuild is not None:
+                found.pass_name, found.pipelines = _bisect(checker, rebuild, names)
+            found.seconds = round(time.perf_counter() - start, 3)
+            result.first_difference = found
+            result.seconds["locate"] = found.seconds
     report.check = result
     if result.inputs_rejected:
         source = check.inputs_source or (str(check.inputs_file) if check.inputs_file else "(given)")
@@ -378,7 +423,13 @@ def _optimize_file(source: str | os.PathLike[str], output: str | os.PathLike[str
         staged_path = staged.save(model)
         if progress and check.enabled:
             progress("checking with onnxruntime")
-        failure = _verify(src, staged_path, check, report, warn, worker=worker)
+
+        def rebuild(kept: Sequence[str], cleanup: bool) -> ir.Model:
+            fresh = modelio.load_model(src)
+            optimize_model(fresh, kept, cleanup=cleanup, **values)
+            return fresh
+
+        failure = _verify(src, staged_path, check, report, warn, rebuild=rebuild, names=names, worker=worker)
         if failure is None or force:
             try:
                 staged.commit()
@@ -477,8 +528,21 @@ def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, names: li
                         checking: CheckOptions, worker: Any) -> Any:  # fmt: skip
     optimize_model(ir_model, names, **values)
     proto = modelio.model_to_proto(ir_model)
+
+    def rebuild(kept: Sequence[str], cleanup: bool) -> ir.Model:
+        if isinstance(original, pathlib.Path):
+            fresh = modelio.load_model(original)
+        else:
+            source = modelio.proto_from_bytes(original) if isinstance(original, bytes) else original
+            copy = onnx.ModelProto()
+            copy.CopyFrom(source)
+            fresh = modelio.model_from_proto(copy)
+        optimize_model(fresh, kept, cleanup=cleanup, **values)
+        return fresh
+
     report = Report("", None, summarize(ir_model))
-    failure = _verify(original, proto, checking, report, logger.warning, worker=worker)
+    failure = _verify(original, proto, checking, report, logger.warning, rebuild=rebuild, names=names,
+                      worker=worker)  # fmt: skip
     for note in report.check.notes if report.check else []:
         logger.warning("%s", note)
     if failure is not None:

@@ -118,7 +118,8 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--require-check", action="store_true",
                         help="fail (exit 1, output not written unless --force) when the check cannot run")
     result.add_argument("--check-timeout", type=_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                        help=f"time limit of the onnxruntime check (default {DEFAULT_TIMEOUT:g})")
+                        help=f"time limit of the onnxruntime check (default {DEFAULT_TIMEOUT:g}); "
+                             "after a mismatch the locator gets as much again")
     result.add_argument("--check-memory", type=_memory, default=None, metavar="SIZE",
                         help="address-space bound of the check's process, e.g. 8G (default: 3/4 of "
                              "physical memory; 0: none)")

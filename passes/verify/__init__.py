@@ -9,4 +9,5 @@
   imports numpy, onnxruntime, ``compare``, ``npz`` and ``result`` only).
 * ``compare``: one output against another, in bounded memory.
 * ``npz``: ``--inputs FILE.npz`` read from its directory and headers first.
+* ``locate``: after a mismatch, the first node whose output differs.
 """

@@ -15,6 +15,9 @@ not run says so (``CheckResult.checked`` is False) and why.
 Generated inputs get sizes that make the original run: for each dynamic
 dimension a short list of plausible sizes (by its name or position, see
 :mod:`passes.verify.plan`) is tried, smallest first.
+
+After a mismatch, :meth:`Checker.locate` finds the first node of the original
+whose output differs (:mod:`passes.verify.locate`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import onnx_ir as ir
 
 from passes.errors import first_line as _first_line
 from passes.limits import PROTOBUF_LIMIT
-from passes.verify import npz, plan
+from passes.verify import locate as _locate, npz, plan
 from passes.verify.child import Worker, WorkerCrashed, WorkerError, WorkerTimeout, default_memory_limit
 from passes.verify.compare import compare as _compare  # noqa: F401  the comparison, by its old name here
 from passes.verify.result import (
@@ -42,6 +45,7 @@ from passes.verify.result import (
     DEFAULT_TIMEOUT,
     TOLERANCES,
     CheckResult,
+    FirstDifference,
     InputsUsed,
     OutputComparison,
 )
@@ -59,6 +63,9 @@ __all__ = [
 
 #: Expected outputs larger than this wait on disk (memory-mapped) while the optimised model runs.
 SPILL_BYTES = 1 << 28
+
+#: Intermediate values fetched per run by the locator, in bytes.
+LOCATE_BUDGET = 1 << 28
 
 
 def _graph_only(path: pathlib.Path) -> onnx.ModelProto:
@@ -109,8 +116,9 @@ def _tries_text(attempts: list[dict[str, Any]]) -> str:
 class Checker:
     """One check: the original's inputs and outputs, kept in a child process for reuse.
 
-    Used as a context manager; :meth:`check` first, then :meth:`recheck` of
-    other candidate models on the same inputs. The child is killed on exit, whatever the reason.
+    Used as a context manager; :meth:`check` first, then (after a failure)
+    :meth:`locate` and :meth:`recheck` of other candidate models on the same
+    inputs. The child is killed on exit, whatever the reason.
 
     Args:
         original: The reference model: a path, serialized bytes, an ``onnx.ModelProto``
@@ -121,7 +129,7 @@ class Checker:
         seed: Seed of the generated inputs.
         rtol: Relative tolerance for float outputs (default: from the dtype, see :data:`TOLERANCES`).
         atol: Absolute tolerance for float outputs (default: from the dtype).
-        timeout: Seconds the onnxruntime part may take.
+        timeout: Seconds the onnxruntime part may take (the locator gets as much again).
         memory_limit: The child's address-space bound in bytes; None: 3/4 of physical memory; 0: none.
         worker: A child already started (see :meth:`Worker.start`) to use instead of a new one;
             the checker closes it on exit like its own.
@@ -345,6 +353,48 @@ class Checker:
             raise RuntimeError("recheck() needs a check() that ran")
         return self._compare(optimized, self._deadline())
 
+    # --- the locator -------------------------------------------------------------------------
+
+    def locate(self, optimized: Any) -> FirstDifference:
+        """The first node of the original whose output differs from the optimised model's."""
+        start = time.perf_counter()
+        try:
+            found = self._locate(optimized)
+        except WorkerTimeout as e:
+            found = FirstDifference(message=f"did not finish within {self.timeout:g} s ({e.phase})")
+        except WorkerCrashed as e:
+            found = FirstDifference(message=f"{e} while {e.phase}")
+        found.seconds = round(time.perf_counter() - start, 3)
+        return found
+
+    def _locate(self, optimized: Any) -> FirstDifference:
+        assert self.worker is not None and self.folder is not None and self.original_proto is not None
+        assert self.original_path is not None
+        label = f"located-{len(list(self.folder.glob('located-*')))}"
+        opt_path, opt_proto = _materialize(optimized, self.folder, label)
+        if not isinstance(optimized, (str, os.PathLike)) and opt_proto.ByteSize() >= PROTOBUF_LIMIT:
+            opt_proto = _graph_only(opt_path)
+        names, types = _locate.comparable_values(self.original_proto, opt_proto)
+        if not names:
+            return FirstDifference(message="the two models have no intermediate value in common")
+        tolerances = _locate.value_tolerances(self.original_proto, names, self.rtol, self.atol)
+        original_copy = _locate.augmented(self.original_proto, self.original_path, names, types,
+                                          self.folder / f"{label}-original")  # fmt: skip
+        optimized_copy = _locate.augmented(opt_proto, opt_path, names, types, self.folder / f"{label}-optimized")
+        deadline = self._deadline()
+        if not self.worker.alive:
+            again = self.worker.request(self._prepare or {}, deadline)
+            if not again.get("ok"):
+                return FirstDifference(message=f"the original did not run again: {again.get('error', '')}")
+        answer = self.worker.request(
+            {"op": "values", "original": str(original_copy), "optimized": str(optimized_copy), "names": names,
+             "tolerances": tolerances, "budget": LOCATE_BUDGET}, deadline,
+        )  # fmt: skip
+        if not answer.get("ok"):
+            return FirstDifference(message=f"onnxruntime could not run the copies: {answer.get('error', '')}")
+        return _locate.first_difference(self.original_proto, answer["values"])
+
+
 def check(
     original: Any,
     optimized: Any,
@@ -356,6 +406,7 @@ def check(
     seed: int = 0,
     timeout: float | None = DEFAULT_TIMEOUT,
     memory_limit: int | None = None,
+    locate: bool = True,
     inputs_file: str | os.PathLike[str] | None = None,
 ) -> CheckResult:
     """Runs both models in onnxruntime (in a child process) on the same inputs and compares every output.
@@ -371,8 +422,9 @@ def check(
             of the lowest-precision float type the output depends on.
         atol: Absolute tolerance for float outputs; default likewise.
         seed: Seed of the generated inputs.
-        timeout: Seconds onnxruntime may take.
+        timeout: Seconds onnxruntime may take (and as much again for the locator).
         memory_limit: Address-space bound of the child in bytes (None: 3/4 of memory; 0: none).
+        locate: After a mismatch, find the first node whose output differs.
         inputs_file: An ``.npz`` of input arrays by name, instead of or besides ``inputs``.
 
     Returns:
@@ -382,7 +434,11 @@ def check(
     """
     with Checker(original, inputs=inputs, inputs_file=inputs_file, dims=dims, seed=seed, rtol=rtol,
                  atol=atol, timeout=timeout, memory_limit=memory_limit) as checker:  # fmt: skip
-        return checker.check(optimized)
+        result = checker.check(optimized)
+        if locate and result.checked and not result.ok and not result.error:
+            result.first_difference = checker.locate(optimized)
+            result.seconds["locate"] = result.first_difference.seconds
+    return result
 
 
 def make_inputs(session: Any, *, dims: Mapping[str, int] | None = None, seed: int = 0) -> dict[str, np.ndarray]:

@@ -17,6 +17,7 @@ __all__ = [
     "MAX_TRIES",
     "TOLERANCES",
     "CheckResult",
+    "FirstDifference",
     "InputsUsed",
     "OutputComparison",
     "json_safe",
@@ -149,6 +150,74 @@ class InputsUsed:
 
 
 @dataclasses.dataclass
+class FirstDifference:
+    """Where the optimised model starts to differ from the original.
+
+    Attributes:
+        node: Name of the first node, in the original's topological order, whose
+            output differs beyond tolerance ("" if none could be named).
+        op: Its op type (``domain::op`` outside the default domain).
+        position: Its index in the original graph's node list.
+        output: The output of that node that differs.
+        max_abs_error: That output's max abs error.
+        inputs: For each input of the node: its name and max abs error, or None
+            when the optimised model has no value of that name to compare.
+        pass_name: The pass whose addition to the pipeline brings the mismatch
+            (found by rerunning the pipeline with fewer passes), or "".
+        pipelines: Each rerun: the passes it ran and whether the check passed.
+        compared: How many intermediate values were compared.
+        seconds: Time the locator took.
+        message: Why it could not say more, if it could not.
+    """
+
+    node: str = ""
+    op: str = ""
+    position: int = -1
+    output: str = ""
+    max_abs_error: float = 0.0
+    inputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    pass_name: str = ""
+    pipelines: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    compared: int = 0
+    seconds: float = 0.0
+    message: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        """One or two lines: the node and its inputs' errors; the pass."""
+        lines = []
+        if self.output:
+            label = f"node {self.node!r}" if self.node else f"the node making {self.output!r}"
+            differing = [i for i in self.inputs if i.get("max_abs_error") is not None and not i.get("ok", True)]
+            unknown = [i["name"] for i in self.inputs if i.get("max_abs_error") is None]
+            worst = max((i["max_abs_error"] for i in self.inputs if i.get("max_abs_error") is not None), default=0.0)
+            if differing:
+                first = differing[0]
+                why = (f"its input {first['name']!r} ({first.get('kind', 'value')}) already differs "
+                       f"(max abs error {first['max_abs_error']:.3g})")  # fmt: skip
+            elif worst == 0 and not unknown:
+                why = "its inputs are identical: this node itself changed the result"
+            elif worst == 0:
+                why = f"its compared inputs are identical (not comparable: {', '.join(unknown)})"
+            else:
+                why = f"its inputs match within tolerance (max abs error {worst:.3g})"
+            lines.append(
+                f"first difference: {label} ({self.op}, #{self.position} in the original), output "
+                f"{self.output!r} max abs error {self.max_abs_error:.3g}; {why}"
+            )
+        elif self.message:
+            lines.append(f"first difference: not located ({self.message})")
+        if self.pass_name:
+            lines.append(f"  introduced by pass {self.pass_name!r} (the pipeline without it matches)")
+        elif self.pipelines:
+            lines.append("  no single pass found: " + "; ".join(
+                f"{'+'.join(p['passes']) or '(none)'}: {'ok' if p['ok'] else 'differs'}" for p in self.pipelines))
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass
 class CheckResult:
     """The outcome of :func:`passes.check`.
 
@@ -163,9 +232,10 @@ class CheckResult:
             run on the inputs the caller gave (wrong names, dtypes or shapes).
         outputs: One comparison per output of the original model.
         inputs: The inputs both models ran on.
+        first_difference: Where a mismatch starts (only after a failure).
         notes: Facts about the original found on the way (a declared output shape
             its graph contradicts...).
-        seconds: Time of the check.
+        seconds: Time of the check and, after a failure, of the locator.
     """
 
     ok: bool
@@ -175,6 +245,7 @@ class CheckResult:
     outputs: list[OutputComparison] = dataclasses.field(default_factory=list)
     hint: str = ""
     inputs: InputsUsed | None = None
+    first_difference: FirstDifference | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
@@ -197,6 +268,8 @@ class CheckResult:
             text = f"check passed: {len(self.outputs)} output(s) match"
         else:
             text = "check failed: " + "; ".join(f"output {o.name!r}: {o.message}" for o in self.failures)
+        if self.first_difference is not None:
+            text += "\n" + self.first_difference.summary()
         return text
 
     def to_json(self) -> dict[str, Any]:
@@ -208,6 +281,7 @@ class CheckResult:
             "error": self.error,
             "inputs": self.inputs.to_json() if self.inputs else None,
             "outputs": [o.to_json() for o in self.outputs],
+            "first_difference": self.first_difference.to_json() if self.first_difference else None,
             "notes": list(self.notes),
             "seconds": dict(self.seconds),
         })

@@ -14,7 +14,8 @@ can say where a crash happened) and one ``{"result": ...}`` line. Requests:
 generated ones: each try's sizes in turn until the original runs), run it and
 keep its outputs (on disk, memory-mapped, if they are large).
 ``compare``: run another model on the same inputs and compare its outputs
-with the kept ones. ``exit``.
+with the kept ones. ``values``: run two models (both with extra graph outputs)
+and compare the named values. ``exit``.
 """
 
 from __future__ import annotations
@@ -220,12 +221,52 @@ def _compare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "outputs": comparisons}
 
 
+def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """Compares named values of two models run on the kept inputs, a chunk of names at a time."""
+    from passes.verify.compare import compare
+
+    _phase("loading the models with extra outputs")
+    try:
+        original = _session(request["original"])
+        optimized = _session(request["optimized"])
+    except Exception as e:  # noqa: BLE001
+        return {"ok": False, "stage": "load", "error": _first_line(e)}
+    names = list(request["names"])
+    tolerances = request.get("tolerances", {})
+    budget = int(request.get("budget", 1 << 28))
+    found: dict[str, Any] = {}
+    chunk, start = 64, 0
+    while start < len(names):
+        part = names[start : start + chunk]
+        _phase(f"comparing values {start + 1}..{start + len(part)} of {len(names)}")
+        try:
+            expected = _run(original, state.feeds, part)
+            actual = _run(optimized, state.feeds, part)
+        except Exception as e:  # noqa: BLE001
+            if len(part) > 1:  # one bad value must not hide the others
+                chunk = max(1, len(part) // 4)
+                continue
+            found[part[0]] = {"error": _first_line(e)}
+            start += 1
+            continue
+        size = 0
+        for name, e_value, a_value in zip(part, expected, actual):
+            rtol, atol = _tolerance(tolerances, name)
+            result = compare(name, e_value, a_value, rtol, atol)
+            size += getattr(e_value, "nbytes", 0)
+            found[name] = {"ok": result.ok, "max_abs_error": result.max_abs_error, "message": result.message}
+        del expected, actual
+        start += len(part)
+        chunk = max(1, min(1024, int(chunk * budget / max(size, 1)))) if size else min(1024, chunk * 2)
+    return {"ok": True, "values": found}
+
+
 def main() -> None:
     memory_limit = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     parent = int(sys.argv[2]) if len(sys.argv) > 2 else os.getppid()
     _isolate(memory_limit, parent)
     state = _State()
-    handlers = {"prepare": _prepare, "compare": _compare}
+    handlers = {"prepare": _prepare, "compare": _compare, "values": _values}
     try:
         import numpy  # noqa: F401
         import onnxruntime  # noqa: F401
