@@ -35,6 +35,7 @@ from passes.fold import ConstantFoldingPass
 from passes.ir.walk import default_opset
 from passes.options import Option
 from passes.report import PassRun, Report, summarize
+from passes.modelio import validate as _validate
 from passes.upgrade import MIN_TARGET_OPSET, UpgradeOpsetPass
 from passes.verify.result import DEFAULT_TIMEOUT
 
@@ -241,6 +242,71 @@ class CheckOptions:
     locate: bool = True
 
 
+def _validity(model: Any) -> tuple[str | None, list[_validate.ShapeConflict]]:
+    """The load-time validation of ``model`` (a path or a ``ModelProto``): why it is refused, or
+    None, and the declared shapes its graph contradicts (which loading accepts)."""
+    path = pathlib.Path(model) if isinstance(model, (str, os.PathLike)) else None
+    try:
+        if path is not None:
+            proto = onnx.load_model(str(path), load_external_data=False)
+        elif isinstance(model, bytes):
+            proto = modelio.proto_from_bytes(model)
+        else:
+            proto = onnx.ModelProto()
+            proto.CopyFrom(model)
+        if 0 < proto.ir_version < 4:
+            proto.ir_version = 4  # as load does
+        external = _validate.check_contents(proto, path.parent if path else pathlib.Path.cwd())
+        return None, _validate.check_validity(proto, path, external, log=False)
+    except InputError as e:
+        return str(e), []
+    except (OSError, ValueError) as e:
+        return first_line(e), []
+
+
+def _declared_shapes(model: Any) -> dict[str, tuple[Any, ...]]:
+    """The shapes the model declares for its outputs and ``value_info`` entries, by name."""
+    if isinstance(model, (str, os.PathLike)):
+        proto = onnx.load_model(str(model), load_external_data=False)
+    elif isinstance(model, bytes):
+        proto = modelio.proto_from_bytes(model)
+    else:
+        proto = model
+    shapes = {}
+    for info in [*proto.graph.value_info, *proto.graph.output]:
+        dims = _validate._dims(info.type)  # noqa: SLF001  the same reading as the conflicts'
+        if dims is not None:
+            shapes[info.name] = dims
+    return shapes
+
+
+def _checker_verdict(original: Any, staged: Any, notes: list[str]) -> str | None:
+    """The ONNX checker (the load-time validation) on the optimised model; why it is refused, or None.
+
+    What the original already had is not blamed on the passes: a failure the
+    original shows too, or a declared shape the original declares the same way
+    that the graph contradicts (inference sees through a folded value that it
+    could not see through before). Those become ``notes``.
+    """
+    invalid, conflicts = _validity(staged)
+    if invalid is not None:
+        if _validity(original)[0] == invalid:
+            notes.append(f"the optimised model fails the ONNX checker as the original does: {invalid}")
+            return None
+        return f"the optimised model is invalid: {invalid}"
+    if not conflicts:
+        return None
+    declared = _declared_shapes(original)
+    for conflict in conflicts:
+        if declared.get(conflict.name) != conflict.declared:
+            return f"the optimised model is invalid: {conflict.text()} (a declaration the passes wrote)"
+        notes.append(
+            f"the ONNX checker's strict inference now sees that {conflict.text()}; the original model "
+            "declares it so (not the passes' doing); kept as declared"
+        )
+    return None
+
+
 #: Rebuilds the optimised model from a fresh load with the given passes (and the clean-up or not).
 Rebuild = Callable[[Sequence[str], bool], ir.Model]
 
@@ -286,12 +352,9 @@ def _verify(
     After a mismatch, the first differing node is located and, given
     ``rebuild`` and the pass ``names``, the pass that brings it.
     """
-    try:
-        onnx.checker.check_model(staged if not isinstance(staged, pathlib.Path) else str(staged))
-    except (onnx.checker.ValidationError, RuntimeError, ValueError) as e:
-        return f"the optimised model is invalid: {first_line(e)}"
-    if not check.enabled:
-        return None
+    failure = _checker_verdict(original, staged, report.notes)
+    if failure is not None or not check.enabled:
+        return failure
     from passes.verify import check as check_module  # the child process only when checking
 
     with check_module.Checker(
@@ -543,7 +606,7 @@ def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, names: li
     report = Report("", None, summarize(ir_model))
     failure = _verify(original, proto, checking, report, logger.warning, rebuild=rebuild, names=names,
                       worker=worker)  # fmt: skip
-    for note in report.check.notes if report.check else []:
+    for note in [*report.notes, *(report.check.notes if report.check else [])]:
         logger.warning("%s", note)
     if failure is not None:
         raise CheckFailedError(failure)

@@ -97,6 +97,7 @@ class Report:
     passes: list[PassRun] = dataclasses.field(default_factory=list)
     check: CheckResult | None = None
     written: bool = False
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -107,6 +108,7 @@ class Report:
             "after": self.after.to_json() if self.after else None,
             "passes": [dataclasses.asdict(p) for p in self.passes],
             "check": self.check.to_json() if self.check else None,
+            "notes": list(self.notes),
         }
 
     def write_json(self, path: str | os.PathLike[str]) -> None:
@@ -156,6 +158,7 @@ class Report:
         if self.check is not None:
             lines.append("")
             lines.extend(_check_lines(self.check))
+        lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
 
