@@ -32,7 +32,9 @@ from harness import check_model_file, format_table, measure, save_json  # noqa: 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TARGET = 18
 sys.path.insert(0, str(ROOT))
-from passes.upgrade.adapters import REDUCE_OPS_18 as REDUCE_OPS  # noqa: E402
+from passes.upgrade.schemas import reduce_ops_by_axes_version  # noqa: E402
+
+REDUCE_OPS = reduce_ops_by_axes_version()[18]  # axes attributes at opset 13
 
 _PRELUDE = f"""
 import json, sys, time

@@ -36,6 +36,7 @@ _EXPORTS = {
     "UpgradeOpsetPass": "passes.upgrade",
     "ConstantFoldingPass": "passes.fold",
     "DecomposeLogSumExpPass": "passes.decompose",
+    "SimplifyPass": "passes.simplify",
 }
 
 __all__ = sorted(_EXPORTS)

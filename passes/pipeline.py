@@ -36,7 +36,9 @@ from passes.ir.walk import default_opset
 from passes.options import Option
 from passes.report import PassRun, Report, summarize
 from passes.modelio import validate as _validate
-from passes.upgrade import MIN_TARGET_OPSET, UpgradeOpsetPass
+from passes.simplify import SimplifyPass
+from passes.upgrade import UpgradeOpsetPass
+from passes.upgrade.schemas import MIN_TARGET_OPSET
 from passes.verify.result import DEFAULT_TIMEOUT
 
 __all__ = [
@@ -63,6 +65,7 @@ DEFAULT_FOLD_SIZE_LIMIT = ConstantFoldingPass.OPTIONS[0].default
 _PASS_CLASSES: tuple[type[Pass], ...] = (
     UpgradeOpsetPass,
     ConstantFoldingPass,
+    SimplifyPass,
     DecomposeLogSumExpPass,
 )
 
@@ -190,22 +193,75 @@ def optimize_model(
     values = _option_values(options)
     _refuse_lower_target(model, names, values)
     runs: list[PassRun] = []
-    for name, pass_ in _build(names, values, cleanup):
-        if progress:
-            progress(f"running {name}")
-        start = time.perf_counter()
-        try:
-            result = pass_(model)
-        except ir.passes.PassError as e:
-            cause = _root_cause(e)
-            if isinstance(cause, OptimizeError):
-                raise cause from e
-            raise
-        seconds = time.perf_counter() - start
-        stats = dict(getattr(pass_, "stats", None) or {})
-        runs.append(PassRun(name, seconds, bool(result.modified), stats))
-        logger.info("pass %s: %.3f s, modified=%s", name, seconds, result.modified)
+    for group in _fixpoint_groups(_build(names, values, cleanup)):
+        rounds = 0
+        while True:
+            rounds += 1
+            modified = False
+            for name, pass_ in group:
+                if progress:
+                    progress(f"running {name}" + (f" (round {rounds})" if rounds > 1 else ""))
+                run = _run_pass(name, pass_, model)
+                modified |= run.modified
+                _merge_run(runs, run, rounds)
+            if len(group) == 1 or not modified or rounds >= _MAX_ROUNDS:
+                break
     return runs
+
+
+# fold and simplify feed each other (a folded shape lets a Reshape chain go, a removed
+# no-op lets a constant fold), and decompose leaves constants and shape arithmetic behind:
+# consecutive runs of them are repeated until none of them changes the model.
+_FIXPOINT = frozenset({"fold", "simplify", "decompose"})
+_MAX_ROUNDS = 8
+
+
+def _fixpoint_groups(steps: list[tuple[str, ir.passes.PassBase]]) -> list[list[tuple[str, ir.passes.PassBase]]]:
+    groups: list[list[tuple[str, ir.passes.PassBase]]] = []
+    for step in steps:
+        if groups and step[0] in _FIXPOINT and all(name in _FIXPOINT for name, _ in groups[-1]):
+            groups[-1].append(step)
+        else:
+            groups.append([step])
+    return groups
+
+
+def _run_pass(name: str, pass_: ir.passes.PassBase, model: ir.Model) -> PassRun:
+    start = time.perf_counter()
+    try:
+        result = pass_(model)
+    except ir.passes.PassError as e:
+        cause = _root_cause(e)
+        if isinstance(cause, OptimizeError):
+            raise cause from e
+        raise
+    seconds = time.perf_counter() - start
+    logger.info("pass %s: %.3f s, modified=%s", name, seconds, result.modified)
+    return PassRun(name, seconds, bool(result.modified), dict(getattr(pass_, "stats", None) or {}))
+
+
+def _merge_run(runs: list[PassRun], run: PassRun, rounds: int) -> None:
+    """Adds a repeated pass's run to its first one: times and counters summed, ``rounds`` set."""
+    previous = next((r for r in runs if r.name == run.name), None) if rounds > 1 else None
+    if previous is None:
+        runs.append(run)
+        return
+    previous.seconds += run.seconds
+    previous.modified |= run.modified
+    previous.stats = _add_stats(previous.stats, run.stats)
+    previous.stats["rounds"] = rounds
+
+
+def _add_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    result = dict(a)
+    for key, value in b.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = _add_stats(result[key], value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(result.get(key), (int, float)):
+            result[key] = result[key] + value
+        else:
+            result.setdefault(key, value)
+    return result
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,25 +7,31 @@ Kernels live in family modules and are registered with the schema versions they 
   * ``arithmetic``: binary arithmetic, comparison and logic, Sum/Mean/Max/Min, Pow, Clip, Where;
   * ``cast``: Cast and CastLike;
   * ``reduction``: the Reduce* family;
-  * ``shape``: ops that reshape, slice, pad or rearrange tensors;
+  * ``shape``: Identity, Shape, Size and the ops that reshape or rearrange tensors;
+  * ``slicing``: Concat, Split, Slice, Pad, Trilu;
   * ``generators``: Constant, ConstantOfShape, Range, EyeLike, OneHot;
-  * ``indexing``: gathers, scatters, NonZero, ArgMax/ArgMin, TopK, CumSum;
-  * ``misc``: MatMul, Gemm, Einsum, Softmax, Dropout, Compress.
+  * ``indexing``: gathers, scatters, Compress, NonZero, ArgMax/ArgMin, TopK, CumSum;
+  * ``linalg``: MatMul, Gemm, Einsum;
+  * ``nn``: Softmax, LogSoftmax, Dropout.
 
-``_registry`` holds the registry, ``_dtypes`` the schema dtypes and rounding helpers of the
-numeric families, ``_common`` the argument helpers all families share.
+``_registry`` holds the registry, ``_errors`` the exceptions, ``_dtypes`` the schema dtypes and
+the conversion and rounding helpers, ``_common`` the argument helpers all families share.
+Families import those, never each other.
+
+Errors: :class:`UnsupportedOpError` (no kernel), :class:`RefImplError` (invalid inputs or
+attributes) and its subclass :class:`UndefinedResultError` (the spec leaves the result
+undefined), and :class:`KernelBugError` (a bug in a kernel; not a RefImplError).
 """
 
 from __future__ import annotations
 
-from refimpl._registry import (
+from refimpl._errors import (
+    KernelBugError,
     RefImplError,
+    UndefinedResultError,
     UnsupportedOpError,
-    lookup,
-    register,
-    run,
-    supported,
 )
+from refimpl._registry import lookup, register, run, schema_dtypes, supported
 
 # Importing the family modules registers their kernels.
 from refimpl import (  # noqa: E402,F401  isort: skip
@@ -34,9 +40,21 @@ from refimpl import (  # noqa: E402,F401  isort: skip
     elementwise,
     generators,
     indexing,
-    misc,
+    linalg,
+    nn,
     reduction,
     shape,
+    slicing,
 )
 
-__all__ = ["RefImplError", "UnsupportedOpError", "lookup", "register", "run", "supported"]
+__all__ = [
+    "KernelBugError",
+    "RefImplError",
+    "UndefinedResultError",
+    "UnsupportedOpError",
+    "lookup",
+    "register",
+    "run",
+    "schema_dtypes",
+    "supported",
+]

@@ -2,11 +2,13 @@
 
 Axis helpers raise :class:`RefImplError` with the op's name, so the message says which node
 failed. ``normalize_axes`` is memoised: nodes in a model repeat the same few (axes, rank) pairs.
+``broadcast_failure`` tells a numpy ValueError that rejects unbroadcastable inputs from a bug.
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -14,29 +16,28 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from refimpl._registry import RefImplError
+from refimpl._errors import RefImplError
 
 __all__ = [
-    "LATEST",
     "SMALL",
     "Attrs",
     "Inputs",
     "as_array",
     "as_text",
+    "broadcast_failure",
+    "broadcasts_to",
     "int_extent",
     "int_list",
     "normalize_axes",
     "normalize_axis",
     "same_dtype",
+    "scalar",
     "scalar_int",
     "to_array",
 ]
 
 Inputs = Sequence[Any]
 Attrs = Mapping[str, Any]
-
-LATEST = 25
-"""The last schema version of the ops whose newer versions only add types."""
 
 SMALL = 64
 """Up to this many elements, Python's min/max over ``tolist()`` beat numpy's reductions (over a
@@ -46,12 +47,13 @@ _NDARRAY = np.ndarray
 
 
 def as_array(value: Any) -> np.ndarray:
-    """An input as an ndarray; numpy ``str_`` arrays become ``object`` arrays (ONNX strings).
+    """An input as an ndarray; numpy ``str_`` and ``bytes_`` arrays become ``object`` arrays
+    (ONNX strings: onnx_ir reads a string tensor as ``bytes_``).
 
     Backend test data may hold numpy scalars or lists, so anything numpy accepts is taken.
     """
     x = value if type(value) is _NDARRAY else np.asarray(value)
-    return x.astype(object) if x.dtype.kind == "U" else x
+    return x.astype(object) if x.dtype.kind in "US" else x
 
 
 def normalize_axis(op: str, axis: int, rank: int, *, allow_negative: bool = True) -> int:
@@ -94,6 +96,27 @@ def same_dtype(op: str, arrays: Sequence[np.ndarray]) -> np.dtype:
     return dtype
 
 
+def broadcast_failure(arrays: Iterable[Any]) -> RefImplError | None:
+    """The error for inputs whose shapes do not broadcast, or None if they do.
+
+    Kernels call it only after numpy raised ValueError (checking first would cost every call a
+    microsecond): None means that the ValueError had another cause, a bug to re-raise.
+    """
+    shapes = [np.shape(a) for a in arrays]
+    try:
+        np.broadcast_shapes(*shapes)
+    except ValueError:
+        return RefImplError(f"input shapes {shapes} do not broadcast")
+    return None
+
+
+def broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
+    """Whether ``shape`` broadcasts unidirectionally to ``target`` (as PRelu's slope, Gemm's C)."""
+    if len(shape) > len(target):
+        return False
+    return all(d in (1, t) for d, t in zip(reversed(shape), reversed(target)))
+
+
 def int_list(value: Any) -> list[int]:
     """An attribute list or a 0-/1-D integer tensor as a list of Python ints."""
     if type(value) is _NDARRAY:
@@ -111,12 +134,21 @@ def int_extent(a: np.ndarray) -> tuple[int, int]:
     return int(a.min()), int(a.max())
 
 
-def scalar_int(op: str, name: str, value: Any) -> int:
-    """A tensor holding exactly one integer (0-D or shape [1]) as a Python int."""
+def scalar(op: str, name: str, value: Any) -> Any:
+    """A tensor holding exactly one value (0-D or shape [1]) as a Python scalar."""
     arr = np.asarray(value)
     if arr.size != 1:
         raise RefImplError(f"{op}: {name} must hold one value, got shape {arr.shape}")
-    return int(arr.reshape(()))
+    return arr.reshape(()).item()
+
+
+def scalar_int(op: str, name: str, value: Any) -> int:
+    """A tensor holding exactly one integer (0-D or shape [1]) as a Python int."""
+    item = scalar(op, name, value)
+    try:
+        return operator.index(item)
+    except TypeError:
+        raise RefImplError(f"{op}: {name} must be an integer, got {item!r}") from None
 
 
 def as_text(value: str | bytes) -> str:

@@ -1,10 +1,10 @@
-"""Schema dtypes and the rounding helpers the numeric kernel families share.
+"""Schema dtypes and the conversion and rounding helpers the kernel families share.
 
-``register_versions`` registers one kernel per schema version, built by ``make(dtypes)`` from
-the dtypes that version's type constraints allow, so a kernel rejects any other dtype instead
-of letting numpy promote it (``checked`` does that test). ``work_types`` precomputes, per
-allowed dtype, the dtype a kernel computes in, so a kernel checks its input dtype and finds its
-work dtype with one dict lookup.
+``schema_dtypes`` lists the dtypes a schema version's type constraints allow; the registry hands
+them to a :class:`~refimpl._registry.Typed` kernel factory once per schema version, so a kernel
+rejects any other dtype instead of letting numpy promote it (``checked`` does that test).
+``work_types`` precomputes, per allowed dtype, the dtype a kernel computes in, so a kernel checks
+its input dtype and finds its work dtype with one dict lookup.
 
 Work dtypes:
   * exact: operations that IEEE 754 rounds once run in the input type; bfloat16 and float8
@@ -16,7 +16,8 @@ Work dtypes:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ml_dtypes
@@ -24,8 +25,8 @@ import numpy as np
 import onnx
 import onnx.defs
 
-from refimpl._common import as_array
-from refimpl._registry import Kernel, register
+from refimpl._common import SMALL, as_array
+from refimpl._errors import RefImplError, UndefinedResultError
 
 __all__ = [
     "BOOL",
@@ -35,13 +36,18 @@ __all__ = [
     "FLOATS",
     "NARROW_INTS",
     "STRING",
+    "accumulator_type",
+    "as_bool",
     "as_dtype",
     "checked",
     "disallowed",
+    "dtype_of_code",
+    "dtypes_of",
     "exact_type",
+    "float_to_int",
     "int_range",
+    "overflow_limit",
     "quiet",
-    "register_versions",
     "schema_dtypes",
     "to_float",
     "wide_type",
@@ -74,39 +80,63 @@ def _onnx_type_table() -> dict[str, np.dtype]:
 _TYPE_TABLE = _onnx_type_table()
 # Every float dtype refimpl may meet: numpy's and ml_dtypes' (kind "V").
 FLOATS = frozenset(dt for name, dt in _TYPE_TABLE.items() if "float" in name or "double" in name)
+_HALF_FLOATS = frozenset((F16, np.dtype(ml_dtypes.bfloat16)))
 NARROW_INTS = frozenset(
     np.dtype(t) for t in (ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.int2, ml_dtypes.uint2)
 )
 
 
-def schema_dtypes(op_type: str, version: int) -> dict[str, frozenset]:
-    """The dtypes each type parameter (``T``, ``T1``...) of ``op_type``-``version`` allows.
+def dtypes_of(schema: onnx.defs.OpSchema) -> dict[str, frozenset]:
+    """The dtypes each type parameter (``T``, ``T1``...) of ``schema`` allows.
 
     Strings map to numpy ``object``; types numpy cannot hold (sequences, optionals) are dropped.
     """
-    schema = onnx.defs.get_schema(op_type, version)
-    if schema.since_version != version:
-        raise ValueError(f"{op_type} has no schema version {version}")
     return {
         c.type_param_str: frozenset(_TYPE_TABLE[t] for t in c.allowed_type_strs if t in _TYPE_TABLE)
         for c in schema.type_constraints
     }
 
 
-def register_versions(
-    op_type: str, versions: Sequence[int], make: Callable[[DTypes], Kernel]
-) -> None:
-    """Registers ``make(dtypes)`` for each listed schema version of ``op_type``.
+def schema_dtypes(op_type: str, version: int, domain: str = "") -> dict[str, frozenset]:
+    """The dtypes each type parameter of the schema ``op_type``-``version`` allows.
 
-    Each version gets its own kernel so that it accepts exactly that version's dtypes.
+    Raises:
+        ValueError: ``version`` is not a schema version of ``op_type``.
     """
-    for version in versions:
-        register(op_type, version)(make(schema_dtypes(op_type, version)))
+    try:
+        schema = onnx.defs.get_schema(op_type, version, domain)
+    except onnx.defs.SchemaError:
+        schema = None
+    if schema is None or schema.since_version != version:
+        raise ValueError(f"{op_type} has no schema version {version}")
+    return dtypes_of(schema)
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_of(code: int) -> np.dtype:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(code))
+
+
+def dtype_of_code(code: Any) -> np.dtype:
+    """The numpy dtype of an ONNX ``TensorProto.DataType`` code (a ``to`` or ``dtype`` attribute).
+
+    Raises:
+        RefImplError: the code names no tensor type numpy can hold.
+    """
+    try:
+        return _dtype_of(int(code))
+    except (KeyError, TypeError, ValueError):
+        raise RefImplError(f"{code!r} is not a tensor element type refimpl can hold") from None
 
 
 def exact_type(dtype: np.dtype) -> np.dtype:
     """The dtype an exactly-rounded operation runs in: float32 for ml_dtypes floats."""
     return F32 if dtype.kind == "V" else dtype
+
+
+def accumulator_type(dtype: np.dtype) -> np.dtype:
+    """The dtype products and sums accumulate in: float32 for float16 and bfloat16."""
+    return F32 if dtype in _HALF_FLOATS else dtype
 
 
 def wide_type(dtype: np.dtype) -> np.dtype:
@@ -120,13 +150,17 @@ def work_types(allowed: frozenset, *, wide: bool = False) -> dict[np.dtype, np.d
     return {dtype: work(dtype) for dtype in allowed}
 
 
-def disallowed(dtype: np.dtype, what: str = "input") -> TypeError:
+def disallowed(dtype: np.dtype, what: str = "input") -> RefImplError:
     """The error for a dtype the schema version does not allow."""
-    return TypeError(f"{what} dtype {dtype} is not allowed by the schema")
+    return RefImplError(f"{what} dtype {dtype} is not allowed by the schema")
 
 
 def checked(value: Any, allowed: frozenset, what: str = "input") -> np.ndarray:
-    """``value`` as an array (see ``as_array``) whose dtype ``allowed`` holds, else TypeError."""
+    """``value`` as an array (see ``as_array``) whose dtype ``allowed`` holds.
+
+    Raises:
+        RefImplError: the dtype is not in ``allowed``.
+    """
     x = as_array(value)
     if x.dtype not in allowed:
         raise disallowed(x.dtype, what)
@@ -138,6 +172,11 @@ def int_range(dtype: np.dtype) -> tuple[int, int]:
     """The smallest and largest value of an integer dtype (int4/int2 included)."""
     info = ml_dtypes.iinfo(dtype) if dtype in NARROW_INTS else np.iinfo(dtype)
     return int(info.min), int(info.max)
+
+
+def as_bool(result: Any, dtype: np.dtype) -> np.ndarray:
+    """The result of a test (comparison, IsNaN...) as a bool ndarray, whatever ``dtype`` was."""
+    return np.asarray(result, dtype=bool)
 
 
 def as_dtype(result: Any, dtype: np.dtype) -> np.ndarray:
@@ -170,6 +209,69 @@ def to_float(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if dtype.kind == "V" and x.dtype not in (F32, F16) and x.dtype.kind != "V":
         x = _round_to_odd_f32(x.astype(np.float64))
     return x.astype(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def overflow_limit(dtype: np.dtype) -> float:
+    """The smallest magnitude that rounds to infinity in the float ``dtype`` (inf for float64).
+
+    That is the largest finite value plus half an ulp: the tie rounds to even, away from it.
+    """
+    if dtype == F64 or dtype not in FLOATS:
+        return math.inf
+    info = ml_dtypes.finfo(dtype)
+    return float(info.max) + 2.0 ** (int(info.maxexp) - 2 - int(info.nmant))
+
+
+@functools.lru_cache(maxsize=None)
+def _truncation_bounds(dtype: np.dtype) -> tuple[float, float]:
+    """Doubles ``(below, above)`` such that ``trunc(v)`` fits ``dtype`` iff ``below < v < above``.
+
+    Exactly, ``low - 1 < v < high + 1``; rounding those bounds outward to doubles keeps the test
+    exact for every double ``v`` (none lies between a bound and its rounding) and lets Python
+    compare floats with floats, which is cheaper than floats with big ints.
+    """
+    low, high = int_range(dtype)
+    below, above = float(low - 1), float(high + 1)
+    if below > low - 1:
+        below = math.nextafter(below, -math.inf)
+    if above < high + 1:
+        above = math.nextafter(above, math.inf)
+    return below, above
+
+
+def _truncates_into(x: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether every element of float ``x`` truncates to a value of the integer ``dtype``.
+
+    NaN and infinities fail the test. The sum of the values is NaN when one is NaN (or when
+    both infinities occur, which fail anyway), and then min/max need not see the NaN.
+    """
+    below, above = _truncation_bounds(dtype)
+    if x.size > SMALL:
+        return below < float(x.min()) and float(x.max()) < above  # NaN propagates into both
+    values = x.ravel().tolist()
+    if not values:
+        return True
+    total = sum(values)
+    return total == total and below < min(values) and max(values) < above
+
+
+def float_to_int(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Truncates floats toward zero, as Cast and Pow on integers do.
+
+    Raises:
+        UndefinedResultError: some value is NaN, infinite or truncates out of ``dtype``'s range.
+    """
+    if x.dtype.kind == "V":
+        x = x.astype(F32)
+    if not _truncates_into(x, dtype):
+        raise UndefinedResultError(
+            f"converting values in [{x.min()}, {x.max()}] to {dtype} is undefined "
+            "(NaN, inf or out of range)"
+        )
+    if dtype.kind == "V":  # int4, int2...: numpy cannot convert floats to them directly
+        return x.astype(np.int64).astype(dtype)
+    return x.astype(dtype)  # C conversion: truncation toward zero
 
 
 def quiet(fn: Callable[..., Any]) -> Callable[..., Any]:

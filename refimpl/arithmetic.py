@@ -10,7 +10,8 @@ Numerics (the contract the tests check):
     around, float16 stays float16).
   * +, -, *, /, comparisons, Mod, Max and Min run in the input type (float32 for bfloat16 and
     float8; see ``refimpl._dtypes``). Sum, Mean and Pow evaluate floats in float64 and round once.
-  * Integer division (Div, Mod) by zero is undefined in ONNX: the kernels raise.
+  * Integer division (Div, Mod) by zero is undefined in ONNX: the kernels raise
+    UndefinedResultError.
   * Div, Pow and Mod silence numpy's floating-point warnings (inf and NaN results are
     intended). Add, Sub, Mul and the comparisons do not: silencing costs about a microsecond
     per call, so a genuine overflow to inf there still warns.
@@ -23,32 +24,30 @@ from typing import Any
 
 import numpy as np
 
-from refimpl._common import Attrs, Inputs, as_array, same_dtype
+from refimpl._common import Attrs, Inputs, as_array, broadcast_failure, same_dtype
 from refimpl._dtypes import (
     DTypes,
+    as_bool,
     as_dtype,
     checked,
     disallowed,
     exact_type,
+    float_to_int,
     quiet,
-    register_versions,
     work_types,
 )
-from refimpl._registry import Kernel
-from refimpl.cast import float_to_int
-from refimpl.elementwise import as_bool
+from refimpl._errors import RefImplError, UndefinedResultError
+from refimpl._registry import Kernel, Typed, register
 
 Array = np.ndarray
 BinaryFn = Callable[[Array, Array, Attrs], Array]
 
 
-def _mixed(first: np.dtype, other: np.dtype) -> TypeError:
-    return TypeError(f"inputs must share one dtype, got {other} and {first}")
+def _mixed(first: np.dtype, other: np.dtype) -> RefImplError:
+    return RefImplError(f"inputs must share one dtype, got {other} and {first}")
 
 
-def _binary(
-    fn: BinaryFn, *, silent: bool = False, to_bool: bool = False
-) -> Callable[[DTypes], Kernel]:
+def _binary(fn: BinaryFn, *, silent: bool = False, to_bool: bool = False) -> Typed:
     """A two-input op whose inputs share the type ``T``; the output has it too (or is bool).
 
     Args:
@@ -73,11 +72,14 @@ def _binary(
                 raise disallowed(dtype)
             if work != dtype:
                 a, b = a.astype(work), b.astype(work)
-            return (finish(compute(a, b, attrs), dtype),)
+            try:
+                return (finish(compute(a, b, attrs), dtype),)
+            except ValueError as e:
+                raise broadcast_failure((a, b)) or e
 
         return kernel
 
-    return make
+    return Typed(make)
 
 
 def _ufunc(ufunc: np.ufunc) -> BinaryFn:
@@ -86,7 +88,7 @@ def _ufunc(ufunc: np.ufunc) -> BinaryFn:
 
 def _check_divisor(b: Array) -> None:
     if b.dtype.kind in "iu" and not np.all(b):
-        raise ZeroDivisionError("integer division by zero is undefined")
+        raise UndefinedResultError("integer division by zero is undefined")
 
 
 def _div(a: Array, b: Array, attrs: Attrs) -> Array:
@@ -111,9 +113,9 @@ def _mod(float_floor_mod: bool) -> BinaryFn:
     def mod(a: Array, b: Array, attrs: Attrs) -> Array:
         fmod = int(attrs.get("fmod", 0))
         if fmod not in (0, 1):
-            raise ValueError(f"fmod must be 0 or 1, got {fmod}")
+            raise RefImplError(f"fmod must be 0 or 1, got {fmod}")
         if a.dtype.kind == "f" and not fmod and not float_floor_mod:
-            raise TypeError("fmod=0 is defined for integer types only before Mod-28")
+            raise RefImplError("fmod=0 is defined for integer types only before Mod-28")
         _check_divisor(b)
         return np.fmod(a, b) if fmod else np.mod(a, b)
 
@@ -124,7 +126,7 @@ def _bitshift(x: Array, y: Array, attrs: Attrs) -> Array:
     """BitShift: a shift by the bit width or more (or a negative one) leaves only the sign fill."""
     direction = attrs.get("direction")
     if direction not in ("LEFT", "RIGHT"):
-        raise ValueError(f"direction must be LEFT or RIGHT, got {direction!r}")
+        raise RefImplError(f"direction must be LEFT or RIGHT, got {direction!r}")
     dtype = x.dtype
     out_of_range = (y < 0) | (y >= dtype.itemsize * 8)
     safe = np.where(out_of_range, 0, y).astype(dtype)
@@ -140,34 +142,35 @@ def _bitshift(x: Array, y: Array, attrs: Attrs) -> Array:
 def _prelu(x: Array, slope: Array, attrs: Attrs) -> Array:
     """PRelu: ``slope`` broadcasts unidirectionally to ``X``."""
     if np.broadcast_shapes(x.shape, slope.shape) != x.shape:
-        raise ValueError(f"slope shape {slope.shape} does not broadcast to {x.shape}")
+        raise RefImplError(f"slope shape {slope.shape} does not broadcast to {x.shape}")
     return np.where(x < 0, x * slope, x)
 
 
+# Versions before 7 took a broadcast attribute: they are not implemented.
 for _op, _ufn in (("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply)):
-    register_versions(_op, (7, 13, 14), _binary(_ufunc(_ufn)))
-register_versions("Div", (7, 13, 14), _binary(_div, silent=True))
-register_versions("Mod", (10, 13), _binary(_mod(float_floor_mod=False), silent=True))
-register_versions("Mod", (28,), _binary(_mod(float_floor_mod=True), silent=True))
-register_versions("BitShift", (11, 28), _binary(_bitshift))
-register_versions("PRelu", (7, 9, 16), _binary(_prelu))
+    register(_op, 7)(_binary(_ufunc(_ufn)))
+register("Div", 7)(_binary(_div, silent=True))
+register("Mod", 10, 13)(_binary(_mod(float_floor_mod=False), silent=True))
+register("Mod", 28)(_binary(_mod(float_floor_mod=True), silent=True))
+register("BitShift", 11)(_binary(_bitshift))
+register("PRelu", 7)(_binary(_prelu))
 for _op, _ufn in (
     ("BitwiseAnd", np.bitwise_and),
     ("BitwiseOr", np.bitwise_or),
     ("BitwiseXor", np.bitwise_xor),
 ):
-    register_versions(_op, (18,), _binary(_ufunc(_ufn)))
-for _op, _versions, _ufn in (
-    ("Equal", (7, 11, 13, 19), np.equal),
-    ("Less", (7, 9, 13), np.less),
-    ("Greater", (7, 9, 13), np.greater),
-    ("LessOrEqual", (12, 16), np.less_equal),
-    ("GreaterOrEqual", (12, 16), np.greater_equal),
-    ("And", (7,), np.logical_and),
-    ("Or", (7,), np.logical_or),
-    ("Xor", (7,), np.logical_xor),
+    register(_op, 18)(_binary(_ufunc(_ufn)))
+for _op, _since, _ufn in (
+    ("Equal", 7, np.equal),
+    ("Less", 7, np.less),
+    ("Greater", 7, np.greater),
+    ("LessOrEqual", 12, np.less_equal),
+    ("GreaterOrEqual", 12, np.greater_equal),
+    ("And", 7, np.logical_and),
+    ("Or", 7, np.logical_or),
+    ("Xor", 7, np.logical_xor),
 ):
-    register_versions(_op, _versions, _binary(_ufunc(_ufn), to_bool=True))
+    register(_op, _since)(_binary(_ufunc(_ufn), to_bool=True))
 
 
 # --- Pow -----------------------------------------------------------------------------------
@@ -176,12 +179,12 @@ for _op, _versions, _ufn in (
 def _int_power(base: Array, exponent: Array) -> Array:
     """Integer ``base ** exponent`` with wraparound; negative exponents truncate toward zero."""
     if exponent.dtype == np.uint64 and np.any(exponent > np.iinfo(np.int64).max):
-        raise ValueError("integer exponent out of range")
+        raise RefImplError("integer exponents above 2**63 - 1 are not implemented")
     e = exponent.astype(np.int64)
     b = base.astype(np.uint64 if base.dtype.kind == "u" else np.int64)
     negative = e < 0
     if np.any(negative & (b == 0)):
-        raise ZeroDivisionError("0 raised to a negative power is undefined")
+        raise UndefinedResultError("0 raised to a negative power is undefined")
     result = np.power(b, np.where(negative, 0, e).astype(b.dtype))
     if np.any(negative):
         # 1/b**n truncates to 0 unless |b| == 1.
@@ -208,21 +211,22 @@ def _pow_kernel(types: DTypes) -> Kernel:
     def kernel(inputs: Inputs, attrs: Attrs) -> tuple[Array]:
         x, y = checked(inputs[0], allowed_x, "base"), checked(inputs[1], allowed_y, "exponent")
         if "T1" not in types and x.dtype != y.dtype:
-            raise TypeError(f"base and exponent must share one dtype, got {x.dtype}, {y.dtype}")
-        return (as_dtype(_pow(x, y), x.dtype),)
+            raise _mixed(x.dtype, y.dtype)
+        try:
+            return (as_dtype(_pow(x, y), x.dtype),)
+        except ValueError as e:
+            raise broadcast_failure((x, y)) or e
 
     return kernel
 
 
-register_versions("Pow", (7, 12, 13, 15), _pow_kernel)
+register("Pow", 7)(Typed(_pow_kernel))
 
 
 # --- variadic ------------------------------------------------------------------------------
 
 
-def _variadic(
-    op: str, fn: np.ufunc, *, mean: bool = False, wide: bool = False
-) -> Callable[[DTypes], Kernel]:
+def _variadic(op: str, fn: np.ufunc, *, mean: bool = False, wide: bool = False) -> Typed:
     """Sum/Mean/Max/Min over one or more inputs with multidirectional broadcasting.
 
     Args:
@@ -236,8 +240,6 @@ def _variadic(
         work_of = work_types(types["T"], wide=wide)
 
         def kernel(inputs: Inputs, attrs: Attrs) -> tuple[Array]:
-            if not inputs:
-                raise ValueError("at least one input is required")
             arrays = [as_array(v) for v in inputs]
             dtype = same_dtype(op, arrays)
             work = work_of.get(dtype)
@@ -245,22 +247,25 @@ def _variadic(
                 raise disallowed(dtype)
             result = arrays[0].astype(work)  # a copy: outputs never alias inputs
             with np.errstate(all="ignore"):
-                for other in arrays[1:]:
-                    result = fn(result, other.astype(work, copy=False))
+                try:
+                    for other in arrays[1:]:
+                        result = fn(result, other.astype(work, copy=False))
+                except ValueError as e:
+                    raise broadcast_failure(arrays) or e
                 if mean:
                     result = result / len(arrays)
             return (as_dtype(result, dtype),)
 
         return kernel
 
-    return make
+    return Typed(make)
 
 
 # Versions 6 took equally shaped inputs only, which broadcasting handles alike.
-register_versions("Sum", (6, 8, 13), _variadic("Sum", np.add, wide=True))
-register_versions("Mean", (6, 8, 13), _variadic("Mean", np.add, mean=True, wide=True))
-register_versions("Max", (6, 8, 12, 13), _variadic("Max", np.maximum))
-register_versions("Min", (6, 8, 12, 13), _variadic("Min", np.minimum))
+register("Sum", 6)(_variadic("Sum", np.add, wide=True))
+register("Mean", 6)(_variadic("Mean", np.add, mean=True, wide=True))
+register("Max", 6)(_variadic("Max", np.maximum))
+register("Min", 6)(_variadic("Min", np.minimum))
 
 
 # --- Clip and Where ------------------------------------------------------------------------
@@ -271,9 +276,9 @@ def _bound(value: Any, dtype: np.dtype, name: str) -> Array | None:
         return None
     bound = as_array(value)
     if bound.dtype != dtype:
-        raise TypeError(f"{name} dtype {bound.dtype} differs from input dtype {dtype}")
+        raise RefImplError(f"{name} dtype {bound.dtype} differs from input dtype {dtype}")
     if bound.size != 1:
-        raise ValueError(f"{name} must be a scalar, got shape {bound.shape}")
+        raise RefImplError(f"{name} must be a scalar, got shape {bound.shape}")
     return bound.reshape(())
 
 
@@ -294,7 +299,7 @@ def _bounds_of_inputs(inputs: Inputs, attrs: Attrs, dtype: np.dtype) -> tuple[An
     return lo, hi
 
 
-def _clip(bounds: Bounds) -> Callable[[DTypes], Kernel]:
+def _clip(bounds: Bounds) -> Typed:
     """Clip, ``Min(max, Max(x, min))``, with min and max read by ``bounds`` (None: unbounded).
 
     When min > max every element becomes max; NaN propagates.
@@ -316,11 +321,11 @@ def _clip(bounds: Bounds) -> Callable[[DTypes], Kernel]:
 
         return kernel
 
-    return make
+    return Typed(make)
 
 
-register_versions("Clip", (6,), _clip(_bounds_of_attributes))
-register_versions("Clip", (11, 12, 13), _clip(_bounds_of_inputs))
+register("Clip", 6, 6)(_clip(_bounds_of_attributes))
+register("Clip", 11)(_clip(_bounds_of_inputs))
 
 
 def _where_kernel(types: DTypes) -> Kernel:
@@ -334,9 +339,12 @@ def _where_kernel(types: DTypes) -> Kernel:
             raise _mixed(dtype, y.dtype)
         if dtype not in allowed:
             raise disallowed(dtype)
-        return (as_dtype(np.where(cond, x, y), dtype),)
+        try:
+            return (as_dtype(np.where(cond, x, y), dtype),)
+        except ValueError as e:
+            raise broadcast_failure((cond, x, y)) or e
 
     return kernel
 
 
-register_versions("Where", (9, 16), _where_kernel)
+register("Where", 9)(Typed(_where_kernel))

@@ -5,43 +5,52 @@ Rules (the contract the tests check):
     +-inf, except for float8 targets with ``saturate=1``, which clip to the largest finite value.
     float8e8m0 (a bare power of two) rounds by ``round_mode`` as the ONNX definition does.
   * Float to integer truncates toward zero. NaN, infinities and values whose truncation is out
-    of the target's range are undefined by the spec: the kernel raises instead of inventing a
-    value (onnxruntime gives INT_MIN or wraps around, numpy wraps around).
+    of the target's range are undefined by the spec: the kernel raises UndefinedResultError
+    instead of inventing a value (onnxruntime gives INT_MIN or wraps around, numpy wraps around).
   * Integer to integer keeps the low bits (two's complement), int4/int2 included.
-  * Anything to bool is ``x != 0``; strings parse decimal literals (integers must be in range).
-  * Numbers to strings: integers print in decimal; floats have no specified formatting
-    (onnxruntime prints %.8g, the onnx reference the shortest repr), so they are unsupported.
+  * Anything to bool is ``x != 0``.
+  * Strings (``bytes`` or ``str`` items, UTF-8) to numbers read the text as onnxruntime does
+    (``std::stod``/``std::stoll``) where the spec defines the result: surrounding ASCII white
+    space, a decimal literal (``"1.5"``, ``"-0"``, ``"1e-5"``, ``".5"``) or, case-insensitively,
+    ``"INF"``, ``"+INF"``, ``"-INF"``, ``"NaN"``. Floats are the literal rounded to double, then
+    to float32 for every narrower target (onnxruntime rounds twice too). Integer targets take
+    integer literals within range. Anything else is undefined by the spec (UndefinedResultError),
+    and literals beyond the double range are refused (RefImplError) as onnxruntime refuses them.
+  * Numbers to strings print as onnxruntime does: integers in decimal, bool as ``"1"``/``"0"``,
+    floats with ``%.8g`` and ``"NaN"``, ``"INF"``, ``"-INF"``.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import re
+import sys
 from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
-import onnx
 
-from refimpl._common import SMALL, Attrs, Inputs, as_array
+from refimpl._common import Attrs, Inputs, as_array
 from refimpl._dtypes import (
     BOOL,
     F32,
+    F64,
     FLOATS,
     NARROW_INTS,
     STRING,
     DTypes,
     checked,
     disallowed,
+    dtype_of_code,
     exact_type,
+    float_to_int,
     int_range,
-    register_versions,
     to_float,
 )
-from refimpl._registry import Kernel, UnsupportedOpError
+from refimpl._errors import RefImplError, UndefinedResultError
+from refimpl._registry import Kernel, Typed, register
 
-__all__ = ["cast", "float_to_int"]
+__all__ = ["cast"]
 
 _FLOAT8 = frozenset(
     np.dtype(t)
@@ -53,52 +62,6 @@ _FLOAT8 = frozenset(
     )
 )
 _E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
-_INT_LITERAL = re.compile(r"\s*[+-]?\d+\s*")
-@functools.lru_cache(maxsize=None)
-def _truncation_bounds(dtype: np.dtype) -> tuple[float, float]:
-    """Doubles ``(below, above)`` such that ``trunc(v)`` fits ``dtype`` iff ``below < v < above``.
-
-    Exactly, ``low - 1 < v < high + 1``; rounding those bounds outward to doubles keeps the test
-    exact for every double ``v`` (none lies between a bound and its rounding) and lets Python
-    compare floats with floats, which is cheaper than floats with big ints.
-    """
-    low, high = int_range(dtype)
-    below, above = float(low - 1), float(high + 1)
-    if below > low - 1:
-        below = math.nextafter(below, -math.inf)
-    if above < high + 1:
-        above = math.nextafter(above, math.inf)
-    return below, above
-
-
-def _truncates_into(x: np.ndarray, dtype: np.dtype) -> bool:
-    """Whether every element of float ``x`` truncates to a value of the integer ``dtype``.
-
-    NaN and infinities fail the test. The sum of the values is NaN when one is NaN (or when
-    both infinities occur, which fail anyway), and then min/max need not see the NaN.
-    """
-    below, above = _truncation_bounds(dtype)
-    if x.size > SMALL:
-        return below < float(x.min()) and float(x.max()) < above  # NaN propagates into both
-    values = x.ravel().tolist()
-    if not values:
-        return True
-    total = sum(values)
-    return total == total and below < min(values) and max(values) < above
-
-
-def float_to_int(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Truncates floats toward zero; NaN, inf and out-of-range values are undefined (raise)."""
-    if x.dtype.kind == "V":
-        x = x.astype(F32)
-    if not _truncates_into(x, dtype):
-        raise ValueError(
-            f"casting values in [{x.min()}, {x.max()}] to {dtype} is undefined "
-            "(NaN, inf or out of range)"
-        )
-    if dtype.kind == "V":  # int4, int2...: numpy cannot convert floats to them directly
-        return x.astype(np.int64).astype(dtype)
-    return x.astype(dtype)  # C conversion: truncation toward zero
 
 
 def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
@@ -109,7 +72,7 @@ def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
     largest exponent instead of producing NaN; infinity saturates to the largest value.
     """
     if round_mode not in ("up", "down", "nearest"):
-        raise ValueError(f"round_mode must be up, down or nearest, got {round_mode!r}")
+        raise RefImplError(f"round_mode must be up, down or nearest, got {round_mode!r}")
     bits = to_float(x, F32).view(np.uint32)
     exponent = ((bits >> 23) & 0xFF).astype(np.int64)
     mantissa = bits & 0x7FFFFF
@@ -130,30 +93,99 @@ def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
     return result.astype(np.uint8).view(_E8M0)
 
 
-def _from_string(x: np.ndarray, to: np.dtype) -> np.ndarray:
-    flat = [str(s) for s in x.ravel()]
+# --- strings ---------------------------------------------------------------------------------
+
+_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_SPECIAL = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def _text(item: object) -> str:
+    """One element of a string tensor as ``str``: numpy object arrays hold bytes or str."""
+    if isinstance(item, str):
+        return item
+    if isinstance(item, bytes):
+        try:
+            return item.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RefImplError(f"string {item!r} is not UTF-8") from None
+    raise RefImplError(f"a string tensor holds a {type(item).__name__}")
+
+
+def _parse_float(item: object) -> float:
+    """A float literal as ``std::stod`` reads it: correctly rounded to double.
+
+    Raises:
+        UndefinedResultError: the text is not a literal the spec defines (``"abc"``, ``"0x10"``,
+            ``"1.5abc"``, which onnxruntime reads as 1.5).
+        RefImplError: the literal lies beyond the range of double, or underflows to a
+            subnormal or zero; onnxruntime refuses those (``std::stod`` throws out_of_range).
+    """
+    text = _text(item).strip(_SPACE)
+    special = _SPECIAL.get(text.lower())
+    if special is not None:
+        return special
+    if not _DECIMAL.fullmatch(text):
+        raise UndefinedResultError(f"{text!r} is not a numeric literal")
+    value = float(text)
+    digits = text.partition("e")[0].partition("E")[0]
+    if math.isinf(value) or (abs(value) < sys.float_info.min and digits.strip("+-.0")):
+        raise RefImplError(f"{text!r} is out of the range of double")
+    return value
+
+
+def _parse_int(item: object, to: np.dtype) -> int:
+    """An integer literal that ``to`` can hold (float literals to integers are undefined)."""
+    text = _text(item).strip(_SPACE)
+    if not _INTEGER.fullmatch(text):
+        raise UndefinedResultError(f"{text!r} is not an integer literal")
+    value = int(text)
+    low, high = int_range(to)
+    if not low <= value <= high:
+        raise UndefinedResultError(f"{text!r} is out of the range of {to}")
+    return value
+
+
+def _from_string(x: np.ndarray, to: np.dtype, saturate: bool, round_mode: str) -> np.ndarray:
+    flat = x.ravel().tolist()
     if to in FLOATS:
-        if any("_" in s for s in flat):
-            raise ValueError("string is not a floating-point literal")
-        return to_float(np.array([float(s) for s in flat], np.float64), to).reshape(x.shape)
+        wide = np.array([_parse_float(s) for s in flat], F64).reshape(x.shape)
+        if to == F64:
+            return wide
+        with np.errstate(over="ignore"):  # beyond float32: +-inf, as onnxruntime gives
+            single = wide.astype(F32)
+        return single if to == F32 else cast(single, to, saturate=saturate, round_mode=round_mode)
     if to.kind in "iu" or to in NARROW_INTS:
-        if not all(_INT_LITERAL.fullmatch(s) for s in flat):
-            raise ValueError("casting a non-integer string to an integer type is undefined")
-        values = [int(s) for s in flat]
-        low, high = int_range(to)
-        if any(not low <= v <= high for v in values):
-            raise ValueError(f"integer string out of range for {to}")
-        wide = np.array(values, dtype=np.int64 if to in NARROW_INTS else to)
-        return wide.astype(to).reshape(x.shape)
-    raise UnsupportedOpError(f"Cast: string to {to} is not defined by the spec")
+        values = [_parse_int(s, to) for s in flat]
+        exact = np.array(values, dtype=np.int64 if to in NARROW_INTS else to)
+        return exact.astype(to).reshape(x.shape)
+    raise UndefinedResultError(f"string to {to} is not defined by the spec")
+
+
+def _format_float(value: float) -> str:
+    if value != value:
+        return "NaN"
+    if math.isinf(value):
+        return "INF" if value > 0 else "-INF"
+    return "%.8g" % value
 
 
 def _to_string(x: np.ndarray) -> np.ndarray:
-    if x.dtype.kind in "iu" or x.dtype in NARROW_INTS:
-        return np.array([str(int(v)) for v in x.ravel()], dtype=object).reshape(x.shape)
-    # The spec only asks for "plain floating-point representation": onnxruntime prints %.8g,
-    # the onnx reference prints the shortest repr. Neither can be called right, so no folding.
-    raise UnsupportedOpError(f"Cast: {x.dtype} to string has no specified formatting")
+    """Numbers as onnxruntime prints them (the spec only asks for "plain" notation)."""
+    if x.dtype in FLOATS:
+        items = [_format_float(v) for v in x.astype(F64).ravel().tolist()]
+    elif x.dtype == BOOL:
+        items = ["1" if v else "0" for v in x.ravel().tolist()]
+    else:  # integers; int4/int2 convert to int64 first, as tolist() cannot read them
+        wide = x.astype(np.int64) if x.dtype in NARROW_INTS else x
+        items = [str(v) for v in wide.ravel().tolist()]
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out.reshape(x.shape)
+
+
+# --- the kernels --------------------------------------------------------------------------------
 
 
 def cast(
@@ -162,8 +194,8 @@ def cast(
     """Converts ``x`` to ``to`` with the ONNX Cast rules (see the module docstring).
 
     Raises:
-        ValueError: the conversion is undefined for some element (e.g. NaN to int32).
-        UnsupportedOpError: the conversion is not implemented (e.g. float to string).
+        UndefinedResultError: the conversion is undefined for some element (e.g. NaN to int32).
+        RefImplError: refimpl refuses the conversion (a string beyond the double range).
     """
     src = x.dtype
     if to == src:
@@ -173,7 +205,7 @@ def cast(
     if to == STRING:
         return _to_string(x)
     if src == STRING:
-        return _from_string(x, to)
+        return _from_string(x, to, saturate, round_mode)
     if to == BOOL:
         return np.asarray(x.astype(exact_type(src)) != 0)
     if to == _E8M0:
@@ -190,23 +222,15 @@ def cast(
     return x.astype(to)
 
 
-@functools.lru_cache(maxsize=None)
-def _dtype_of(code: int) -> np.dtype:
-    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(code))
-
-
 def _target_of_attribute(inputs: Inputs, attrs: Attrs) -> np.dtype:
-    code = attrs.get("to")
-    if code is None:
-        raise ValueError("attribute 'to' is required")
-    return _dtype_of(int(code))
+    return dtype_of_code(attrs["to"])  # run() checks that the required 'to' is there
 
 
 def _target_of_input(inputs: Inputs, attrs: Attrs) -> np.dtype:
     return as_array(inputs[1]).dtype
 
 
-def _cast_kernel(target: Callable[[Inputs, Attrs], np.dtype]) -> Callable[[DTypes], Kernel]:
+def _cast_kernel(target: Callable[[Inputs, Attrs], np.dtype]) -> Typed:
     """Cast (``target`` reads the ``to`` attribute) or CastLike (the second input's dtype)."""
 
     def make(types: DTypes) -> Kernel:
@@ -223,8 +247,9 @@ def _cast_kernel(target: Callable[[Inputs, Attrs], np.dtype]) -> Callable[[DType
 
         return kernel
 
-    return make
+    return Typed(make)
 
 
-register_versions("Cast", (6, 9, 13, 19, 21, 23, 24, 25, 28), _cast_kernel(_target_of_attribute))
-register_versions("CastLike", (15, 19, 21, 23, 24, 25), _cast_kernel(_target_of_input))
+# Cast-1 took the target type as a string: it is not implemented.
+register("Cast", 6)(_cast_kernel(_target_of_attribute))
+register("CastLike", 15)(_cast_kernel(_target_of_input))

@@ -1,8 +1,9 @@
 """Unary elementwise kernels: math, activations, IsNaN/IsInf and the logical/bitwise Not.
 
-Every operator is one ``_unary`` factory call, registered for the exact ONNX schema versions
-it implements with ``register_versions``, which also hands the kernel the dtypes that version
-allows: a kernel rejects any other dtype instead of letting numpy promote it.
+Every operator is one ``unary`` factory call, registered from the first ONNX schema version it
+implements on (later versions only add types). The factory is :class:`~refimpl._registry.Typed`:
+each schema version gets a kernel that rejects the dtypes that version does not allow instead of
+letting numpy promote them.
 
 Numerics (the contract the tests check):
   * Outputs have exactly the input dtype; numpy scalar promotion never leaks.
@@ -17,28 +18,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from refimpl._common import Attrs, Inputs, as_array
-from refimpl._dtypes import DTypes, as_dtype, disallowed, register_versions, work_types
-from refimpl._registry import Kernel
+from refimpl._dtypes import DTypes, as_bool, as_dtype, disallowed, work_types
+from refimpl._registry import Kernel, Typed, register
 
-__all__ = ["UnaryFn", "as_bool", "unary"]
+__all__ = ["UnaryFn", "unary"]
 
 Array = np.ndarray
 UnaryFn = Callable[[Array, Attrs], Array]
 
 
-def as_bool(result: Any, dtype: np.dtype) -> Array:
-    """The result of a test (comparison, IsNaN...) as a bool ndarray, whatever ``dtype`` was."""
-    return np.asarray(result, dtype=bool)
-
-
-def unary(
-    fn: UnaryFn, *, exact: bool = False, param: str = "T", to_bool: bool = False
-) -> Callable[[DTypes], Kernel]:
+def unary(fn: UnaryFn, *, exact: bool = False, param: str = "T", to_bool: bool = False) -> Typed:
     """A one-input op whose output has the input dtype (or bool).
 
     Args:
@@ -68,7 +61,7 @@ def unary(
 
         return kernel
 
-    return make
+    return Typed(make)
 
 
 def _erf(x: Array, attrs: Attrs) -> Array:
@@ -102,64 +95,64 @@ def _relu(x: Array, attrs: Attrs) -> Array:
     return np.maximum(x, np.zeros((), x.dtype))
 
 
-_UNARY: dict[str, tuple[tuple[int, ...], UnaryFn, bool]] = {
-    # op: (schema versions, fn, exact)
-    "Abs": ((6, 13), lambda x, a: np.abs(x), True),
-    "Neg": ((6, 13), lambda x, a: np.negative(x), True),
-    "Floor": ((6, 13), lambda x, a: np.floor(x), True),
-    "Ceil": ((6, 13), lambda x, a: np.ceil(x), True),
+_UNARY: dict[str, tuple[int, UnaryFn, bool]] = {
+    # op: (first schema version, fn, exact)
+    "Abs": (6, lambda x, a: np.abs(x), True),
+    "Neg": (6, lambda x, a: np.negative(x), True),
+    "Floor": (6, lambda x, a: np.floor(x), True),
+    "Ceil": (6, lambda x, a: np.ceil(x), True),
     # np.round rounds halves to even, as Round requires.
-    "Round": ((11, 22), lambda x, a: np.round(x), True),
-    "Sign": ((9, 13), _sign, True),
-    "Relu": ((6, 13, 14), _relu, True),
-    "Sqrt": ((6, 13), lambda x, a: np.sqrt(x), True),
-    "Reciprocal": ((6, 13), lambda x, a: np.reciprocal(x), True),
-    "Not": ((1,), lambda x, a: np.logical_not(x), True),
-    "BitwiseNot": ((18,), lambda x, a: np.invert(x), True),
-    "Exp": ((6, 13), lambda x, a: np.exp(x), False),
-    "Log": ((6, 13), lambda x, a: np.log(x), False),
-    "Tanh": ((6, 13), lambda x, a: np.tanh(x), False),
-    "Sigmoid": ((6, 13), _sigmoid, False),
-    "Erf": ((9, 13), _erf, False),
-    "Sin": ((7, 22), lambda x, a: np.sin(x), False),
-    "Cos": ((7, 22), lambda x, a: np.cos(x), False),
-    "Tan": ((7, 22), lambda x, a: np.tan(x), False),
-    "Asin": ((7, 22), lambda x, a: np.arcsin(x), False),
-    "Acos": ((7, 22), lambda x, a: np.arccos(x), False),
-    "Atan": ((7, 22), lambda x, a: np.arctan(x), False),
-    "Sinh": ((9, 22), lambda x, a: np.sinh(x), False),
-    "Cosh": ((9, 22), lambda x, a: np.cosh(x), False),
-    "Asinh": ((9, 22), lambda x, a: np.arcsinh(x), False),
-    "Acosh": ((9, 22), lambda x, a: np.arccosh(x), False),
-    "Atanh": ((9, 22), lambda x, a: np.arctanh(x), False),
-    "Softplus": ((1, 22), lambda x, a: np.logaddexp(0.0, x), False),
-    "Softsign": ((1, 22), lambda x, a: x / (1.0 + np.abs(x)), False),
-    "LeakyRelu": ((6, 16), lambda x, a: np.where(x >= 0, x, _f32(a, "alpha") * x), False),
+    "Round": (11, lambda x, a: np.round(x), True),
+    "Sign": (9, _sign, True),
+    "Relu": (6, _relu, True),
+    "Sqrt": (6, lambda x, a: np.sqrt(x), True),
+    "Reciprocal": (6, lambda x, a: np.reciprocal(x), True),
+    "Not": (1, lambda x, a: np.logical_not(x), True),
+    "BitwiseNot": (18, lambda x, a: np.invert(x), True),
+    "Exp": (6, lambda x, a: np.exp(x), False),
+    "Log": (6, lambda x, a: np.log(x), False),
+    "Tanh": (6, lambda x, a: np.tanh(x), False),
+    "Sigmoid": (6, _sigmoid, False),
+    "Erf": (9, _erf, False),
+    "Sin": (7, lambda x, a: np.sin(x), False),
+    "Cos": (7, lambda x, a: np.cos(x), False),
+    "Tan": (7, lambda x, a: np.tan(x), False),
+    "Asin": (7, lambda x, a: np.arcsin(x), False),
+    "Acos": (7, lambda x, a: np.arccos(x), False),
+    "Atan": (7, lambda x, a: np.arctan(x), False),
+    "Sinh": (9, lambda x, a: np.sinh(x), False),
+    "Cosh": (9, lambda x, a: np.cosh(x), False),
+    "Asinh": (9, lambda x, a: np.arcsinh(x), False),
+    "Acosh": (9, lambda x, a: np.arccosh(x), False),
+    "Atanh": (9, lambda x, a: np.arctanh(x), False),
+    "Softplus": (1, lambda x, a: np.logaddexp(0.0, x), False),
+    "Softsign": (1, lambda x, a: x / (1.0 + np.abs(x)), False),
+    "LeakyRelu": (6, lambda x, a: np.where(x >= 0, x, _f32(a, "alpha") * x), False),
     "HardSigmoid": (
-        (6, 22),
+        6,
         lambda x, a: np.clip(_f32(a, "alpha") * x + _f32(a, "beta"), 0.0, 1.0),
         False,
     ),
-    "HardSwish": ((14, 22), lambda x, a: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0), False),
-    "Elu": ((6, 22), lambda x, a: np.where(x >= 0, x, _f32(a, "alpha") * np.expm1(x)), False),
+    "HardSwish": (14, lambda x, a: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0), False),
+    "Elu": (6, lambda x, a: np.where(x >= 0, x, _f32(a, "alpha") * np.expm1(x)), False),
     "Selu": (
-        (6, 22),
+        6,
         lambda x, a: _f32(a, "gamma") * np.where(x > 0, x, _f32(a, "alpha") * np.expm1(x)),
         False,
     ),
     "Celu": (
-        (12, 28),
+        12,
         lambda x, a: np.maximum(x, 0.0)
         + np.minimum(0.0, _f32(a, "alpha") * np.expm1(x / _f32(a, "alpha"))),
         False,
     ),
-    "ThresholdedRelu": ((10, 22), lambda x, a: np.where(x > _f32(a, "alpha"), x, 0.0), False),
-    "Mish": ((18, 22), lambda x, a: x * np.tanh(np.logaddexp(0.0, x)), False),
-    "Gelu": ((20,), _gelu, False),
+    "ThresholdedRelu": (10, lambda x, a: np.where(x > _f32(a, "alpha"), x, 0.0), False),
+    "Mish": (18, lambda x, a: x * np.tanh(np.logaddexp(0.0, x)), False),
+    "Gelu": (20, _gelu, False),
 }
 
-for _op, (_versions, _fn, _exact) in _UNARY.items():
-    register_versions(_op, _versions, unary(_fn, exact=_exact))
+for _op, (_since, _fn, _exact) in _UNARY.items():
+    register(_op, _since)(unary(_fn, exact=_exact))
 
 
 def _isinf(x: Array, attrs: Attrs) -> Array:
@@ -169,8 +162,8 @@ def _isinf(x: Array, attrs: Attrs) -> Array:
 
 
 # Float -> bool tests, evaluated in float32/float64.
-for _op, _versions, _fn in (
-    ("IsNaN", (9, 13, 20), lambda x, a: np.isnan(x)),
-    ("IsInf", (10, 20), _isinf),
+for _op, _since, _fn in (
+    ("IsNaN", 9, lambda x, a: np.isnan(x)),
+    ("IsInf", 10, _isinf),
 ):
-    register_versions(_op, _versions, unary(_fn, exact=True, param="T1", to_bool=True))
+    register(_op, _since)(unary(_fn, exact=True, param="T1", to_bool=True))

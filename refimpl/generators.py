@@ -12,19 +12,20 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-import onnx
 
 from refimpl._common import (
-    LATEST,
     Attrs,
     Inputs,
     as_array,
     as_text,
     int_list,
     normalize_axis,
+    same_dtype,
     to_array,
 )
-from refimpl._registry import Kernel, RefImplError, register
+from refimpl._dtypes import DTypes, checked, dtype_of_code
+from refimpl._errors import RefImplError
+from refimpl._registry import Kernel, Typed, register
 
 # --- Constant --------------------------------------------------------------------------------
 
@@ -62,14 +63,14 @@ def _constant(forms: tuple[str, ...]) -> Kernel:
 
 
 register("Constant", 1, 9)(_constant(("value",)))
-register("Constant", 11)(_constant(("value", "sparse_value")))
-register("Constant", 12, LATEST)(_constant(tuple(_CONSTANT_FORMS)))
+register("Constant", 11, 11)(_constant(("value", "sparse_value")))
+register("Constant", 12)(_constant(tuple(_CONSTANT_FORMS)))
 
 
 # --- Range, ConstantOfShape ---------------------------------------------------------------
 
 
-def _range(stash: bool) -> Kernel:
+def _range(stash: bool) -> Typed:
     """Range: ``output[i] = start + i * delta`` for ``i < max(ceil((limit - start) / delta), 0)``.
 
     Integers are exact. Floats follow the spec's formula in the input type
@@ -78,40 +79,45 @@ def _range(stash: bool) -> Kernel:
     The element count uses the exact quotient of the given values (in double).
     """
 
-    def kernel(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
-        start, limit, delta = (as_array(x) for x in inputs[:3])
-        for name, value in zip(("start", "limit", "delta"), (start, limit, delta)):
-            if value.size != 1:
-                raise RefImplError(f"Range: {name} must be a scalar, got shape {value.shape}")
-        dtype = start.dtype
-        if np.issubdtype(dtype, np.integer):
-            s, lim, d = int(start.reshape(())), int(limit.reshape(())), int(delta.reshape(()))
-            if d == 0:
+    def make(types: DTypes) -> Kernel:
+        allowed = types["T"]
+
+        def kernel(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
+            start, limit, delta = (checked(x, allowed) for x in inputs[:3])
+            for name, value in zip(("start", "limit", "delta"), (start, limit, delta)):
+                if value.size != 1:
+                    raise RefImplError(f"Range: {name} must be a scalar, got shape {value.shape}")
+            dtype = same_dtype("Range", (start, limit, delta))
+            if np.issubdtype(dtype, np.integer):
+                s, lim, d = int(start.reshape(())), int(limit.reshape(())), int(delta.reshape(()))
+                if d == 0:
+                    raise RefImplError("Range: delta is 0")
+                count = max(-((s - lim) // d), 0)
+                # int64 arithmetic wraps, but every true value lies in [start, limit).
+                values = np.arange(count, dtype=np.int64) * np.int64(d) + np.int64(s)
+                return (values.astype(dtype),)
+            compute = dtype
+            if stash and dtype in (np.float16, ml_dtypes.bfloat16):
+                compute = dtype_of_code(attrs.get("stash_type", 1))
+            s, lim, d = (np.asarray(v, dtype=compute).reshape(()) for v in (start, limit, delta))
+            if float(d) == 0.0:
                 raise RefImplError("Range: delta is 0")
-            count = max(-((s - lim) // d), 0)
-            # int64 arithmetic wraps, but every true value lies in [start, limit).
-            values = np.arange(count, dtype=np.int64) * np.int64(d) + np.int64(s)
-            return (values.astype(dtype),)
-        compute = dtype
-        if stash and dtype in (np.float16, ml_dtypes.bfloat16):
-            compute = onnx.helper.tensor_dtype_to_np_dtype(int(attrs.get("stash_type", 1)))
-        s, lim, d = (np.asarray(v, dtype=compute).reshape(()) for v in (start, limit, delta))
-        if float(d) == 0.0:
-            raise RefImplError("Range: delta is 0")
-        ratio = (float(lim) - float(s)) / float(d)
-        if math.isnan(ratio) or math.isinf(ratio):
-            raise RefImplError(f"Range: cannot count the elements of [{s}, {lim}) by {d}")
-        count = max(math.ceil(ratio), 0)
-        return ((s + np.arange(count, dtype=compute) * d).astype(dtype),)
+            ratio = (float(lim) - float(s)) / float(d)
+            if math.isnan(ratio) or math.isinf(ratio):
+                raise RefImplError(f"Range: cannot count the elements of [{s}, {lim}) by {d}")
+            count = max(math.ceil(ratio), 0)
+            return ((s + np.arange(count, dtype=compute) * d).astype(dtype),)
 
-    return kernel
+        return kernel
+
+    return Typed(make)
 
 
-register("Range", 11)(_range(stash=False))
+register("Range", 11, 11)(_range(stash=False))
 register("Range", 27)(_range(stash=True))
 
 
-@register("ConstantOfShape", 9, LATEST)
+@register("ConstantOfShape", 9)
 def _constant_of_shape(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     shape = int_list(inputs[0])
     if any(d < 0 for d in shape):
@@ -128,17 +134,17 @@ def _constant_of_shape(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
 # --- EyeLike, OneHot ----------------------------------------------------------------------
 
 
-@register("EyeLike", 9, 22)
+@register("EyeLike", 9)
 def _eye_like(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     x = as_array(inputs[0])
     if x.ndim != 2:
         raise RefImplError(f"EyeLike: input must be 2-D, got shape {x.shape}")
     dtype = attrs.get("dtype")
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(int(dtype)) if dtype else x.dtype
+    dtype = dtype_of_code(dtype) if dtype else x.dtype
     return (np.eye(x.shape[0], x.shape[1], k=int(attrs.get("k", 0)), dtype=dtype),)
 
 
-@register("OneHot", 9, 28)
+@register("OneHot", 9)
 def _one_hot(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     """OneHot; indices and depth truncate to int64; indices outside [-depth, depth-1] stay off."""
     indices, depth, values = (as_array(x) for x in inputs[:3])

@@ -1,4 +1,4 @@
-"""Indexing kernels: gathers, scatters, NonZero, ArgMax/ArgMin, TopK and CumSum.
+"""Indexing kernels: gathers, scatters, Compress, NonZero, ArgMax/ArgMin, TopK and CumSum.
 
 Indices are checked against the ONNX bounds (``[-s, s-1]``, or ``[0, s-1]``
 for versions that predate negative indices) before numpy sees them, so numpy's
@@ -20,7 +20,8 @@ from refimpl._common import (
     normalize_axis,
     scalar_int,
 )
-from refimpl._registry import Kernel, RefImplError, register
+from refimpl._errors import RefImplError, UndefinedResultError
+from refimpl._registry import Kernel, register
 
 
 def _checked_indices(
@@ -65,8 +66,8 @@ def _gather(allow_negative: bool) -> Kernel:
 
 
 # Gather-1 only defines indices in [0, s-1]; negative ones arrive with version 11.
-register("Gather", 1)(_gather(allow_negative=False))
-register("Gather", 11, 13)(_gather(allow_negative=True))
+register("Gather", 1, 1)(_gather(allow_negative=False))
+register("Gather", 11)(_gather(allow_negative=True))
 
 
 def _element_indices(op: str, data: np.ndarray, indices: np.ndarray, axis: int) -> np.ndarray:
@@ -79,7 +80,7 @@ def _element_indices(op: str, data: np.ndarray, indices: np.ndarray, axis: int) 
     return _checked_indices(op, indices, data.shape[axis])
 
 
-@register("GatherElements", 11, 13)
+@register("GatherElements", 11)
 def _gather_elements(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     data = as_array(inputs[0])
     axis = normalize_axis("GatherElements", attrs.get("axis", 0), data.ndim)
@@ -88,7 +89,7 @@ def _gather_elements(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     return (np.take_along_axis(data[window], indices, axis=axis),)
 
 
-@register("GatherND", 11, 13)
+@register("GatherND", 11)
 def _gather_nd(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     """GatherND with ``batch_dims`` (version 12+; 0 before)."""
     data, indices = as_array(inputs[0]), as_array(inputs[1])
@@ -143,7 +144,7 @@ def _scatter_into(
         linear = np.ravel_multi_index(positions, data.shape[: len(key)]) if positions else []
         if len(np.unique(linear)) != np.size(linear):
             # The spec leaves the result of duplicate indices without reduction undefined.
-            raise RefImplError(f"{op}: duplicate indices with reduction 'none'")
+            raise UndefinedResultError(f"{op}: duplicate indices with reduction 'none'")
         out[key] = updates
         return out
     if data.dtype == object:
@@ -194,19 +195,47 @@ _NONE = ("none",)
 _ADD_MUL = ("none", "add", "mul")
 _ALL = ("none", "add", "mul", "max", "min")
 register("ScatterND", 11, 13)(_scatter_nd(_NONE))
-register("ScatterND", 16)(_scatter_nd(_ADD_MUL))
+register("ScatterND", 16, 16)(_scatter_nd(_ADD_MUL))
 register("ScatterND", 18)(_scatter_nd(_ALL))
 register("ScatterElements", 11, 13)(_scatter_elements("ScatterElements", _NONE))
-register("ScatterElements", 16)(_scatter_elements("ScatterElements", _ADD_MUL))
+register("ScatterElements", 16, 16)(_scatter_elements("ScatterElements", _ADD_MUL))
 register("ScatterElements", 18)(_scatter_elements("ScatterElements", _ALL))
 # Scatter-11 is a deprecated schema (models must use ScatterElements from opset 11).
-register("Scatter", 9)(_scatter_elements("Scatter", _NONE, allow_negative=False))
+register("Scatter", 9, 9)(_scatter_elements("Scatter", _NONE, allow_negative=False))
+
+
+# --- Compress ---------------------------------------------------------------------------------
+
+
+def _compress(allow_negative: bool) -> Kernel:
+    """Compress; a condition shorter than the axis drops the slices beyond it."""
+
+    def kernel(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
+        x, condition = as_array(inputs[0]), as_array(inputs[1])
+        if condition.ndim != 1:
+            raise RefImplError(f"Compress: condition must be 1-D, got shape {condition.shape}")
+        axis = attrs.get("axis")
+        if axis is None:
+            x, axis = x.reshape(-1), 0
+        else:
+            axis = normalize_axis("Compress", axis, x.ndim, allow_negative=allow_negative)
+        if condition.shape[0] > x.shape[axis]:
+            raise RefImplError(
+                f"Compress: condition longer than axis ({condition.shape[0]} > {x.shape[axis]})"
+            )
+        return (np.compress(condition.astype(np.bool_, copy=False), x, axis=axis),)
+
+    return kernel
+
+
+register("Compress", 9, 9)(_compress(allow_negative=False))
+register("Compress", 11)(_compress(allow_negative=True))
 
 
 # --- NonZero, ArgMax/ArgMin, TopK, CumSum -----------------------------------------------------
 
 
-@register("NonZero", 9, 13)
+@register("NonZero", 9)
 def _nonzero(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     """NonZero: shape (rank, count); a scalar counts as rank 1, as in onnxruntime."""
     x = as_array(inputs[0])
@@ -240,8 +269,8 @@ def _arg_reduce(fn: Callable[..., np.ndarray], op: str, allow_negative: bool) ->
 
 
 for _op, _fn in (("ArgMax", np.argmax), ("ArgMin", np.argmin)):
-    register(_op, 1)(_arg_reduce(_fn, _op, allow_negative=False))
-    register(_op, 11, 13)(_arg_reduce(_fn, _op, allow_negative=True))
+    register(_op, 1, 1)(_arg_reduce(_fn, _op, allow_negative=False))
+    register(_op, 11)(_arg_reduce(_fn, _op, allow_negative=True))
 
 
 def _top_k(k_from_input: bool) -> Kernel:
@@ -267,11 +296,11 @@ def _top_k(k_from_input: bool) -> Kernel:
     return kernel
 
 
-register("TopK", 1)(_top_k(k_from_input=False))
-register("TopK", 10, 24)(_top_k(k_from_input=True))
+register("TopK", 1, 1)(_top_k(k_from_input=False))
+register("TopK", 10)(_top_k(k_from_input=True))
 
 
-@register("CumSum", 11, 14)
+@register("CumSum", 11)
 def _cumsum(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     """CumSum, accumulated in the input type; ``exclusive`` shifts, ``reverse`` runs backwards."""
     x = as_array(inputs[0])

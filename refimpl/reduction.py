@@ -18,6 +18,15 @@ Numerics:
     once to the input type, so the result is the float64 result correctly rounded. (float32
     accumulation, which the brief suggested for float16, can be hundreds of ulps off after
     cancellation, e.g. the sum of [65504, 2**-14, -65504].)
+  * Except where the op's definition holds an intermediate tensor in the input type and that
+    tensor overflows there: the sum of squares of ReduceL2, the sum of ReduceLogSum and
+    ReduceMean, the shifted sum of exps of ReduceLogSumExp. Where such an intermediate rounds
+    to +-inf in the input type (its magnitude reaches ``limit``, the largest finite value plus
+    half an ulp) the result is what +-inf gives: float32 ReduceL2 of [3e19, 4e19] is inf, as in
+    onnxruntime, the onnx reference and the schema's function body, not 5e19. (onnxruntime
+    accumulates float16 in float32, so its float16 ReduceL2 of [200, 300] is 360.5; the function
+    body and the onnx reference give inf, as refimpl does.) Partial sums are not intermediates
+    of the definition: ReduceSum of float32 [3e38, 3e38, -3e38] is 3e38 (onnxruntime: inf).
   * NaN propagates through every reduction, ReduceMax/ReduceMin included (as the elementwise
     Max/Min do; onnxruntime's ReduceMax/Min drop a NaN that is not the first element).
   * ReduceLogSumExp shifts by the slice maximum (by 0 where that is not finite): a slice of
@@ -27,14 +36,16 @@ Numerics:
     (from the largest magnitude and the count) shows that nothing can overflow, and in int64 or
     Python ints otherwise. A sum, sum of squares, L1 norm or product that does not fit
     the input type raises: the spec does not define the overflow and runtimes disagree
-    (onnxruntime saturates, numpy and the onnx reference wrap around). Integer ReduceMean,
+    (onnxruntime saturates, numpy and the onnx reference wrap around): UndefinedResultError.
+    Integer ReduceMean,
     ReduceL2, ReduceLogSum and ReduceLogSumExp return the exact real result truncated toward
     zero (as Cast converts a real to an integer). onnxruntime agrees except for
     ReduceLogSumExp, whose integer exp terms it truncates before summing.
   * Empty reductions give the schema's value: 0 for sums and norms, 1 for ReduceProd, -inf for
     ReduceLogSum/LogSumExp, -inf (or the dtype's minimum, False for bool) for ReduceMax and
     +inf (or the maximum, True) for ReduceMin. Where the schema says "undefined" (ReduceMean;
-    ReduceLogSum/LogSumExp on integers, which cannot hold -inf) the kernel raises.
+    ReduceLogSum/LogSumExp on integers, which cannot hold -inf) the kernel raises
+    UndefinedResultError.
 """
 
 from __future__ import annotations
@@ -46,13 +57,19 @@ from typing import Any
 import numpy as np
 
 from refimpl._common import Attrs, Inputs, int_extent, normalize_axes
-from refimpl._dtypes import F32, F64, DTypes, as_dtype, checked, int_range, register_versions
-from refimpl._registry import Kernel
+from refimpl._dtypes import F32, F64, DTypes, as_dtype, checked, int_range, overflow_limit
+from refimpl._errors import UndefinedResultError
+from refimpl._registry import Kernel, Typed, register
 
 Array = np.ndarray
 Axes = tuple[int, ...]
 Reducer = Callable[[Array, Axes, int], Array]
 """``reduce(data, axes, keepdims)``: the reduction of ``data`` over the (normalised) ``axes``."""
+HeldReducer = Callable[[Array, Axes, int, float], Array]
+"""``reduce(data, axes, keepdims, limit)``: a float reduction whose definition holds an
+intermediate in the input type; ``limit`` is the magnitude from which that type holds it as
++-inf (``overflow_limit``)."""
+
 
 def _axes(op: str, axes: Any, rank: int, noop_with_empty_axes: bool) -> Axes:
     """Normalises ``axes`` (attribute list or int64 tensor); empty means all unless noop."""
@@ -65,7 +82,7 @@ def _axes(op: str, axes: Any, rank: int, noop_with_empty_axes: bool) -> Axes:
     return normalize_axes(op, values, rank)
 
 
-def _kernel(op: str, reducer: Reducer, *, axes_input: bool) -> Callable[[DTypes], Kernel]:
+def _kernel(op: str, reducer: Reducer, *, axes_input: bool) -> Typed:
     """Wraps a reducer in the attribute form or the input form of the Reduce* schemas."""
 
     def make(types: DTypes) -> Kernel:
@@ -82,7 +99,7 @@ def _kernel(op: str, reducer: Reducer, *, axes_input: bool) -> Callable[[DTypes]
 
         return kernel
 
-    return make
+    return Typed(make)
 
 
 def _drop(out: Array, axes: Axes, keepdims: int) -> Array:
@@ -97,7 +114,12 @@ def _count(data: Array, axes: Axes) -> int:
 
 
 def _reducer(
-    on_float: Reducer, on_int: Reducer, *, exact: bool = False, quiet: bool = False
+    on_float: Reducer | HeldReducer,
+    on_int: Reducer,
+    *,
+    exact: bool = False,
+    quiet: bool = False,
+    held: bool = False,
 ) -> Reducer:
     """Builds a reducer: floats go to ``on_float``, integers and bool to ``on_int``.
 
@@ -107,6 +129,7 @@ def _reducer(
         exact: the result is one of the inputs (max, min), so floats stay in their own type
             (float32 for ml_dtypes floats).
         quiet: silence numpy's floating-point warnings (log(0) = -inf is intended).
+        held: ``on_float`` is a HeldReducer: it also receives the input type's overflow limit.
     """
 
     def reduce(data: Array, axes: Axes, keepdims: int) -> Array:
@@ -116,10 +139,15 @@ def _reducer(
         if exact:
             return on_float(data.astype(F32) if kind == "V" else data, axes, keepdims)
         wide = data if data.dtype == F64 else data.astype(F64)
+        if not (held or quiet):  # sums and products: the common call pays for nothing else
+            return on_float(wide, axes, keepdims)
+        args: tuple[Any, ...] = (wide, axes, keepdims)
+        if held:
+            args += (overflow_limit(data.dtype),)
         if quiet:
             with np.errstate(all="ignore"):
-                return on_float(wide, axes, keepdims)
-        return on_float(wide, axes, keepdims)
+                return on_float(*args)
+        return on_float(*args)
 
     return reduce
 
@@ -146,6 +174,16 @@ def _prod(x: Array, axes: Axes, keepdims: int) -> Array:
     return total if isinstance(total, np.ndarray) else np.asarray(total, dtype=x.dtype)
 
 
+def _held(total: Array, limit: float) -> Array:
+    """A float64 intermediate as the input type holds it: +-inf where it rounds beyond range."""
+    if limit == math.inf or not total.size:
+        return total
+    over = np.abs(total) >= limit
+    if not over.any():
+        return total
+    return np.where(over, np.copysign(np.inf, total), total)
+
+
 def _log2_peak(x: Array) -> float:
     """``log2(max |x|)`` of an integer array (0 when every ``|x| <= 1`` or ``x`` is empty)."""
     if not x.size:
@@ -160,7 +198,7 @@ def _fit(total: Array, dtype: np.dtype) -> Array:
     if total.size and (total.min() < low or total.max() > high):
         # The spec does not define integer overflow here and runtimes disagree
         # (onnxruntime saturates, numpy wraps around), so there is no value to fold.
-        raise ValueError(f"the result overflows {dtype}")
+        raise UndefinedResultError(f"the result overflows {dtype}")
     return total.astype(dtype)
 
 
@@ -218,13 +256,13 @@ def _check_defined(x: Array, axes: Axes, what: str) -> int:
     """The number of reduced elements; raises if an output element reduces an empty set."""
     count = _count(x, axes)
     if count == 0 and x.ndim and math.prod(d for i, d in enumerate(x.shape) if i not in axes):
-        raise ValueError(f"{what} of an empty set is undefined")
+        raise UndefinedResultError(f"{what} of an empty set is undefined")
     return count
 
 
-def _float_mean(x: Array, axes: Axes, keepdims: int) -> Array:
+def _float_mean(x: Array, axes: Axes, keepdims: int, limit: float) -> Array:
     count = _check_defined(x, axes, "the mean")
-    return _sum(x, axes, keepdims) / max(count, 1)
+    return _held(_sum(x, axes, keepdims), limit) / max(count, 1)
 
 
 def _int_mean(x: Array, axes: Axes, keepdims: int) -> Array:
@@ -240,8 +278,8 @@ def _trunc_div(a: int, b: int) -> int:
     return q if a >= 0 else -q
 
 
-def _float_l2(x: Array, axes: Axes, keepdims: int) -> Array:
-    return np.sqrt(_sum_square(x, axes, keepdims))
+def _float_l2(x: Array, axes: Axes, keepdims: int, limit: float) -> Array:
+    return np.sqrt(_held(_sum_square(x, axes, keepdims), limit))
 
 
 def _int_l2(x: Array, axes: Axes, keepdims: int) -> Array:
@@ -250,32 +288,40 @@ def _int_l2(x: Array, axes: Axes, keepdims: int) -> Array:
     return _drop(_fit(roots.reshape(squares.shape), x.dtype), axes, keepdims)
 
 
-def _float_log_sum(x: Array, axes: Axes, keepdims: int) -> Array:
-    return np.log(_sum(x, axes, keepdims))
+def _float_log_sum(x: Array, axes: Axes, keepdims: int, limit: float) -> Array:
+    return np.log(_held(_sum(x, axes, keepdims), limit))
 
 
 def _int_log_sum(x: Array, axes: Axes, keepdims: int) -> Array:
     total = _sum(x.astype(object), axes, keepdims)
     if total.size and total.min() <= 0:
-        raise ValueError("the log of a non-positive integer sum is not representable")
+        raise UndefinedResultError("the log of a non-positive integer sum is not representable")
     return np.trunc(np.log(total.astype(np.float64)))
 
 
-def _float_log_sum_exp(x: Array, axes: Axes, keepdims: int) -> Array:
+def _float_log_sum_exp(x: Array, axes: Axes, keepdims: int, limit: float) -> Array:
     """``m + log(sum(exp(x - m)))`` with ``m`` the slice maximum.
 
     A slice whose maximum is not finite (all -inf, empty, a +inf or a NaN in it) is shifted by
     0 instead: -inf stays -inf, +inf gives +inf and NaN propagates. Only that case can warn.
+    The shifted sum is at most the count of terms, so only a float16 slice of more than 65519
+    terms can overflow it.
     """
     shift = np.maximum.reduce(x, axes, None, None, True, -np.inf)
     finite = np.isfinite(shift)
     if np.count_nonzero(finite) == finite.size:
-        log_total = np.log(np.add.reduce(np.exp(x - shift), axes, None, None, keepdims))
+        log_total = np.log(_shifted_sum(x, shift, axes, keepdims, limit))
     else:
         shift = np.where(finite, shift, 0.0)
         with np.errstate(all="ignore"):
-            log_total = np.log(np.add.reduce(np.exp(x - shift), axes, None, None, keepdims))
+            log_total = np.log(_shifted_sum(x, shift, axes, keepdims, limit))
     return log_total + (shift if keepdims else shift.reshape(log_total.shape))
+
+
+def _shifted_sum(x: Array, shift: Array, axes: Axes, keepdims: int, limit: float) -> Array:
+    total = np.add.reduce(np.exp(x - shift), axes, None, None, keepdims)
+    # Each term is at most 1: below ``limit`` terms the sum cannot overflow the input type.
+    return _held(total, limit) if x.size >= limit else total
 
 
 def _int_log_sum_exp(x: Array, axes: Axes, keepdims: int) -> Array:
@@ -291,39 +337,31 @@ def _int_log_sum_exp(x: Array, axes: Axes, keepdims: int) -> Array:
         offset = np.log(np.add.reduce(np.exp(-gap_f.astype(np.float64)), axes, None, None, True))
     whole = np.floor(offset)
     if np.any(top.astype(np.float64) + whole > float(int_range(x.dtype)[1])):
-        raise ValueError("ReduceLogSumExp overflows the input type")
+        raise UndefinedResultError("ReduceLogSumExp overflows the input type")
     base = top + whole.astype(x.dtype)
     # base + fraction truncated toward zero: a negative base with a fraction moves up by one.
     return _drop(base + ((base < 0) & (offset > whole)).astype(x.dtype), axes, keepdims)
 
 
+# ReduceSumSquare, ReduceL1 and ReduceSum need no limit: their result is the intermediate, and
+# rounding it to the input type overflows by itself.
 _REDUCERS: dict[str, Reducer] = {
     "ReduceSum": _reducer(_sum, _exact_int(_sum, power=1)),
     "ReduceSumSquare": _reducer(_sum_square, _exact_int(_sum_square, power=2)),
     "ReduceL1": _reducer(_sum_abs, _exact_int(_sum_abs, power=1)),
-    "ReduceL2": _reducer(_float_l2, _int_l2),
-    "ReduceMean": _reducer(_float_mean, _int_mean, quiet=True),
+    "ReduceL2": _reducer(_float_l2, _int_l2, held=True),
+    "ReduceMean": _reducer(_float_mean, _int_mean, quiet=True, held=True),
     "ReduceProd": _reducer(_prod, _exact_int(_prod, power=0)),
     "ReduceMax": _reducer(*[_extreme(np.maximum, largest=True)] * 2, exact=True),
     "ReduceMin": _reducer(*[_extreme(np.minimum, largest=False)] * 2, exact=True),
-    "ReduceLogSum": _reducer(_float_log_sum, _int_log_sum, quiet=True),
-    "ReduceLogSumExp": _reducer(_float_log_sum_exp, _int_log_sum_exp),
+    "ReduceLogSum": _reducer(_float_log_sum, _int_log_sum, quiet=True, held=True),
+    "ReduceLogSumExp": _reducer(_float_log_sum_exp, _int_log_sum_exp, held=True),
 }
 
-# Schema versions per op: (attribute form, input form).
-_VERSIONS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
-    "ReduceSum": ((1, 11), (13,)),
-    "ReduceSumSquare": ((1, 11, 13), (18,)),
-    "ReduceL1": ((1, 11, 13), (18,)),
-    "ReduceL2": ((1, 11, 13), (18,)),
-    "ReduceMean": ((1, 11, 13), (18,)),
-    "ReduceProd": ((1, 11, 13), (18,)),
-    "ReduceMax": ((1, 11, 12, 13), (18, 20)),
-    "ReduceMin": ((1, 11, 12, 13), (18, 20)),
-    "ReduceLogSum": ((1, 11, 13), (18, 28)),
-    "ReduceLogSumExp": ((1, 11, 13), (18, 28)),
-}
+# op: (the last schema version with the axes attribute, the first with the axes input).
+_FORMS: dict[str, tuple[int, int]] = {"ReduceSum": (11, 13)}
 
-for _op, (_attr_versions, _input_versions) in _VERSIONS.items():
-    register_versions(_op, _attr_versions, _kernel(_op, _REDUCERS[_op], axes_input=False))
-    register_versions(_op, _input_versions, _kernel(_op, _REDUCERS[_op], axes_input=True))
+for _op, _reduce in _REDUCERS.items():
+    _last_attribute, _first_input = _FORMS.get(_op, (13, 18))
+    register(_op, 1, _last_attribute)(_kernel(_op, _reduce, axes_input=False))
+    register(_op, _first_input)(_kernel(_op, _reduce, axes_input=True))

@@ -1,11 +1,8 @@
-"""Shape kernels: ops that reshape, slice, pad or rearrange tensors, and Shape/Size/Identity.
+"""Shape kernels: ops that reshape or rearrange tensors, and Shape/Size/Identity.
 
-Every kernel only moves data (or computes shapes), so results are bit-exact.
-Kernels never write into their inputs; outputs may be views of them.
-
-Split needs the node's output count when no sizes are given (Split-2..13
-without ``split``): callers pass ``num_outputs`` to ``refimpl.run``, which hands
-it over as the reserved attribute :data:`NUM_OUTPUTS`; other kernels ignore it.
+Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Expand and Tile only move data (or compute
+shapes), so results are bit-exact. Kernels never write into their inputs; outputs may be views
+of them.
 """
 
 from __future__ import annotations
@@ -15,27 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from refimpl._common import (
-    LATEST,
-    Attrs,
-    Inputs,
-    as_array,
-    as_text,
-    int_list,
-    normalize_axes,
-    normalize_axis,
-    same_dtype,
-    scalar_int,
-)
-from refimpl._registry import NUM_OUTPUTS, Kernel, RefImplError, register
-
-__all__ = ["NUM_OUTPUTS"]
-
+from refimpl._common import Attrs, Inputs, as_array, int_list, normalize_axes
+from refimpl._errors import RefImplError
+from refimpl._registry import Kernel, register
 
 # --- Identity, Shape, Size ----------------------------------------------------------------
 
 
-@register("Identity", 1, LATEST)
+@register("Identity", 1)
 def _identity(inputs: Inputs, attrs: Attrs) -> tuple[Any]:
     # Tensors, sequences (14+, lists) and optionals (16+, None when empty) pass through.
     x = inputs[0]
@@ -60,10 +44,10 @@ def _shape(sliced: bool) -> Kernel:
 
 
 register("Shape", 1, 13)(_shape(sliced=False))
-register("Shape", 15, LATEST)(_shape(sliced=True))
+register("Shape", 15)(_shape(sliced=True))
 
 
-@register("Size", 1, LATEST)
+@register("Size", 1)
 def _size(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     return (np.array(np.size(inputs[0]), dtype=np.int64),)
 
@@ -75,7 +59,8 @@ def _reshaped_dims(in_shape: tuple[int, ...], shape: list[int], allowzero: bool)
     """The dims to give ``ndarray.reshape``: a 0 copies the input dim unless ``allowzero``.
 
     numpy infers the -1 and raises ValueError for two -1s, a -1 next to a zero-sized product
-    or a size mismatch; it would take any other negative dim as -1, so those are refused here.
+    or a size mismatch (``_reshape`` reports those); it would take any other negative dim as -1,
+    so those are refused here.
     """
     if min(shape, default=0) < -1:
         raise RefImplError(f"Reshape: invalid dimension {min(shape)} in shape {shape}")
@@ -89,12 +74,15 @@ def _reshaped_dims(in_shape: tuple[int, ...], shape: list[int], allowzero: bool)
     return [in_shape[i] if d == 0 else d for i, d in enumerate(shape)]
 
 
-@register("Reshape", 5, LATEST)
+@register("Reshape", 5)
 def _reshape(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     """Reshape: 0 copies the input dim (unless ``allowzero``, version 14+), -1 is inferred."""
     data = as_array(inputs[0])
     dims = _reshaped_dims(data.shape, int_list(inputs[1]), bool(attrs.get("allowzero", 0)))
-    return (data.reshape(dims),)
+    try:
+        return (data.reshape(dims),)
+    except ValueError:  # only the dims can be wrong: they are Python ints, at most one -1
+        raise RefImplError(f"Reshape: cannot reshape {data.shape} to {dims}") from None
 
 
 def _flatten(allow_negative: bool) -> Kernel:
@@ -114,7 +102,7 @@ def _flatten(allow_negative: bool) -> Kernel:
 
 
 register("Flatten", 1, 9)(_flatten(allow_negative=False))
-register("Flatten", 11, LATEST)(_flatten(allow_negative=True))
+register("Flatten", 11)(_flatten(allow_negative=True))
 
 
 def _axes_argument(inputs: Inputs, attrs: Attrs, from_input: bool) -> list[int] | None:
@@ -144,9 +132,9 @@ def _squeeze(from_input: bool, allow_negative: bool) -> Kernel:
     return kernel
 
 
-register("Squeeze", 1)(_squeeze(from_input=False, allow_negative=False))
-register("Squeeze", 11)(_squeeze(from_input=False, allow_negative=True))
-register("Squeeze", 13, LATEST)(_squeeze(from_input=True, allow_negative=True))
+register("Squeeze", 1, 1)(_squeeze(from_input=False, allow_negative=False))
+register("Squeeze", 11, 11)(_squeeze(from_input=False, allow_negative=True))
+register("Squeeze", 13)(_squeeze(from_input=True, allow_negative=True))
 
 
 def _unsqueeze(from_input: bool, allow_negative: bool) -> Kernel:
@@ -167,159 +155,15 @@ def _unsqueeze(from_input: bool, allow_negative: bool) -> Kernel:
     return kernel
 
 
-register("Unsqueeze", 1)(_unsqueeze(from_input=False, allow_negative=False))
-register("Unsqueeze", 11)(_unsqueeze(from_input=False, allow_negative=True))
-register("Unsqueeze", 13, LATEST)(_unsqueeze(from_input=True, allow_negative=True))
-
-
-# --- Concat, Split, Slice -----------------------------------------------------------------
-
-
-def _concat(allow_negative: bool) -> Kernel:
-    def kernel(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
-        arrays = [as_array(x) for x in inputs if x is not None]
-        if not arrays:
-            raise RefImplError("Concat: needs at least one input")
-        same_dtype("Concat", arrays)
-        rank = arrays[0].ndim
-        for a in arrays:
-            if a.ndim != rank:
-                raise RefImplError("Concat: inputs have different ranks")
-        axis = normalize_axis("Concat", attrs["axis"], rank, allow_negative=allow_negative)
-        return (np.concatenate(arrays, axis),)
-
-    return kernel
-
-
-register("Concat", 4)(_concat(allow_negative=False))
-register("Concat", 11, 13)(_concat(allow_negative=True))
-
-
-def _split_sizes(dim: int, split: list[int] | None, attrs: Attrs) -> list[int]:
-    count = attrs.get(NUM_OUTPUTS)
-    if split is not None:
-        if any(s < 0 for s in split) or sum(split) != dim:
-            raise RefImplError(f"Split: sizes {split} do not split a dimension of {dim}")
-        if count is not None and int(count) != len(split):
-            raise RefImplError(f"Split: {len(split)} sizes for {count} outputs")
-        return split
-    num_outputs = attrs.get("num_outputs")
-    if num_outputs is not None:  # Split-18: ceil-sized chunks, the last one smaller
-        n = int(num_outputs)
-        if n < 1 or (count is not None and int(count) != n):
-            raise RefImplError(f"Split: invalid num_outputs {n}")
-        chunk = -(-dim // n)
-        last = dim - chunk * (n - 1)
-        if last < 0:
-            raise RefImplError(f"Split: {dim} cannot be split into {n} outputs")
-        return [chunk] * (n - 1) + [last]
-    if count is None:
-        raise RefImplError(
-            f"Split: without sizes the output count is needed (attribute {NUM_OUTPUTS!r})"
-        )
-    n = int(count)
-    if n < 1 or dim % n:
-        raise RefImplError(f"Split: dimension {dim} is not evenly splittable into {n} outputs")
-    return [dim // n] * n
-
-
-def _split(from_input: bool, allow_negative: bool, num_outputs: bool = False) -> Kernel:
-    """Split; sizes come from the attribute (2, 11) or the input (13+), or num_outputs (18+)."""
-
-    def kernel(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray, ...]:
-        data = as_array(inputs[0])
-        axis = normalize_axis(
-            "Split", attrs.get("axis", 0), data.ndim, allow_negative=allow_negative
-        )
-        if from_input:
-            split = int_list(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
-        else:
-            split = int_list(attrs["split"]) if attrs.get("split") is not None else None
-        if num_outputs and split is not None and attrs.get("num_outputs") is not None:
-            raise RefImplError("Split: both the split input and num_outputs are given")
-        sizes = _split_sizes(data.shape[axis], split, attrs)
-        index: list[slice] = [slice(None)] * data.ndim
-        outputs = []
-        start = 0
-        for size in sizes:
-            index[axis] = slice(start, start + size)
-            outputs.append(data[tuple(index)])
-            start += size
-        return tuple(outputs)
-
-    return kernel
-
-
-register("Split", 2)(_split(from_input=False, allow_negative=False))
-register("Split", 11)(_split(from_input=False, allow_negative=True))
-register("Split", 13)(_split(from_input=True, allow_negative=True))
-register("Split", 18)(_split(from_input=True, allow_negative=True, num_outputs=True))
-
-
-def _slice_index(
-    shape: tuple[int, ...],
-    starts: list[int],
-    ends: list[int],
-    axes: list[int] | None,
-    steps: list[int] | None,
-    allow_negative_axes: bool,
-) -> tuple[slice, ...]:
-    """The numpy index of an ONNX Slice, with the clamping rules of Slice-13."""
-    rank = len(shape)
-    if axes is None:
-        axes = list(range(len(starts)))
-    if steps is None:
-        steps = [1] * len(starts)
-    if not len(starts) == len(ends) == len(axes) == len(steps):
-        raise RefImplError("Slice: starts, ends, axes and steps differ in length")
-    axes = normalize_axes("Slice", axes, rank, allow_negative=allow_negative_axes)
-    index = [slice(None)] * rank
-    for start, end, axis, step in zip(starts, ends, axes, steps):
-        dim = shape[axis]
-        if step == 0:
-            raise RefImplError("Slice: step cannot be 0")
-        start = start + dim if start < 0 else start
-        end = end + dim if end < 0 else end
-        if step > 0:
-            index[axis] = slice(min(max(start, 0), dim), min(max(end, 0), dim), step)
-        elif dim == 0:
-            index[axis] = slice(0, 0)
-        else:
-            start = min(max(start, 0), dim - 1)
-            end = min(max(end, -1), dim - 1)
-            index[axis] = slice(start, None if end < 0 else end, step)
-    return tuple(index)
-
-
-def _slice(from_inputs: bool, allow_negative_axes: bool) -> Kernel:
-    """Slice; attributes before version 10, inputs (with steps) from 10."""
-
-    def kernel(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
-        data = as_array(inputs[0])
-        if from_inputs:
-            args = [int_list(x) if x is not None else None for x in inputs[1:5]]
-            args += [None] * (4 - len(args))
-            starts, ends, axes, steps = args
-        else:
-            starts, ends, steps = int_list(attrs["starts"]), int_list(attrs["ends"]), None
-            axes = int_list(attrs["axes"]) if attrs.get("axes") is not None else None
-        if starts is None or ends is None:
-            raise RefImplError("Slice: starts and ends are required")
-        index = _slice_index(data.shape, starts, ends, axes, steps, allow_negative_axes)
-        return (data[index],)
-
-    return kernel
-
-
-register("Slice", 1)(_slice(from_inputs=False, allow_negative_axes=False))
-register("Slice", 10)(_slice(from_inputs=True, allow_negative_axes=False))
-register("Slice", 11, 13)(_slice(from_inputs=True, allow_negative_axes=True))
+register("Unsqueeze", 1, 1)(_unsqueeze(from_input=False, allow_negative=False))
+register("Unsqueeze", 11, 11)(_unsqueeze(from_input=False, allow_negative=True))
+register("Unsqueeze", 13)(_unsqueeze(from_input=True, allow_negative=True))
 
 
 # --- Transpose, Expand, Tile --------------------------------------------------------------
 
 
-@register("Transpose", 1, LATEST)
+@register("Transpose", 1)
 def _transpose(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     data = as_array(inputs[0])
     perm = attrs.get("perm")
@@ -331,7 +175,7 @@ def _transpose(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     return (data.transpose(perm),)
 
 
-@register("Expand", 8, 13)
+@register("Expand", 8)
 def _expand(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     """Expand: bidirectional broadcast of the input with ``shape``."""
     data = as_array(inputs[0])
@@ -345,104 +189,10 @@ def _expand(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     return (np.broadcast_to(data, out_shape).copy(),)
 
 
-@register("Tile", 6, 13)
+@register("Tile", 6)
 def _tile(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
     data = as_array(inputs[0])
     repeats = int_list(inputs[1])
     if len(repeats) != data.ndim or any(r < 0 for r in repeats):
         raise RefImplError(f"Tile: invalid repeats {repeats} for rank {data.ndim}")
     return (np.tile(data, repeats),)
-
-
-# --- Trilu ----------------------------------------------------------------------------------
-
-
-def _zero(dtype: np.dtype) -> Any:
-    """The "zero" of a type: 0, False, or the empty string."""
-    return "" if dtype.kind == "O" else np.zeros((), dtype=dtype)
-
-
-@register("Trilu", 14)
-def _trilu(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
-    data = as_array(inputs[0])
-    if data.ndim < 2:
-        raise RefImplError(f"Trilu: input rank {data.ndim} < 2")
-    k = scalar_int("Trilu", "k", inputs[1]) if len(inputs) > 1 and inputs[1] is not None else 0
-    rows, cols = data.shape[-2:]
-    offset = np.arange(cols, dtype=np.int64)[None, :] - np.arange(rows, dtype=np.int64)[:, None]
-    keep = offset >= k if attrs.get("upper", 1) else offset <= k
-    return (np.where(keep, data, _zero(data.dtype)).astype(data.dtype, copy=False),)
-
-
-# --- Pad ------------------------------------------------------------------------------------
-
-
-def _pad_edges(data: np.ndarray, widths: list[tuple[int, int]], mode: str) -> np.ndarray:
-    """Pads with non-negative widths in a non-constant mode, validating like the spec."""
-    for axis, (before, after) in enumerate(widths):
-        dim = data.shape[axis]
-        if (before or after) and dim == 0:
-            raise RefImplError(f"Pad: cannot {mode}-pad the empty axis {axis}")
-        if mode == "reflect" and (before or after) and max(before, after) > dim - 1:
-            # numpy reflects repeatedly; the reflection the spec describes only
-            # reaches dim - 1 elements (onnxruntime rejects this too).
-            raise RefImplError(f"Pad: reflect pads {before, after} exceed {dim - 1} on axis {axis}")
-    return np.pad(data, widths, mode=mode)
-
-
-def _pad(pads_from_input: bool, axes_input: bool, modes: tuple[str, ...]) -> Kernel:
-    """Pad; negative pads crop (first), then the mode fills the positive pads."""
-
-    def kernel(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
-        data = as_array(inputs[0])
-        mode = as_text(attrs.get("mode", "constant"))
-        if mode not in modes:
-            raise RefImplError(f"Pad: unsupported mode {mode!r} (this version has {modes})")
-        rank = data.ndim
-        if pads_from_input:
-            pads = int_list(inputs[1])
-            value = inputs[2] if len(inputs) > 2 else None
-        else:
-            pads = int_list(attrs["pads"])
-            value = attrs.get("value", 0.0)
-        axes = list(range(rank))
-        if axes_input and len(inputs) > 3 and inputs[3] is not None:
-            axes = normalize_axes("Pad", int_list(inputs[3]), rank)
-        if len(pads) != 2 * len(axes):
-            raise RefImplError(f"Pad: {len(pads)} pads for {len(axes)} axes")
-        crop: list[slice] = [slice(None)] * rank
-        widths = [(0, 0)] * rank
-        for i, axis in enumerate(axes):
-            before, after = pads[i], pads[i + len(axes)]
-            dim = data.shape[axis]
-            stop = dim + min(after, 0)
-            if stop < -min(before, 0):
-                raise RefImplError(
-                    f"Pad: pads {before, after} remove more than the {dim} of axis {axis}"
-                )
-            crop[axis] = slice(-min(before, 0), stop)
-            widths[axis] = (max(before, 0), max(after, 0))
-        data = data[tuple(crop)]
-        if mode != "constant":
-            return (_pad_edges(data, widths, mode),)
-        if value is None:
-            fill = _zero(data.dtype)
-        else:
-            fill = np.asarray(value)
-            if fill.size != 1:
-                raise RefImplError(f"Pad: constant_value must be a scalar, got {fill.shape}")
-            fill = fill.reshape(()).astype(data.dtype)
-        out = np.full([d + b + a for d, (b, a) in zip(data.shape, widths)], fill, dtype=data.dtype)
-        out[tuple(slice(b, b + d) for d, (b, _) in zip(data.shape, widths))] = data
-        return (out,)
-
-    return kernel
-
-
-_PAD_MODES = ("constant", "reflect", "edge")
-register("Pad", 2)(_pad(pads_from_input=False, axes_input=False, modes=_PAD_MODES))
-register("Pad", 11, 13)(_pad(pads_from_input=True, axes_input=False, modes=_PAD_MODES))
-register("Pad", 18)(_pad(pads_from_input=True, axes_input=True, modes=_PAD_MODES))
-register("Pad", 19, LATEST)(
-    _pad(pads_from_input=True, axes_input=True, modes=(*_PAD_MODES, "wrap"))
-)

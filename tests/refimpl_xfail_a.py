@@ -2,8 +2,8 @@
 
 Cast from a float to a fixed-point type is undefined for out-of-range values (Cast spec:
 "Casting from floating point to fixed point: undefined if OOR"). These cases feed -9..15
-(4-bit) or -3..3 (2-bit) and expect ml_dtypes' wraparound; refimpl raises RefImplError for
-undefined conversions so that constant folding never bakes in a value the runtime may not
+(4-bit) or -3..3 (2-bit) and expect ml_dtypes' wraparound; refimpl raises UndefinedResultError
+for undefined conversions so that constant folding never bakes in a value the runtime may not
 produce (onnxruntime, for instance, saturates float -> int32 to INT_MIN).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 _UNDEFINED_CAST = (
     "undefined by the spec: float -> {to} of out-of-range values (the case expects "
-    "wraparound); refimpl raises RefImplError instead of guessing"
+    "wraparound); refimpl raises UndefinedResultError instead of guessing"
 )
 
 EXPECTED_FAILURES: dict[str, str] = {

@@ -7,6 +7,9 @@ bit-identical onnxruntime outputs (optimisations disabled) before and after.
 from __future__ import annotations
 
 import copy
+import pathlib
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -17,8 +20,10 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 from passes.errors import UpgradeError
-from passes.upgrade.adapters import ADAPTERS, SEMANTIC_CHANGES
-from passes.upgrade import UpgradeOpsetPass, max_supported_opset
+from passes.upgrade import UpgradeOpsetPass
+from passes.upgrade.adapters import ADAPTERS, REFUSED_CHANGES, SEMANTIC_CHANGES
+from passes.upgrade.schemas import reduce_ops_by_axes_version
+from passes.verify.probe import max_supported_opset
 from helpers import ort_run
 
 REDUCE_18 = (
@@ -607,9 +612,18 @@ def test_breaking_steps_are_detected_without_their_adapter(monkeypatch, key, fra
     assert_refused(model, fragment)
 
 
+def test_the_reduce_ops_that_moved_axes_come_from_the_schemas() -> None:
+    assert reduce_ops_by_axes_version() == {13: ("ReduceSum",), 18: REDUCE_18}
+    for op_type in REDUCE_18:
+        assert ADAPTERS[(op_type, 18)].name == "axes attribute -> input"
+
+
 def test_semantic_changes_have_adapters() -> None:
+    """Each change is described once: by its adapter, or in REFUSED_CHANGES when it has none."""
     without = {key for key in SEMANTIC_CHANGES if key not in ADAPTERS}
-    assert without == {("Scan", 9)}
+    assert without == set(REFUSED_CHANGES) == {("Scan", 9)}
+    described = {key: adapter.change for key, adapter in ADAPTERS.items() if adapter.change is not None}
+    assert SEMANTIC_CHANGES == {**described, **REFUSED_CHANGES}
 
 
 @pytest.mark.parametrize(("op_type", "target"), [("ReduceLogSum", 28), ("ReduceLogSumExp", 28)])
@@ -642,6 +656,17 @@ def test_a_model_above_the_target_is_left_as_it_is() -> None:
 def test_unsupported_targets_are_refused(target: int) -> None:
     with pytest.raises(UpgradeError, match=str(target)):
         UpgradeOpsetPass(target)
+
+
+@pytest.mark.parametrize("target", [18, 21])
+def test_the_pass_does_not_import_onnxruntime(target: int) -> None:
+    """Only the probe (passes.verify.probe) imports onnxruntime, and targets up to 21 need none."""
+    code = (
+        "import sys, passes.upgrade; assert 'onnxruntime' not in sys.modules; "
+        f"passes.upgrade.UpgradeOpsetPass({target}); assert 'onnxruntime' not in sys.modules"
+    )
+    root = pathlib.Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
 
 
 def test_every_supported_target() -> None:

@@ -22,7 +22,7 @@ import onnx_ir as ir
 
 from passes.limits import PROTOBUF_MAX
 
-__all__ = ["infer_static_shapes", "infer_types", "is_static", "shape_slice"]
+__all__ = ["infer_all", "infer_static_shapes", "infer_types", "is_static", "shape_slice"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +122,28 @@ def _walk(
                     _walk(sub, sub_proto, wanted, found)
 
 
+def _forget_declared_shapes(graph: onnx.GraphProto) -> None:
+    """Drops what the model declares about values its nodes compute (value_info, output shapes).
+
+    Inference then derives every shape from the graph inputs and the ops: a
+    declared shape the graph contradicts (exporters write such) is never
+    taken as a fact. Graph inputs keep their declared types: they are the contract.
+    """
+    del graph.value_info[:]
+    for output in graph.output:
+        if output.type.HasField("tensor_type"):
+            output.type.tensor_type.ClearField("shape")
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _forget_declared_shapes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    _forget_declared_shapes(sub)
+
+
 def infer_types(
-    model: ir.Model, values: Iterable[ir.Value]
+    model: ir.Model, values: Iterable[ir.Value], *, derived_only: bool = False
 ) -> dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]:
     """The element type and shape onnx shape inference finds for ``values``.
 
@@ -132,6 +152,8 @@ def infer_types(
         values: Values of the main graph or its subgraphs. Graph inputs are
             ignored: their declared type is the contract, not what inference
             derives from an initializer. Function bodies are not inferred.
+        derived_only: Forget the shapes the model declares for computed values
+            first, so that every shape found is derived from the graph inputs.
 
     Returns:
         What inference found for each value it typed. Empty when inference
@@ -144,6 +166,8 @@ def infer_types(
     if not wanted:
         return {}
     proto = _serialize_without_weights(model)
+    if derived_only:
+        _forget_declared_shapes(proto.graph)
     if proto.ByteSize() >= PROTOBUF_MAX:
         logger.warning("Model too large for onnx shape inference even without its weights")
         return {}
@@ -166,3 +190,14 @@ def infer_static_shapes(model: ir.Model, values: Iterable[ir.Value]) -> dict[ir.
         for value, (_, shape) in infer_types(model, values).items()
         if is_static(shape)
     }
+
+
+def infer_all(model: ir.Model) -> dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]:
+    """Types and shapes derived by inference for every value nodes compute (main graph, subgraphs).
+
+    Declared shapes of computed values are ignored (``derived_only``); dims
+    that inference cannot tell are symbolic (a name it made up, or one that
+    comes from a graph input's ``dim_param``).
+    """
+    values = [v for graph in model.graphs() for node in graph for v in node.outputs]
+    return infer_types(model, values, derived_only=True)

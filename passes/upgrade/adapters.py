@@ -3,10 +3,13 @@
 An adapter handles one *schema step* of one operator: the change between the
 schema that applied before ``since`` and the one introduced at ``since`` (for
 example ``("ReduceMean", 18)``: ``axes`` moved from an attribute to an input).
-Adapters never touch the graph while planning. They edit a :class:`Draft` (op
-type, attributes, inputs, number of outputs) and may queue *hooks*, small
-graph edits run only once every node of the model has been planned; a plan
-that fails leaves the model untouched.
+Adapters never touch the graph while planning. They edit a
+:class:`~passes.upgrade.plan.Draft` (op type, attributes, inputs, number of
+outputs) and may queue *hooks*, small graph edits run only once every node of
+the model has been planned; a plan that fails leaves the model untouched.
+An adapter whose step changes a meaning that the schemas do not show carries
+the description of that change (``change``); REFUSED_CHANGES lists the few
+such changes that have no adapter, and SEMANTIC_CHANGES indexes both.
 
 The adapters cover the breaking steps of onnx's own C++ converter
 (``onnx/version_converter/convert.h``) that exporters emit, with the
@@ -16,241 +19,46 @@ Upsample nearest rounding, BatchNormalization training mode, Hardmax-13).
 
 from __future__ import annotations
 
-import dataclasses
-import functools
+import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
 
 import numpy as np
 import onnx_ir as ir
 
-__all__ = [
-    "ADAPTERS",
-    "SEMANTIC_CHANGES",
-    "Adapter",
-    "ConstInput",
-    "Draft",
-    "PlanContext",
-    "RewriteContext",
-    "dtype_of",
-]
+from passes.upgrade.attributes import AttributeToInput, as_adapters, int_attr, string_attr, typed_scalar
+from passes.upgrade.plan import Adapter, ConstInput, Draft, DraftInput, PlanContext
+from passes.upgrade.rewrite import ScopeRewriter
+from passes.upgrade.schemas import dtype_of, reduce_ops_by_axes_version
 
-REDUCE_OPS_18 = (
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-    "ReduceMax",
-    "ReduceMean",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceSumSquare",
-)
+__all__ = ["ADAPTERS", "ATTRIBUTE_TO_INPUT", "REFUSED_CHANGES", "SEMANTIC_CHANGES"]
 
-# Changes of meaning that the schemas do not show (a new attribute whose default
-# differs from the old behaviour, a reinterpreted attribute, a renamed enum
-# value...). A step listed here must have an adapter; without one the upgrade
-# refuses the node with this description.
-SEMANTIC_CHANGES: Mapping[tuple[str, int], str] = {
-    ("BatchNormalization", 14): "training mode is set by 'training_mode' instead of the number of outputs",
-    ("DFT", 20): "the default axis changed from 1 to -2",
-    ("Dropout", 10): "the 'mask' output became tensor(bool)",
-    ("GridSample", 20): "modes 'bilinear'/'bicubic' were renamed 'linear'/'cubic'",
-    ("GroupNormalization", 21): "scale and bias are per channel instead of per group",
-    ("Hardmax", 13): "'axis' no longer flattens the input to 2-D",
-    ("LogSoftmax", 13): "'axis' no longer flattens the input to 2-D",
-    ("Resize", 11): "Resize-10 used asymmetric coordinates; the new default is half_pixel",
-    ("Resize", 13): "coordinate_transformation_mode 'tf_half_pixel_for_nn' was removed",
-    ("RoiAlign", 16): "the new default coordinate_transformation_mode 'half_pixel' shifts every sample",
+#: Changes of meaning that the schemas do not show and that no adapter handles:
+#: the upgrade refuses such a step with this description. (The changes that
+#: adapters handle are described by the adapters, see SEMANTIC_CHANGES.)
+REFUSED_CHANGES: Mapping[tuple[str, int], str] = {
     ("Scan", 9): "the batch axis and the sequence_lens input were removed",
-    ("Scatter", 11): "Scatter is deprecated in favour of ScatterElements",
-    ("Softmax", 13): "'axis' no longer flattens the input to 2-D",
-    ("Split", 18): "without a 'split' input the 'num_outputs' attribute is required",
-    ("Upsample", 10): "Upsample is deprecated in favour of Resize",
 }
-
-
-# --- what planning sees and produces ---------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ConstInput:
-    """An input the upgrade will create: a constant, possibly from a function attribute.
-
-    Attributes:
-        array: The value (for a reference, an example of the dtype and rank).
-        base_name: Base of the generated value name.
-        ref: A reference to a function attribute (``ref_attr_name`` set); the
-            constant becomes a ``Constant`` node whose ``ref_kind`` attribute
-            (``value_ints``, ``value_int``, ``value_floats``, ``value_float``)
-            references it.
-        ref_kind: See ``ref``.
-        like: When set, the constant is converted to the element type of this
-            value with ``CastLike`` (used when that type is not known statically).
-    """
-
-    array: np.ndarray
-    base_name: str
-    ref: ir.Attr | None = None
-    ref_kind: str = ""
-    like: ir.Value | None = None
-
-    @property
-    def dtype(self) -> ir.DataType | None:
-        if self.like is not None:
-            return dtype_of(self.like)
-        return _ir_dtype(self.array.dtype)
-
-
-DraftInput = ir.Value | ConstInput | None
-Hook = Callable[[ir.Node, "RewriteContext"], None]
-
-
-@dataclasses.dataclass
-class Draft:
-    """What a node will look like after the upgrade, built without touching the graph.
-
-    Attributes:
-        node: The node being upgraded (read only while planning).
-        op_type: The op type after the steps planned so far.
-        attributes: The attributes after the steps planned so far.
-        inputs: The inputs after the steps planned so far.
-        num_outputs: How many of the node's outputs are kept (trailing ones are dropped).
-        hooks: Graph edits to run after the node has been rewritten.
-        notes: Facts an adapter leaves for a later step (e.g. the op was an Upsample).
-        applied: Names of the adapters applied, in order.
-    """
-
-    node: ir.Node
-    op_type: str
-    attributes: dict[str, ir.Attr]
-    inputs: list[DraftInput]
-    num_outputs: int
-    hooks: list[Hook] = dataclasses.field(default_factory=list)
-    notes: set[str] = dataclasses.field(default_factory=set)
-    applied: list[str] = dataclasses.field(default_factory=list)
-
-    @classmethod
-    def of(cls, node: ir.Node) -> Draft:
-        return cls(node, node.op_type, dict(node.attributes.data), list(node.inputs), len(node.outputs))
-
-    def input(self, index: int) -> DraftInput:
-        return self.inputs[index] if index < len(self.inputs) else None
-
-    def set_input(self, index: int, value: DraftInput) -> None:
-        if index >= len(self.inputs):
-            self.inputs.extend([None] * (index + 1 - len(self.inputs)))
-        self.inputs[index] = value
-
-    @property
-    def outputs(self) -> Sequence[ir.Value]:
-        return self.node.outputs[: self.num_outputs]
-
-    def changed(self) -> bool:
-        node = self.node
-        return (
-            self.op_type != node.op_type
-            or self.num_outputs != len(node.outputs)
-            or bool(self.hooks)
-            or len(self.inputs) != len(node.inputs)
-            or any(a is not b for a, b in zip(self.inputs, node.inputs))
-            or self.attributes.keys() != node.attributes.keys()
-            or any(node.attributes[k] is not v for k, v in self.attributes.items())
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanContext:
-    """Read-only facts about the scope of the node being planned.
-
-    Attributes:
-        function: The model-local function the node belongs to, if any.
-        ref_attr_is_set: Tells whether a function attribute is always bound
-            (it has a default, or every call site sets it).
-        rank_of: The rank of a value: from the model, else from shape inference.
-    """
-
-    function: ir.Function | None
-    ref_attr_is_set: Callable[[str], bool]
-    rank_of: Callable[[ir.Value], int | None] = lambda value: _rank_of(value)
-
-
-class RewriteContext(Protocol):
-    """What hooks may do to the graph (implemented by the pass, one per scope)."""
-
-    def const(self, array: np.ndarray, base_name: str) -> ir.Value:
-        """A shared constant of this scope (initializer in a graph, Constant in a function)."""
-        ...
-
-    def add_node(
-        self,
-        op_type: str,
-        inputs: Sequence[ir.Value | None],
-        attributes: Sequence[ir.Attr] = (),
-        *,
-        base_name: str,
-        before: ir.Node | None = None,
-        after: ir.Node | None = None,
-    ) -> ir.Node:
-        """Creates a default-domain node with fresh names and inserts it next to a node."""
-        ...
-
-    def fresh_value_name(self, base: str) -> str:
-        """A value name used nowhere in the model."""
-        ...
-
-
-@dataclasses.dataclass(frozen=True)
-class Adapter:
-    """The handler of one breaking schema step.
-
-    Attributes:
-        op_type: The operator.
-        since: The opset version that introduced the change.
-        name: A short description, used in the statistics.
-        plan: Edits the draft; returns why the node cannot be converted, or None.
-    """
-
-    op_type: str
-    since: int
-    name: str
-    plan: Callable[[Draft, PlanContext], str | None]
-
 
 ADAPTERS: dict[tuple[str, int], Adapter] = {}
 
 
-def _register(op_types: str | Sequence[str], since: int, name: str):
+def _add(adapter: Adapter) -> None:
+    key = (adapter.op_type, adapter.since)
+    if key in ADAPTERS:
+        raise ValueError(f"two adapters for {key[0]}-{key[1]}")
+    ADAPTERS[key] = adapter
+
+
+def _register(op_types: str | Sequence[str], since: int, name: str, *, change: str | None = None):
     def decorate(plan: Callable[[Draft, PlanContext], str | None]):
         for op_type in (op_types,) if isinstance(op_types, str) else op_types:
-            ADAPTERS[(op_type, since)] = Adapter(op_type, since, name, plan)
+            _add(Adapter(op_type, since, name, plan, change))
         return plan
 
     return decorate
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-@functools.cache
-def _ir_dtype(dtype: np.dtype) -> ir.DataType:
-    return ir.DataType.from_numpy(dtype)
-
-
-def dtype_of(value: ir.Value | ConstInput | None) -> ir.DataType | None:
-    """The element type of a tensor input or output, or None when it is not known."""
-    if value is None:
-        return None
-    if type(value) is ConstInput:
-        return value.dtype
-    value_type = value.type
-    return value_type.dtype if type(value_type) is ir.TensorType else None
-
-
-def _rank_of(value: ir.Value | None) -> int | None:
-    if value is None or value.shape is None:
-        return None
-    return value.shape.rank()
 
 
 def constant_array(value: DraftInput) -> np.ndarray | None:
@@ -273,179 +81,65 @@ def _is_used(value: ir.Value) -> bool:
     return bool(value.uses()) or value.is_graph_output()
 
 
-def _int_attr(draft: Draft, name: str, default: int) -> int | None:
-    """The attribute's int value, its default when absent, None when it is a reference."""
-    attr = draft.attributes.get(name)
-    if attr is None:
-        return default
-    return None if attr.is_ref() else attr.as_int()
-
-
-def _string_attr(draft: Draft, name: str, default: str) -> str | None:
-    attr = draft.attributes.get(name)
-    if attr is None:
-        return default
-    return None if attr.is_ref() else attr.as_string()
-
-
-def _ref_reason(attr: ir.Attr, ctx: PlanContext) -> str | None:
-    if ctx.function is None:
-        return f"attribute '{attr.name}' references '{attr.ref_attr_name}' outside a function"
-    if not ctx.ref_attr_is_set(attr.ref_attr_name):
-        return (
-            f"attribute '{attr.name}' references function attribute '{attr.ref_attr_name}', "
-            "which has no default and is not set by every call site"
-        )
-    return None
-
-
-_REF_KINDS = {
-    ir.AttributeType.INTS: ("value_ints", np.zeros(0, np.int64)),
-    ir.AttributeType.INT: ("value_int", np.zeros((), np.int64)),
-    ir.AttributeType.FLOATS: ("value_floats", np.zeros(0, np.float32)),
-    ir.AttributeType.FLOAT: ("value_float", np.zeros((), np.float32)),
-}
-
-
-def _attr_input(
-    attr: ir.Attr, ctx: PlanContext, base_name: str, *, scalar_to_1d: bool = False
-) -> ConstInput | str:
-    """The constant input that replaces an attribute, or why there cannot be one.
-
-    INTS become a 1-D int64 tensor, INT a scalar int64 (1-D of size 1 with
-    ``scalar_to_1d``), FLOATS a 1-D float32 tensor and FLOAT a scalar float32,
-    which is what ``Constant``'s ``value_*`` attributes produce for references.
-    """
-    if attr.is_ref():
-        if reason := _ref_reason(attr, ctx):
-            return reason
-        kind, example = _REF_KINDS.get(attr.type, (None, None))
-        if kind is None or (scalar_to_1d and attr.type == ir.AttributeType.INT):
-            return (
-                f"attribute '{attr.name}' is a reference of type {attr.type.name},"
-                " which a Constant cannot turn into this input"
-            )
-        return ConstInput(example, base_name, ref=attr, ref_kind=kind)
-    if attr.type == ir.AttributeType.INTS:
-        array = np.asarray(attr.as_ints(), dtype=np.int64)
-    elif attr.type == ir.AttributeType.INT:
-        array = np.asarray([attr.as_int()] if scalar_to_1d else attr.as_int(), dtype=np.int64)
-    elif attr.type == ir.AttributeType.FLOATS:
-        array = np.asarray(attr.as_floats(), dtype=np.float32)
-    elif attr.type == ir.AttributeType.FLOAT:
-        array = np.asarray(attr.as_float(), dtype=np.float32)
-    else:
-        return f"attribute '{attr.name}' has unexpected type {attr.type.name}"
-    return ConstInput(array, base_name)
-
-
-def _typed_scalar(attr: ir.Attr, ctx: PlanContext, like: DraftInput, base_name: str) -> ConstInput | str:
-    """A FLOAT attribute as a scalar of the element type of ``like``.
-
-    The float32 attribute value is converted to that type; when the type is not
-    known statically (or the attribute is a function reference, which a
-    ``Constant`` can only produce as float32), a ``CastLike`` does it at run time.
-    """
-    const = _attr_input(attr, ctx, base_name)
-    if isinstance(const, str):
-        return const
-    dtype = dtype_of(like)
-    if dtype == ir.DataType.FLOAT:
-        return const
-    if const.ref is None and dtype is not None and dtype.is_floating_point():
-        return dataclasses.replace(const, array=const.array.astype(dtype.numpy()))
-    if not isinstance(like, ir.Value):
-        return f"cannot tell the element type for attribute '{attr.name}'"
-    return dataclasses.replace(const, like=like)
-
-
 # --- attribute -> input ----------------------------------------------------------------------
 
-
-def _move_axes(draft: Draft, ctx: PlanContext, *, attr_name: str, index: int, keep_empty: bool) -> str | None:
-    """Moves an INTS attribute to input ``index``; absent stays absent.
-
-    An empty list is dropped when it means the same as an absent attribute
-    (``keep_empty`` False), e.g. "reduce over all axes".
-    """
-    attr = draft.attributes.pop(attr_name, None)
-    if attr is None:
-        return None
-    if not attr.is_ref() and not attr.as_ints() and not keep_empty:
-        return None
-    const = _attr_input(attr, ctx, attr_name)
-    if isinstance(const, str):
-        return const
-    draft.set_input(index, const)
-    return None
-
-
-@_register(REDUCE_OPS_18, 18, "axes attribute -> input")
-@_register("ReduceSum", 13, "axes attribute -> input")
-def _reduce_axes(draft: Draft, ctx: PlanContext) -> str | None:
-    # No axes, or axes=[], reduces over all axes; opset 18 says the same with no
-    # axes input and noop_with_empty_axes left at its default 0.
-    return _move_axes(draft, ctx, attr_name="axes", index=1, keep_empty=False)
-
-
-@_register(("Squeeze", "Unsqueeze"), 13, "axes attribute -> input")
-def _squeeze_axes(draft: Draft, ctx: PlanContext) -> str | None:
-    return _move_axes(draft, ctx, attr_name="axes", index=1, keep_empty=draft.op_type == "Unsqueeze")
+#: Attributes that became inputs, all moved by one body (:meth:`AttributeToInput.move`);
+#: the rows of one (op, version) make one adapter, which moves them in order.
+ATTRIBUTE_TO_INPUT: tuple[AttributeToInput, ...] = (
+    # No axes, or axes=[], reduces over all axes; the new version says the same with
+    # no axes input and noop_with_empty_axes left at its default 0. (ReduceSum-13,
+    # the others at 18, as the schemas say.)
+    *(
+        AttributeToInput(op_types, since, "axes", 1, keep_empty=False)
+        for since, op_types in reduce_ops_by_axes_version().items()
+    ),
+    AttributeToInput(("Squeeze",), 13, "axes", 1, keep_empty=False),
+    AttributeToInput(("Unsqueeze",), 13, "axes", 1),
+    AttributeToInput(("Split",), 13, "split", 1, keep_empty=False),
+    AttributeToInput(("Slice",), 10, "starts", 1, required=True),
+    AttributeToInput(("Slice",), 10, "ends", 2, required=True),
+    AttributeToInput(("Slice",), 10, "axes", 3),
+    AttributeToInput(("TopK",), 10, "k", 1, scalar_to_1d=True, required=True),
+    AttributeToInput(("Upsample",), 9, "scales", 1, required=True),
+    # The ratio input defaults to 0.5, as the attribute did; the inference behaviour
+    # is unchanged. Spec and onnxruntime disagree on the inference-mode mask of
+    # Dropout-10/11: the onnx reference gives all True, as for Dropout-12+,
+    # onnxruntime's Dropout-10 kernel all False. The spec decides: the mask is kept.
+    AttributeToInput(("Dropout",), 12, "ratio", 1),
+    AttributeToInput(("DFT",), 20, "axis", 2, old_default=1, base_name="dft_axis",  # DFT-17's default
+                     change="the default axis changed from 1 to -2"),
+)
 
 
-@_register("Split", 13, "split attribute -> input")
-def _split_13(draft: Draft, ctx: PlanContext) -> str | None:
-    return _move_axes(draft, ctx, attr_name="split", index=1, keep_empty=False)
+for _adapter in as_adapters(ATTRIBUTE_TO_INPUT):
+    _add(_adapter)
 
 
-@_register("Split", 18, "num_outputs from the outputs")
+# --- other changes of inputs, attributes and outputs -----------------------------------------
+
+
+@_register("Split", 18, "num_outputs from the outputs",
+           change="without a 'split' input the 'num_outputs' attribute is required")
 def _split_18(draft: Draft, ctx: PlanContext) -> str | None:
     if draft.input(1) is None and "num_outputs" not in draft.attributes:
         draft.attributes["num_outputs"] = ir.AttrInt64("num_outputs", draft.num_outputs)
     return None
 
 
-@_register("Slice", 10, "starts/ends/axes attributes -> inputs")
-def _slice_10(draft: Draft, ctx: PlanContext) -> str | None:
-    for index, name in enumerate(("starts", "ends"), start=1):
-        attr = draft.attributes.pop(name, None)
-        if attr is None:
-            return f"attribute '{name}' is missing"
-        const = _attr_input(attr, ctx, name)
-        if isinstance(const, str):
-            return const
-        draft.set_input(index, const)
-    return _move_axes(draft, ctx, attr_name="axes", index=3, keep_empty=True)
-
-
-@_register("TopK", 10, "k attribute -> input")
-def _topk_10(draft: Draft, ctx: PlanContext) -> str | None:
-    attr = draft.attributes.pop("k", None)
-    if attr is None:
-        return "attribute 'k' is missing"
-    const = _attr_input(attr, ctx, "k", scalar_to_1d=True)
-    if isinstance(const, str):
-        return const
-    draft.set_input(1, const)
-    return None
+_PADS = AttributeToInput(("Pad",), 11, "pads", 1, required=True)
 
 
 @_register("Pad", 11, "pads/value attributes -> inputs")
 def _pad_11(draft: Draft, ctx: PlanContext) -> str | None:
-    pads = draft.attributes.pop("pads", None)
-    if pads is None:
-        return "attribute 'pads' is missing"
-    const = _attr_input(pads, ctx, "pads")
-    if isinstance(const, str):
-        return const
-    draft.set_input(1, const)
+    if reason := _PADS.move(draft, ctx):
+        return reason
     value = draft.attributes.pop("value", None)
-    mode = _string_attr(draft, "mode", "constant")
+    mode = string_attr(draft, "mode", "constant")
     if mode is None:
         return "attribute 'mode' is a reference"
     if value is None or mode != "constant" or (not value.is_ref() and value.as_float() == 0.0):
         return None  # constant_value defaults to 0, other modes ignore it
-    scalar = _typed_scalar(value, ctx, draft.input(0), "pad_value")
+    scalar = typed_scalar(value, ctx, draft.input(0), "pad_value")
     if isinstance(scalar, str):
         return scalar
     draft.set_input(2, scalar)
@@ -458,32 +152,14 @@ def _clip_11(draft: Draft, ctx: PlanContext) -> str | None:
         attr = draft.attributes.pop(name, None)
         if attr is None:
             continue  # an absent bound is an absent input: no clipping on that side
-        scalar = _typed_scalar(attr, ctx, draft.input(0), f"clip_{name}")
+        scalar = typed_scalar(attr, ctx, draft.input(0), f"clip_{name}")
         if isinstance(scalar, str):
             return scalar
         draft.set_input(index, scalar)
     return None
 
 
-@_register("Dropout", 12, "ratio attribute -> input")
-def _dropout_12(draft: Draft, ctx: PlanContext) -> str | None:
-    """The ratio attribute becomes the ratio input; the inference behaviour is unchanged.
-
-    Spec and onnxruntime disagree on the inference-mode mask of Dropout-10/11: the
-    onnx reference gives all True, as for Dropout-12+, onnxruntime's Dropout-10
-    kernel all False. The spec decides: the mask is kept as it is.
-    """
-    attr = draft.attributes.pop("ratio", None)
-    if attr is None:
-        return None  # the ratio input defaults to 0.5, as the attribute did
-    const = _attr_input(attr, ctx, "ratio")
-    if isinstance(const, str):
-        return const
-    draft.set_input(1, const)
-    return None
-
-
-@_register("Dropout", 10, "drop the unused mask output")
+@_register("Dropout", 10, "drop the unused mask output", change="the 'mask' output became tensor(bool)")
 def _dropout_10(draft: Draft, ctx: PlanContext) -> str | None:
     if draft.num_outputs > 1:
         if _is_used(draft.outputs[1]):
@@ -492,32 +168,10 @@ def _dropout_10(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("DFT", 20, "axis attribute -> input")
-def _dft_20(draft: Draft, ctx: PlanContext) -> str | None:
-    attr = draft.attributes.pop("axis", None) or ir.AttrInt64("axis", 1)  # DFT-17 default
-    const = _attr_input(attr, ctx, "dft_axis")
-    if isinstance(const, str):
-        return const
-    draft.set_input(2, const)
-    return None
-
-
-@_register("Upsample", 9, "scales attribute -> input")
-def _upsample_9(draft: Draft, ctx: PlanContext) -> str | None:
-    attr = draft.attributes.pop("scales", None)
-    if attr is None:
-        return "attribute 'scales' is missing"
-    const = _attr_input(attr, ctx, "scales")
-    if isinstance(const, str):
-        return const
-    draft.set_input(1, const)
-    return None
-
-
 # --- renamed / deprecated ops ----------------------------------------------------------------
 
 
-@_register("Upsample", 10, "Upsample -> Resize")
+@_register("Upsample", 10, "Upsample -> Resize", change="Upsample is deprecated in favour of Resize")
 def _upsample_10(draft: Draft, ctx: PlanContext) -> str | None:
     # Upsample-9 and Resize-10 have the same inputs and attributes; the Resize-11
     # step then pins Upsample's coordinate rules.
@@ -526,13 +180,14 @@ def _upsample_10(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("Scatter", 11, "Scatter -> ScatterElements")
+@_register("Scatter", 11, "Scatter -> ScatterElements", change="Scatter is deprecated in favour of ScatterElements")
 def _scatter_11(draft: Draft, ctx: PlanContext) -> str | None:
     draft.op_type = "ScatterElements"
     return None
 
 
-@_register("Resize", 11, "pin Resize-10 coordinates")
+@_register("Resize", 11, "pin Resize-10 coordinates",
+           change="Resize-10 used asymmetric coordinates; the new default is half_pixel")
 def _resize_11(draft: Draft, ctx: PlanContext) -> str | None:
     """Resize-10 (and Upsample) map output x to input x / scale (asymmetric).
 
@@ -541,7 +196,7 @@ def _resize_11(draft: Draft, ctx: PlanContext) -> str | None:
     only say that when all scales are known and on the same side of 1 (Upsample
     scales are >= 1 by definition).
     """
-    mode = _string_attr(draft, "mode", "nearest")
+    mode = string_attr(draft, "mode", "nearest")
     if mode is None:
         return "attribute 'mode' is a reference"
     draft.inputs = [draft.input(0), None, draft.input(1)]  # roi is inserted before scales
@@ -566,14 +221,16 @@ def _resize_11(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("Resize", 13, "check removed modes")
+@_register("Resize", 13, "check removed modes",
+           change="coordinate_transformation_mode 'tf_half_pixel_for_nn' was removed")
 def _resize_13(draft: Draft, ctx: PlanContext) -> str | None:
-    if _string_attr(draft, "coordinate_transformation_mode", "half_pixel") in (None, "tf_half_pixel_for_nn"):
+    if string_attr(draft, "coordinate_transformation_mode", "half_pixel") in (None, "tf_half_pixel_for_nn"):
         return "coordinate_transformation_mode 'tf_half_pixel_for_nn' has no equivalent"
     return None
 
 
-@_register("RoiAlign", 16, "pin output_half_pixel")
+@_register("RoiAlign", 16, "pin output_half_pixel",
+           change="the new default coordinate_transformation_mode 'half_pixel' shifts every sample")
 def _roialign_16(draft: Draft, ctx: PlanContext) -> str | None:
     if "coordinate_transformation_mode" not in draft.attributes:
         draft.attributes["coordinate_transformation_mode"] = ir.AttrString(
@@ -582,9 +239,9 @@ def _roialign_16(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("GridSample", 20, "rename modes")
+@_register("GridSample", 20, "rename modes", change="modes 'bilinear'/'bicubic' were renamed 'linear'/'cubic'")
 def _gridsample_20(draft: Draft, ctx: PlanContext) -> str | None:
-    mode = _string_attr(draft, "mode", "bilinear")
+    mode = string_attr(draft, "mode", "bilinear")
     if mode is None:
         return "attribute 'mode' is a reference"
     renamed = {"bilinear": "linear", "bicubic": "cubic"}.get(mode)
@@ -598,14 +255,15 @@ def _gridsample_20(draft: Draft, ctx: PlanContext) -> str | None:
 
 @_register("BatchNormalization", 9, "drop spatial=1")
 def _batchnorm_9(draft: Draft, ctx: PlanContext) -> str | None:
-    spatial = _int_attr(draft, "spatial", 1)
+    spatial = int_attr(draft, "spatial", 1)
     if spatial != 1:
         return "spatial=0 (per-activation statistics) has no equivalent"
     draft.attributes.pop("spatial", None)
     return None
 
 
-@_register("BatchNormalization", 14, "training outputs -> training_mode")
+@_register("BatchNormalization", 14, "training outputs -> training_mode",
+           change="training mode is set by 'training_mode' instead of the number of outputs")
 def _batchnorm_14(draft: Draft, ctx: PlanContext) -> str | None:
     """Opset 9-13 runs in training mode when it has more than one output.
 
@@ -624,7 +282,7 @@ def _batchnorm_14(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-def _name_outputs(node: ir.Node, rw: RewriteContext) -> None:
+def _name_outputs(node: ir.Node, rw: ScopeRewriter) -> None:
     """Names outputs that the new schema requires but the old node left unnamed."""
     for index, value in enumerate(node.outputs):
         if not value.name:
@@ -634,14 +292,15 @@ def _name_outputs(node: ir.Node, rw: RewriteContext) -> None:
 # --- Softmax family --------------------------------------------------------------------------
 
 
-@_register(("Softmax", "LogSoftmax", "Hardmax"), 13, "2-D coercion -> one axis (Flatten/Reshape unless it is the last)")
+@_register(("Softmax", "LogSoftmax", "Hardmax"), 13, "2-D coercion -> one axis (Flatten/Reshape unless it is the last)",
+           change="'axis' no longer flattens the input to 2-D")
 def _softmax_13(draft: Draft, ctx: PlanContext) -> str | None:
     """Up to opset 12 the op flattens the input to 2-D at ``axis`` and works on rows.
 
     If ``axis`` is the last axis that is the same as opset 13; otherwise
     ``Reshape(op(Flatten(x, axis), axis=-1), Shape(x))``.
     """
-    axis = _int_attr(draft, "axis", 1)
+    axis = int_attr(draft, "axis", 1)
     if axis is None:
         return "attribute 'axis' is a reference"
     x = draft.input(0)
@@ -655,7 +314,7 @@ def _softmax_13(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-def _wrap_in_flatten(node: ir.Node, rw: RewriteContext, axis: int) -> None:
+def _wrap_in_flatten(node: ir.Node, rw: ScopeRewriter, axis: int) -> None:
     x = node.inputs[0]
     assert x is not None
     base = node.name or node.op_type
@@ -683,7 +342,8 @@ def _wrap_in_flatten(node: ir.Node, rw: RewriteContext, axis: int) -> None:
 # --- GroupNormalization ----------------------------------------------------------------------
 
 
-@_register("GroupNormalization", 21, "per-group scale/bias -> per-channel")
+@_register("GroupNormalization", 21, "per-group scale/bias -> per-channel",
+           change="scale and bias are per channel instead of per group")
 def _groupnorm_21(draft: Draft, ctx: PlanContext) -> str | None:
     """Opset 18 scale/bias have one value per group, opset 21 one per channel.
 
@@ -693,7 +353,7 @@ def _groupnorm_21(draft: Draft, ctx: PlanContext) -> str | None:
     opset 18 in float for float16 inputs, against its function body; the spec
     decides, so float16 results differ from onnxruntime's by rounding.
     """
-    groups = _int_attr(draft, "num_groups", 0)
+    groups = int_attr(draft, "num_groups", 0)
     if groups is None or groups <= 0:
         return "attribute 'num_groups' is a reference or missing"
     dtype = dtype_of(draft.input(0))
@@ -710,7 +370,7 @@ def _groupnorm_21(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-def _repeat_per_channel(node: ir.Node, rw: RewriteContext, groups: int, channels: int | None) -> None:
+def _repeat_per_channel(node: ir.Node, rw: ScopeRewriter, groups: int, channels: int | None) -> None:
     base = node.name or node.op_type
     if channels is not None:
         repeats = rw.const(np.asarray([1, channels // groups], np.int64), "groupnorm_repeat")
@@ -743,3 +403,16 @@ def _repeat_per_channel(node: ir.Node, rw: RewriteContext, groups: int, channels
         wide = rw.add_node("Expand", [col.outputs[0], repeats], base_name=f"{base}_{name}_wide", before=node)
         per_channel = rw.add_node("Reshape", [wide.outputs[0], flat], base_name=f"{base}_{name}_c", before=node)
         node.replace_input_with(index, per_channel.outputs[0])
+
+
+# --- the changes of meaning ------------------------------------------------------------------
+
+#: Every change of meaning that the schemas do not show (a new attribute whose
+#: default differs from the old behaviour, a reinterpreted attribute, a renamed
+#: enum value...), by step: those the adapters handle (their ``change``) and
+#: REFUSED_CHANGES. Read only when a step has no adapter: the step is then
+#: refused with this description. Built once, so a step whose adapter is
+#: removed at run time is still refused, never bumped as if nothing changed.
+SEMANTIC_CHANGES: Mapping[tuple[str, int], str] = types.MappingProxyType(
+    {key: a.change for key, a in ADAPTERS.items() if a.change is not None} | dict(REFUSED_CHANGES)
+)

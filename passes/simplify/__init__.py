@@ -1,0 +1,158 @@
+"""Simplification: the clean-up rewrites users compare first, each exact.
+
+Rewrite rules, in small modules by family, applied to every graph, subgraph
+and model-local function until nothing changes (bounded):
+
+* ``constants``: main-graph ``Constant`` nodes become initializers (subgraphs
+  and functions keep their Constant nodes; see :mod:`passes.fold`); equal
+  small initializers are shared (onnx_ir's ``DeduplicateInitializersPass``,
+  which leaves graph inputs alone).
+* ``cse``: common subexpressions: two nodes with the same op, inputs and
+  attributes (compared exactly: ``-0.0`` is not ``0.0``) compute the same
+  thing, unless the op is not deterministic (RandomNormalLike...), holds a
+  subgraph, or is of a domain whose schemas we do not know.
+* ``noops``: Identity, Cast/CastLike to the same type, inference Dropout,
+  Expand/Reshape to the same shape, identity Transpose, zero Pad, one-input
+  Concat, all-ones Tile, full-range Slice, empty Unsqueeze.
+* ``chains``: Reshape∘Reshape, Unsqueeze∘Unsqueeze, Squeeze∘Unsqueeze and
+  Unsqueeze∘Squeeze on the same axes, Transpose∘Transpose, lossless Cast∘Cast.
+* ``shapes``: partial shapes: the dims of ``Shape(x)`` that inference proves
+  static become constants (``Shape``, ``Gather``/``Slice`` of a Shape), and a
+  computed Reshape target becomes a constant with ``0`` (copy a dim) and
+  ``-1`` where inference proves that the same.
+* ``algebra``: ``x*1``, ``x/1``, ``x-(+0)``, ``x+(-0)``, ``And(x, true)``,
+  ``Or(x, false)``: only where they are the identity in IEEE arithmetic
+  (``x+0`` is not: it turns -0 into +0) and the output has the input's shape
+  (no hidden broadcast). Constants are compared exactly.
+* ``fusions`` (``--no-fuse`` turns them off): BatchNormalization into a
+  preceding Conv/ConvTranspose/Gemm, a per-channel Mul/Add into a Conv. These
+  are the only rules that change float results (by rounding, ~1e-6); the
+  report counts them and the check covers them.
+
+Shapes come from onnx shape inference run on the model with the shapes it
+declares for computed values removed, so a declared shape that the graph
+contradicts is never taken as a fact; graph inputs and outputs are never
+changed (names, order, types, shapes), nor initializers that are graph inputs
+(a caller may override them), nor an Identity that produces a graph output.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Any
+
+import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
+
+from passes.base import Pass
+from passes.ir import inference
+from passes.ir.names import Names
+from passes.ir.walk import iter_scopes
+from passes.options import Option
+from passes.simplify import algebra, chains, constants, cse, fusions, noops, shapes  # noqa: F401  (registers rules)
+from passes.simplify.rules import RULES, Context, Rule
+
+__all__ = ["SimplifyPass"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_ROUNDS = 8
+
+
+class SimplifyPass(Pass):
+    """Applies the simplification rules (see the module docstring) until nothing changes.
+
+    ``stats`` after a call: ``rewrites`` (count per rule name), ``rounds``,
+    ``fused`` (how many rewrites changed float rounding: the fusions), and
+    ``not_applied`` (per rule, how often it matched an op but its check said
+    no; the reasons are logged at debug level, ``-v``).
+
+    Attributes:
+        fuse: Apply the fusions (they change float results by rounding).
+    """
+
+    NAME = "simplify"
+    DESCRIPTION = "constants as initializers, common subexpressions, no-ops, chains, partial shapes, fusions"
+    OPTIONS = (
+        Option("fuse", True, "do not fuse BatchNormalization or per-channel Mul/Add into Conv/Gemm "
+               "(the only simplifications that change float results, by rounding)"),
+    )
+
+    def __init__(self, fuse: bool = True) -> None:
+        super().__init__()
+        self.fuse = fuse
+        self.stats: dict[str, Any] = {}
+
+    def _rules(self) -> dict[str, list[Rule]]:
+        by_op: dict[str, list[Rule]] = collections.defaultdict(list)
+        for rule in RULES:
+            if rule.family == "fuse" and not self.fuse:
+                continue
+            for op_type in rule.op_types:
+                by_op[op_type].append(rule)
+        return by_op
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        rules = self._rules()
+        applied: collections.Counter[str] = collections.Counter()
+        refused: collections.Counter[str] = collections.Counter()
+        rounds = 0
+        while rounds < _MAX_ROUNDS:
+            rounds += 1
+            changed = self._round(model, rules, applied, refused)
+            changed |= constants.lift_main_graph_constants(model, applied)
+            changed |= cse.eliminate(model, applied)
+            if changed:
+                common_passes.RemoveUnusedNodesPass()(model)
+            else:
+                break
+        dedup = common_passes.DeduplicateInitializersPass()(model).modified
+        if dedup:
+            applied["constants/shared_initializer"] += 1
+        self.stats = {
+            "rounds": rounds,
+            "rewrites": dict(sorted(applied.items())),
+            "fused": sum(n for name, n in applied.items() if name.startswith("fusions/")),
+            "not_applied": dict(sorted(refused.items())),
+        }
+        return ir.passes.PassResult(model, modified=bool(applied))
+
+    def _round(self, model: ir.Model, rules: dict[str, list[Rule]], applied: collections.Counter[str],
+               refused: collections.Counter[str]) -> bool:  # fmt: skip
+        """One sweep of the node rules over every scope; whether anything changed."""
+        inferred: dict[ir.Value, Any] | None = None
+
+        def lazy_inference() -> dict[ir.Value, Any]:
+            nonlocal inferred
+            if inferred is None:
+                inferred = inference.infer_all(model)
+            return inferred
+
+        names: Names | None = None
+
+        def lazy_names() -> Names:
+            nonlocal names
+            names = names or Names(model)
+            return names
+
+        changed = False
+        for scope in iter_scopes(model):
+            main = scope.body is model.graph and model.ir_version >= 4
+            ctx = Context(scope, lazy_inference, lazy_names, initializers=main)
+            if ctx.opset == 0:
+                continue
+            for node in list(scope.body):
+                if node.graph is None or node.domain not in ("", "ai.onnx"):
+                    continue
+                for rule in rules.get(node.op_type, ()):
+                    outcome = rule.apply(node, ctx)
+                    if callable(outcome):
+                        outcome()
+                        applied[rule.name] += 1
+                        changed = True
+                        inferred = None if rule.family == "shapes" else inferred
+                        break
+                    refused[rule.name] += 1
+                    logger.debug("%s does not apply to %s node %r: %s", rule.name, node.op_type, node.name, outcome)
+        return changed

@@ -1,0 +1,100 @@
+"""Common subexpression elimination, in every graph, subgraph and function.
+
+Two nodes with the same (domain, op type, overload), the same input values
+and the same attributes compute the same outputs, so the second one's users
+can use the first one's outputs. Attributes are compared exactly: floats by
+their bits (``-0.0`` is not ``0.0``), tensors by dtype, shape and bytes.
+
+Never merged: ops whose schema is not deterministic (RandomNormalLike,
+Bernoulli, Multinomial, ...; onnxsim and onnxslim merge two RandomNormalLike,
+which changes the outputs), ops of domains without an ONNX schema (their
+determinism is unknown), nodes holding subgraphs, tensor attributes over
+``_TENSOR_LIMIT`` elements, and a node whose output is a graph output (its
+name and producer are part of the contract).
+
+onnx_ir's ``CommonSubexpressionEliminationPass`` is not used: it only visits
+the main graph, knows a short fixed list of random ops (no Bernoulli, no
+domain check), and compares float attributes with ``==``, so it merges
+``Constant(value_float=0.0)`` with ``Constant(value_float=-0.0)``.
+"""
+
+from __future__ import annotations
+
+import collections
+import struct
+from collections.abc import Hashable
+
+import onnx_ir as ir
+
+from passes.ir.schemas import is_deterministic, schema_at
+from passes.ir.walk import iter_scopes, normalize_domain
+
+__all__ = ["eliminate"]
+
+_TENSOR_LIMIT = 1024
+_GRAPH_TYPES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+
+
+def _float_key(value: float) -> bytes:
+    return struct.pack("<d", value)
+
+
+def _attribute_key(attr: ir.Attr) -> Hashable | None:
+    """An exact, hashable key of an attribute's value; None when it must not be compared."""
+    if attr.is_ref():
+        return ("ref", attr.ref_attr_name, attr.type)
+    kind = attr.type
+    if kind in _GRAPH_TYPES:
+        return None
+    if kind == ir.AttributeType.FLOAT:
+        return (kind, _float_key(attr.value))
+    if kind == ir.AttributeType.FLOATS:
+        return (kind, tuple(_float_key(v) for v in attr.value))
+    if kind in (ir.AttributeType.INTS, ir.AttributeType.STRINGS):
+        return (kind, tuple(attr.value))
+    if kind == ir.AttributeType.TENSOR:
+        tensor = attr.value
+        if tensor.size > _TENSOR_LIMIT or tensor.dtype == ir.DataType.STRING:
+            return None
+        return (kind, tensor.dtype, tuple(tensor.shape), tensor.tobytes())
+    if kind in (ir.AttributeType.INT, ir.AttributeType.STRING):
+        return (kind, attr.value)
+    return None  # sparse tensors, types, lists of tensors: not compared
+
+
+def _node_key(node: ir.Node, opset: int | None) -> Hashable | None:
+    domain = normalize_domain(node.domain)
+    if domain != "" or opset is None or schema_at(node.op_type, opset) is None:
+        return None
+    if not is_deterministic(node.op_type, domain, opset):
+        return None
+    if any(output.is_graph_output() for output in node.outputs):
+        return None
+    attributes = []
+    for name, attr in sorted(node.attributes.items()):
+        key = _attribute_key(attr)
+        if key is None:
+            return None
+        attributes.append((name, key))
+    return (node.op_type, node.overload, len(node.outputs), tuple(id(v) for v in node.inputs), tuple(attributes))
+
+
+def eliminate(model: ir.Model, applied: collections.Counter[str]) -> bool:
+    """Merges common subexpressions in every scope of ``model``; whether any were."""
+    changed = False
+    for scope in iter_scopes(model):
+        seen: dict[Hashable, ir.Node] = {}
+        opset = scope.opset("")
+        for node in list(scope.body):
+            key = _node_key(node, opset)
+            if key is None:
+                continue
+            first = seen.setdefault(key, node)
+            if first is node:
+                continue
+            for old, new in zip(node.outputs, first.outputs):
+                old.replace_all_uses_with(new)
+            scope.body.remove(node, safe=True)
+            applied["cse/merged"] += 1
+            changed = True
+    return changed

@@ -1,0 +1,221 @@
+"""The rewrite-rule framework of the simplify pass: a registry, and what a rule may ask.
+
+A rule is a function ``rule(node, ctx) -> Rewrite | str``, registered with
+:func:`rule` for the default-domain op types it matches. It reads the graph
+around ``node`` and returns either why it does not apply (a short reason,
+shown at ``-v`` and counted) or a :class:`Rewrite`: a closure that changes the
+graph, run by the driver, which then counts the rule by name. Rules never
+change the graph while checking, so a reason always describes an untouched
+graph.
+
+Every rule keeps the results bit for bit (see :mod:`passes.simplify`), and
+keeps what callers see of the graph: graph inputs and outputs (their names,
+order, types and shapes) and an ``Identity`` that produces a graph output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Union
+
+import numpy as np
+import onnx_ir as ir
+
+from passes.ir.names import Names
+from passes.ir.walk import Scope
+
+__all__ = ["RULES", "Context", "Rewrite", "Rule", "rule", "sole_user"]
+
+Rewrite = Callable[[], None]
+Outcome = Union[Rewrite, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A registered rewrite rule.
+
+    Attributes:
+        name: The name counted in the report (``family/what``).
+        family: The switch that turns it off (see ``SimplifyPass``), e.g. ``fuse``.
+        op_types: The default-domain ops it matches.
+        apply: The rule itself: ``apply(node, ctx) -> Rewrite | str``.
+    """
+
+    name: str
+    family: str
+    op_types: tuple[str, ...]
+    apply: Callable[[ir.Node, "Context"], Outcome]
+
+
+RULES: list[Rule] = []
+
+
+def rule(*op_types: str, family: str = "rewrite", name: str = "") -> Callable[[Callable], Callable]:
+    """Registers the decorated function as a rule for ``op_types`` (default domain)."""
+
+    def register(function: Callable[[ir.Node, Context], Outcome]) -> Callable[[ir.Node, Context], Outcome]:
+        label = name or function.__name__.strip("_")
+        RULES.append(Rule(f"{function.__module__.rsplit('.', 1)[-1]}/{label}", family, op_types, function))
+        return function
+
+    return register
+
+
+Dim = Union[int, str, None]
+
+
+@dataclasses.dataclass
+class Context:
+    """What a rule may ask about the graph, for the scope of the node it looks at.
+
+    Attributes:
+        scope: The graph or function body, with its opsets.
+        infer: Returns the types and shapes derived by shape inference (no declared
+            shape trusted); runs it on first use.
+        names: Returns the model's name allocator.
+        initializers: New constants of this scope are initializers (the main graph,
+            IR >= 4); else Constant nodes.
+        constant_limit: Constants larger than this many elements are not read by rules.
+    """
+
+    scope: Scope
+    infer: Callable[[], Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]]
+    names: Callable[[], Names]
+    initializers: bool = False
+    constant_limit: int = 1 << 16
+
+    @property
+    def inferred(self) -> Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]:
+        """Inference's findings, computed on first use (once per sweep)."""
+        return self.infer()
+
+    @property
+    def opset(self) -> int:
+        return self.scope.opset("") or 0
+
+    # --- values ---------------------------------------------------------------------------
+
+    def constant(self, value: ir.Value | None, limit: int | None = None) -> np.ndarray | None:
+        """The value of a constant (initializer that is not a graph input, Constant node), if small.
+
+        ``limit`` (elements) replaces :attr:`constant_limit` for a rule that must read
+        weights, which are larger than the shape-like constants most rules read.
+        """
+        if value is None:
+            return None
+        tensor: ir.TensorProtocol | None = None
+        if value.is_initializer():
+            if value.is_graph_input():
+                return None  # a caller may override it
+            tensor = value.const_value
+        else:
+            producer = value.producer()
+            if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
+                attr = producer.attributes.get("value")
+                if isinstance(attr, ir.Attr) and not attr.is_ref() and attr.type == ir.AttributeType.TENSOR:
+                    tensor = attr.as_tensor()
+                elif len(producer.attributes) == 1:
+                    return _scalar_constant(producer)
+        limit = self.constant_limit if limit is None else limit
+        if tensor is None or tensor.size > limit or tensor.dtype == ir.DataType.STRING:
+            return None
+        try:
+            return np.asarray(tensor.numpy())
+        except (OSError, ValueError):
+            return None
+
+    def dtype(self, value: ir.Value | None) -> ir.DataType | None:
+        """The element type: the model's, else inference's."""
+        if value is None:
+            return None
+        if value.dtype is not None:
+            return value.dtype
+        return self.inferred.get(value, (None, None))[0]
+
+    def dims(self, value: ir.Value | None) -> tuple[Dim, ...] | None:
+        """The shape proved by inference (or declared, for graph inputs and constants).
+
+        Each dim is an int, a symbol (two equal symbols of one inference run are
+        equal sizes) or None (unknown). A graph input's declared shape is its contract.
+        """
+        if value is None:
+            return None
+        shape: ir.Shape | None
+        if value.is_graph_input() or value.is_initializer():
+            shape = value.shape
+        else:
+            array = self.constant(value)
+            if array is not None:
+                return tuple(int(d) for d in array.shape)
+            shape = self.inferred.get(value, (None, None))[1]
+            if shape is None and value.producer() is None:
+                shape = value.shape  # an outer-scope value of a subgraph, or a function input
+        if shape is None:
+            return None
+        return tuple(d if isinstance(d, int) else (d.value if isinstance(d, ir.SymbolicDim) else None)
+                     for d in shape)  # fmt: skip
+
+    def static_dims(self, value: ir.Value | None) -> tuple[int, ...] | None:
+        dims = self.dims(value)
+        if dims is None or not all(isinstance(d, int) for d in dims):
+            return None
+        return dims  # type: ignore[return-value]
+
+    def producer(self, value: ir.Value | None, op_type: str) -> ir.Node | None:
+        """The default-domain node of type ``op_type`` producing ``value``, if that is what produces it."""
+        if value is None:
+            return None
+        node = value.producer()
+        if node is None or node.op_type != op_type or node.domain not in ("", "ai.onnx"):
+            return None
+        return node
+
+    # --- rewrites -------------------------------------------------------------------------
+
+    def new_constant(self, array: np.ndarray, base: str, before: ir.Node) -> ir.Value:
+        """A new constant holding ``array``: an initializer, or a Constant node before ``before``."""
+        names = self.names()
+        tensor = ir.tensor(np.array(array, order="C"))  # ascontiguousarray would make a scalar 1-D
+        graph = before.graph
+        assert graph is not None
+        if self.initializers and isinstance(graph, ir.Graph):
+            value = ir.Value(name=names.value(base), type=ir.TensorType(tensor.dtype), shape=ir.Shape(array.shape))
+            value.const_value = tensor
+            graph.register_initializer(value)
+            return value
+        node = ir.Node("", "Constant", [], [ir.AttrTensor("value", tensor)], name=names.node(base))
+        node.outputs[0].name = names.value(base)
+        node.outputs[0].type = ir.TensorType(tensor.dtype)
+        node.outputs[0].shape = ir.Shape(array.shape)
+        graph.insert_before(before, node)
+        return node.outputs[0]
+
+    def bypass(self, node: ir.Node, replacement: ir.Value) -> str | Rewrite:
+        """A rewrite making the users of ``node``'s only output use ``replacement`` instead.
+
+        Refused (a reason) when that output is a graph output: its name and its
+        producer are part of the graph's contract.
+        """
+        output = node.outputs[0]
+        if output.is_graph_output():
+            return "its output is a graph output"
+
+        def rewrite() -> None:
+            output.replace_all_uses_with(replacement)
+
+        return rewrite
+
+
+def _scalar_constant(node: ir.Node) -> np.ndarray | None:
+    attr = next(iter(node.attributes.values()))
+    if not isinstance(attr, ir.Attr) or attr.is_ref():
+        return None
+    kinds = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64, "value_ints": np.int64}
+    dtype = kinds.get(attr.name)
+    return None if dtype is None else np.asarray(attr.value, dtype=dtype)
+
+
+def sole_user(value: ir.Value) -> bool:
+    """Whether ``value`` has exactly one use and is not a graph output."""
+    return not value.is_graph_output() and len(value.uses()) == 1

@@ -1,0 +1,314 @@
+"""Planning the upgrade of a node on a :class:`Draft`, without touching the graph.
+
+:func:`plan_scopes` walks the schema steps of every node's op between its scope's
+opset and the target (:func:`passes.upgrade.schemas.chain`). Each step is
+
+* handled by its :class:`Adapter` (``passes.upgrade.adapters``) when it breaks
+  the old meaning: the adapter edits the draft (op type, attributes, inputs,
+  number of outputs) and may queue *hooks*, small graph edits that the
+  scope's :class:`~passes.upgrade.rewrite.ScopeRewriter` runs once every node
+  of the model is planned,
+* refused when it is a semantic change without an adapter, or when a
+  schema-driven check finds a break, or
+* a plain version bump.
+
+Every node of the model is planned before anything is changed, so that a
+refusal (:class:`~passes.errors.UpgradeError`) leaves the model untouched.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx_ir as ir
+
+from passes.errors import UpgradeError
+from passes.ir import inference, walk
+from passes.upgrade import schemas
+from passes.upgrade.schemas import dtype_of
+
+if TYPE_CHECKING:
+    from passes.upgrade.rewrite import ScopeRewriter
+
+__all__ = [
+    "Adapter",
+    "ConstInput",
+    "Draft",
+    "PlanContext",
+    "Stats",
+    "plan_scopes",
+]
+
+# --- what planning sees and produces ---------------------------------------------------------
+
+
+@functools.cache
+def _ir_dtype(dtype: np.dtype) -> ir.DataType:
+    return ir.DataType.from_numpy(dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstInput:
+    """An input the upgrade will create: a constant, possibly from a function attribute.
+
+    Attributes:
+        array: The value (for a reference, an example of the dtype and rank).
+        base_name: Base of the generated value name.
+        ref: A reference to a function attribute (``ref_attr_name`` set); the
+            constant becomes a ``Constant`` node whose ``ref_kind`` attribute
+            (``value_ints``, ``value_int``, ``value_floats``, ``value_float``)
+            references it.
+        ref_kind: See ``ref``.
+        like: When set, the constant is converted to the element type of this
+            value with ``CastLike`` (used when that type is not known statically).
+    """
+
+    array: np.ndarray
+    base_name: str
+    ref: ir.Attr | None = None
+    ref_kind: str = ""
+    like: ir.Value | None = None
+
+    @property
+    def dtype(self) -> ir.DataType | None:
+        if self.like is not None:
+            return dtype_of(self.like)
+        return _ir_dtype(self.array.dtype)
+
+
+DraftInput = ir.Value | ConstInput | None
+Hook = Callable[[ir.Node, "ScopeRewriter"], None]  # run after the node is rewritten
+
+
+@dataclasses.dataclass
+class Draft:
+    """What a node will look like after the upgrade, built without touching the graph.
+
+    Attributes:
+        node: The node being upgraded (read only while planning).
+        op_type: The op type after the steps planned so far.
+        attributes: The attributes after the steps planned so far.
+        inputs: The inputs after the steps planned so far.
+        num_outputs: How many of the node's outputs are kept (trailing ones are dropped).
+        hooks: Graph edits to run after the node has been rewritten.
+        notes: Facts an adapter leaves for a later step (e.g. the op was an Upsample).
+        applied: Names of the adapters applied, in order.
+    """
+
+    node: ir.Node
+    op_type: str
+    attributes: dict[str, ir.Attr]
+    inputs: list[DraftInput]
+    num_outputs: int
+    hooks: list[Hook] = dataclasses.field(default_factory=list)
+    notes: set[str] = dataclasses.field(default_factory=set)
+    applied: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def of(cls, node: ir.Node) -> Draft:
+        return cls(node, node.op_type, dict(node.attributes.data), list(node.inputs), len(node.outputs))
+
+    def input(self, index: int) -> DraftInput:
+        return self.inputs[index] if index < len(self.inputs) else None
+
+    def set_input(self, index: int, value: DraftInput) -> None:
+        if index >= len(self.inputs):
+            self.inputs.extend([None] * (index + 1 - len(self.inputs)))
+        self.inputs[index] = value
+
+    @property
+    def outputs(self) -> Sequence[ir.Value]:
+        return self.node.outputs[: self.num_outputs]
+
+    def changed(self) -> bool:
+        node = self.node
+        return (
+            self.op_type != node.op_type
+            or self.num_outputs != len(node.outputs)
+            or bool(self.hooks)
+            or len(self.inputs) != len(node.inputs)
+            or any(a is not b for a, b in zip(self.inputs, node.inputs))
+            or self.attributes.keys() != node.attributes.keys()
+            or any(node.attributes[k] is not v for k, v in self.attributes.items())
+        )
+
+
+def _rank_of(value: ir.Value | None) -> int | None:
+    if value is None or value.shape is None:
+        return None
+    return value.shape.rank()
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanContext:
+    """Read-only facts about the scope of the node being planned.
+
+    Attributes:
+        function: The model-local function the node belongs to, if any.
+        ref_attr_is_set: Tells whether a function attribute is always bound
+            (it has a default, or every call site sets it).
+        rank_of: The rank of a value: from the model, else from shape inference.
+    """
+
+    function: ir.Function | None
+    ref_attr_is_set: Callable[[str], bool]
+    rank_of: Callable[[ir.Value], int | None] = lambda value: _rank_of(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    """The handler of one breaking schema step.
+
+    Attributes:
+        op_type: The operator.
+        since: The opset version that introduced the change.
+        name: A short description, used in the statistics.
+        plan: Edits the draft; returns why the node cannot be converted, or None.
+        change: The change of meaning that the adapter handles and that the
+            schemas do not show, if any (without the adapter, the step is
+            refused with this description).
+    """
+
+    op_type: str
+    since: int
+    name: str
+    plan: Callable[[Draft, PlanContext], str | None]
+    change: str | None = None
+
+
+@dataclasses.dataclass
+class Stats:
+    """What the upgrade did: nodes planned and adapted, and what the rewrite added."""
+
+    converted: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    adapters: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    initializers_added: int = 0
+    constants_added: int = 0
+    nodes_added: int = 0
+
+
+# --- planning --------------------------------------------------------------------------------
+
+
+class _Refused(Exception):
+    """Internal: a node cannot be upgraded (turned into an UpgradeError with context)."""
+
+
+def _plan_node(
+    node: ir.Node,
+    source: int,
+    target: int,
+    ctx: PlanContext,
+    adapters: Mapping[tuple[str, int], Adapter],
+    semantic_changes: Mapping[tuple[str, int], str],
+) -> Draft:
+    """Walks the schema steps of ``node`` from ``source`` to ``target`` on a draft."""
+    schema = schemas.op_schema(node.op_type, source)
+    if schema is None:
+        raise _Refused(f"{node.op_type} is not an operator of opset {source}")
+    draft = Draft.of(node)
+    chain = schemas.chain(node.op_type, schema.since, target)
+    index = 0
+    while index < len(chain):
+        step = chain[index]
+        index += 1
+        op_type, version = step.key
+        adapter = adapters.get(step.key)
+        if adapter is None:
+            if step.key in semantic_changes:
+                raise _Refused(f"{op_type}-{version}: {semantic_changes[step.key]}, and there is no adapter")
+            if step.new is None:
+                raise _Refused(f"{step.old.label} is deprecated and there is no adapter")
+            if reason := schemas.check_meaning(draft, step):
+                raise _Refused(f"{step.old.label} -> {step.new.label}: {reason}")
+            continue
+        if reason := adapter.plan(draft, ctx):
+            raise _Refused(f"{op_type}-{version}: {reason}")
+        draft.applied.append(f"{op_type}-{version}: {adapter.name}")
+        if draft.op_type == op_type and step.new is not None:
+            new, typed = step.new, step.typed
+        else:  # the adapter replaced the op: carry on along the new op's history
+            new = schemas.op_schema(draft.op_type, version)
+            if new is None:
+                raise _Refused(f"{draft.op_type} is not an operator of opset {version}")
+            typed = schemas.all_formals(new)
+            chain, index = schemas.chain(draft.op_type, new.since, target), 0
+        if reason := schemas.check_valid(draft, new, typed):
+            raise _Refused(f"{op_type}-{version} after adapter: {reason}")
+    return draft
+
+
+def plan_scopes(
+    model: ir.Model,
+    scopes: Iterable[walk.Scope],
+    target: int,
+    adapters: Mapping[tuple[str, int], Adapter],
+    semantic_changes: Mapping[tuple[str, int], str],
+    stats: Stats,
+) -> list[tuple[walk.Scope, list[Draft]]]:
+    """Plans every node of the scopes, counting them in ``stats``; raises before anything is changed.
+
+    Returns, per scope, the drafts of the nodes that change.
+
+    Raises:
+        UpgradeError: A node cannot be converted exactly.
+    """
+    call_sites: dict[ir.OperatorIdentifier, list[ir.Node]] | None = None
+    inferred: dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] | None = None
+
+    def rank_of(value: ir.Value) -> int | None:
+        """The model's rank for ``value``, else shape inference's (run once, on first need)."""
+        nonlocal inferred
+        if value.shape is not None:
+            return value.shape.rank()
+        if inferred is None:
+            unshaped = {v for node, _ in walk.iter_nodes(model) for v in node.inputs
+                        if v is not None and v.shape is None}  # fmt: skip
+            inferred = inference.infer_types(model, unshaped)
+        shape = inferred.get(value, (None, None))[1]
+        return shape.rank() if shape is not None else None
+
+    def ref_attr_is_set(function: ir.Function, name: str) -> bool:
+        nonlocal call_sites
+        declared = function.attributes.get(name)
+        if declared is not None and declared.value is not None:
+            return True
+        if call_sites is None:
+            call_sites = collections.defaultdict(list)
+            for node, _ in walk.iter_nodes(model):
+                call_sites[node.op_identifier()].append(node)
+        return all(name in site.attributes for site in call_sites.get(function.identifier(), ()))
+
+    # Default-domain model-local functions are called like ops; they are not upgraded as ops.
+    local_ops = {f.identifier() for f in model.functions.values() if f.domain == ""}
+    plans = []
+    for scope in scopes:
+        source = scope.opset("")
+        function = scope.function
+        ctx = PlanContext(
+            function,
+            functools.partial(ref_attr_is_set, function) if function else lambda name: False,
+            rank_of,
+        )
+        drafts = []
+        for node in scope.body:
+            if node.domain != "" or (local_ops and node.op_identifier() in local_ops):
+                continue
+            try:
+                draft = _plan_node(node, source, target, ctx, adapters, semantic_changes)
+            except _Refused as refusal:
+                raise UpgradeError(
+                    f"cannot upgrade {node.op_type} node {node.name!r} from opset {source}"
+                    f" to {target}: {refusal}"
+                ) from None
+            stats.converted[node.op_type] += 1
+            if draft.changed():
+                stats.adapters.update(draft.applied)
+                drafts.append(draft)
+        plans.append((scope, drafts))
+    return plans
