@@ -368,8 +368,9 @@ def _declared_shape_conflicts(proto: onnx.ModelProto, error: Exception) -> list[
         raise error
     view = onnx.ModelProto()
     view.CopyFrom(proto)
+    constants = {t.name for t in proto.graph.initializer}  # their shapes are the tensors'
     for info in [*view.graph.value_info, *view.graph.output]:
-        if info.type.HasField("tensor_type"):
+        if info.type.HasField("tensor_type") and info.name not in constants:
             info.type.tensor_type.ClearField("shape")
     try:
         inferred_model = onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
