@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import onnx
+import onnx.external_data_helper
 import onnx_ir as ir
 
 from passes import modelio
@@ -31,6 +32,7 @@ from passes.base import Pass
 from passes.cleanup import CleanupPass
 from passes.decompose import DecomposeLogSumExpPass
 from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
+from passes.limits import PROTOBUF_LIMIT
 from passes.fold import ConstantFoldingPass
 from passes.ir.walk import default_opset
 from passes.options import Option
@@ -298,13 +300,21 @@ class CheckOptions:
     locate: bool = True
 
 
-def _validity(model: Any) -> tuple[str | None, list[_validate.ShapeConflict]]:
+def _validity(model: Any, *, with_data: bool = False) -> tuple[str | None, list[_validate.ShapeConflict]]:
     """The load-time validation of ``model`` (a path or a ``ModelProto``): why it is refused, or
-    None, and the declared shapes its graph contradicts (which loading accepts)."""
+    None, and the declared shapes its graph contradicts (which loading accepts).
+
+    With ``with_data``, a file's external tensors are read into the model first (when they
+    fit in memory), so that inference also sees their values, as it does in a result where
+    small tensors are saved inline.
+    """
     path = pathlib.Path(model) if isinstance(model, (str, os.PathLike)) else None
     try:
         if path is not None:
             proto = onnx.load_model(str(path), load_external_data=False)
+            if with_data and 0 < _external_bytes(proto) < PROTOBUF_LIMIT:
+                onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
+                path = None  # validated in memory, like a model without external data
         elif isinstance(model, bytes):
             proto = modelio.proto_from_bytes(model)
         else:
@@ -318,6 +328,16 @@ def _validity(model: Any) -> tuple[str | None, list[_validate.ShapeConflict]]:
         return str(e), []
     except (OSError, ValueError) as e:
         return first_line(e), []
+
+
+def _external_bytes(proto: onnx.ModelProto) -> int:
+    """Bytes of the main graph's external initializers (as their ``length`` entries declare)."""
+    total = 0
+    for tensor in proto.graph.initializer:
+        if onnx.external_data_helper.uses_external_data(tensor):
+            lengths = [e.value for e in tensor.external_data if e.key == "length" and e.value.isdigit()]
+            total += int(lengths[0]) if lengths else 0
+    return total
 
 
 def _declared_shapes(model: Any) -> dict[str, tuple[Any, ...]]:
@@ -340,13 +360,14 @@ def _checker_verdict(original: Any, staged: Any, notes: list[str]) -> str | None
     """The ONNX checker (the load-time validation) on the optimised model; why it is refused, or None.
 
     What the original already had is not blamed on the passes: a failure the
-    original shows too, or a declared shape the original declares the same way
+    original shows too (with its external tensors read, as the result may hold
+    them inline), or a declared shape the original declares the same way
     that the graph contradicts (inference sees through a folded value that it
     could not see through before). Those become ``notes``.
     """
     invalid, conflicts = _validity(staged)
     if invalid is not None:
-        if _validity(original)[0] == invalid:
+        if invalid in (_validity(original)[0], _validity(original, with_data=True)[0]):
             notes.append(f"the optimised model fails the ONNX checker as the original does: {invalid}")
             return None
         return f"the optimised model is invalid: {invalid}"
