@@ -127,7 +127,9 @@ def _chain(nodes: int, perturb_at: int | None = None) -> onnx.ModelProto:
 
 
 @pytest.mark.slow
-def test_the_locator_on_a_500_node_model(tmp_path: pathlib.Path) -> None:
+def test_the_locator_on_a_500_node_model(request: pytest.FixtureRequest) -> None:
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("slow: run with -m slow")
     original, broken = _chain(501), _chain(501, perturb_at=251)
     start = time.perf_counter()
     result = passes.check(original, broken)
