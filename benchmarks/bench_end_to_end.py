@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import os
 import pathlib
@@ -57,10 +56,11 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
-from harness import measure  # noqa: E402
+from harness import (  # noqa: E402
+    TOOLS, count_nodes, default_opset, load_models_builder, measure, tool_installed, tool_snippet,
+)
 
 TARGET_OPSET = 18
-TOOLS = ("optimize", "vc+onnxsim", "onnxscript", "onnxslim", "ort-basic")
 BASELINE = "optimize"
 REFERENCE = "vc+onnxsim"
 
@@ -152,14 +152,6 @@ class Subject:
     build: Callable[[], onnx.ModelProto] | None = None
 
 
-def _builder_module() -> Any:
-    spec = importlib.util.spec_from_file_location("build_real_models", REPO / "models" / "build_real_models.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("build_real_models", module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 #: Real models in ``--quick`` runs: one transformer, one scikit-learn model.
 QUICK_REAL = ("tiny_bert_opset14_nofold", "sk_gmm_opset11")
 
@@ -172,89 +164,11 @@ def subjects(quick: bool) -> Iterator[Subject]:
         if not quick or path.stem in QUICK_REAL:
             yield Subject(path.stem, "real", path=path)
     if not quick:
-        for item in _builder_module().installed_models():
+        for item in load_models_builder().installed_models():
             yield Subject(item.name, "installed", path=item.path)
 
 
-# --- tools (snippets run by harness.measure as ``python -c SNIPPET src dst``) -----------------------
-
-_PRELUDE = f"""
-import json, sys, time, warnings, logging
-sys.path.insert(0, {str(REPO)!r})
-warnings.simplefilter("ignore")
-logging.disable(logging.WARNING)
-src, dst = sys.argv[1], sys.argv[2]
-TARGET = {TARGET_OPSET}
-"""
-# After the imports, before the clock: the peak RSS so far (the imports' cost).
-_BASELINE = """
-def _vm_hwm_kib():
-    with open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
-baseline_kib = _vm_hwm_kib()
-start = time.perf_counter()
-"""
-_REPORT = """
-print(json.dumps({"seconds": time.perf_counter() - start, "baseline_rss_kib": baseline_kib}))
-"""
-
-#: Each tool: its imports, then (after ``_BASELINE`` starts the clock) load + passes + save.
-SNIPPETS: dict[str, tuple[str, str]] = {
-    "optimize": ("""
-from passes import cli
-""", """
-code = cli.main([src, "-o", dst, "--no-check", "-q", "--target-opset", str(TARGET)])
-if code:
-    sys.exit(code)
-"""),
-    "vc+onnxsim": ("""
-import onnx, onnx.version_converter, onnxsim
-""", """
-model = onnx.version_converter.convert_version(onnx.load(src), TARGET)
-model, ok = onnxsim.simplify(model)
-if not ok:
-    sys.exit("onnxsim: the simplified model failed onnxsim's own check")
-onnx.save(model, dst)
-"""),
-    "onnxscript": ("""
-import onnx_ir as ir, onnxscript.optimizer, onnxscript.version_converter
-""", """
-model = ir.load(src)
-onnxscript.version_converter.convert_version(model, TARGET)
-onnxscript.optimizer.optimize(model)
-ir.save(model, dst)
-"""),
-    "onnxslim": ("""
-import onnx, onnxslim
-""", """
-onnx.save(onnxslim.slim(onnx.load(src)), dst)
-"""),
-    "ort-basic": ("""
-import onnxruntime as ort
-""", """
-options = ort.SessionOptions()
-options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-options.optimized_model_filepath = dst
-options.log_severity_level = 3
-ort.InferenceSession(src, options, providers=["CPUExecutionProvider"])
-"""),
-}
-#: The distributions a tool needs (for "not installed").
-_PACKAGES = {
-    "optimize": ("onnx_ir", "onnxruntime"),
-    "vc+onnxsim": ("onnx", "onnxsim"),
-    "onnxscript": ("onnxscript", "onnx_ir"),
-    "onnxslim": ("onnxslim",),
-    "ort-basic": ("onnxruntime",),
-}
-
-
-def snippet(tool: str) -> str:
-    imports, work = SNIPPETS[tool]
-    return _PRELUDE + imports + _BASELINE + work + _REPORT
+# --- tools: harness.tool_snippet (shared with bench_simplify) -------------------------------------
 
 
 _VERIFY = f"""
@@ -263,27 +177,6 @@ sys.path.insert(0, {str(HERE)!r})
 import bench_end_to_end
 bench_end_to_end.verify(*sys.argv[1:4])
 """
-
-
-def _count_nodes(model: onnx.ModelProto) -> int:
-    """Nodes of the main graph, every subgraph and every model-local function."""
-
-    def count(nodes: Any) -> int:
-        total = 0
-        for node in nodes:
-            total += 1
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    total += count(attr.g.node)
-                for g in attr.graphs:
-                    total += count(g.node)
-        return total
-
-    return count(model.graph.node) + sum(count(f.node) for f in model.functions)
-
-
-def _default_opset(model: onnx.ModelProto) -> int | None:
-    return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
 def _first_line(error: BaseException) -> str:
@@ -297,7 +190,7 @@ def verify(original: str, optimized: str, dims: str) -> None:
 
     start = time.perf_counter()
     model = onnx.load(optimized, load_external_data=False)
-    result: dict[str, Any] = {"nodes_after": _count_nodes(model), "opset_after": _default_opset(model)}
+    result: dict[str, Any] = {"nodes_after": count_nodes(model), "opset_after": default_opset(model)}
     del model
     try:
         onnx.checker.check_model(optimized, full_check=True)
@@ -340,20 +233,17 @@ class Run:
     matches: str = ""
 
 
-def _installed(tool: str) -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in _PACKAGES[tool])
-
-
 def run_tool(tool: str, subject: Subject, src: pathlib.Path, workdir: pathlib.Path,
              nodes_before: int, opset_before: int | None, dims: str, timeout: float, repeat: int = 1) -> Run:
     """Runs ``tool`` on ``src`` ``repeat`` times (keeping the fastest run), then verifies its output."""
     run = Run(subject.name, subject.kind, tool, nodes_before, opset_before)
-    if not _installed(tool):
-        run.status = f"failed: not installed ({', '.join(_PACKAGES[tool])})"
+    missing = tool_installed(tool)
+    if missing:
+        run.status = f"failed: {missing}"
         return run
     dst = workdir / f"{subject.name}.{tool.replace('+', '_')}.onnx"
     for _ in range(max(1, repeat)):
-        m = measure(tool, subject.name, snippet(tool), [src, dst], timeout)
+        m = measure(tool, subject.name, tool_snippet(tool, TARGET_OPSET), [src, dst], timeout)
         if not m.ok:
             reason = f"timeout after {timeout:.0f} s" if m.wall_seconds >= timeout else m.error
             run.status = f"failed: {reason.strip()[:160] or 'no result'}"
@@ -486,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 src = subject.path
             header = onnx.load(str(src), load_external_data=False)
-            nodes_before, opset_before = _count_nodes(header), _default_opset(header)
+            nodes_before, opset_before = count_nodes(header), default_opset(header)
             del header
             dims = ",".join(f"{k}={v}" for k, v in manifest_dims.get(subject.name, {}).items())
             for tool in tools:

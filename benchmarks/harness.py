@@ -29,7 +29,23 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["Measurement", "check_model_file", "format_table", "measure", "save_json"]
+__all__ = [
+    "TOOLS",
+    "Measurement",
+    "check_model_file",
+    "count_nodes",
+    "default_opset",
+    "format_table",
+    "load_models_builder",
+    "measure",
+    "op_counts",
+    "save_json",
+    "tool_installed",
+    "tool_snippet",
+]
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent
 
 _CHECK_SNIPPET = r"""
 import json, sys
@@ -189,3 +205,165 @@ def save_json(
     """Writes the measurements (and a description of the run) as JSON."""
     payload = {"meta": meta or {}, "results": [dataclasses.asdict(m) for m in results]}
     pathlib.Path(path).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+
+
+# --- the tools the benchmarks compare (bench_end_to_end, bench_simplify) ---------------------------
+#
+# Each is a snippet for :func:`measure`, run as ``python -c SNIPPET src dst``: its imports, then
+# (the clock started after them) load + passes + save, then one JSON line with "seconds" and the
+# peak RSS after the imports ("baseline_rss_kib").
+
+#: Tool names, ours first.
+TOOLS = ("optimize", "vc+onnxsim", "onnxscript", "onnxslim", "ort-basic")
+
+_TOOL_PRELUDE = """
+import json, sys, time, warnings, logging
+sys.path.insert(0, {repo!r})
+warnings.simplefilter("ignore")
+logging.disable(logging.WARNING)
+src, dst = sys.argv[1], sys.argv[2]
+TARGET = {target}
+"""
+_TOOL_BASELINE = """
+def _vm_hwm_kib():
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+baseline_kib = _vm_hwm_kib()
+start = time.perf_counter()
+"""
+_TOOL_REPORT = """
+print(json.dumps({"seconds": time.perf_counter() - start, "baseline_rss_kib": baseline_kib}))
+"""
+
+#: Per tool: (imports, work). Ours runs exactly as ``python -m passes`` (the command is the stable
+#: interface while the package's modules move); its modules are imported before the clock when
+#: they are where the command keeps them today, so that, as for the other tools, the work alone
+#: is timed.
+_TOOL_SNIPPETS: dict[str, tuple[str, str]] = {
+    "optimize": ("""
+import importlib, runpy
+for _name in ("passes", "passes.cli"):
+    try:
+        importlib.import_module(_name)
+    except ImportError:
+        pass
+""", """
+sys.argv = ["optimize", src, "-o", dst, "--no-check", "-q", "--target-opset", str(TARGET)]
+try:
+    runpy.run_module("passes", run_name="__main__", alter_sys=True)
+    code = 0
+except SystemExit as _exit:
+    code = _exit.code
+if code:
+    sys.exit(code)
+"""),
+    "vc+onnxsim": ("""
+import onnx, onnx.version_converter, onnxsim
+""", """
+model = onnx.version_converter.convert_version(onnx.load(src), TARGET)
+model, ok = onnxsim.simplify(model)
+if not ok:
+    sys.exit("onnxsim: the simplified model failed onnxsim's own check")
+onnx.save(model, dst)
+"""),
+    # fallback=True: where onnxscript's own converter has no adapter, it falls back to onnx's.
+    "onnxscript": ("""
+import onnx_ir as ir, onnxscript.optimizer, onnxscript.version_converter
+""", """
+model = ir.load(src)
+onnxscript.version_converter.convert_version(model, TARGET, fallback=True)
+onnxscript.optimizer.optimize(model)
+ir.save(model, dst)
+"""),
+    "onnxslim": ("""
+import onnx, onnxslim
+""", """
+onnx.save(onnxslim.slim(onnx.load(src)), dst)
+"""),
+    "ort-basic": ("""
+import onnxruntime as ort
+""", """
+options = ort.SessionOptions()
+options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+options.optimized_model_filepath = dst
+options.log_severity_level = 3
+ort.InferenceSession(src, options, providers=["CPUExecutionProvider"])
+"""),
+}
+
+#: The modules a tool needs (for "not installed").
+_TOOL_PACKAGES = {
+    "optimize": ("passes", "onnx_ir", "onnxruntime"),
+    "vc+onnxsim": ("onnx", "onnxsim"),
+    "onnxscript": ("onnxscript", "onnx_ir"),
+    "onnxslim": ("onnxslim",),
+    "ort-basic": ("onnxruntime",),
+}
+
+
+def tool_snippet(tool: str, target_opset: int = 18) -> str:
+    """The :func:`measure` snippet of ``tool`` (one of :data:`TOOLS`), converting to ``target_opset``."""
+    imports, work = _TOOL_SNIPPETS[tool]
+    prelude = _TOOL_PRELUDE.format(repo=str(REPO), target=int(target_opset))
+    return prelude + imports + _TOOL_BASELINE + work + _TOOL_REPORT
+
+
+def tool_installed(tool: str) -> str:
+    """"" if ``tool`` can run here, else ``"not installed (module, ...)"``."""
+    import importlib.util
+
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    missing = [m for m in _TOOL_PACKAGES[tool] if importlib.util.find_spec(m) is None]
+    return f"not installed ({', '.join(missing)})" if missing else ""
+
+
+# --- models --------------------------------------------------------------------------------------
+
+
+def _walk_nodes(model: Any) -> Iterable[Any]:
+    """Every node of the main graph, its subgraphs (recursively) and the model-local functions."""
+    import onnx
+
+    stack = [model.graph.node, *(f.node for f in model.functions)]
+    while stack:
+        for node in stack.pop():
+            yield node
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    stack.append(attr.g.node)
+                for g in attr.graphs:
+                    stack.append(g.node)
+
+
+def count_nodes(model: Any) -> int:
+    """Nodes of an ``onnx.ModelProto``: main graph, every subgraph and every model-local function."""
+    return sum(1 for _ in _walk_nodes(model))
+
+
+def op_counts(model: Any) -> dict[str, int]:
+    """Op-type histogram over the same nodes as :func:`count_nodes` (``domain::Op`` outside ai.onnx)."""
+    counts: dict[str, int] = {}
+    for node in _walk_nodes(model):
+        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def default_opset(model: Any) -> int | None:
+    """The model's ai.onnx opset version."""
+    return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def load_models_builder() -> Any:
+    """``models/build_real_models.py`` as a module (its ``installed_models()`` lists the shipped models)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_real_models", REPO / "models" / "build_real_models.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("build_real_models", module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

@@ -1,9 +1,13 @@
 """``python -m passes`` and the ``optimize`` console script.
 
-Importing the command (numpy, onnx, onnxruntime, the passes) takes about a
-second. A SIGINT or SIGTERM in that time must still end in one line and no
-traceback, so a minimal handler goes in first and the CLI is imported after;
-nothing has been written yet, so it can exit at once.
+Start-up imports only what the run needs: ``--help`` and an early error (a
+missing file, a bad flag) import neither numpy nor onnx nor onnx_ir (the
+parser reads the passes' declarations from the cache of
+:mod:`passes.registry`), a run imports the passes it runs (refimpl with
+``fold``) and onnxruntime only to check. Those imports still take a second or
+more; a SIGINT or SIGTERM in that time must end in one line and no traceback,
+so a minimal handler goes in first and the CLI is imported after; nothing has
+been written yet, so it can exit at once.
 """
 
 from __future__ import annotations
@@ -20,13 +24,20 @@ def _interrupted_during_start_up(signum: int, frame: Any) -> NoReturn:
     os._exit(128 + signum)
 
 
-def main() -> int:
-    """Installs the start-up signal handlers, then runs :func:`passes.cli.main`."""
+def main() -> NoReturn:
+    """Installs the start-up signal handlers, then runs the command as a process.
+
+    :func:`passes.cli.command.run` ends the process itself (see there why), so
+    this returns only if it is replaced.
+    """
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, _interrupted_during_start_up)
-    from passes.cli import main as cli_main
+    from passes import registry
 
-    return cli_main()
+    registry.use_cache()
+    from passes.cli.command import run
+
+    run()
 
 
 if __name__ == "__main__":

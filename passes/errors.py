@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import onnx_ir as ir
+from typing import Any
 
 __all__ = [
     "EXIT_CHECK",
@@ -27,8 +27,19 @@ class InputError(OptimizeError):
     """The input (file, model, option) is unusable: not ONNX, truncated, refused opset..."""
 
 
-class UpgradeError(ir.passes.PassError, OptimizeError):
-    """The opset upgrade cannot convert a node without changing what it computes."""
+def __getattr__(name: str) -> Any:
+    # UpgradeError is an onnx_ir PassError: defined on first use, so that this module (which
+    # the command needs before anything else) does not import onnx_ir.
+    if name == "UpgradeError":
+        import onnx_ir as ir
+
+        class UpgradeError(ir.passes.PassError, OptimizeError):
+            """The opset upgrade cannot convert a node without changing what it computes."""
+
+        UpgradeError.__module__, UpgradeError.__qualname__ = __name__, name
+        globals()[name] = UpgradeError
+        return UpgradeError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class CheckFailedError(OptimizeError):

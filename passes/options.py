@@ -21,12 +21,18 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Option", "parse_nonnegative_int", "parse_size"]
+__all__ = ["Option", "parse_int", "parse_nonnegative_int", "parse_size", "short"]
 
 _SUFFIXES = {"": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
              "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}  # fmt: skip
 _ASCII_DIGITS = frozenset("0123456789")
 _MAX_DIGITS = 30
+
+
+def short(text: str, limit: int = 40) -> str:
+    """``repr(text)`` for a message, cut to about ``limit`` characters (a value may be 5000 digits long)."""
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
 
 
 def parse_size(text: str) -> int:
@@ -39,7 +45,7 @@ def parse_size(text: str) -> int:
     unit = number.lstrip("0123456789.")
     value = number[: len(number) - len(unit)]
     if not value or len(value) > _MAX_DIGITS or unit.strip() not in _SUFFIXES or value.count(".") > 1:
-        raise ValueError(f"invalid size {text!r} (e.g. 1048576, 512K, 1M)")
+        raise ValueError(f"invalid size {short(text)} (e.g. 1048576, 512K, 1M)")
     return int(float(value) * _SUFFIXES[unit.strip()])
 
 
@@ -51,7 +57,23 @@ def parse_nonnegative_int(text: str) -> int:
     """
     digits = text.strip()
     if not digits or len(digits) > _MAX_DIGITS or not set(digits) <= _ASCII_DIGITS:
-        raise ValueError(f"invalid number {text!r} (expected a whole number >= 0)")
+        raise ValueError(f"invalid number {short(text)} (expected a whole number >= 0)")
+    return int(digits)
+
+
+def parse_int(text: str) -> int:
+    """A decimal integer, optionally signed, in ASCII digits: what ``int`` should take on a command line.
+
+    ``int`` also takes ``'٤'`` (Arabic-Indic four), ``'1_8'`` and thousands of
+    digits; the CLI uses this instead for an option declared with ``parse=int``.
+
+    Raises:
+        ValueError: anything else, or more than 30 digits.
+    """
+    digits = text.strip()
+    body = digits[1:] if digits[:1] in ("+", "-") else digits
+    if not body or len(body) > _MAX_DIGITS or not set(body) <= _ASCII_DIGITS:
+        raise ValueError(f"invalid number {short(text)} (expected a whole number)")
     return int(digits)
 
 

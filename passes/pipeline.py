@@ -20,28 +20,33 @@ import logging
 import os
 import pathlib
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-import onnx
-import onnx.external_data_helper
-import onnx_ir as ir
-
-from passes import modelio
-from passes.base import Pass
-from passes.cleanup import CleanupPass
-from passes.decompose import DecomposeLogSumExpPass
+# Only light modules at the top: ``--help`` and early errors need no more (see passes.registry).
+# onnx, onnx_ir, the passes and the report are imported where they are used.
+from passes import modelio  # light: it imports onnx and onnx_ir on first use
 from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
+from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_LIMIT
-from passes.fold import ConstantFoldingPass
-from passes.ir.walk import default_opset
 from passes.options import Option
-from passes.report import PassRun, Report, summarize
-from passes.modelio import validate as _validate
-from passes.simplify import SimplifyPass
-from passes.upgrade import UpgradeOpsetPass
-from passes.upgrade.schemas import MIN_TARGET_OPSET
-from passes.verify.result import DEFAULT_TIMEOUT
+from passes.phases import Phases
+from passes.registry import PassSpec, Registry
+from passes.verify.result import DEFAULT_TIMEOUT  # light: the standard library only
+
+if TYPE_CHECKING:
+    import onnx
+    import onnx_ir as ir
+
+    from passes.modelio import validate as _validate
+    from passes.report import PassRun, Report
+else:
+    onnx = lazy_module("onnx")
+    ir = lazy_module("onnx_ir")
+    _validate = lazy_module("passes.modelio.validate")
+_report = lazy_module("passes.report")
+_walk = lazy_module("passes.ir.walk")
+_destinations = lazy_module("passes.modelio.destinations")
 
 __all__ = [
     "DEFAULT_FOLD_SIZE_LIMIT",
@@ -60,33 +65,32 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TARGET_OPSET = MIN_TARGET_OPSET
-DEFAULT_FOLD_SIZE_LIMIT = ConstantFoldingPass.OPTIONS[0].default
-
-# The passes in their default order. One line per pass.
-_PASS_CLASSES: tuple[type[Pass], ...] = (
-    UpgradeOpsetPass,
-    ConstantFoldingPass,
-    SimplifyPass,
-    DecomposeLogSumExpPass,
+# The passes in their default order, as "module:Class". One line per pass.
+_PASS_CLASSES: tuple[str, ...] = (
+    "passes.upgrade:UpgradeOpsetPass",
+    "passes.fold:ConstantFoldingPass",
+    "passes.simplify:SimplifyPass",
+    "passes.decompose:DecomposeLogSumExpPass",
 )
 
-
-@dataclasses.dataclass(frozen=True)
-class PassSpec:
-    """A pass the pipeline can run: its name, a one-line description, its options, how to build it."""
-
-    name: str
-    description: str
-    build: Callable[[Mapping[str, Any]], ir.passes.PassBase]
-    options: tuple[Option, ...] = ()
-
-    @classmethod
-    def of(cls, pass_class: type[Pass]) -> PassSpec:
-        return cls(pass_class.NAME, pass_class.DESCRIPTION, pass_class.from_options, pass_class.OPTIONS)
+PASSES: MutableMapping[str, PassSpec] = Registry(_PASS_CLASSES)
 
 
-PASSES: dict[str, PassSpec] = {spec.name: spec for spec in map(PassSpec.of, _PASS_CLASSES)}
+def __getattr__(name: str) -> Any:
+    """The constants and names that come from the passes, imported on first use."""
+    if name == "DEFAULT_TARGET_OPSET":
+        from passes.upgrade import MIN_TARGET_OPSET
+
+        return MIN_TARGET_OPSET
+    if name == "DEFAULT_FOLD_SIZE_LIMIT":
+        from passes.fold import DEFAULT_SIZE_LIMIT
+
+        return DEFAULT_SIZE_LIMIT
+    if name == "PassRun":
+        from passes.report import PassRun
+
+        return PassRun
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def pass_options() -> list[Option]:
@@ -136,6 +140,8 @@ def select_passes(passes: Iterable[str] | None = None, skip: Iterable[str] = ())
 def _build(names: Sequence[str], values: Mapping[str, Any], cleanup: bool) -> list[tuple[str, ir.passes.PassBase]]:
     steps = [(name, PASSES[name].build(values)) for name in names]
     if cleanup:
+        from passes.cleanup import CleanupPass
+
         steps.append(("cleanup", CleanupPass()))
     return steps
 
@@ -160,7 +166,7 @@ def _root_cause(error: BaseException) -> BaseException:
 
 def _refuse_lower_target(model: ir.Model, names: Sequence[str], values: Mapping[str, Any]) -> None:
     target = values.get("target_opset")
-    opset = default_opset(model.opset_imports)
+    opset = _walk.default_opset(model.opset_imports)
     if "upgrade" in names and target is not None and opset is not None and target < opset:
         raise InputError(
             f"--target-opset {target} is lower than the model's opset {opset}; this tool never lowers an opset"
@@ -239,7 +245,7 @@ def _run_pass(name: str, pass_: ir.passes.PassBase, model: ir.Model) -> PassRun:
         raise
     seconds = time.perf_counter() - start
     logger.info("pass %s: %.3f s, modified=%s", name, seconds, result.modified)
-    return PassRun(name, seconds, bool(result.modified), dict(getattr(pass_, "stats", None) or {}))
+    return _report.PassRun(name, seconds, bool(result.modified), dict(getattr(pass_, "stats", None) or {}))
 
 
 def _merge_run(runs: list[PassRun], run: PassRun, rounds: int) -> None:
@@ -330,6 +336,22 @@ def _validity(model: Any, *, with_data: bool = False) -> tuple[str | None, list[
         return first_line(e), []
 
 
+def _passes_strict_checker(staged: Any) -> bool:
+    """The common case, without reading the result back into Python: a result saved without
+    external data passes the checker with strict inference, run on its file. (With external
+    data, or when this fails, :func:`_validity` reads the graph and decides.)"""
+    if not isinstance(staged, (str, os.PathLike)):
+        return False
+    path = pathlib.Path(staged)
+    if path.with_name(path.name + ".data").exists():
+        return False  # strict inference needs the external tensors out of the way (see _validity)
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, RuntimeError, ValueError):
+        return False
+    return True
+
+
 def _external_bytes(proto: onnx.ModelProto) -> int:
     """Bytes of the main graph's external initializers (as their ``length`` entries declare)."""
     total = 0
@@ -365,6 +387,8 @@ def _checker_verdict(original: Any, staged: Any, notes: list[str]) -> str | None
     that the graph contradicts (inference sees through a folded value that it
     could not see through before). Those become ``notes``.
     """
+    if _passes_strict_checker(staged):
+        return None
     invalid, conflicts = _validity(staged)
     if invalid is not None:
         if invalid in (_validity(original)[0], _validity(original, with_data=True)[0]):
@@ -385,7 +409,7 @@ def _checker_verdict(original: Any, staged: Any, notes: list[str]) -> str | None
 
 
 #: Rebuilds the optimised model from a fresh load with the given passes (and the clean-up or not).
-Rebuild = Callable[[Sequence[str], bool], ir.Model]
+Rebuild = Callable[[Sequence[str], bool], "ir.Model"]
 
 
 def _bisect(checker: Any, rebuild: Rebuild, names: Sequence[str]) -> tuple[str, list[dict[str, Any]]]:
@@ -460,24 +484,6 @@ def _verify(
     return None if result.ok else result.summary()
 
 
-def _check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | os.PathLike[str] | None,
-                        model: ir.Model) -> None:  # fmt: skip
-    """Refuses an OUTPUT (or its ``.data`` file, or the report) that would overwrite part of the
-    input other than by replacing the input model as a whole (``-o INPUT``)."""
-    source = src.resolve()
-    inputs = {source, *modelio.data_files(model)}
-    target = dst.resolve()
-    written = {target, target.with_name(target.name + ".data")}
-    clashes = sorted(written & inputs) if target != source else []
-    if clashes:
-        raise InputError(f"{dst}: writing it would overwrite the input's file {clashes[0]}; choose another output")
-    if report is not None:
-        if pathlib.Path(report).resolve() in inputs | written:
-            raise InputError(f"--report {report}: that is a model file of this run; choose another name")
-        if not pathlib.Path(report).resolve().parent.is_dir():
-            raise InputError(f"--report {report}: its folder does not exist")
-
-
 def optimize_file(
     source: str | os.PathLike[str],
     output: str | os.PathLike[str],
@@ -490,6 +496,7 @@ def optimize_file(
     progress: Callable[[str], None] | None = None,
     warn: Callable[[str], None] = logger.warning,
     on_commit: Callable[[bool], None] | None = None,
+    replace_data: bool = False,
     **options: Any,
 ) -> Report:
     """Loads ``source``, optimises it, checks the result and writes it to ``output`` atomically.
@@ -505,10 +512,13 @@ def optimize_file(
         skip: Pass names not to run.
         check: How to check (default: :class:`CheckOptions`).
         force: Write the output even when the check fails (the error is still raised).
-        report_path: Also write the report there as JSON.
-        progress: Called with a short message before each phase.
+        report_path: Also write the report there as JSON (committed with the output).
+        progress: Called with a short message before each phase and pass; a
+            :class:`passes.phases.Listener` is also told the bytes written and when each phase ends.
         warn: Called with a warning (a check that could not run).
         on_commit: Called with True once the output is in place (False if it was not written).
+        replace_data: Replace an existing ``OUTPUT.data`` even when it is not the
+            existing OUTPUT's own data file (it may be another model's weights).
         **options: Values of the passes' declared options.
 
     Returns:
@@ -525,7 +535,7 @@ def optimize_file(
     worker = _start_worker(check)  # its imports overlap with the passes
     try:
         return _optimize_file(source, output, names, values, check, force, report_path, progress, warn,
-                              on_commit, worker)  # fmt: skip
+                              on_commit, replace_data, worker)  # fmt: skip
     finally:
         if worker is not None:
             worker.close()
@@ -548,37 +558,40 @@ def _optimize_file(source: str | os.PathLike[str], output: str | os.PathLike[str
                    values: dict[str, Any], check: CheckOptions, force: bool,
                    report_path: str | os.PathLike[str] | None, progress: Callable[[str], None] | None,
                    warn: Callable[[str], None], on_commit: Callable[[bool], None] | None,
-                   worker: Any) -> Report:  # fmt: skip
+                   replace_data: bool, worker: Any) -> Report:  # fmt: skip
     src, dst = pathlib.Path(source), pathlib.Path(output)
-    if progress:
-        progress(f"loading {src}")
-    model = modelio.load_model(src)
-    _check_destinations(src, dst, report_path, model)
-    report = Report(str(src), str(dst), summarize(model))
-    report.passes = optimize_model(model, names, progress=progress, **values)
-    report.after = summarize(model)
-    with modelio.staged_output(dst) as staged:
-        if progress:
-            progress(f"saving {dst}")
-        staged_path = staged.save(model)
-        if progress and check.enabled:
-            progress("checking with onnxruntime")
+    phases = Phases(progress)
+    with phases.phase("load", f"loading {src}"):
+        model = modelio.load_model(src)
+    _destinations.check_destinations(src, dst, report_path, model, replace_data)
+    report = _report.Report(str(src), str(dst), _report.summarize(model))
+    report.phases = phases.seconds
+    with phases.phase("passes", None):
+        report.passes = optimize_model(model, names, progress=progress, **values)
+    report.after = _report.summarize(model)
 
-        def rebuild(kept: Sequence[str], cleanup: bool) -> ir.Model:
-            fresh = modelio.load_model(src)
-            optimize_model(fresh, kept, cleanup=cleanup, **values)
-            return fresh
+    def rebuild(kept: Sequence[str], cleanup: bool) -> ir.Model:
+        fresh = modelio.load_model(src)
+        optimize_model(fresh, kept, cleanup=cleanup, **values)
+        return fresh
 
-        failure = _verify(src, staged_path, check, report, warn, rebuild=rebuild, names=names, worker=worker)
-        if failure is None or force:
-            try:
-                staged.commit()
-            finally:  # an interrupt may arrive as the commit completes
-                report.written = staged.committed
-                if on_commit:
-                    on_commit(staged.committed)
-    if report_path is not None:
-        report.write_json(report_path)
+    with modelio.staged_output(dst, replace_data=replace_data) as staged:
+        with phases.phase("save", f"saving {dst}", modelio.external_data_nbytes(model) or None, "B") as advance:
+            staged_path = staged.save(model, progress=advance)
+        with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):
+            failure = _verify(src, staged_path, check, report, warn, rebuild=rebuild, names=names, worker=worker)
+        commit = failure is None or force
+        if report_path is not None:
+            # Staged with the output and renamed in the same commit, so that a report that
+            # cannot be written leaves the output as it was; it says what the commit will do.
+            report.written = commit
+            staged.stage_file(report_path, report.write_json, f"--report {_destinations.shown(report_path)}")
+        try:
+            staged.commit(model=commit)
+        finally:  # an interrupt may arrive as the commit completes
+            report.written = staged.committed
+            if on_commit and commit:
+                on_commit(staged.committed)
     if failure is not None:
         first, *rest = failure.split("\n")  # the located difference follows the error's one line
         error = CheckFailedError("\n".join([first + ("" if report.written else f"; {dst} not written"), *rest]))
@@ -680,7 +693,7 @@ def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, names: li
         optimize_model(fresh, kept, cleanup=cleanup, **values)
         return fresh
 
-    report = Report("", None, summarize(ir_model))
+    report = _report.Report("", None, _report.summarize(ir_model))
     failure = _verify(original, proto, checking, report, logger.warning, rebuild=rebuild, names=names,
                       worker=worker)  # fmt: skip
     for note in [*report.notes, *(report.check.notes if report.check else [])]:
@@ -689,4 +702,11 @@ def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, names: li
         raise CheckFailedError(failure)
     if isinstance(original, bytes):
         return proto.SerializeToString()
-    return proto if isinstance(model, onnx.ModelProto) else ir_model
+    if isinstance(model, onnx.ModelProto):
+        return proto
+    # An onnx_ir.Model cannot hold a sparse Constant: the caller gets the dense one.
+    try:
+        modelio.sparse.densify_placeholders(ir_model)
+    except ValueError as e:
+        raise InputError(f"cannot return the model as an onnx_ir.Model: {first_line(e)}; give output= instead") from e
+    return ir_model

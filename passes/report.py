@@ -5,15 +5,18 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import math
 import os
 import pathlib
-from typing import Any
+import tempfile
+from typing import IO, Any
 
+import numpy as np
 import onnx_ir as ir
 
 from passes.errors import InputError
 from passes.ir.walk import default_opset, iter_scopes
-from passes.verify.result import CheckResult, json_safe
+from passes.verify.result import CheckResult
 
 __all__ = ["ModelSummary", "PassRun", "Report", "summarize"]
 
@@ -40,6 +43,24 @@ class ModelSummary:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _strict(value: Any) -> Any:
+    """``value`` with every non-finite float as a string and numpy scalars and arrays as Python values."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, (str, int, bool)) or k is None else str(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _strict(value.tolist())
+    if isinstance(value, np.generic) and not isinstance(value, (np.floating, np.complexfloating)):
+        return value.item()
+    if isinstance(value, (float, np.floating)):
+        number = float(value)
+        if math.isfinite(number):
+            return number
+        return "nan" if math.isnan(number) else ("inf" if number > 0 else "-inf")
+    return value
 
 
 def _op_key(node: ir.Node) -> str:
@@ -97,6 +118,9 @@ class Report:
     passes: list[PassRun] = dataclasses.field(default_factory=list)
     check: CheckResult | None = None
     written: bool = False
+    #: Seconds of each phase of the run (load, passes, save, check), in order.
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: Facts about the original found on the way (what the ONNX checker refuses in it too...).
     notes: list[str] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -108,26 +132,42 @@ class Report:
             "after": self.after.to_json() if self.after else None,
             "passes": [dataclasses.asdict(p) for p in self.passes],
             "check": self.check.to_json() if self.check else None,
+            "phases": dict(self.phases),
             "notes": list(self.notes),
         }
 
-    def write_json(self, path: str | os.PathLike[str]) -> None:
-        """Writes :meth:`to_json` to ``path`` (through a temporary file, then a rename) as strict
-        JSON: a non-finite float (an infinite error) is written as the string ``"inf"``.
+    def write_json(self, path: str | os.PathLike[str] | IO[str]) -> None:
+        """Writes :meth:`to_json` as strict JSON to ``path``, or to an open text file.
+
+        Strict: a non-finite float (an infinite error after a failed check)
+        is written as the string ``"inf"``, ``"-inf"`` or ``"nan"``, never as
+        the bare ``Infinity`` or ``NaN`` that JSON does not have. A path is
+        written through a uniquely named temporary file next to it, then renamed.
 
         Raises:
             InputError: the file cannot be written.
         """
+        text = json.dumps(_strict(self.to_json()), indent=2, default=str, allow_nan=False) + "\n"
+        if not isinstance(path, (str, os.PathLike)):
+            path.write(text)
+            return
         target = pathlib.Path(path)
-        tmp = target.with_name(f".{target.name}.tmp")
+        tmp: pathlib.Path | None = None
         try:
-            text = json.dumps(json_safe(self.to_json()), indent=2, default=str, allow_nan=False)
-            tmp.write_text(text + "\n", encoding="utf-8")
+            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            tmp = pathlib.Path(name)
+            mask = os.umask(0o022)
+            os.umask(mask)
+            os.fchmod(fd, 0o666 & ~mask)  # as an ordinary new file would be, not mkstemp's 0600
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
             os.replace(tmp, target)
+            tmp = None
         except OSError as e:
             raise InputError(f"{path}: cannot write the report ({e.strerror or e})") from e
         finally:
-            tmp.unlink(missing_ok=True)
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
 
     def format(self) -> str:
         """A plain-text table: op counts before and after, totals, passes and the check."""

@@ -442,7 +442,8 @@ def test_huge_generated_inputs_skip_the_check(demo: pathlib.Path, tmp_path: path
     assert out.exists()
 
 
-def test_sparse_constants_are_densified(tmp_path: pathlib.Path) -> None:
+def test_sparse_constants_are_kept_sparse(tmp_path: pathlib.Path) -> None:
+    """A sparse Constant is written back as it was (never densified: see passes/modelio/sparse.py)."""
     values = numpy_helper.from_array(np.array([1.5, -2.5], np.float32), "sp")
     indices = numpy_helper.from_array(np.array([0, 3], np.int64), "sp_indices")
     sparse = helper.make_sparse_tensor(values, indices, [4])
@@ -460,7 +461,9 @@ def test_sparse_constants_are_densified(tmp_path: pathlib.Path) -> None:
     proc = run_cli(str(src), "-o", str(out), "-q")
     assert proc.returncode == 0, proc.stderr
     result = onnx.load(str(out))
-    assert all(a.name != "sparse_value" for n in result.graph.node for a in n.attribute)
+    kept = [a.sparse_tensor for n in result.graph.node for a in n.attribute if a.name == "sparse_value"]
+    assert [k.SerializeToString() for k in kept] == [sparse.SerializeToString()]
+    assert [o.domain for o in result.opset_import] == [""]
     x = np.array([1, 2, 3, 4], np.float32)
     np.testing.assert_array_equal(helpers.ort_run(result, {"x": x})[0], (x + [1.5, 0, 0, -2.5]) * [1.5, 0, 0, -2.5])
 

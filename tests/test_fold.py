@@ -1174,6 +1174,8 @@ def test_model_without_constants_is_not_modified() -> None:
         "removed_initializers": 0,
         "unsupported": {},
         "failed": {},
+        "refused": {},
+        "kernel_bugs": {},
     }
     assert op_types(out.graph) == ["Relu", "Add"]
 

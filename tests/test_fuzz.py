@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import pathlib
 import shutil
+import socket
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 
@@ -42,6 +45,7 @@ from passes import cli
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DEMO = REPO / "models" / "demo.onnx"
 DATA_FILE = "weights.bin"
+LOOP = "loop.bin"  # a symlink to itself in every workspace
 
 
 def _budget(default: int) -> settings:
@@ -195,6 +199,7 @@ def run_and_verify(model_bytes: bytes, data: bytes | None, *, check: bool) -> in
         src.write_bytes(model_bytes)
         if data is not None:
             (folder / DATA_FILE).write_bytes(data)
+        os.symlink(LOOP, folder / LOOP)  # a location the external-data fuzzer may name
         before = _snapshot(folder)
         out = folder / "out.onnx"
         code, err = _run(src, out, check=check)
@@ -427,9 +432,10 @@ def _mutate_external(data: st.DataObject, model: onnx.ModelProto) -> None:
     key = data.draw(st.sampled_from(["location", "offset", "length", "checksum", "basepath", "weird"]))
     values = {
         "location": ["", DATA_FILE, "../" + DATA_FILE, "/etc/hostname", "sub/../" + DATA_FILE, "missing.bin",
-                     "model.onnx", ".", "a\0b", "C:/x.bin", "\\" + DATA_FILE],
-        "offset": ["0", "4", "-4", "abc", "", str(2**63), "1e3"],
-        "length": ["0", "16", "-16", "abc", "", str(2**40), "64"],
+                     "model.onnx", ".", "a\0b", "C:/x.bin", "\\" + DATA_FILE,
+                     LOOP, "a" * 5000, DATA_FILE + "/x", "x\nnewline.bin"],
+        "offset": ["0", "4", "-4", "abc", "", str(2**63), "1e3", "\u00b2", "\u0664", "0" * 5000, " 4", "1_6"],
+        "length": ["0", "16", "-16", "abc", "", str(2**40), "64", "\u0661\u0666", "9" * 5000, "+16"],
     }.get(key, ["x"])
     value = data.draw(st.sampled_from(values), label="value")
     how = data.draw(st.sampled_from(["set", "add", "remove"]), label="how")
@@ -487,6 +493,75 @@ def test_external_data_mutations_never_crash(
     if data.draw(st.booleans(), label="cut the data file"):
         external = external[: data.draw(st.integers(0, len(external)), label="data size")]
     run_and_verify(model.SerializeToString(), external, check=False)
+
+
+# --- destinations ---------------------------------------------------------------------------------
+
+_DESTINATION_KINDS = ["absent", "regular", "fifo", "socket", "folder", "symlink_to_fifo", "dangling_symlink"]
+
+
+def _make_destination(path: pathlib.Path, kind: str, keep: list) -> None:
+    if kind == "regular":
+        path.write_bytes(b"somebody's file " + path.name.encode())
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        keep.append(sock)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "symlink_to_fifo":
+        os.mkfifo(path.with_name(path.name + ".fifo"))
+        os.symlink(path.name + ".fifo", path)
+    elif kind == "dangling_symlink":
+        os.symlink("nowhere." + path.name, path)
+
+
+def _kinds(folder: pathlib.Path) -> dict[str, int]:
+    return {p.name: stat.S_IFMT(os.lstat(p).st_mode) for p in folder.iterdir()}
+
+
+@_budget(20)
+@given(data=st.data())
+def test_destinations_are_regular_files_or_new(seeds: Seeds, data: st.DataObject) -> None:
+    """OUTPUT, OUTPUT.data and the report as anything: only regular files and new paths are
+    written, anything else is refused untouched, and another model's data file is never replaced."""
+    name = data.draw(st.sampled_from(["demo", "external"]), label="seed")
+    raw, external = seeds[name]
+    kinds = {role: data.draw(st.sampled_from(_DESTINATION_KINDS), label=role)
+             for role in ("output", "output_data", "report")}
+    with _workspace() as folder:
+        src = folder / "model.onnx"
+        src.write_bytes(raw)
+        if external is not None:
+            (folder / DATA_FILE).write_bytes(external)
+        out, report = folder / "out.onnx", folder / "report.json"
+        keep: list = []
+        for role, path in (("output", out), ("output_data", folder / "out.onnx.data"), ("report", report)):
+            _make_destination(path, kinds[role], keep)
+        before, before_kinds = _snapshot(folder), _kinds(folder)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = cli.main([str(src), "-o", str(out), "--report", str(report), "-q", "--no-check"])
+        err = err.getvalue()
+        assert "Traceback" not in err and "internal error" not in err, err
+        unusable = {"fifo", "socket", "folder", "symlink_to_fifo"}
+        # a symlink at OUT.data is not our data file either (the data file is never a link)
+        foreign_data = kinds["output_data"] in ("regular", "dangling_symlink") and name == "external"
+        if unusable & {kinds["output"], kinds["report"]} or kinds["output_data"] in unusable or foreign_data:
+            assert code == 2, err
+            assert len([line for line in err.splitlines() if line.startswith("optimize: error:")]) == 1, err
+            assert _snapshot(folder) == before and _kinds(folder) == before_kinds
+        else:
+            assert code == 0, err
+            onnx.checker.check_model(str(out))
+            after = _snapshot(folder)
+            replaced = ("out.onnx", "report.json")  # OUT.data: never another model's
+            assert {k: after[k] for k in before if k not in replaced} == {
+                k: v for k, v in before.items() if k not in replaced}
+        assert not [p.name for p in folder.iterdir() if p.name.startswith(".")], "temporary files left"
+        event(f"exit {code}")
 
 
 # --- property: random valid graphs compute the same after optimisation ---------------------------

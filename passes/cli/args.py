@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 
 from passes import pipeline
 from passes.errors import EXIT_ERROR
-from passes.options import Option, parse_nonnegative_int, parse_size
+from passes.options import Option, parse_int, parse_nonnegative_int, parse_size, short
 from passes.verify.result import DEFAULT_TIMEOUT
 
 __all__ = ["PROG", "option_values", "parser"]
@@ -24,11 +24,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _typed(option: Option) -> Any:
+    # A pass declaring parse=int would take '٤', '1_8' or 5000 digits: the strict parser instead.
+    parser_of_text = parse_int if option.parse is int else option.parse
+
     def parse(text: str) -> Any:
         try:
-            return option.parse(text)
+            return parser_of_text(text)
         except (ValueError, OverflowError) as e:
-            raise argparse.ArgumentTypeError(str(e) or f"invalid value {text!r}") from None
+            raise argparse.ArgumentTypeError(str(e) or f"invalid value {short(text)}") from None
 
     parse.__name__ = option.name  # argparse names the type in its messages
     return parse
@@ -41,7 +44,7 @@ def _dim(text: str) -> tuple[str, int]:
     except ValueError:
         value = None
     if not sep or not name or value is None:
-        raise argparse.ArgumentTypeError(f"invalid --dim {text!r} (expected NAME=SIZE)")
+        raise argparse.ArgumentTypeError(f"invalid --dim {short(text)} (expected NAME=SIZE)")
     return name, value
 
 
@@ -49,7 +52,7 @@ def _seed(text: str) -> int:
     try:
         return parse_nonnegative_int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid --seed {text!r} (expected a whole number >= 0)") from None
+        raise argparse.ArgumentTypeError(f"invalid --seed {short(text)} (expected a whole number >= 0)") from None
 
 
 def _tolerance(text: str) -> float:
@@ -58,7 +61,7 @@ def _tolerance(text: str) -> float:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"invalid tolerance {text!r} (expected a finite number >= 0)")
+        raise argparse.ArgumentTypeError(f"invalid tolerance {short(text)} (expected a finite number >= 0)")
     return value
 
 
@@ -94,11 +97,15 @@ def parser() -> argparse.ArgumentParser:
             "unused initializers and unused opset imports):\n" + (available or "  (none)")
         ),
         epilog=(
+            "only regular files and new paths are written: OUTPUT, OUTPUT.data and the\n"
+            "report are refused if they are devices, FIFOs, sockets or folders, and the\n"
+            "report is committed together with OUTPUT.\n\n"
             "exit codes: 0 success (the report says NOT CHECKED when the onnxruntime check\n"
             "could not run); 1 the check found a difference, the optimised model does not\n"
             "run or is invalid, or (with --require-check) the check could not run; 2 bad\n"
             "usage, bad input, or a model a pass refuses; 130/143 interrupted by\n"
-            "SIGINT/SIGTERM (no partial output is left)."
+            "SIGINT/SIGTERM (no partial output is left; the message says whether the\n"
+            "output had already been written)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -132,7 +139,11 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--atol", type=_tolerance, default=None, help="absolute tolerance for float outputs")
     result.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
     result.add_argument("--force", action="store_true",
-                        help="write the output even if the check fails (the exit code is still 1)")
+                        help="write the output even if the check fails (the exit code is still 1); "
+                             "it does not make any other refusal go away")
+    result.add_argument("--replace-data", action="store_true",
+                        help="replace OUTPUT.data even if it is not the existing OUTPUT's own data "
+                             "file (by default that is refused: it may hold another model's weights)")
     verbosity = result.add_mutually_exclusive_group()
     verbosity.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     verbosity.add_argument("-v", "--verbose", action="store_true", help="log details and show tracebacks")

@@ -11,33 +11,36 @@ Every error is one line starting ``optimize: error:``; ``-v`` adds tracebacks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import signal
 import sys
 import traceback
 import warnings
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from passes import pipeline
 from passes.cli.args import PROG, option_values, parser
+from passes.cli.progress import TerminalProgress
 from passes.errors import EXIT_CHECK, EXIT_ERROR, EXIT_OK, CheckFailedError, InputError, OptimizeError, first_line
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
 
 
 class _Console:
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
-
-    def progress(self, message: str) -> None:
-        if self.tty and not self.quiet:
-            print(f"{PROG}: {message}...", file=sys.stderr, flush=True)
+        # The progress line: on a terminal only, never with -q (see passes.cli.progress).
+        self.progress = TerminalProgress(sys.stderr, PROG) if self.tty and not quiet else None
 
     def warn(self, message: str, *, even_quiet: bool = False) -> None:
         if even_quiet or not self.quiet:
+            if self.progress is not None:
+                self.progress.clear()
             print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)
 
     def not_checked(self, message: str) -> None:
@@ -48,10 +51,41 @@ class _Console:
         if not self.quiet:
             print(text, flush=True)
 
-    def show_warning(self, message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
-        """Replaces ``warnings.showwarning``: a library warning becomes one line."""
+    @staticmethod
+    def show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        """Replaces ``warnings.showwarning``: a library's warning is logged, shown with ``-v`` only."""
         text = str(message).strip()
-        self.warn(text.splitlines()[0] if text else category.__name__)
+        logging.getLogger("py.warnings").warning("%s: %s", category.__name__, first_line(text) if text else "")
+
+
+class _OwnRecordsOnly(logging.Filter):
+    """Without ``-v``, only this tool's records: libraries (onnx_ir's "cannot be found in
+    any scope", "contains invalid UTF-8"...) log about models the tool then refuses in
+    its one error line, and their lines would come before it."""
+
+    def __init__(self, verbose: bool) -> None:
+        super().__init__()
+        self.verbose = verbose
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.verbose or record.name == "passes" or record.name.startswith("passes.")
+
+
+@contextlib.contextmanager
+def _logging(verbose: bool, quiet: bool) -> Iterator[None]:
+    """A stderr handler on the root logger for the duration of a run (removed after, for embedded use)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(name)s: %(message)s"))
+    handler.addFilter(_OwnRecordsOnly(verbose))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.ERROR if quiet else logging.WARNING)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
 
 
 def _inputs_file(path: str) -> str:
@@ -101,7 +135,7 @@ def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) ->
         report = pipeline.optimize_file(
             args.input, args.output, passes=args.passes, skip=args.skip, check=check, force=args.force,
             report_path=args.report, progress=console.progress, warn=console.not_checked, on_commit=committed,
-            **option_values(args),
+            replace_data=args.replace_data, **option_values(args),
         )  # fmt: skip
     except CheckFailedError as e:
         report = getattr(e, "report", None)
@@ -113,7 +147,7 @@ def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``optimize`` command; returns the exit code."""
+    """Entry point of the ``optimize`` command; returns the exit code (the signal handlers are restored)."""
     # A handler installed outside Python (getsignal() is None) could not be restored: leave it.
     previous = {s: h for s in _SIGNALS if (h := signal.getsignal(s)) is not None}
     try:
@@ -121,17 +155,64 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(s, _terminate)
     except ValueError:  # not in the main thread (embedded use): leave signals alone
         previous = {}
+    try:
+        return _main(argv, {"written": False})
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def run(argv: Sequence[str] | None = None) -> NoReturn:
+    """The command as a process: :func:`main`, then exit at once with its code.
+
+    After the run, Python's own shutdown (onnxruntime, numpy, module teardown)
+    takes a while, and late in it the default signal handlers are back: a
+    SIGINT or SIGTERM then killed the process with the raw signal and no
+    message although the output was complete. Here the handlers stay until
+    the output streams are flushed, a signal in that time is reported like
+    any other ("interrupted; the output was already written"), and the
+    process ends with ``os._exit`` without that shutdown (every file is
+    closed and every temporary file removed by then).
+    """
     state = {"written": False}
+    for s in _SIGNALS:
+        signal.signal(s, _terminate)
+    try:
+        code = _main(argv, state)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except KeyboardInterrupt as e:  # after main's own handling: while flushing
+        for s in _SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        code = _interrupted(e, state)
+    for s in _SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _interrupted(error: KeyboardInterrupt, state: dict[str, bool]) -> int:
+    done = "the output was already written" if state["written"] else "no output written"
+    print(f"{PROG}: error: interrupted; {done}", file=sys.stderr, flush=True)
+    return 128 + (error.signum if isinstance(error, _Interrupted) else signal.SIGINT)
+
+
+def _main(argv: Sequence[str] | None, state: dict[str, bool]) -> int:
     verbose = False
     try:
         args = parser().parse_args(argv)
         verbose = args.verbose
-        level = logging.DEBUG if args.verbose else logging.ERROR if args.quiet else logging.WARNING
-        logging.basicConfig(level=level, format=f"{PROG}: %(levelname)s: %(name)s: %(message)s")
         console = _Console(args.quiet)
-        with warnings.catch_warnings():
-            warnings.showwarning = console.show_warning
-            return _run(args, console, state)
+        try:
+            with _logging(args.verbose, args.quiet), warnings.catch_warnings():
+                warnings.showwarning = console.show_warning
+                return _run(args, console, state)
+        finally:
+            if console.progress is not None:
+                console.progress.close()
     except CheckFailedError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_CHECK
@@ -141,9 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt as e:
-        done = "the output was already written" if state["written"] else "no output written"
-        print(f"{PROG}: error: interrupted; {done}", file=sys.stderr)
-        return 128 + (e.signum if isinstance(e, _Interrupted) else signal.SIGINT)
+        return _interrupted(e, state)
     except MemoryError:
         print(f"{PROG}: error: out of memory", file=sys.stderr)
         return EXIT_ERROR
@@ -157,10 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

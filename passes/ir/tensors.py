@@ -3,13 +3,20 @@
 The folding pass works on ``ir.TensorProtocol`` objects until it evaluates a
 node; only then are the inputs turned into numpy arrays (``read_array``), which
 is when external data is first read.
+
+External data is read with checked reads (:func:`read_external`), never through
+onnx_ir's memory map: a data file that shrinks while the pass runs (another
+process rewriting it) would make the next access to a mapped page a SIGBUS,
+which kills the process; a read of a short file is an ``InputError`` instead.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+import os
+import stat
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -24,6 +31,7 @@ __all__ = [
     "constant_tensor",
     "make_tensor",
     "read_array",
+    "read_external",
     "sparse_to_dense",
     "tensor_nbytes",
 ]
@@ -102,15 +110,100 @@ def read_array(value: ir.Value, tensor: ir.TensorProtocol, node: ir.Node) -> np.
         InputError: the tensor's data cannot be read (a missing or short
             external-data file, raw data of the wrong length).
     """
+    # Not isinstance: ExternalTensor derives from a Protocol, whose isinstance costs microseconds.
+    external = ir.ExternalTensor in type(tensor).__mro__
     try:
-        array = tensor.numpy()
-    except (OSError, ValueError) as e:
-        raise InputError(
-            f"cannot read the data of {value.name!r}, input of {node.op_type} node {node.name!r}: {e}"
-        ) from e
+        array = read_external(tensor) if external else tensor.numpy()
+    except (InputError, OSError, ValueError) as e:
+        where = f"{value.name!r}, input of {node.op_type} node {node.name!r}"
+        raise InputError(f"cannot read the data of {where}: {e}") from e
     if tensor.dtype == ir.DataType.STRING:
         return np.asarray(array, dtype=object)
     return np.asarray(array)
+
+
+def _contained(tensor: ir.ExternalTensor) -> str:
+    """The data file's path, refused if it leaves ``base_dir`` (as onnx_ir's own loader does).
+
+    The location must stay inside the base folder both as written and with
+    symbolic links resolved, and the file must not have other hard links.
+    """
+    path = tensor.path
+    if not tensor.base_dir:
+        return path
+    base = os.path.normcase(os.path.normpath(os.path.abspath(os.fspath(tensor.base_dir))))
+    for candidate, root in (
+        (os.path.normcase(os.path.normpath(os.path.abspath(path))), base),
+        (os.path.normcase(os.path.realpath(path)), os.path.normcase(os.path.realpath(base))),
+    ):
+        if candidate != root and not candidate.startswith(root.rstrip(os.sep) + os.sep):
+            raise InputError(f"external data location {tensor.location!r} is outside {root}")
+    return path
+
+
+def read_external(tensor: ir.ExternalTensor) -> np.ndarray:
+    """An external tensor's data, read into memory with checked reads (no memory map).
+
+    The file is opened without blocking, must be a regular file with a single
+    link, and must hold the tensor's bytes when read; the bytes are read with
+    ``os.preadv`` (or ``pread``) until complete.
+
+    Raises:
+        InputError: the file is missing, not a regular file, outside the model's
+            folder, or shorter than the tensor needs (also if it shrinks during
+            the read).
+    """
+    if tensor.dtype == ir.DataType.STRING:
+        raise InputError("a string tensor cannot be stored externally")
+    nbytes = int(tensor.nbytes)
+    offset = int(tensor.offset or 0)
+    if tensor.length is not None and int(tensor.length) != nbytes:
+        raise InputError(
+            f"external data length {tensor.length} does not match the {nbytes} bytes of its type"
+        )
+    path = _contained(tensor)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise InputError(f"cannot open external data {tensor.location!r}: {e.strerror}") from e
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"external data {tensor.location!r} is not a regular file")
+        if info.st_nlink > 1:
+            raise InputError(f"external data {tensor.location!r} has {info.st_nlink} hard links")
+        if info.st_size < offset + nbytes:
+            raise InputError(
+                f"external data {tensor.location!r} is truncated: bytes {offset}..{offset + nbytes} "
+                f"needed, the file has {info.st_size}"
+            )
+        buffer = bytearray(nbytes)
+        view = memoryview(buffer)
+        done = 0
+        while done < nbytes:
+            if hasattr(os, "preadv"):
+                count = os.preadv(fd, [view[done:]], offset + done)
+            else:  # pragma: no cover - platforms without preadv
+                chunk = os.pread(fd, nbytes - done, offset + done)
+                view[done : done + len(chunk)] = chunk
+                count = len(chunk)
+            if count == 0:
+                raise InputError(
+                    f"external data {tensor.location!r} shrank while being read: "
+                    f"{done} of {nbytes} bytes at offset {offset}"
+                )
+            done += count
+    finally:
+        os.close(fd)
+    return _decode(buffer, tensor.dtype, tuple(int(d) for d in tensor.shape.numpy()))
+
+
+def _decode(data: bytearray, dtype: ir.DataType, dims: tuple[int, ...]) -> np.ndarray:
+    """The array of a tensor's raw little-endian bytes (no copy for whole-byte types)."""
+    if dtype.bitwidth >= 8:
+        return np.frombuffer(data, dtype=np.dtype(dtype.numpy()).newbyteorder("<")).reshape(dims)
+    proto = onnx.TensorProto(data_type=int(dtype), dims=dims, raw_data=bytes(data))
+    return ir.serde.deserialize_tensor(proto).numpy()  # packed 2-, 4- and 6-bit types
 
 
 def tensor_nbytes(tensor: ir.TensorProtocol) -> int:

@@ -10,7 +10,11 @@ checker, type inference included. External weights are memory-mapped by
 
 Saving is atomic: everything is written into a temporary folder next to the
 destination and renamed into place only when complete, so a failure or an
-interrupt never leaves a partial output behind.
+interrupt never leaves a partial output behind. Weights that no pass changed
+are copied from the input's data file by the kernel, never decoded
+(:mod:`passes.modelio.copy`), and the model file is written once.
+
+Importing this module is cheap: onnx and onnx_ir are imported on first use.
 """
 
 from __future__ import annotations
@@ -23,23 +27,50 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import IO, TYPE_CHECKING
 
-import google.protobuf.message
-import onnx
-import onnx.checker
-import onnx.external_data_helper
-import onnx_ir as ir
-
-from passes.modelio import opaque as _opaque_types, validate as _validate
-from passes.modelio.sparse import densify_sparse_constants
+from passes.modelio.destinations import (
+    check_data_file,
+    check_encodable,
+    check_writable,
+    data_file_of,
+    shown,
+)
+from passes.modelio.load import (
+    _in_memory,
+    check_unchanged,
+    data_files,
+    has_external_data,
+    load_model,
+    model_from_proto,
+    model_to_proto,
+    proto_from_bytes,
+    validate_proto,
+)
 from passes.errors import InputError, first_line as _first_line
-from passes.limits import PROTOBUF_LIMIT, PROTOBUF_MAX
+from passes.lazy import lazy_module
+from passes.limits import PROTOBUF_LIMIT
+
+# The command's early errors come from load_model's first lines, before any of these is needed.
+if TYPE_CHECKING:
+    import onnx
+    import onnx_ir as ir
+else:
+    onnx = lazy_module("onnx")
+    ir = lazy_module("onnx_ir")
+_protobuf = lazy_module("google.protobuf.message")
+_opaque_types = lazy_module("passes.modelio.opaque")
+_validate = lazy_module("passes.modelio.validate")
+_sparse = lazy_module("passes.modelio.sparse")
+_copy = lazy_module("passes.modelio.copy")
 
 __all__ = [
     "PROTOBUF_LIMIT",
     "StagedOutput",
+    "check_unchanged",
     "data_files",
+    "external_data_nbytes",
     "has_external_data",
     "load_model",
     "model_from_proto",
@@ -59,213 +90,6 @@ _FUNCTIONS_IR_VERSION = 8
 _INLINE_UP_TO = 1024
 
 
-def has_external_data(model: ir.Model) -> bool:
-    """Whether any initializer of the model (or its subgraphs) is stored externally."""
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            if isinstance(value.const_value, ir.ExternalTensor):
-                return True
-    return False
-
-
-def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
-    """Loads and validates an ONNX model file.
-
-    Args:
-        path: The ``.onnx`` file. External data is resolved relative to its folder.
-        check: Run the ONNX checker (recommended: passes assume a valid model).
-
-    Returns:
-        The model, with external weights memory-mapped, not copied (a Constant's
-        external value is read into memory).
-
-    Raises:
-        InputError: the file is missing, not a regular file, 2 GB or more, not an
-            ONNX model, truncated, has text that is not UTF-8 or a tensor whose data
-            does not match its type and shape, refers to external data that is
-            missing, truncated or outside its folder, or fails the checker
-            (including type inference).
-    """
-    path = pathlib.Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    if not path.is_file():
-        raise InputError(f"{path}: not a regular file")
-    size = path.stat().st_size
-    if size == 0:
-        raise InputError(f"{path}: empty file, not an ONNX model")
-    if size >= PROTOBUF_MAX:
-        raise InputError(
-            f"{path}: {size} bytes is over protobuf's 2 GB limit; "
-            "store the weights as external data to load it"
-        )
-    try:
-        proto = onnx.load_model(str(path), load_external_data=False)
-    except (google.protobuf.message.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: not a valid ONNX model ({_first_line(e)})") from e
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({_first_line(e)})") from e
-    try:
-        validate_proto(proto, path.parent, path=path, check=check)
-    except InputError as e:
-        raise InputError(f"{path}: {e}") from e
-    try:
-        model = model_from_proto(proto)
-    except InputError as e:
-        raise InputError(f"{path}: {e}") from e
-    _bind_external_tensors(model, path.parent)
-    return model
-
-
-def _root_message(error: BaseException) -> str:
-    """The innermost cause's first line (onnx_ir wraps the reason in SerdeErrors)."""
-    while error.__cause__ is not None:
-        error = error.__cause__
-    return _first_line(error)
-
-
-def proto_from_bytes(data: bytes) -> onnx.ModelProto:
-    """Parses a serialized model.
-
-    Raises:
-        InputError: the bytes are not an ONNX model.
-    """
-    if len(data) >= PROTOBUF_MAX:
-        raise InputError(f"{len(data)} bytes is over protobuf's 2 GB limit")
-    try:
-        return onnx.load_model_from_string(data)
-    except (google.protobuf.message.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
-        raise InputError(f"not a valid ONNX model ({_first_line(e)})") from e
-
-
-def validate_proto(
-    proto: onnx.ModelProto, base_dir: pathlib.Path | None = None, *, path: pathlib.Path | None = None,
-    check: bool = True,
-) -> int:
-    """The load-time validation of :func:`load_model`, for a model already in memory.
-
-    Args:
-        proto: The model; an IR 3 model whose initializers are not inputs is
-            read as IR 4 (changed in place), as at load.
-        base_dir: The folder external data is relative to; a model in memory
-            that refers to external data needs one.
-        path: The model's file, if it has one (the checker reads external data through it).
-        check: Also run the ONNX checker with type inference.
-
-    Returns:
-        How many tensors are stored externally.
-
-    Raises:
-        InputError: the model is invalid (see :func:`load_model`).
-    """
-    if 0 < proto.ir_version < 4:
-        # IR 3 requires every initializer to also be a graph input; IR 4 reads initializers
-        # the same way and only drops that rule. Exporters of the time broke it (onnxruntime's
-        # own datasets/mul_1.onnx does) and onnxruntime runs such models, so they are read
-        # as IR 4 (the upgrade raises the version further anyway).
-        proto.ir_version = 4
-    external = _validate.check_contents(proto, base_dir or pathlib.Path.cwd())
-    if external and (base_dir is None or (check and path is None)):
-        raise InputError("the model refers to external data; load it from its file instead")
-    if check:
-        _validate.check_validity(proto, path, external)
-    return external
-
-
-def model_from_proto(proto: onnx.ModelProto, *, validate: bool = False) -> ir.Model:
-    """Builds the IR of ``proto`` (changed in place: sparse Constants densified, map types stashed).
-
-    onnx_ir represents neither sparse tensor attributes nor map types; see
-    ``passes.modelio.sparse`` and ``passes.modelio.opaque``. :func:`model_to_proto` and
-    :func:`save_model` put the stashed types back.
-
-    Raises:
-        InputError: with ``validate``, the model is invalid (see :func:`validate_proto`);
-            or onnx_ir cannot represent it.
-    """
-    if validate:
-        validate_proto(proto)
-    densify_sparse_constants(proto)
-    stashed = _opaque_types.stash(proto)
-    try:
-        model = ir.serde.deserialize_model(proto)
-    except (ValueError, TypeError, KeyError, RuntimeError, NotImplementedError) as e:
-        raise InputError(f"cannot read the model ({_root_message(e)})") from e
-    if stashed:
-        model.meta[_opaque_types.STASH_KEY] = stashed
-    return model
-
-
-def model_to_proto(model: ir.Model) -> onnx.ModelProto:
-    """Serialises ``model`` (tensors in memory) with the declarations :func:`model_from_proto` stashed."""
-    proto = ir.serde.serialize_model(model)
-    _opaque_types.restore(proto, model.meta.get(_opaque_types.STASH_KEY, {}))
-    return proto
-
-
-def _restore_opaque_types(model: ir.Model, path: pathlib.Path) -> None:
-    stashed = model.meta.get(_opaque_types.STASH_KEY)
-    if stashed:
-        proto = onnx.load_model(str(path), load_external_data=False)
-        _opaque_types.restore(proto, stashed)
-        onnx.save_model(proto, str(path))
-
-
-def _bind_external_tensors(model: ir.Model, base_dir: pathlib.Path) -> None:
-    """Resolves every external tensor against the model's folder.
-
-    Initializers stay memory-mapped (saving keeps them external). A tensor held
-    by a node attribute (a Constant's value, in any graph or function) is read
-    into memory now: onnx_ir only writes initializers to external data, and
-    would otherwise save a reference to the input's data file, or resolve a
-    function's tensor against the working directory.
-    """
-    ir.external_data.set_base_dir(model.graph, str(base_dir))
-    for root in (model.graph, *model.functions.values()):
-        for node in ir.traversal.RecursiveGraphIterator(root):
-            for attr in node.attributes.values():
-                if attr.is_ref():
-                    continue
-                if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
-                    node.attributes[attr.name] = ir.AttrTensor(attr.name, _in_memory(attr.value, base_dir))
-                elif attr.type == ir.AttributeType.TENSORS and any(
-                    isinstance(t, ir.ExternalTensor) for t in attr.value
-                ):
-                    tensors = [_in_memory(t, base_dir) for t in attr.value]
-                    node.attributes[attr.name] = ir.AttrTensors(attr.name, tensors)
-                elif attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) and (
-                    root is not model.graph  # functions' subgraphs are not saved as external data
-                ):
-                    for graph in attr.value if attr.type == ir.AttributeType.GRAPHS else [attr.value]:
-                        for value in graph.initializers.values():
-                            value.const_value = _in_memory(value.const_value, base_dir)
-
-
-def _in_memory(
-    tensor: ir.TensorProtocol | None, base_dir: pathlib.Path | None = None
-) -> ir.TensorProtocol | None:
-    """An external tensor read (from ``base_dir`` if given) into memory; any other tensor as it is.
-
-    Unlike onnx_ir's own conversion, this leaves the tensor's memory map open:
-    closing it fails (BufferError) while a pass still holds an array viewing it.
-    """
-    if not isinstance(tensor, ir.ExternalTensor):
-        return tensor
-    if base_dir is not None:
-        tensor.base_dir = str(base_dir)
-    return ir.Tensor(tensor.numpy().copy(), dtype=tensor.dtype, name=tensor.name)
-
-
-def data_files(model: ir.Model) -> set[pathlib.Path]:
-    """The resolved paths of the external-data files the model's initializers refer to."""
-    files = set()
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            if isinstance(value.const_value, ir.ExternalTensor):
-                files.add(pathlib.Path(value.const_value.path).resolve())
-    return files
-
-
 def _inline_nbytes(model: ir.Model) -> int:
     total = 0
     for graph in model.graphs():
@@ -281,8 +105,15 @@ def save_model(
     path: str | os.PathLike[str],
     *,
     external_data: bool | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[pathlib.Path]:
     """Saves ``model`` to ``path`` (not atomic by itself; see :func:`staged_output`).
+
+    With external data, a weight that no pass changed (still the input's
+    ``ExternalTensor``) is copied from the input's data file by the kernel,
+    never read into Python; new and changed tensors are written from memory
+    (see :mod:`passes.modelio.copy` for the methods and the layout). The model
+    file is written once, map types restored in memory first.
 
     Args:
         model: The model to save. It is not modified.
@@ -290,6 +121,7 @@ def save_model(
         external_data: Store large initializers in ``<name>.data`` next to the
             file. ``None`` chooses: yes if the model already had external data or
             would exceed protobuf's 2 GB limit.
+        progress: Called with a byte count as the external data is written.
 
     Returns:
         The files written.
@@ -297,42 +129,66 @@ def save_model(
     path = pathlib.Path(path)
     if external_data is None:
         external_data = has_external_data(model) or _inline_nbytes(model) >= PROTOBUF_LIMIT
-    if external_data:
-        data_name = path.name + ".data"
-        with _small_external_tensors_in_memory(model, _INLINE_UP_TO):
-            ir.save(model, path, external_data=data_name, size_threshold_bytes=_INLINE_UP_TO)
-        written = [path]
-        data = path.parent / data_name
-        if data.exists() and data.stat().st_size == 0:
-            data.unlink()  # every initializer was small enough to stay inline
-        elif data.exists():
-            written.append(data)
-        _restore_opaque_types(model, path)
-        return written
-    ir.save(model, path)
-    _restore_opaque_types(model, path)
-    return [path]
+    if not external_data:
+        _write_proto(model_to_proto(model), path)
+        return [path]
+    data = path.with_name(path.name + ".data")
+    inline, placed = _split_initializers(model)
+    placements, size = _copy.plan([value.const_value for value in placed])
+    swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    try:
+        for value in inline:  # small external weights are written inline: read them now
+            swapped.append((value, value.const_value))
+            value.const_value = _in_memory(value.const_value)
+        if placements:
+            with open(data, "wb") as f:
+                methods = _copy.write_external_data(placements, size, f, progress)
+            logger.info("external data: %d bytes, %s", size, methods)
+        for value, p in zip(placed, placements):
+            tensor = p.tensor
+            swapped.append((value, tensor))
+            value.const_value = ir.ExternalTensor(
+                data.name, p.offset, p.length, tensor.dtype, shape=tensor.shape, name=tensor.name,
+                doc_string=getattr(tensor, "doc_string", None),
+                metadata_props=dict(getattr(tensor, "metadata_props", None) or {}) or None,
+                base_dir=str(path.parent),
+            )  # fmt: skip
+        _write_proto(model_to_proto(model), path)
+    finally:
+        for value, tensor in reversed(swapped):
+            value.const_value = tensor
+    return [path, data] if placements else [path]
 
 
-@contextlib.contextmanager
-def _small_external_tensors_in_memory(model: ir.Model, threshold: int) -> Iterator[None]:
-    """For the duration of a save, external initializers that the save writes inline are in memory.
+def external_data_nbytes(model: ir.Model, *, external_data: bool | None = None) -> int:
+    """How many bytes :func:`save_model` would write to the data file (0: none)."""
+    if external_data is None:
+        external_data = has_external_data(model) or _inline_nbytes(model) >= PROTOBUF_LIMIT
+    return sum(v.const_value.nbytes for v in _split_initializers(model)[1]) if external_data else 0
 
-    onnx_ir reads them itself, then closes their memory map, which fails while
-    an array viewing it is alive (a pass may hold one); see :func:`_in_memory`.
+
+def _split_initializers(model: ir.Model) -> tuple[list[ir.Value], list[ir.Value]]:
+    """The initializers to store inline that are external now, and those to store externally, in order.
+
+    Over :data:`_INLINE_UP_TO` bytes a tensor goes to the data file, except
+    strings (which ONNX cannot store externally).
     """
-    swapped = []
+    inline, external = [], []
     for graph in model.graphs():
         for value in graph.initializers.values():
             tensor = value.const_value
-            if isinstance(tensor, ir.ExternalTensor) and tensor.nbytes <= threshold:
-                swapped.append((value, tensor))
-                value.const_value = _in_memory(tensor)
-    try:
-        yield
-    finally:
-        for value, tensor in swapped:
-            value.const_value = tensor
+            if tensor is None:
+                continue
+            if tensor.nbytes > _INLINE_UP_TO and tensor.dtype != ir.DataType.STRING:
+                external.append(value)
+            elif isinstance(tensor, ir.ExternalTensor):
+                inline.append(value)
+    return inline, external
+
+
+def _write_proto(proto: onnx.ModelProto, path: pathlib.Path) -> None:
+    with open(path, "wb") as f:
+        f.write(proto.SerializeToString())
 
 
 @contextlib.contextmanager
@@ -360,67 +216,138 @@ def _signals_deferred() -> Iterator[None]:
 
 
 class StagedOutput:
-    """A temporary folder next to the destination; :meth:`commit` renames its files into place."""
+    """A temporary folder next to the destination; :meth:`commit` renames its files into place.
 
-    def __init__(self, destination: pathlib.Path) -> None:
+    Other files to commit with the model (the JSON report) are staged with
+    :meth:`stage_file` under unique temporary names next to their own
+    destinations, and renamed in the same commit, after the model.
+    """
+
+    def __init__(self, destination: pathlib.Path, *, replace_data: bool = False) -> None:
         self.destination = destination
+        self.replace_data = replace_data
         self.folder = pathlib.Path(
             tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
         )
         self.path = self.folder / destination.name
         self.files: list[pathlib.Path] = []
+        self.extra: list[tuple[pathlib.Path, pathlib.Path, str]] = []  # (temporary file, target, label)
         self.committed = False
 
-    def save(self, model: ir.Model, *, external_data: bool | None = None) -> pathlib.Path:
-        """Writes the model into the temporary folder.
+    def save(self, model: ir.Model, *, external_data: bool | None = None,
+             progress: Callable[[int], None] | None = None) -> pathlib.Path:  # fmt: skip
+        """Writes the model into the temporary folder (``progress``: see :func:`save_model`).
 
         Raises:
-            InputError: the disk is full, or another error of the file system.
+            InputError: the disk is full, another error of the file system, or an
+                input data file that changed since it was validated.
         """
         try:
-            self.files = save_model(model, self.path, external_data=external_data)
+            self.files = save_model(model, self.path, external_data=external_data, progress=progress)
         except OSError as e:
-            raise InputError(f"{self.destination}: cannot write ({e.strerror or _first_line(e)})") from e
+            raise InputError(f"{shown(self.destination)}: cannot write ({e.strerror or _first_line(e)})") from e
+        except ValueError:  # onnx_ir refusing to read an input data file that changed
+            check_unchanged(model)
+            raise
+        check_unchanged(model)
         return self.path
 
-    def commit(self) -> list[pathlib.Path]:
-        """Moves the written files to the destination folder; the model file last."""
+    def stage_file(self, target: str | os.PathLike[str], write: Callable[[IO[str]], None], label: str) -> None:
+        """Writes a text file to a unique temporary name next to ``target``, renamed there by :meth:`commit`.
+
+        Raises:
+            InputError: ``target`` is not a regular file or a new path, or cannot be written.
+        """
+        target = pathlib.Path(target)
+        check_writable(target, label)
+        try:
+            with _signals_deferred():  # the temporary file is registered before an interrupt can land
+                fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+                self.extra.append((pathlib.Path(name), target, label))
+            os.fchmod(fd, 0o666 & ~_umask())  # as an ordinary new file would be, not mkstemp's 0600
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                write(f)
+        except OSError as e:
+            raise InputError(f"{label}: cannot write ({e.strerror or _first_line(e)})") from e
+
+    def commit(self, *, model: bool = True) -> list[pathlib.Path]:
+        """Moves the written files to the destination folder (the model file last), then the staged files.
+
+        Args:
+            model: Commit the model; False commits only the files of :meth:`stage_file`.
+
+        Raises:
+            InputError: a destination became something other than a regular file,
+                ``NAME.data`` belongs to another model (see ``check_data_file``),
+                or a rename failed.
+        """
+        files = [f for f in self.files if f != self.path] + [self.path] if model else []
+        for f in files:
+            check_writable(self.destination.parent / f.name, shown(self.destination.parent / f.name))
+        if model and len(files) > 1:
+            check_data_file(self.destination, replace=self.replace_data)
+        for _, target, label in self.extra:
+            check_writable(target, label)
         moved = []
-        others = [f for f in self.files if f != self.path]
         with _signals_deferred():
             try:
-                for f in [*others, self.path]:
+                for f in files:
                     target = self.destination.parent / f.name
                     os.replace(f, target)
                     moved.append(target)
             except OSError as e:
-                raise InputError(f"{self.destination}: cannot write ({e.strerror or _first_line(e)})") from e
-            self.committed = True
+                raise InputError(f"{shown(self.destination)}: cannot write ({e.strerror or _first_line(e)})") from e
+            self.committed = model
+            for tmp, target, label in self.extra:
+                try:
+                    os.replace(tmp, target)
+                except OSError as e:
+                    written = f"; {shown(self.destination)} was written" if model else ""
+                    raise InputError(f"{label}: cannot write ({e.strerror or _first_line(e)}){written}") from e
+                moved.append(target)
+            self.extra.clear()
         return moved
 
     def discard(self) -> None:
         with _signals_deferred():
             shutil.rmtree(self.folder, ignore_errors=True)
+            for tmp, _, _ in self.extra:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+            self.extra.clear()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager
-def staged_output(destination: str | os.PathLike[str]) -> Iterator[StagedOutput]:
-    """Context manager for an atomic save; the temporary folder is always removed.
+def staged_output(destination: str | os.PathLike[str], *, replace_data: bool = False) -> Iterator[StagedOutput]:
+    """Context manager for an atomic save; the temporary folder (and staged files) are always removed.
+
+    Args:
+        destination: The model file to write: a regular file or a new path.
+        replace_data: Replace ``NAME.data`` even when it is not the existing model's own.
 
     Raises:
-        InputError: the destination folder does not exist or is not writable.
+        InputError: the destination folder does not exist or is not writable, the
+            destination is not a regular file or a new path, or its name is not UTF-8.
     """
     destination = pathlib.Path(destination)
     parent = destination.parent
+    check_encodable(destination, shown(destination),
+                    "onnx and onnxruntime take paths as UTF-8 text, so the output could not be checked")
     if not parent.is_dir():
-        raise InputError(f"{destination}: folder {str(parent) or '.'!r} does not exist")
-    if destination.is_dir():
-        raise InputError(f"{destination}: is a folder")
+        raise InputError(f"{shown(destination)}: folder {shown(str(parent) or '.')!r} does not exist")
+    check_writable(destination, shown(destination))
+    check_writable(data_file_of(destination), f"{shown(data_file_of(destination))} (the output's data file)")
     try:
         with _signals_deferred():  # an interrupt must not leave the folder behind
-            staged = StagedOutput(destination)
+            staged = StagedOutput(destination, replace_data=replace_data)
     except OSError as e:
-        raise InputError(f"{destination}: cannot write here ({_first_line(e)})") from e
+        raise InputError(f"{shown(destination)}: cannot write here ({_first_line(e)})") from e
     try:
         yield staged
     finally:

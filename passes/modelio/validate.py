@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import pathlib
 import re
 
@@ -23,7 +24,7 @@ import onnx_ir as ir
 
 from passes.errors import InputError, first_line as _first_line
 
-__all__ = ["ShapeConflict", "check_contents", "check_validity"]
+__all__ = ["Identity", "ShapeConflict", "check_contents", "check_validity", "identity"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def _check_no_attribute_references(graph: onnx.GraphProto) -> None:
 
 
 def _tensor_label(tensor: onnx.TensorProto) -> str:
-    return f"tensor {tensor.name!r}" if tensor.name else "an unnamed tensor"
+    return f"tensor {_short(tensor.name)}" if tensor.name else "an unnamed tensor"
 
 
 def _element_count(tensor: onnx.TensorProto) -> int:
@@ -182,13 +183,37 @@ def _external_info(tensor: onnx.TensorProto) -> tuple[str, int, int | None]:
         text = entries.get(key)
         if text is None:
             continue
-        if not text.isdigit():
-            raise InputError(f"{label}: external data {key} {text!r} is not a non-negative integer")
+        # ASCII digits only: str.isdigit() also takes '²' (int() then fails) and Arabic-Indic
+        # digits (int() reads them, onnxruntime does not); 20 digits reach past any file size.
+        if not text or len(text) > _MAX_DIGITS or not set(text) <= _ASCII_DIGITS:
+            raise InputError(f"{label}: external data {key} {_short(text)} is not a non-negative integer")
         numbers[key] = int(text)
     return entries.get("location", ""), numbers.get("offset", 0), numbers.get("length")
 
 
-def _check_contents(proto: onnx.ModelProto, base_dir: pathlib.Path) -> int:
+_ASCII_DIGITS = frozenset("0123456789")
+_MAX_DIGITS = 20
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """``repr(text)``, cut to about ``limit`` characters for a message."""
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
+
+
+#: How a validated external-data file is recognised later: (device, inode, size, mtime in ns).
+Identity = tuple[int, int, int, int]
+
+
+def identity(path: pathlib.Path) -> Identity:
+    """The :data:`Identity` of the file at ``path`` itself (a symlink there is not followed)."""
+    info = os.lstat(path)
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _check_contents(
+    proto: onnx.ModelProto, base_dir: pathlib.Path, identities: dict[pathlib.Path, Identity] | None = None
+) -> int:
     """Validates all text and every tensor's data; returns how many tensors are stored externally.
 
     Inline data must match the declared type and shape exactly. An external
@@ -196,7 +221,9 @@ def _check_contents(proto: onnx.ModelProto, base_dir: pathlib.Path) -> int:
     path, no symlink escaping it), name an existing regular file with a single
     hard link, and the declared offset and length must fit in that file and
     match the tensor's type and shape. Nothing is opened: only paths and
-    ``stat`` results are inspected.
+    ``stat`` results are inspected. Each external file's :data:`Identity` goes
+    into ``identities`` (by resolved path), so that a file swapped after this
+    check can be recognised.
     """
     found = 0
     base = base_dir.resolve()
@@ -211,38 +238,48 @@ def _check_contents(proto: onnx.ModelProto, base_dir: pathlib.Path) -> int:
         location, offset, length = _external_info(tensor)
         if not location:
             raise InputError(f"{label} uses external data without a location")
+        shown = _short(location)
         rel = pathlib.PurePath(location)
         if "\0" in location:
-            raise InputError(f"{label}: external data location {location!r} is not a valid path")
+            raise InputError(f"{label}: external data location {shown} is not a valid path")
         if rel.is_absolute() or location.startswith(("/", "\\")) or ".." in rel.parts or (
             pathlib.PureWindowsPath(location).drive
         ):
             raise InputError(
-                f"{label}: external data location {location!r} "
+                f"{label}: external data location {shown} "
                 "points outside the model's folder; refusing to read it"
             )
-        path = (base / rel).resolve()
+        try:
+            path = (base / rel).resolve()
+        except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (Python < 3.13)
+            raise InputError(f"{label}: external data location {shown} cannot be resolved "
+                             f"({_os_reason(e)})") from e  # fmt: skip
         if base not in path.parents:
             raise InputError(
-                f"{label}: external data location {location!r} "
+                f"{label}: external data location {shown} "
                 "resolves outside the model's folder; refusing to read it"
             )
-        if not path.exists():
-            raise InputError(f"{label}: external data file {location!r} not found")
-        stat = path.stat()
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            raise InputError(f"{label}: external data file {shown} not found") from None
+        except OSError as e:  # a name too long, a permission denied...
+            raise InputError(f"{label}: external data file {shown} cannot be used ({_os_reason(e)})") from e
         if not path.is_file():
-            raise InputError(f"{label}: external data {location!r} is not a regular file")
+            raise InputError(f"{label}: external data {shown} is not a regular file")
         if stat.st_nlink > 1:
             raise InputError(
-                f"{label}: external data file {location!r} has {stat.st_nlink} hard links; "
+                f"{label}: external data file {shown} has {stat.st_nlink} hard links; "
                 "refusing to read it (it may be a link to a file outside the model's folder)"
             )
+        if identities is not None:
+            identities[path] = identity(path)
         size = stat.st_size
         if length is None:
             length = size - offset
         if offset + length > size or length < 0:
             raise InputError(
-                f"{label}: external data {location!r} is truncated "
+                f"{label}: external data {shown} is truncated "
                 f"(needs bytes {offset}..{offset + length}, file has {size})"
             )
         dtype = _data_type(tensor)
@@ -255,6 +292,12 @@ def _check_contents(proto: onnx.ModelProto, base_dir: pathlib.Path) -> int:
                 f"its shape {list(tensor.dims)} and type {dtype.name} ({expected} bytes)"
             )
     return found
+
+
+def _os_reason(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return "a symlink loop" if "loop" in str(error).lower() else _first_line(error, 200)
 
 
 def _inference_view(proto: onnx.ModelProto, external: int) -> onnx.ModelProto | None:
@@ -421,8 +464,12 @@ def _check_in_memory(proto: onnx.ModelProto) -> list[ShapeConflict]:
     return []
 
 
-def check_contents(proto: onnx.ModelProto, base_dir: pathlib.Path) -> int:
+def check_contents(
+    proto: onnx.ModelProto, base_dir: pathlib.Path, identities: dict[pathlib.Path, Identity] | None = None
+) -> int:
     """Checks versions, structure and every tensor; returns how many tensors are external.
+
+    ``identities`` receives each external file's :data:`Identity` (see :func:`_check_contents`).
 
     Raises:
         InputError: the first problem found.
@@ -430,7 +477,7 @@ def check_contents(proto: onnx.ModelProto, base_dir: pathlib.Path) -> int:
     _check_versions(proto)
     _check_pass_through_outputs(proto.graph)
     _check_no_attribute_references(proto.graph)
-    return _check_contents(proto, base_dir)
+    return _check_contents(proto, base_dir, identities)
 
 
 def check_validity(

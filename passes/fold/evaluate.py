@@ -1,0 +1,140 @@
+"""Evaluating one candidate: reading its inputs, calling refimpl, checking what comes back.
+
+A result is kept only if every output the model needs is an array whose dtype
+is the one the schema implies and the one the model declares, and whose shape
+fits the declared shape. Anything else is an :class:`EvaluationError` that
+leaves the node in place. Results larger than the size estimated before
+evaluation (``size``) are logged as a warning: the estimate is wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+import refimpl
+from passes.fold.policy import Candidate
+from passes.ir.schemas import expected_dtypes
+
+__all__ = ["EvaluationError", "evaluate"]
+
+logger = logging.getLogger(__name__)
+
+
+class EvaluationError(Exception):
+    """The candidate was not folded after all.
+
+    Attributes:
+        unsupported: refimpl turned out to have no kernel for it (counted as
+            ``unsupported``); otherwise the kernel rejected its inputs or gave
+            results that do not fit the node (``failed``).
+        kernel_bug: The kernel itself failed (``refimpl.KernelBugError``):
+            counted as ``kernel_bugs`` and logged as an error, never as an
+            ordinary "did not fold".
+    """
+
+    def __init__(self, message: str, *, unsupported: bool = False, kernel_bug: bool = False) -> None:
+        super().__init__(message)
+        self.unsupported = unsupported
+        self.kernel_bug = kernel_bug
+
+
+def read_inputs(candidate: Candidate) -> list[np.ndarray | None]:
+    """The candidate's constant inputs as arrays (external data is read here).
+
+    Raises:
+        InputError: an input's data cannot be read.
+    """
+    return [None if t is None else candidate.array(i) for i, t in enumerate(candidate.tensors)]
+
+
+def evaluate(candidate: Candidate) -> list[np.ndarray | None]:
+    """The candidate's outputs, None for those the model does not use.
+
+    Raises:
+        EvaluationError: refimpl cannot or will not evaluate it, or its results
+            do not fit the node.
+        InputError: an input's data cannot be read.
+    """
+    node = candidate.node
+    op, domain, opset = node.op_type, candidate.domain, candidate.opset
+    assert opset is not None and candidate.attrs is not None
+    arrays = read_inputs(candidate)
+    try:
+        results = refimpl.run(
+            op, arrays, candidate.attrs, opset=opset, domain=domain, num_outputs=len(node.outputs)
+        )
+    except refimpl.UnsupportedOpError as e:
+        logger.debug("Not folding %s: %s", node.name, e)
+        raise EvaluationError(str(e), unsupported=True) from e
+    except refimpl.RefImplError as e:
+        logger.warning("Not folding %s node %r: %s", op, node.name, e)
+        raise EvaluationError(str(e)) from e
+    except refimpl.KernelBugError as e:
+        logger.error("Not folding %s node %r: a bug of refimpl's kernel: %s", op, node.name, e)
+        raise EvaluationError(str(e), kernel_bug=True) from e
+    expected = expected_dtypes(op, domain, opset, candidate.tensors, len(node.outputs))
+    outputs = check_results(node, results, expected)
+    nbytes = sum(a.nbytes for a in outputs if a is not None)
+    if nbytes > candidate.estimate.total:  # a bug of the estimate, not of the model
+        logger.warning(
+            "%s node %r: %d bytes of results, over the %d estimated before evaluation",
+            op,
+            node.name,
+            nbytes,
+            candidate.estimate.total,
+        )
+    return outputs
+
+
+def _needed(value: ir.Value) -> bool:
+    return bool(value.uses()) or value.is_graph_output()
+
+
+def check_results(
+    node: ir.Node, results: Sequence[Any], expected: Sequence[ir.DataType | None]
+) -> list[np.ndarray | None]:
+    """The kernel's outputs by node output (None where unused), if they fit the node.
+
+    Raises:
+        EvaluationError: a needed output is missing, not an array, of another
+            dtype than ``expected`` or the declared one, or of a shape the
+            declared shape excludes.
+    """
+    outputs: list[np.ndarray | None] = []
+    for i, value in enumerate(node.outputs):
+        needed = _needed(value)
+        if i >= len(results):
+            if needed:
+                raise _misfit(node, f"kernel returned no output {i}")
+            outputs.append(None)
+            continue
+        array = results[i]
+        if not isinstance(array, (np.ndarray, np.generic)):
+            raise _misfit(node, f"output {i} is a {type(array).__name__}")
+        array = np.asarray(array)
+        dtype = (
+            ir.DataType.STRING if array.dtype.kind in "OSU" else ir.DataType.from_numpy(array.dtype)
+        )
+        for want in (expected[i], value.dtype):
+            if want is not None and want != dtype:
+                raise _misfit(node, f"kernel gave {dtype} for {want} output {value.name}")
+        if value.shape is not None and not _shape_fits(value.shape, array.shape):
+            raise _misfit(node, f"kernel gave shape {array.shape} for {value.shape}")
+        outputs.append(array if needed else None)
+    return outputs
+
+
+def _misfit(node: ir.Node, message: str) -> EvaluationError:
+    logger.warning("Not folding %r: %s", node.name, message)
+    return EvaluationError(message)
+
+
+def _shape_fits(declared: ir.Shape, actual: tuple[int, ...]) -> bool:
+    if len(declared) != len(actual):
+        return False
+    return all(not isinstance(d, int) or d == a for d, a in zip(declared, actual))

@@ -1,0 +1,217 @@
+"""Writing external data: untouched weights are copied by the kernel, byte range by byte range.
+
+A weight that no pass changed is still the input's :class:`onnx_ir.ExternalTensor`
+(a pass that changes one replaces it with an in-memory tensor). Its bytes are
+exactly the range ``[offset, offset + length)`` of the input's data file, so the
+output's data file gets that range copied without Python ever holding it:
+
+1. a reflink (``FICLONERANGE``: the two files share the blocks, nothing is
+   copied) where the filesystem has them and both offsets and the length are
+   block-aligned;
+2. ``os.copy_file_range`` (in-kernel copy; on filesystems that support it, a
+   reflink or a server-side copy by itself);
+3. ``os.sendfile``;
+4. a ``pread``/``pwrite`` loop of 8 MiB.
+
+Each step falls back to the next on the errors that mean "not here"
+(ENOSYS, EXDEV, EINVAL, EOPNOTSUPP, ENOTTY) and the rest of that save uses
+what worked. Copies go in chunks of at most 64 MiB, so an interrupt (the
+command turns SIGINT into an exception between chunks) is handled within a
+chunk's time; the caller writes into a staged folder, so an interrupted copy
+leaves nothing behind.
+
+New or changed tensors are written through Python (``tofile``) as before.
+
+Layout: tensors in the order given; each starts at a multiple of 16 bytes
+(every element type is then aligned in a memory map), and tensors larger than
+1 MiB at a multiple of 64 KiB, which the ONNX external-data spec recommends for
+memory mapping (the page size, and Windows' allocation granularity) and which
+lets a reflink share whole blocks. The gaps are holes (they read as zeros).
+The layout depends only on the tensors' sizes and order: a rerun writes the
+same bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import struct
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+__all__ = ["ALIGN_LARGE", "ALIGN_SMALL", "ALIGN_THRESHOLD", "Copier", "Placement", "plan", "write_external_data"]
+
+ALIGN_SMALL = 16
+ALIGN_LARGE = 64 << 10
+ALIGN_THRESHOLD = 1 << 20
+CHUNK = 64 << 20
+_BUFFER = 8 << 20
+
+#: The errors with which a copy method says it does not work for these files.
+UNSUPPORTED = frozenset({errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOTTY})
+
+# linux/fs.h: FICLONERANGE = _IOW(0x94, 13, struct file_clone_range {s64 src_fd; u64 src_offset,
+# src_length, dest_offset}).
+_FICLONERANGE = 0x4020940D
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one tensor goes in the output's data file."""
+
+    tensor: ir.TensorProtocol
+    offset: int
+    length: int
+
+
+def plan(tensors: Sequence[ir.TensorProtocol]) -> tuple[list[Placement], int]:
+    """The offsets of ``tensors`` in a new data file (see the module docstring) and the file's size."""
+    placements, end = [], 0
+    for tensor in tensors:
+        length = tensor.nbytes
+        align = ALIGN_LARGE if length > ALIGN_THRESHOLD else ALIGN_SMALL
+        offset = -(-end // align) * align
+        placements.append(Placement(tensor, offset, length))
+        end = offset + length
+    return placements, end
+
+
+class Copier:
+    """Copies byte ranges between two open files with the best method that works for them.
+
+    Attributes:
+        methods: How many bytes each method copied (``reflink``, ``copy_file_range``,
+            ``sendfile``, ``read/write``).
+    """
+
+    def __init__(self, progress: Callable[[int], None] | None = None) -> None:
+        self._progress = progress
+        self._broken: set[str] = set()
+        self.methods: dict[str, int] = {}
+
+    def copy(self, src: int, src_offset: int, dst: int, dst_offset: int, length: int) -> None:
+        """Copies ``length`` bytes from ``src`` at ``src_offset`` to ``dst`` at ``dst_offset``.
+
+        Raises:
+            OSError: a read or write failed (a full disk...), or ``src`` ended early (EIO).
+        """
+        done = 0
+        if "reflink" not in self._broken and self._reflink(src, src_offset, dst, dst_offset, length):
+            self._count("reflink", length)
+            return
+        while done < length:
+            n = min(CHUNK, length - done)
+            copied = self._chunk(src, src_offset + done, dst, dst_offset + done, n)
+            if copied == 0:
+                raise OSError(errno.EIO, f"the input's data file ended {length - done} bytes early")
+            done += copied
+
+    def _count(self, method: str, n: int) -> None:
+        self.methods[method] = self.methods.get(method, 0) + n
+        if self._progress is not None:
+            self._progress(n)
+
+    def _reflink(self, src: int, src_offset: int, dst: int, dst_offset: int, length: int) -> bool:
+        if not sys.platform.startswith("linux"):
+            self._broken.add("reflink")
+            return False
+        block = os.fstatvfs(dst).f_bsize or 4096
+        if src_offset % block or dst_offset % block or length % block:
+            return False  # another range may be aligned: do not give up on reflinks
+        import fcntl
+
+        try:
+            fcntl.ioctl(dst, _FICLONERANGE, struct.pack("qQQQ", src, src_offset, length, dst_offset))
+        except OSError as e:
+            if e.errno not in UNSUPPORTED and e.errno != errno.EPERM:
+                raise
+            self._broken.add("reflink")
+            return False
+        return True
+
+    def _chunk(self, src: int, src_offset: int, dst: int, dst_offset: int, n: int) -> int:
+        if "copy_file_range" not in self._broken and hasattr(os, "copy_file_range"):
+            try:
+                copied = os.copy_file_range(src, dst, n, src_offset, dst_offset)
+            except OSError as e:
+                if e.errno not in UNSUPPORTED:
+                    raise
+                self._broken.add("copy_file_range")
+            else:
+                self._count("copy_file_range", copied)
+                return copied
+        if "sendfile" not in self._broken and hasattr(os, "sendfile"):
+            try:
+                os.lseek(dst, dst_offset, os.SEEK_SET)
+                copied = os.sendfile(dst, src, src_offset, n)
+            except OSError as e:
+                if e.errno not in UNSUPPORTED:
+                    raise
+                self._broken.add("sendfile")
+            else:
+                self._count("sendfile", copied)
+                return copied
+        data = os.pread(src, min(n, _BUFFER), src_offset)
+        written = 0
+        while written < len(data):
+            written += os.pwrite(dst, data[written:], dst_offset + written)
+        self._count("read/write", len(data))
+        return len(data)
+
+
+def _source(tensor: ir.TensorProtocol) -> tuple[str, int] | None:
+    """The input file and offset holding ``tensor``'s bytes, if it is an untouched external tensor."""
+    import onnx_ir as ir
+
+    if not isinstance(tensor, ir.ExternalTensor) or not tensor.valid():
+        return None
+    return tensor.path, tensor.offset or 0
+
+
+def write_external_data(
+    placements: Sequence[Placement], size: int, file: BinaryIO,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, int]:  # fmt: skip
+    """Writes each placed tensor into ``file`` (opened for writing, empty); returns bytes per method.
+
+    Untouched external tensors are copied by :class:`Copier` from their input
+    file; the others are written with ``tofile`` (or ``tobytes``).
+
+    Raises:
+        OSError: a read or write failed.
+    """
+    copier = Copier(progress)
+    sources: dict[str, int] = {}
+    written_by_python = 0
+    try:
+        for p in placements:
+            source = _source(p.tensor)
+            if source is not None:
+                path, offset = source
+                if path not in sources:
+                    sources[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                file.flush()
+                copier.copy(sources[path], offset, file.fileno(), p.offset, p.length)
+                continue
+            file.seek(p.offset)
+            if hasattr(p.tensor, "tofile"):
+                p.tensor.tofile(file)
+            else:
+                file.write(p.tensor.tobytes())
+            written_by_python += p.length
+            if progress is not None:
+                progress(p.length)
+        file.flush()
+        os.ftruncate(file.fileno(), size)  # a no-op once the last tensor is in; the plan says the size
+    finally:
+        for fd in sources.values():
+            os.close(fd)
+    methods = dict(copier.methods)
+    if written_by_python:
+        methods["python"] = written_by_python
+    return methods

@@ -1,0 +1,180 @@
+"""What a run may write to: regular files or new paths, and only its own data file.
+
+* :func:`check_writable`: a destination that exists must be a regular file
+  (a symlink is followed to see what it names). Renaming over anything else
+  replaces it, and as root that includes ``/dev/null`` itself; a FIFO, a
+  socket, a device or a folder is refused instead.
+* :func:`check_encodable`: onnx and onnxruntime take paths as UTF-8 text, so
+  a path with bytes that are not UTF-8 cannot be checked (or, for a data file,
+  even named inside the model).
+* :func:`check_data_file`: ``OUT.data`` may be replaced only when it is
+  ``OUT``'s own data file, i.e. the existing ``OUT`` is a model that refers to
+  it. Otherwise it may hold another model's weights (that model would then
+  compute with ours), and it is refused unless the caller says to replace it.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import stat
+from typing import TYPE_CHECKING
+
+from passes.errors import InputError
+from passes.lazy import lazy_module
+from passes.limits import PROTOBUF_MAX
+
+if TYPE_CHECKING:
+    import google.protobuf.message
+    import onnx
+    import onnx_ir as ir
+else:  # an early error (a missing file) must not pay for importing onnx
+    onnx = lazy_module("onnx")
+    _protobuf = lazy_module("google.protobuf.message")
+
+__all__ = ["check_data_file", "check_destinations", "check_encodable", "check_writable", "data_file_of", "shown"]
+
+_KINDS = (
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a folder"),
+)
+
+
+def shown(path: str | os.PathLike[str], limit: int = 200) -> str:
+    """``path`` for a message: undecodable bytes as ``\\xNN``, at most ``limit`` characters."""
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def data_file_of(destination: pathlib.Path) -> pathlib.Path:
+    """The external-data file that saving ``destination`` writes (``NAME.data`` next to it)."""
+    return destination.with_name(destination.name + ".data")
+
+
+def check_writable(path: pathlib.Path, label: str) -> None:
+    """Refuses ``path`` unless it is absent (a dangling symlink counts) or names a regular file.
+
+    Raises:
+        InputError: it is a device, a FIFO, a socket or a folder, or cannot be looked at.
+    """
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise InputError(f"{label}: a part of the path is not a folder") from None
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise InputError(f"{label}: cannot use this path ({reason})") from e
+    if stat.S_ISREG(info.st_mode):
+        return
+    kind = next((name for test, name in _KINDS if test(info.st_mode)), "not a regular file")
+    raise InputError(f"{label}: is {kind}, not a regular file; refusing to replace it")
+
+
+def check_encodable(path: pathlib.Path | str, label: str, why: str) -> None:
+    """Refuses a path that is not valid UTF-8 text (bytes the file system decoding could not read).
+
+    Raises:
+        InputError: it holds such bytes; ``why`` says what needs the text.
+    """
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{label}: the path is not valid UTF-8 text; {why}") from None
+
+
+def _external_locations(proto: onnx.ModelProto) -> set[str]:
+    """The external-data locations any tensor of ``proto`` refers to, at any depth."""
+    found: set[str] = set()
+    stack: list[google.protobuf.message.Message] = [proto]
+    while stack:
+        message = stack.pop()
+        if isinstance(message, onnx.TensorProto) and message.data_location == onnx.TensorProto.EXTERNAL:
+            found.update(e.value for e in message.external_data if e.key == "location")
+        for field, value in message.ListFields():
+            if field.type == field.TYPE_MESSAGE:
+                if isinstance(value, _protobuf.Message):
+                    stack.append(value)
+                else:
+                    stack.extend(value)
+    return found
+
+
+def _refers_to(model_path: pathlib.Path, data: pathlib.Path) -> bool:
+    """Whether the file at ``model_path`` is an ONNX model with external data in ``data``."""
+    try:
+        info = os.stat(model_path)
+        if not stat.S_ISREG(info.st_mode) or not 0 < info.st_size < PROTOBUF_MAX:
+            return False
+        proto = onnx.load_model(os.fspath(model_path), load_external_data=False)
+    except (OSError, ValueError, RuntimeError, UnicodeDecodeError, _protobuf.DecodeError):
+        return False
+    target = os.path.normpath(data.name)
+    return any(os.path.normpath(location) == target for location in _external_locations(proto))
+
+
+def check_data_file(destination: pathlib.Path, *, replace: bool = False) -> None:
+    """Refuses to replace an existing ``NAME.data`` that is not ``destination``'s own.
+
+    Args:
+        destination: The model file about to be written.
+        replace: Replace the data file whoever it belongs to (``--replace-data``).
+
+    Raises:
+        InputError: the data file exists, is not a regular file, or (unless
+            ``replace``) is not referred to by the model now at ``destination``.
+    """
+    data = data_file_of(destination)
+    check_writable(data, f"{shown(data)} (the output's data file)")
+    if replace or not os.path.lexists(data) or _refers_to(destination, data):
+        return
+    owner = "which does not exist" if not os.path.lexists(destination) else "which does not refer to it"
+    raise InputError(
+        f"{shown(data)}: exists and is not the data file of {shown(destination)} ({owner}); it may hold "
+        "another model's weights, so it is not replaced (--replace-data replaces it)"
+    )
+
+
+def check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | os.PathLike[str] | None,
+                        model: ir.Model, replace_data: bool = False) -> None:  # fmt: skip
+    """Refuses, before any work, what the run must not write.
+
+    * OUTPUT (or its ``.data`` file, or the report) overwriting part of the input
+      other than by replacing the input model as a whole (``-o INPUT``);
+    * OUTPUT, OUTPUT.data or the report existing as anything but a regular file
+      (a device, a FIFO, a socket, a folder): only regular files and new paths
+      are written;
+    * OUTPUT.data that is not OUTPUT's own data file, when the model has external
+      data (so the output will too), unless ``replace_data``; the commit checks
+      again whatever the output turns out to need;
+    * an OUTPUT path that is not UTF-8 text (onnx could not check the output).
+    """
+    from passes.modelio.load import data_files, has_external_data  # load imports this module
+
+    source = src.resolve()
+    inputs = {source, *data_files(model)}
+    target = dst.resolve()
+    data = target.with_name(target.name + ".data")
+    written = {target, data}
+    clashes = sorted(written & inputs) if target != source else []
+    if clashes:
+        raise InputError(f"{dst}: writing it would overwrite the input's file {clashes[0]}; choose another output")
+    check_encodable(dst, shown(dst), "onnx and onnxruntime take paths as UTF-8 text, so the output "
+                                     "could not be checked")
+    check_writable(dst, shown(dst))
+    if target != source and has_external_data(model):
+        check_data_file(dst, replace=replace_data)
+    else:
+        check_writable(data, f"{shown(data)} (the output's data file)")
+    if report is not None:
+        label = f"--report {shown(report)}"
+        resolved = pathlib.Path(report).resolve()
+        if resolved in inputs | written:
+            raise InputError(f"{label}: that is a model file of this run; choose another name")
+        if not resolved.parent.is_dir():
+            raise InputError(f"{label}: its folder does not exist")
+        check_writable(pathlib.Path(report), label)

@@ -1,0 +1,299 @@
+"""Loading models: validated on every route (a file, bytes, a ModelProto), then built as IR.
+
+The file must be an ONNX model whose text is UTF-8 and whose tensors hold
+exactly the data their type and shape declare; external-data references must
+stay inside the model's folder and fit in their files (only paths and ``stat``
+results are inspected: nothing outside the folder is ever opened); and the
+model must pass the ONNX checker, type inference included. External weights
+are memory-mapped by ``onnx_ir`` rather than copied into memory.
+
+Importing this module is cheap: onnx and onnx_ir are imported on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import stat
+from typing import TYPE_CHECKING
+
+from passes.errors import InputError, first_line as _first_line
+from passes.lazy import lazy_module
+from passes.limits import PROTOBUF_MAX
+from passes.modelio.destinations import check_encodable, shown
+
+# The command's early errors come from load_model's first lines, before any of these is needed.
+if TYPE_CHECKING:
+    import onnx
+    import onnx_ir as ir
+else:
+    onnx = lazy_module("onnx")
+    ir = lazy_module("onnx_ir")
+_protobuf = lazy_module("google.protobuf.message")
+_opaque_types = lazy_module("passes.modelio.opaque")
+_validate = lazy_module("passes.modelio.validate")
+_sparse = lazy_module("passes.modelio.sparse")
+
+__all__ = [
+    "check_unchanged",
+    "data_files",
+    "has_external_data",
+    "load_model",
+    "model_from_proto",
+    "model_to_proto",
+    "proto_from_bytes",
+    "validate_proto",
+]
+
+logger = logging.getLogger(__name__)
+
+def has_external_data(model: ir.Model) -> bool:
+    """Whether any initializer of the model (or its subgraphs) is stored externally."""
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                return True
+    return False
+
+
+def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
+    """Loads and validates an ONNX model file.
+
+    Args:
+        path: The ``.onnx`` file. External data is resolved relative to its folder.
+        check: Run the ONNX checker (recommended: passes assume a valid model).
+
+    Returns:
+        The model, with external weights memory-mapped, not copied (a Constant's
+        external value is read into memory).
+
+    Raises:
+        InputError: the file is missing, not a regular file, 2 GB or more, not an
+            ONNX model, truncated, has text that is not UTF-8 or a tensor whose data
+            does not match its type and shape, refers to external data that is
+            missing, truncated or outside its folder, or fails the checker
+            (including type inference).
+    """
+    path = pathlib.Path(path)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(f"{shown(path)}: no such file") from None
+    except (OSError, ValueError) as e:  # a name too long, a loop, a NUL...
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else _first_line(e)
+        raise InputError(f"{shown(path)}: cannot read ({reason})") from e
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{shown(path)}: not a regular file")
+    size = info.st_size
+    if size == 0:
+        raise InputError(f"{shown(path)}: empty file, not an ONNX model")
+    if size >= PROTOBUF_MAX:
+        raise InputError(
+            f"{shown(path)}: {size} bytes is over protobuf's 2 GB limit; "
+            "store the weights as external data to load it"
+        )
+    try:
+        proto = onnx.load_model(str(path), load_external_data=False)
+    except (_protobuf.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"{shown(path)}: not a valid ONNX model ({_first_line(e)})") from e
+    except OSError as e:
+        raise InputError(f"{shown(path)}: cannot read ({e.strerror or _first_line(e)})") from e
+    identities: dict[pathlib.Path, _validate.Identity] = {}
+    try:
+        validate_proto(proto, path.parent, path=path, check=check, identities=identities)
+        model = model_from_proto(proto)
+        if identities:
+            model.meta[_IDENTITY_KEY] = identities
+        try:
+            _bind_external_tensors(model, path.parent)
+        except (OSError, ValueError) as e:  # onnx_ir refusing a file that changed since validation
+            check_unchanged(model)
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else _first_line(e)
+            raise InputError(f"cannot read external data ({reason})") from e
+        check_unchanged(model)
+    except InputError as e:
+        raise InputError(f"{shown(path)}: {e}") from e
+    return model
+
+
+#: Key of the validated external-data files' identities in ``ir.Model.meta``.
+_IDENTITY_KEY = "onnx_optimize.external_identity"
+
+
+def check_unchanged(model: ir.Model) -> None:
+    """Refuses a model whose external-data files are no longer the files validation looked at.
+
+    Validation inspects paths, and onnx_ir opens the files later, by path: a file
+    swapped in between (for a symlink, another file) or rewritten would be read
+    instead of the validated one. Each file's device, inode, size and mtime are
+    compared with those validation saw; ``load_model`` checks after reading the
+    Constants' external values, and :meth:`StagedOutput.save` after the save has
+    read every initializer.
+
+    Raises:
+        InputError: a file is gone or is another file now.
+    """
+    for path, seen in model.meta.get(_IDENTITY_KEY, {}).items():
+        try:
+            now = _validate.identity(path)
+        except OSError:
+            now = None
+        if now != seen:
+            raise InputError(
+                f"external data file {shown(path)} changed after it was validated "
+                "(replaced, rewritten or removed); refusing to use it"
+            )
+
+
+def _root_message(error: BaseException) -> str:
+    """The innermost cause's first line (onnx_ir wraps the reason in SerdeErrors)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return _first_line(error)
+
+
+def proto_from_bytes(data: bytes) -> onnx.ModelProto:
+    """Parses a serialized model.
+
+    Raises:
+        InputError: the bytes are not an ONNX model.
+    """
+    if len(data) >= PROTOBUF_MAX:
+        raise InputError(f"{len(data)} bytes is over protobuf's 2 GB limit")
+    try:
+        return onnx.load_model_from_string(data)
+    except (_protobuf.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"not a valid ONNX model ({_first_line(e)})") from e
+
+
+def validate_proto(
+    proto: onnx.ModelProto, base_dir: pathlib.Path | None = None, *, path: pathlib.Path | None = None,
+    check: bool = True, identities: dict[pathlib.Path, _validate.Identity] | None = None,
+) -> int:
+    """The load-time validation of :func:`load_model`, for a model already in memory.
+
+    Args:
+        proto: The model; an IR 3 model whose initializers are not inputs is
+            read as IR 4 (changed in place), as at load.
+        base_dir: The folder external data is relative to; a model in memory
+            that refers to external data needs one.
+        path: The model's file, if it has one (the checker reads external data through it).
+        check: Also run the ONNX checker with type inference.
+        identities: Receives the identity of each external-data file (see :func:`check_unchanged`).
+
+    Returns:
+        How many tensors are stored externally.
+
+    Raises:
+        InputError: the model is invalid (see :func:`load_model`).
+    """
+    if 0 < proto.ir_version < 4:
+        # IR 3 requires every initializer to also be a graph input; IR 4 reads initializers
+        # the same way and only drops that rule. Exporters of the time broke it (onnxruntime's
+        # own datasets/mul_1.onnx does) and onnxruntime runs such models, so they are read
+        # as IR 4 (the upgrade raises the version further anyway).
+        proto.ir_version = 4
+    external = _validate.check_contents(proto, base_dir or pathlib.Path.cwd(), identities)
+    if external and (base_dir is None or (check and path is None)):
+        raise InputError("the model refers to external data; load it from its file instead")
+    if external and check and path is not None:
+        check_encodable(path, "its path", "onnx and onnxruntime read external data by a path given as UTF-8 "
+                                          "text; rename or move it")  # fmt: skip
+    if check:
+        _validate.check_validity(proto, path, external)
+    return external
+
+
+def model_from_proto(proto: onnx.ModelProto, *, validate: bool = False) -> ir.Model:
+    """Builds the IR of ``proto`` (changed in place: sparse Constants and map types stashed).
+
+    onnx_ir represents neither sparse tensor attributes nor map types; see
+    ``passes.modelio.sparse`` and ``passes.modelio.opaque``. :func:`model_to_proto` and
+    :func:`save_model` put the stashed nodes and types back.
+
+    Raises:
+        InputError: with ``validate``, the model is invalid (see :func:`validate_proto`);
+            or onnx_ir cannot represent it.
+    """
+    if validate:
+        validate_proto(proto)
+    sparse = _sparse.stash(proto)
+    stashed = _opaque_types.stash(proto)
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except (ValueError, TypeError, KeyError, RuntimeError, NotImplementedError) as e:
+        raise InputError(f"cannot read the model ({_root_message(e)})") from e
+    if stashed:
+        model.meta[_opaque_types.STASH_KEY] = stashed
+    if sparse:
+        model.meta[_sparse.STASH_KEY] = sparse
+        _sparse.attach_types(model)
+    return model
+
+
+def model_to_proto(model: ir.Model) -> onnx.ModelProto:
+    """Serialises ``model`` (tensors in memory) with what :func:`model_from_proto` stashed put back."""
+    proto = ir.serde.serialize_model(model)
+    _restore_stashed(model, proto)
+    return proto
+
+
+def _restore_stashed(model: ir.Model, proto: onnx.ModelProto) -> None:
+    _opaque_types.restore(proto, model.meta.get(_opaque_types.STASH_KEY, {}))
+    _sparse.restore(proto, model.meta.get(_sparse.STASH_KEY, {}))
+
+
+def _bind_external_tensors(model: ir.Model, base_dir: pathlib.Path) -> None:
+    """Resolves every external tensor against the model's folder.
+
+    Initializers stay memory-mapped (saving keeps them external). A tensor held
+    by a node attribute (a Constant's value, in any graph or function) is read
+    into memory now: onnx_ir only writes initializers to external data, and
+    would otherwise save a reference to the input's data file, or resolve a
+    function's tensor against the working directory.
+    """
+    ir.external_data.set_base_dir(model.graph, str(base_dir))
+    for root in (model.graph, *model.functions.values()):
+        for node in ir.traversal.RecursiveGraphIterator(root):
+            for attr in node.attributes.values():
+                if attr.is_ref():
+                    continue
+                if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
+                    node.attributes[attr.name] = ir.AttrTensor(attr.name, _in_memory(attr.value, base_dir))
+                elif attr.type == ir.AttributeType.TENSORS and any(
+                    isinstance(t, ir.ExternalTensor) for t in attr.value
+                ):
+                    tensors = [_in_memory(t, base_dir) for t in attr.value]
+                    node.attributes[attr.name] = ir.AttrTensors(attr.name, tensors)
+                elif attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) and (
+                    root is not model.graph  # functions' subgraphs are not saved as external data
+                ):
+                    for graph in attr.value if attr.type == ir.AttributeType.GRAPHS else [attr.value]:
+                        for value in graph.initializers.values():
+                            value.const_value = _in_memory(value.const_value, base_dir)
+
+
+def _in_memory(
+    tensor: ir.TensorProtocol | None, base_dir: pathlib.Path | None = None
+) -> ir.TensorProtocol | None:
+    """An external tensor read (from ``base_dir`` if given) into memory; any other tensor as it is.
+
+    Unlike onnx_ir's own conversion, this leaves the tensor's memory map open:
+    closing it fails (BufferError) while a pass still holds an array viewing it.
+    """
+    if not isinstance(tensor, ir.ExternalTensor):
+        return tensor
+    if base_dir is not None:
+        tensor.base_dir = str(base_dir)
+    return ir.Tensor(tensor.numpy().copy(), dtype=tensor.dtype, name=tensor.name)
+
+
+def data_files(model: ir.Model) -> set[pathlib.Path]:
+    """The resolved paths of the external-data files the model's initializers refer to."""
+    files = set()
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                files.add(pathlib.Path(value.const_value.path).resolve())
+    return files
