@@ -120,6 +120,8 @@ class Report:
     written: bool = False
     #: Seconds of each phase of the run (load, passes, save, check), in order.
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: Facts about the original found on the way (what the ONNX checker refuses in it too...).
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -131,6 +133,7 @@ class Report:
             "passes": [dataclasses.asdict(p) for p in self.passes],
             "check": self.check.to_json() if self.check else None,
             "phases": dict(self.phases),
+            "notes": list(self.notes),
         }
 
     def write_json(self, path: str | os.PathLike[str] | IO[str]) -> None:
@@ -194,11 +197,21 @@ class Report:
                 lines.extend(f"{'':<32}{line}" for line in nested)
         if self.check is not None:
             lines.append("")
-            lines.append(self.check.summary())
-            for out in self.check.outputs:
-                status = "ok" if out.ok else "MISMATCH"
-                lines.append(
-                    f"  {out.name}: {status}  max abs {out.max_abs_error:.3g}  max rel {out.max_rel_error:.3g}"
-                    + (f"  ({out.message})" if out.message and not out.ok else "")
-                )
+            lines.extend(_check_lines(self.check))
+        lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
+
+
+def _check_lines(check: CheckResult) -> list[str]:
+    """The check's summary, the inputs it used, each output with its tolerance, its notes."""
+    lines = check.summary().splitlines()
+    if check.inputs is not None:
+        lines.append(f"  inputs: {check.inputs.text()}")
+    for out in check.outputs:
+        status = "ok" if out.ok else "MISMATCH"
+        lines.append(
+            f"  {out.name}: {status}  max abs {out.max_abs_error:.3g}  max rel {out.max_rel_error:.3g}"
+            f"  ({out.tolerance_text()})" + (f"  ({out.message})" if out.message and not out.ok else "")
+        )
+    lines.extend(f"note: {note}" for note in check.notes)
+    return lines

@@ -298,7 +298,7 @@ def test_report_after_a_failed_check_is_strict_json(
     """An infinite error (the optimised model gives inf where the original gives a number)."""
     from passes.verify.result import CheckResult, OutputComparison
 
-    def failing(original, staged, check, report, warn):  # noqa: ANN001
+    def failing(original, staged, check, report, warn, **kwargs):  # noqa: ANN001
         report.check = CheckResult(ok=False, outputs=[OutputComparison(
             "y", False, "float32", (4,), max_abs_error=math.inf, max_rel_error=math.nan, mismatches=4)])
         return "the check found a difference"

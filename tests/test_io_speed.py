@@ -338,7 +338,10 @@ def test_the_checker_runs_once_on_the_way_in_and_once_on_the_way_out(
     out = tmp_path / "out.onnx"
     _optimize(src, out, monkeypatch)
     assert len(checks) == 2, checks
-    assert [str(p) for p in loads] == [str(src)]  # the save does not re-read what it wrote
+    # The save does not re-read what it wrote; only an external-data result's graph is read
+    # back (its weights stay on disk), for the strict inference that validates it as an input.
+    rereads = [out.name] if kind == "external" else []  # the staged copy, before the commit
+    assert [str(p) for p in loads[:1]] == [str(src)] and [pathlib.Path(p).name for p in loads[1:]] == rereads
     if kind == "map types":
         assert onnx.load(str(out)).graph.output[1].type == _zipmap_model().graph.output[1].type
 

@@ -9,8 +9,8 @@ from typing import Any, NoReturn
 
 from passes import pipeline
 from passes.errors import EXIT_ERROR
-from passes.options import Option, parse_int, parse_nonnegative_int, short
-from passes.verify.result import DEFAULT_DIM
+from passes.options import Option, parse_int, parse_nonnegative_int, parse_size, short
+from passes.verify.result import DEFAULT_TIMEOUT
 
 __all__ = ["PROG", "option_values", "parser"]
 
@@ -65,6 +65,23 @@ def _tolerance(text: str) -> float:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"invalid --check-timeout {text!r} (expected seconds > 0)")
+    return value
+
+
+def _memory(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"invalid --check-memory {text!r} ({e})") from None
+
+
 def _names(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
@@ -83,10 +100,12 @@ def parser() -> argparse.ArgumentParser:
             "only regular files and new paths are written: OUTPUT, OUTPUT.data and the\n"
             "report are refused if they are devices, FIFOs, sockets or folders, and the\n"
             "report is committed together with OUTPUT.\n\n"
-            "exit codes: 0 success; 1 the check found a difference or the optimised model\n"
-            "does not run; 2 bad usage, bad input, or a model a pass refuses; 130/143\n"
-            "interrupted by SIGINT/SIGTERM (no partial output is left; the message says\n"
-            "whether the output had already been written)."
+            "exit codes: 0 success (the report says NOT CHECKED when the onnxruntime check\n"
+            "could not run); 1 the check found a difference, the optimised model does not\n"
+            "run or is invalid, or (with --require-check) the check could not run; 2 bad\n"
+            "usage, bad input, or a model a pass refuses; 130/143 interrupted by\n"
+            "SIGINT/SIGTERM (no partial output is left; the message says whether the\n"
+            "output had already been written)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -103,10 +122,18 @@ def parser() -> argparse.ArgumentParser:
             result.add_argument(option.flag, dest=option.name, type=_typed(option), default=option.default,
                                 metavar=option.metavar, help=option.help)
     result.add_argument("--no-check", action="store_true", help="do not compare the models in onnxruntime")
+    result.add_argument("--require-check", action="store_true",
+                        help="fail (exit 1, output not written unless --force) when the check cannot run")
+    result.add_argument("--check-timeout", type=_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                        help=f"time limit of the onnxruntime check (default {DEFAULT_TIMEOUT:g}); "
+                             "after a mismatch the locator gets as much again")
+    result.add_argument("--check-memory", type=_memory, default=None, metavar="SIZE",
+                        help="address-space bound of the check's process, e.g. 8G (default: 3/4 of "
+                             "physical memory; 0: none)")
     result.add_argument("--inputs", metavar="FILE.npz", help="check inputs by name (others are generated)")
     result.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=SIZE",
-                        help=f"size of a named dynamic dimension for generated inputs "
-                             f"(default {DEFAULT_DIM}); repeatable")
+                        help="size of a named dynamic dimension for generated inputs (default: "
+                             "sizes tried until the original model runs); repeatable")
     result.add_argument("--seed", type=_seed, default=0, help="seed of generated inputs (default: 0)")
     result.add_argument("--rtol", type=_tolerance, default=None, help="relative tolerance for float outputs")
     result.add_argument("--atol", type=_tolerance, default=None, help="absolute tolerance for float outputs")

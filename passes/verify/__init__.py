@@ -1,6 +1,13 @@
 """The onnxruntime before/after check.
 
-``passes.verify.result`` holds what a check found (no onnxruntime import);
-``passes.verify.check`` runs it. Import the latter only when checking: it
-imports onnxruntime.
+* ``result``: what a check found (plain data, no onnxruntime import).
+* ``check``: :func:`~passes.verify.check.check` and the :class:`~passes.verify.check.Checker`
+  session; imports onnx, not onnxruntime.
+* ``plan``: what the check reads from the original graph (input sizes to try,
+  index ranges, the float type that chooses each tolerance).
+* ``child`` / ``worker``: the child process that runs onnxruntime (the worker
+  imports numpy, onnxruntime, ``compare``, ``npz`` and ``result`` only).
+* ``compare``: one output against another, in bounded memory.
+* ``npz``: ``--inputs FILE.npz`` read from its directory and headers first.
+* ``locate``: after a mismatch, the first node whose output differs.
 """

@@ -1,30 +1,77 @@
-"""What the check found, and its defaults: plain data, no onnxruntime import."""
+"""What the check found, and its defaults: plain data, no onnxruntime or onnx import.
+
+The check's child process imports this module, so it must stay cheap: the
+standard library only.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
-__all__ = ["DEFAULT_DIM", "MAX_GENERATED_BYTES", "TOLERANCES", "CheckResult", "OutputComparison"]
+__all__ = [
+    "DEFAULT_DIM",
+    "DEFAULT_TIMEOUT",
+    "MAX_GENERATED_BYTES",
+    "MAX_TRIES",
+    "TOLERANCES",
+    "CheckResult",
+    "FirstDifference",
+    "InputsUsed",
+    "OutputComparison",
+    "json_safe",
+]
 
-#: Size given to a dynamic dimension that ``dims`` does not name.
-DEFAULT_DIM = 2
+#: Size of a dynamic dimension when no hint applies and ``dims`` does not name it
+#: (the first of the sizes tried for it; see ``passes.verify.plan``).
+DEFAULT_DIM = 4
 
-#: Generated inputs larger than this in total are not generated (the check is skipped).
+#: How many sets of generated sizes are tried before the check gives up on the original.
+MAX_TRIES = 4
+
+#: Generated inputs larger than this in total are not generated (the check does not run).
 MAX_GENERATED_BYTES = 1 << 30
 
+#: Seconds the onnxruntime part of the check may take (``--check-timeout``).
+DEFAULT_TIMEOUT = 300.0
+
 #: Default (rtol, atol) per float type: |optimised - original| <= atol + rtol * |original|.
+#: The type is the lowest-precision float type the output depends on, not the output's own.
 TOLERANCES: dict[str, tuple[float, float]] = {
     "float64": (1e-7, 1e-10),
     "float32": (1e-4, 1e-5),
     "float16": (1e-2, 1e-3),
     "bfloat16": (2e-2, 1e-2),
+    "float8e4m3fn": (1.25e-1, 1e-1),
+    "float8e4m3fnuz": (1.25e-1, 1e-1),
+    "float8e5m2": (2.5e-1, 1e-1),
+    "float8e5m2fnuz": (2.5e-1, 1e-1),
 }
+
+#: Float types from the most precise to the least (the tolerance follows the last one present).
+PRECISION_ORDER: tuple[str, ...] = tuple(TOLERANCES)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float as a string (``"inf"``, ``"-inf"``, ``"nan"``): strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 @dataclasses.dataclass
 class OutputComparison:
-    """How one output of the optimised model compares with the original's."""
+    """How one output of the optimised model compares with the original's.
+
+    ``tolerance_dtype`` is the float type that chose the tolerance (the
+    lowest-precision one the output depends on) and ``tolerance_value`` the
+    value of the original graph that has it; both empty for an exact comparison.
+    """
 
     name: str
     ok: bool
@@ -34,23 +81,161 @@ class OutputComparison:
     max_rel_error: float = 0.0
     mismatches: int = 0
     message: str = ""
+    rtol: float | None = None
+    atol: float | None = None
+    tolerance_dtype: str = ""
+    tolerance_value: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> OutputComparison:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in fields}
+        if values.get("shape") is not None:
+            values["shape"] = tuple(values["shape"])
+        return cls(**values)
+
+    def tolerance_text(self) -> str:
+        if self.rtol is None:
+            return "exact"
+        source = f"from {self.tolerance_dtype}" if self.tolerance_dtype else "given"
+        if self.tolerance_value:
+            source += f" value {self.tolerance_value!r}"
+        return f"rtol {self.rtol:g} atol {self.atol:g}, {source}"
+
+
+@dataclasses.dataclass
+class InputsUsed:
+    """The inputs both models ran on.
+
+    Attributes:
+        given: Names of the inputs the caller gave.
+        generated: Names of the generated inputs.
+        seed: Seed of the generated inputs.
+        dims: Size of each named dynamic dimension.
+        shapes: Shape of every input.
+        tries: How many sets of generated sizes were tried (1 when the first ran).
+        attempts: For each failed try, its sizes and the error.
+    """
+
+    given: list[str] = dataclasses.field(default_factory=list)
+    generated: list[str] = dataclasses.field(default_factory=list)
+    seed: int = 0
+    dims: dict[str, int] = dataclasses.field(default_factory=dict)
+    shapes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    tries: int = 0
+    attempts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def sizes_text(self) -> str:
+        """``batch=1, height=64`` (named dims), else the generated inputs' shapes."""
+        if self.dims:
+            return ", ".join(f"{k}={v}" for k, v in self.dims.items())
+        shapes = {k: v for k, v in self.shapes.items() if k in self.generated}
+        return ", ".join(f"{k}{list(v)}" for k, v in shapes.items()) or "static shapes"
+
+    def text(self) -> str:
+        parts = []
+        if self.generated:
+            parts.append(f"generated (seed {self.seed}): {self.sizes_text()}")
+        if self.given:
+            parts.append("given: " + ", ".join(self.given))
+        if self.tries > 1:
+            parts.append(f"try {self.tries}; earlier sizes did not run: {self.attempts[0].get('error', '')}")
+        return "; ".join(parts) or "none"
+
+
+@dataclasses.dataclass
+class FirstDifference:
+    """Where the optimised model starts to differ from the original.
+
+    Attributes:
+        node: Name of the first node, in the original's topological order, whose
+            output differs beyond tolerance ("" if none could be named).
+        op: Its op type (``domain::op`` outside the default domain).
+        position: Its index in the original graph's node list.
+        output: The output of that node that differs.
+        max_abs_error: That output's max abs error.
+        inputs: For each input of the node: its name and max abs error, or None
+            when the optimised model has no value of that name to compare.
+        pass_name: The pass whose addition to the pipeline brings the mismatch
+            (found by rerunning the pipeline with fewer passes), or "".
+        pipelines: Each rerun: the passes it ran and whether the check passed.
+        compared: How many intermediate values were compared.
+        seconds: Time the locator took.
+        message: Why it could not say more, if it could not.
+    """
+
+    node: str = ""
+    op: str = ""
+    position: int = -1
+    output: str = ""
+    max_abs_error: float = 0.0
+    inputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    pass_name: str = ""
+    pipelines: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    compared: int = 0
+    seconds: float = 0.0
+    message: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        """One or two lines: the node and its inputs' errors; the pass."""
+        lines = []
+        if self.output:
+            label = f"node {self.node!r}" if self.node else f"the node making {self.output!r}"
+            differing = [i for i in self.inputs if i.get("max_abs_error") is not None and not i.get("ok", True)]
+            unknown = [i["name"] for i in self.inputs if i.get("max_abs_error") is None]
+            worst = max((i["max_abs_error"] for i in self.inputs if i.get("max_abs_error") is not None), default=0.0)
+            if differing:
+                first = differing[0]
+                why = (f"its input {first['name']!r} ({first.get('kind', 'value')}) already differs "
+                       f"(max abs error {first['max_abs_error']:.3g})")  # fmt: skip
+            elif worst == 0 and not unknown:
+                why = "its inputs are identical: this node itself changed the result"
+            elif worst == 0:
+                why = f"its compared inputs are identical (not comparable: {', '.join(unknown)})"
+            else:
+                why = f"its inputs match within tolerance (max abs error {worst:.3g})"
+            lines.append(
+                f"first difference: {label} ({self.op}, #{self.position} in the original), output "
+                f"{self.output!r} max abs error {self.max_abs_error:.3g}; {why}"
+            )
+        elif self.message:
+            lines.append(f"first difference: not located ({self.message})")
+        if self.pass_name:
+            lines.append(f"  introduced by pass {self.pass_name!r} (the pipeline without it matches)")
+        elif self.pipelines:
+            lines.append("  no single pass found: " + "; ".join(
+                f"{'+'.join(p['passes']) or '(none)'}: {'ok' if p['ok'] else 'differs'}" for p in self.pipelines))
+        return "\n".join(lines)
+
 
 @dataclasses.dataclass
 class CheckResult:
-    """The outcome of :func:`check`.
+    """The outcome of :func:`passes.check`.
 
     Attributes:
-        ok: True when every output matched (or the check was skipped).
+        ok: True when every output matched (or the check did not run: see ``checked``).
         skipped: Why the check could not run (the original model does not run in
-            onnxruntime, or inputs cannot be generated); None when it ran.
-        inputs_rejected: The check was skipped because the original model does not
-            run on the inputs the caller gave (wrong names, dtypes or shapes).
+            onnxruntime on any inputs tried, crashed or timed out, or inputs cannot
+            be generated); None when it ran.
+        hint: What would let it run (``--dim NAME=SIZE``, ``--inputs FILE.npz``...).
         error: Why the optimised model failed to run where the original ran.
+        inputs_rejected: The check did not run because the original model does not
+            run on the inputs the caller gave (wrong names, dtypes or shapes).
         outputs: One comparison per output of the original model.
+        inputs: The inputs both models ran on.
+        first_difference: Where a mismatch starts (only after a failure).
+        notes: Facts about the original found on the way (a declared output shape
+            its graph contradicts...).
+        seconds: Time of the check and, after a failure, of the locator.
     """
 
     ok: bool
@@ -58,6 +243,16 @@ class CheckResult:
     error: str | None = None
     inputs_rejected: bool = False
     outputs: list[OutputComparison] = dataclasses.field(default_factory=list)
+    hint: str = ""
+    inputs: InputsUsed | None = None
+    first_difference: FirstDifference | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def checked(self) -> bool:
+        """Whether the models were actually compared."""
+        return self.skipped is None
 
     @property
     def failures(self) -> list[OutputComparison]:
@@ -65,18 +260,28 @@ class CheckResult:
 
     def summary(self) -> str:
         if self.skipped:
-            return f"check skipped: {self.skipped}"
+            hint = f"; {self.hint}" if self.hint else ""
+            return f"NOT CHECKED: {self.skipped}{hint}"
         if self.error:
-            return f"check failed: the optimised model does not run: {self.error}"
-        if self.ok:
-            return f"check passed: {len(self.outputs)} output(s) match"
-        bad = self.failures
-        return "check failed: " + "; ".join(f"output {o.name!r}: {o.message}" for o in bad)
+            text = f"check failed: the optimised model does not run: {self.error}"
+        elif self.ok:
+            text = f"check passed: {len(self.outputs)} output(s) match"
+        else:
+            text = "check failed: " + "; ".join(f"output {o.name!r}: {o.message}" for o in self.failures)
+        if self.first_difference is not None:
+            text += "\n" + self.first_difference.summary()
+        return text
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        return json_safe({
             "ok": self.ok,
+            "checked": self.checked,
             "skipped": self.skipped,
+            "hint": self.hint or None,
             "error": self.error,
+            "inputs": self.inputs.to_json() if self.inputs else None,
             "outputs": [o.to_json() for o in self.outputs],
-        }
+            "first_difference": self.first_difference.to_json() if self.first_difference else None,
+            "notes": list(self.notes),
+            "seconds": dict(self.seconds),
+        })

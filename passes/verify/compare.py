@@ -1,0 +1,145 @@
+"""Comparing one output of the two models, in bounded memory (numpy only: the check's child imports it).
+
+Exact types (integers, booleans, strings) are compared in their own dtype.
+Floats are compared chunk by chunk: a chunk that is bit-for-bit equal in the
+output's own dtype (NaN in the same places) is skipped, and only the other
+chunks are widened to float64 for the tolerance test, so the extra memory is a
+few chunks, not several float64 copies of the whole output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from passes.verify.result import OutputComparison
+
+__all__ = ["CHUNK", "compare"]
+
+#: Elements compared at a time.
+CHUNK = 1 << 20
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype.name in ("bfloat16",) or dtype.name.startswith("float8")
+
+
+def compare(
+    name: str,
+    expected: Any,
+    actual: Any,
+    rtol: float | None,
+    atol: float | None,
+) -> OutputComparison:
+    """Compares ``actual`` (optimised) with ``expected`` (original).
+
+    Args:
+        name: The output's name, for the result.
+        expected: The original's value: an array, or a sequence/map of them.
+        actual: The optimised model's value.
+        rtol: Relative tolerance for floats (None: compare exactly).
+        atol: Absolute tolerance for floats (None: compare exactly).
+    """
+    if not isinstance(expected, np.ndarray) or not isinstance(actual, np.ndarray):
+        # Sequences and maps (e.g. ZipMap's list of dicts): same structure, then the
+        # leaves compared as one array (Python floats come from float32 tensors).
+        e_leaves, e_shape = _flatten(expected)
+        a_leaves, a_shape = _flatten(actual)
+        if e_shape != a_shape:
+            return OutputComparison(name, False, message="sequence/map structure differs")
+        e_arr, a_arr = np.asarray(e_leaves), np.asarray(a_leaves)
+        if e_arr.dtype == np.float64 and all(isinstance(v, float) for v in e_leaves):
+            e_arr, a_arr = e_arr.astype(np.float32), a_arr.astype(np.float32)
+        result = compare(name, e_arr, a_arr, rtol, atol)
+        result.shape = None
+        return result
+    result = OutputComparison(name, True, str(expected.dtype), tuple(expected.shape), rtol=rtol, atol=atol)
+    if expected.dtype != actual.dtype:
+        result.ok = False
+        result.message = f"dtype {actual.dtype} instead of {expected.dtype}"
+        return result
+    if expected.shape != actual.shape:
+        result.ok = False
+        result.message = f"shape {actual.shape} instead of {expected.shape}"
+        return result
+    e_flat, a_flat = expected.reshape(-1), actual.reshape(-1)
+    if not _is_float(expected.dtype) or rtol is None or atol is None:
+        result.rtol = result.atol = None
+        _compare_exact(result, e_flat, a_flat)
+    else:
+        _compare_close(result, e_flat, a_flat, rtol, atol)
+    return result
+
+
+def _compare_exact(result: OutputComparison, e_flat: np.ndarray, a_flat: np.ndarray) -> None:
+    numeric = e_flat.dtype.kind in "iub"
+    floats = _is_float(e_flat.dtype)
+    for start in range(0, e_flat.size, CHUNK):
+        e, a = e_flat[start : start + CHUNK], a_flat[start : start + CHUNK]
+        if e.dtype == object or e.dtype.kind in "USO":
+            diff = np.asarray(e != a, dtype=bool)
+        elif floats:
+            diff = ~((e == a) | (np.isnan(e) & np.isnan(a)))
+        else:
+            diff = e != a
+        count = int(np.count_nonzero(diff))
+        if not count:
+            continue
+        result.mismatches += count
+        if numeric:
+            delta = np.abs(e[diff].astype(np.float64) - a[diff].astype(np.float64))
+            result.max_abs_error = max(result.max_abs_error, float(delta.max()))
+    if result.mismatches:
+        result.ok = False
+        result.message = f"{result.mismatches} element(s) differ (exact comparison)"
+
+
+def _compare_close(result: OutputComparison, e_flat: np.ndarray, a_flat: np.ndarray, rtol: float,
+                   atol: float) -> None:  # fmt: skip
+    tiny = np.finfo(np.float64).tiny
+    for start in range(0, e_flat.size, CHUNK):
+        e_own, a_own = e_flat[start : start + CHUNK], a_flat[start : start + CHUNK]
+        if np.array_equal(e_own, a_own, equal_nan=True):
+            continue  # exact in the output's own dtype: nothing to widen
+        e, a = e_own.astype(np.float64), a_own.astype(np.float64)
+        e_nan, a_nan = np.isnan(e), np.isnan(a)
+        finite = np.isfinite(e) & np.isfinite(a)
+        bad = (e_nan != a_nan) | (~finite & ~e_nan & ~a_nan & (e != a))
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, x / tiny: masked or meant
+            delta = np.where(finite, np.abs(e - a), 0.0)
+            rel = np.where(finite, delta / np.maximum(np.abs(e), tiny), 0.0)
+        bad |= finite & (delta > atol + rtol * np.abs(e))
+        if delta.size:
+            result.max_abs_error = max(result.max_abs_error, float(delta.max()))
+            result.max_rel_error = max(result.max_rel_error, float(rel.max()))
+        result.mismatches += int(np.count_nonzero(bad))
+    if result.mismatches:
+        result.ok = False
+        result.message = (
+            f"{result.mismatches} of {e_flat.size} element(s) differ beyond rtol={rtol:g}, atol={atol:g} "
+            f"(max abs error {result.max_abs_error:.3g}, max rel error {result.max_rel_error:.3g}; "
+            "NaN/inf placement must match)"
+        )
+
+
+def _flatten(value: Any) -> tuple[list[Any], Any]:
+    """The leaves of a nested sequence/map output and a hashable description of its structure."""
+    if isinstance(value, np.ndarray):
+        return list(value.reshape(-1)), ("tensor", str(value.dtype), value.shape)
+    if isinstance(value, (list, tuple)):
+        leaves, shapes = [], []
+        for item in value:
+            item_leaves, item_shape = _flatten(item)
+            leaves.extend(item_leaves)
+            shapes.append(item_shape)
+        return leaves, ("seq", tuple(shapes))
+    if isinstance(value, dict):
+        keys = sorted(value, key=repr)
+        leaves, shapes = [], []
+        for key in keys:
+            item_leaves, item_shape = _flatten(value[key])
+            leaves.extend(item_leaves)
+            shapes.append((repr(key), item_shape))
+        return leaves, ("map", tuple(shapes))
+    return [value], ("scalar", type(value).__name__)

@@ -1,0 +1,127 @@
+"""Reading ``--inputs FILE.npz`` without trusting it: the zip directory and each array's header first.
+
+An ``.npz`` is a zip of ``.npy`` members. Nothing is decompressed beyond the
+headers until every member names a graph input, declares a dtype and a shape
+that input accepts, holds the bytes its header declares, and the total fits
+:data:`~passes.verify.result.MAX_GENERATED_BYTES`: a small file that expands
+to gigabytes is refused before it is read. Loading then reads each member's
+declared bytes only (numpy reads exactly the header's element count).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zipfile
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from passes.verify.result import MAX_GENERATED_BYTES
+
+__all__ = ["Member", "inspect", "load"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One array of the file, as its header declares it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+def _header(stream: zipfile.ZipExtFile) -> tuple[tuple[int, ...], bool, np.dtype]:
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(stream)
+    if version == (2, 0):
+        return np.lib.format.read_array_header_2_0(stream)
+    return np.lib.format._read_array_header(stream, version)  # 3.0: utf-8 field names  # noqa: SLF001
+
+
+def _size(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.1f} {unit}"
+    return f"{nbytes} bytes"
+
+
+def _fits(declared: Sequence[int | str | None], shape: tuple[int, ...]) -> bool:
+    if len(declared) != len(shape):
+        return False
+    return all(not isinstance(d, int) or d == s for d, s in zip(declared, shape))
+
+
+def inspect(
+    path: str,
+    inputs: Mapping[str, tuple[str | None, Sequence[int | str | None] | None]],
+    *,
+    limit: int = MAX_GENERATED_BYTES,
+) -> list[Member]:
+    """Validates the file against the graph inputs without loading any array.
+
+    Args:
+        path: The ``.npz`` file.
+        inputs: Each graph input's numpy dtype name and declared dims (None: unknown).
+        limit: Most bytes the arrays may hold together.
+
+    Returns:
+        The members, one per input they name.
+
+    Raises:
+        ValueError: not a zip of ``.npy`` arrays, a member that names no input, an
+            object array, a dtype or shape the input does not take, a member
+            shorter than its header says, or more than ``limit`` bytes in total.
+    """
+    members: list[Member] = []
+    total = 0
+    try:
+        archive = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise ValueError(f"cannot read inputs (not an .npz archive of arrays by input name: {e})") from e
+    with archive:
+        for info in archive.infolist():
+            if info.is_dir():
+                continue
+            if not info.filename.endswith(".npy"):
+                raise ValueError(f"cannot read inputs (member {info.filename!r} is not a .npy array)")
+            name = info.filename[: -len(".npy")]
+            if name not in inputs:
+                known = ", ".join(inputs) or "none"
+                raise ValueError(f"{name!r} is not an input of the model (inputs: {known})")
+            try:
+                with archive.open(info) as stream:
+                    shape, _, dtype = _header(stream)
+                    header_bytes = stream.tell()
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile, SyntaxError) as e:
+                raise ValueError(f"cannot read inputs (member {name!r} is not a readable .npy array: {e})") from e
+            if dtype.hasobject:
+                raise ValueError(f"cannot read inputs (member {name!r} holds Python objects; only arrays are read)")
+            nbytes = math.prod(shape) * dtype.itemsize
+            if header_bytes + nbytes > info.file_size:
+                raise ValueError(
+                    f"cannot read inputs (member {name!r} declares {_size(nbytes)} of data but holds "
+                    f"{_size(max(info.file_size - header_bytes, 0))})"
+                )
+            total += nbytes
+            if total > limit:
+                raise ValueError(
+                    f"cannot read inputs (member {name!r}, {list(shape)} {dtype}, brings them to "
+                    f"{_size(total)}, over the check's limit of {_size(limit)})"
+                )
+            want_dtype, want_dims = inputs[name]
+            if want_dtype is not None and want_dtype != "str" and str(dtype) != want_dtype:
+                raise ValueError(f"input {name!r} takes {want_dtype}; the file holds {dtype}")
+            if want_dims is not None and not _fits(want_dims, tuple(shape)):
+                declared = [d if d is not None else "?" for d in want_dims]
+                raise ValueError(f"input {name!r} is declared {declared}; the file holds {list(shape)}")
+            members.append(Member(name, str(dtype), tuple(int(d) for d in shape), nbytes))
+    return members
+
+
+def load(path: str, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Loads the named members (already inspected): each read up to its header's size."""
+    with np.load(path, allow_pickle=False) as data:
+        return {name: data[name] for name in names}

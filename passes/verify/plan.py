@@ -1,0 +1,448 @@
+"""What the check needs to know about the original graph, read from its ONNX protobuf.
+
+* :func:`input_specs`: each graph input's type and, per dynamic dimension, its
+  role (batch, sequence, image side or other, from its name or, unnamed, from
+  its position and what the input feeds), and for integer inputs that index a
+  table (``Gather`` of a constant with N rows along the axis) the range [0, N).
+* :func:`size_tries`: up to :data:`~passes.verify.result.MAX_TRIES` sets of
+  sizes, small first: the check runs the original on each until one runs.
+  A named dimension has one size everywhere it appears.
+* :func:`float_dependencies`: for every value, the lowest-precision float type
+  it depends on (walking back through the graph, into subgraphs and their
+  references to outer values), which chooses its tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import onnx
+
+from passes.verify.result import MAX_GENERATED_BYTES, MAX_TRIES, PRECISION_ORDER
+
+__all__ = [
+    "InputSpec",
+    "declared_output_shapes",
+    "float_dependencies",
+    "input_specs",
+    "size_tries",
+]
+
+#: numpy dtype names of the ONNX element types the check can generate or compare.
+NUMPY_TYPES: dict[int, str] = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.DOUBLE: "float64",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.BFLOAT16: "bfloat16",
+    onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.INT16: "int16",
+    onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.UINT8: "uint8",
+    onnx.TensorProto.UINT16: "uint16",
+    onnx.TensorProto.UINT32: "uint32",
+    onnx.TensorProto.UINT64: "uint64",
+    onnx.TensorProto.BOOL: "bool",
+    onnx.TensorProto.STRING: "str",
+}
+
+#: Float element types by name, for the tolerance.
+FLOAT_TYPES: dict[int, str] = {
+    onnx.TensorProto.DOUBLE: "float64",
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.BFLOAT16: "bfloat16",
+    onnx.TensorProto.FLOAT8E4M3FN: "float8e4m3fn",
+    onnx.TensorProto.FLOAT8E4M3FNUZ: "float8e4m3fnuz",
+    onnx.TensorProto.FLOAT8E5M2: "float8e5m2",
+    onnx.TensorProto.FLOAT8E5M2FNUZ: "float8e5m2fnuz",
+}
+
+_ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "int16": 2, "int32": 4,
+             "int64": 8, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1, "str": 8}  # fmt: skip
+
+#: Sizes tried for a dynamic dimension, per role: try k uses entry k.
+LADDERS: dict[str, tuple[int, ...]] = {
+    "batch": (1, 1, 1, 2),
+    "sequence": (16, 32, 64, 128),
+    "image": (32, 64, 128, 224),
+    "other": (4, 16, 32, 64),
+}
+
+_BATCH = re.compile(r"batch|^(n|b|bs|bsz|num_images)$")
+_SEQUENCE = re.compile(
+    r"seq|len|time|frame|token|step|word|sent|position|past|total|sample|audio|^(t|l|s|sl|tgt|src)$"
+)
+_IMAGE = re.compile(r"height|width|side|spatial|pixel|img|image|^(h|w|x|y|in_h|in_w|ih|iw)$")
+
+#: Ops whose inputs 2.. (after batch and channels) are spatial.
+_SPATIAL_OPS = frozenset({
+    "Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool",
+    "GlobalAveragePool", "GlobalMaxPool", "Resize", "Upsample", "InstanceNormalization",
+    "SpaceToDepth", "DepthToSpace", "GridSample", "DeformConv", "Col2Im",
+})  # fmt: skip
+
+#: Ops through which an input's values reach a consumer unchanged (for index ranges and roles).
+_PASS_THROUGH = frozenset({
+    "Identity", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Transpose", "Slice",
+    "Concat", "Split", "Tile", "Clip", "Abs", "Relu", "Neg", "Pad", "BatchNormalization", "Mul", "Add",
+    "Sub", "Div",
+})  # fmt: skip
+
+# Ops whose values pass unchanged (for index ranges: arithmetic changes them).
+_VALUE_PRESERVING = frozenset({
+    "Identity", "Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Transpose", "Slice",
+    "Concat", "Split", "Tile",
+})  # fmt: skip
+
+
+@dataclasses.dataclass
+class InputSpec:
+    """A graph input to generate.
+
+    Attributes:
+        name: The input's name.
+        dtype: numpy dtype name (``"str"`` for strings), or None if it cannot be generated.
+        type_text: The ONNX type, for messages.
+        dims: Per dimension: its static size, its name, or None (dynamic, unnamed).
+        roles: Per dimension: "static", "batch", "sequence", "image" or "other".
+        low: Integers: the least value generated.
+        high: Integers: one past the greatest value generated.
+        high_reason: Why ``high`` is what it is ("" for the default).
+    """
+
+    name: str
+    dtype: str | None
+    type_text: str
+    dims: list[int | str | None]
+    roles: list[str]
+    low: int = 0
+    high: int = 4
+    high_reason: str = ""
+
+
+def _type_text(type_proto: onnx.TypeProto) -> str:
+    kind = type_proto.WhichOneof("value")
+    if kind == "tensor_type":
+        return f"tensor({onnx.TensorProto.DataType.Name(type_proto.tensor_type.elem_type).lower()})"
+    return kind or "undefined"
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
+    uses: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name:
+                uses.setdefault(name, []).append((node, i))
+    return uses
+
+
+def _reaches(start: str, uses: Mapping[str, list[tuple[onnx.NodeProto, int]]], through: frozenset[str],
+             limit: int = 64) -> Iterable[tuple[onnx.NodeProto, int]]:  # fmt: skip
+    """(node, input index) of every use reachable from ``start`` through ``through`` ops."""
+    seen, todo, steps = {start}, [start], 0
+    while todo and steps < limit:
+        name = todo.pop()
+        for node, index in uses.get(name, ()):
+            steps += 1
+            yield node, index
+            if node.op_type in through and node.domain in ("", "ai.onnx"):
+                for out in node.output:
+                    if out and out not in seen:
+                        seen.add(out)
+                        todo.append(out)
+
+
+def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int | None]]:
+    """Shapes of the constants and declared values of ``graph`` (static dims as ints)."""
+    shapes: dict[str, list[int | None]] = {t.name: list(t.dims) for t in graph.initializer}
+    for info in [*graph.input, *graph.value_info, *graph.output]:
+        if info.name in shapes or not info.type.HasField("tensor_type"):
+            continue
+        tensor = info.type.tensor_type
+        if tensor.HasField("shape"):
+            shapes[info.name] = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for attr in node.attribute:
+                if attr.name == "value" and attr.HasField("t"):
+                    shapes[node.output[0]] = list(attr.t.dims)
+    return shapes
+
+
+def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
+    for attr in node.attribute:
+        if attr.name == name:
+            return onnx.helper.get_attribute_value(attr)
+    return default
+
+
+def _index_bound(name: str, graph: onnx.GraphProto, uses: Mapping[str, list[tuple[onnx.NodeProto, int]]],
+                 shapes: Mapping[str, list[int | None]]) -> tuple[int, str] | None:  # fmt: skip
+    """The least table size among the Gathers whose indices ``name`` becomes, with the reason."""
+    best: tuple[int, str] | None = None
+    for node, index in _reaches(name, uses, _VALUE_PRESERVING):
+        if node.domain not in ("", "ai.onnx") or index != 1 or node.op_type not in ("Gather", "GatherElements"):
+            continue
+        data = shapes.get(node.input[0])
+        if not data:
+            continue
+        axis = int(_attribute(node, "axis", 0))
+        axis = axis + len(data) if axis < 0 else axis
+        if 0 <= axis < len(data) and isinstance(data[axis], int) and data[axis] > 0:
+            size = int(data[axis])
+            if best is None or size < best[0]:
+                best = (size, f"{node.op_type} {node.name or node.output[0]!r} indexes {size} rows")
+    return best
+
+
+def _position_role(position: int, rank: int, spatial: bool, is_int: bool) -> str:
+    if position == 0 and rank >= 2:
+        return "batch"
+    if spatial and rank >= 3:
+        if position == 1:
+            return "other"
+        return "image" if rank >= 4 else "sequence"
+    if position == 1 and (is_int or rank == 3):
+        return "sequence"
+    if position >= 2 and rank >= 4:
+        return "image"
+    return "other"
+
+
+def _name_role(name: str) -> str | None:
+    lowered = name.lower()
+    for role, pattern in (("batch", _BATCH), ("image", _IMAGE), ("sequence", _SEQUENCE)):
+        if pattern.search(lowered):
+            return role
+    return None
+
+
+def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
+    """The graph inputs to feed (those that are not initializers), in order, with hints."""
+    graph = model.graph
+    initializers = {t.name for t in graph.initializer}
+    uses = _consumers(graph)
+    shapes = _static_shapes(graph)
+    specs = []
+    for info in graph.input:
+        if info.name in initializers:
+            continue
+        type_proto = info.type
+        if not type_proto.HasField("tensor_type"):
+            specs.append(InputSpec(info.name, None, _type_text(type_proto), [], []))
+            continue
+        tensor = type_proto.tensor_type
+        dtype = NUMPY_TYPES.get(tensor.elem_type)
+        dims: list[int | str | None] = []
+        if tensor.HasField("shape"):
+            for d in tensor.shape.dim:
+                dims.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
+        is_int = dtype is not None and dtype.startswith(("int", "uint"))
+        spatial = any(node.op_type in _SPATIAL_OPS and index == 0
+                      for node, index in _reaches(info.name, uses, _PASS_THROUGH))  # fmt: skip
+        roles = []
+        for position, d in enumerate(dims):
+            if isinstance(d, int):
+                roles.append("static")
+            else:
+                named = _name_role(d) if d else None
+                roles.append(named or _position_role(position, len(dims), spatial, is_int))
+        spec = InputSpec(info.name, dtype, _type_text(type_proto), dims, roles)
+        if is_int:
+            bound = _index_bound(info.name, graph, uses, shapes)
+            if bound is not None:
+                spec.high, spec.high_reason = bound
+        specs.append(spec)
+    return specs
+
+
+def _nbytes(dtype: str, shape: list[int]) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return count * _ITEMSIZE.get(dtype, 8)
+
+
+def size_tries(
+    specs: list[InputSpec],
+    *,
+    dims: Mapping[str, int] | None = None,
+    given: Mapping[str, tuple[int, ...]] | None = None,
+    tries: int = MAX_TRIES,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The sets of sizes to try, smallest first, and why any were left out.
+
+    Args:
+        specs: From :func:`input_specs`.
+        dims: Sizes of named dimensions the caller fixed (``--dim``).
+        given: Shapes of the inputs the caller gave: they fix the names of their dims too.
+        tries: At most this many sets.
+
+    Returns:
+        Each try: ``{"dims": {name: size}, "inputs": {input: {"dtype", "shape", "low", "high"}}}``
+        for the inputs not given; and the reasons tries were dropped (too large).
+    """
+    fixed: dict[str, int] = {}
+    for spec in specs:
+        shape = (given or {}).get(spec.name)
+        if shape is None:
+            continue
+        for d, size in zip(spec.dims, shape):
+            if isinstance(d, str):
+                fixed.setdefault(d, int(size))
+    fixed.update(dims or {})
+    # One role per dimension name: where the name says one, else its first position's.
+    name_roles: dict[str, str] = {}
+    for spec in specs:
+        for d, role in zip(spec.dims, spec.roles):
+            if isinstance(d, str):
+                named = _name_role(d)
+                name_roles.setdefault(d, named or role)
+    result: list[dict[str, Any]] = []
+    dropped: list[str] = []
+    for k in range(tries):
+        sizes: dict[str, int] = {}
+        inputs: dict[str, dict[str, Any]] = {}
+        total = 0
+        for spec in specs:
+            if given and spec.name in given:
+                continue
+            shape = []
+            for d, role in zip(spec.dims, spec.roles):
+                if isinstance(d, int):
+                    shape.append(d)
+                elif isinstance(d, str) and d in fixed:
+                    shape.append(fixed[d])
+                    sizes[d] = fixed[d]
+                else:
+                    ladder = LADDERS[name_roles.get(d, role) if isinstance(d, str) else role]
+                    size = ladder[min(k, len(ladder) - 1)]
+                    shape.append(size)
+                    if isinstance(d, str):
+                        sizes[d] = size
+            total += _nbytes(spec.dtype or "", shape)
+            inputs[spec.name] = {"dtype": spec.dtype, "shape": shape, "low": spec.low, "high": spec.high}
+        entry = {"dims": sizes, "inputs": inputs}
+        if total > MAX_GENERATED_BYTES:
+            shapes = ", ".join(f"{n}{v['shape']}" for n, v in inputs.items())
+            dropped.append(f"generating inputs {shapes} would exceed {MAX_GENERATED_BYTES >> 20} MiB")
+            continue
+        if result and result[-1]["inputs"] == inputs:
+            continue
+        result.append(entry)
+    return result, dropped
+
+
+def declared_output_shapes(model: onnx.ModelProto) -> dict[str, list[int | str | None]]:
+    """Each graph output's declared shape (static dims as ints, names as strings, None unknown)."""
+    shapes = {}
+    for info in model.graph.output:
+        if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
+            shapes[info.name] = [
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in info.type.tensor_type.shape.dim
+            ]
+    return shapes
+
+
+# --- the tolerance: the lowest-precision float type a value depends on --------------------------
+
+_RANK = {name: i for i, name in enumerate(PRECISION_ORDER)}
+
+#: Ops whose outputs depend on their inputs' shapes only, not on their values.
+_SHAPE_ONLY = frozenset({"Shape", "Size", "ConstantOfShape"})
+
+#: (dtype name, value where it appears), or None: no float anywhere upstream.
+Lowest = tuple[str, str] | None
+
+
+def _lower(a: Lowest, b: Lowest) -> Lowest:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return b if _RANK[b[0]] > _RANK[a[0]] else a
+
+
+def _declared(info: onnx.ValueInfoProto) -> Lowest:
+    if info.type.HasField("tensor_type"):
+        name = FLOAT_TYPES.get(info.type.tensor_type.elem_type)
+        if name:
+            return (name, info.name)
+    return None
+
+
+def _tensor_lowest(tensor: onnx.TensorProto, where: str) -> Lowest:
+    name = FLOAT_TYPES.get(tensor.data_type)
+    return (name, where) if name else None
+
+
+def _node_introduces(node: onnx.NodeProto, where: str) -> Lowest:
+    """Float types a node brings in by itself: Cast targets, dtype attributes, constant tensors."""
+    found: Lowest = None
+    for attr in node.attribute:
+        if attr.name in ("to", "dtype", "output_dtype") and attr.type == onnx.AttributeProto.INT:
+            name = FLOAT_TYPES.get(attr.i)
+            if name:
+                found = _lower(found, (name, where))
+        elif attr.type == onnx.AttributeProto.TENSOR:
+            found = _lower(found, _tensor_lowest(attr.t, where))
+        elif attr.type == onnx.AttributeProto.TENSORS:
+            for t in attr.tensors:
+                found = _lower(found, _tensor_lowest(t, where))
+        elif attr.type in (onnx.AttributeProto.FLOAT, onnx.AttributeProto.FLOATS) and node.op_type == "Constant":
+            found = _lower(found, ("float32", where))
+    return found
+
+
+def _subgraph_lowest(graph: onnx.GraphProto, outer: Mapping[str, Lowest]) -> Lowest:
+    """Everything a subgraph computes with: its own types, and the outer values it refers to."""
+    inner = float_dependencies(graph, outer)
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    defined |= {name for node in graph.node for name in node.output}
+    found: Lowest = None
+    for name in defined | {o.name for o in graph.output}:
+        found = _lower(found, inner.get(name))
+    return found
+
+
+def float_dependencies(graph: onnx.GraphProto, outer: Mapping[str, Lowest] | None = None) -> dict[str, Lowest]:
+    """For every value of ``graph``: the lowest-precision float type it depends on, and where it appears.
+
+    Walks the graph in its (topological) node order: a node's outputs depend on
+    its inputs, on the types it introduces (a Cast's target, a constant), on its
+    subgraphs' whole content and the outer values those refer to, and on their
+    own declared types.
+
+    Args:
+        graph: A graph (the main graph, or a subgraph with ``outer`` values).
+        outer: What the enclosing scopes' values depend on.
+    """
+    lowest: dict[str, Lowest] = dict(outer or {})
+    for info in graph.input:
+        lowest[info.name] = _declared(info)
+    for tensor in graph.initializer:
+        lowest[tensor.name] = _tensor_lowest(tensor, tensor.name)
+    for sparse in graph.sparse_initializer:
+        lowest[sparse.values.name] = _tensor_lowest(sparse.values, sparse.values.name)
+    declared = {info.name: _declared(info) for info in [*graph.value_info, *graph.output]}
+    for node in graph.node:
+        where = node.output[0] if node.output else node.name
+        found = _node_introduces(node, where)
+        shape_only = node.op_type in _SHAPE_ONLY and node.domain in ("", "ai.onnx")
+        for name in node.input if not shape_only else ():
+            if name:
+                found = _lower(found, lowest.get(name))
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                found = _lower(found, _subgraph_lowest(sub, lowest))
+        for name in node.output:
+            if name:
+                lowest[name] = _lower(found, declared.get(name))
+    for info in graph.output:
+        lowest[info.name] = _lower(lowest.get(info.name), declared.get(info.name))
+    return lowest

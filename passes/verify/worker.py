@@ -1,0 +1,294 @@
+"""The check's child process: runs the onnxruntime sessions, so that a crash or a hang stays here.
+
+Started by :mod:`passes.verify.child` as ``python -m passes.verify.worker``.
+It imports numpy, onnxruntime and the comparison only (not onnx, not the
+passes), bounds its own address space (RLIMIT_AS) when asked to, ignores
+SIGINT (the parent handles it and kills this process) and dies with its
+parent (PR_SET_PDEATHSIG on Linux).
+
+Protocol: one JSON object per line. Requests on stdin, each answered by zero
+or more ``{"phase": ...}`` lines (what it is about to do, so that the parent
+can say where a crash happened) and one ``{"result": ...}`` line. Requests:
+
+``prepare``: load the original model, choose the inputs (the caller's, and
+generated ones: each try's sizes in turn until the original runs), run it and
+keep its outputs (on disk, memory-mapped, if they are large).
+``compare``: run another model on the same inputs and compare its outputs
+with the kept ones. ``values``: run two models (both with extra graph outputs)
+and compare the named values. ``exit``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+_PROTOCOL: Any = None
+
+
+def _send(message: dict[str, Any]) -> None:
+    _PROTOCOL.write(json.dumps(message) + "\n")
+    _PROTOCOL.flush()
+
+
+def _phase(text: str) -> None:
+    _send({"phase": text})
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:500] if text else type(error).__name__
+
+
+def _isolate(memory_limit: int, parent: int) -> None:
+    """Own the protocol channel, bound memory, ignore SIGINT, die with the parent."""
+    global _PROTOCOL
+    _PROTOCOL = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # anything a library prints goes to stderr, never into the protocol
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        os._exit(0)  # the parent is already gone
+    if memory_limit > 0:
+        try:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+        except (ImportError, ValueError, OSError):
+            pass
+
+
+class _State:
+    def __init__(self) -> None:
+        self.feeds: dict[str, Any] = {}
+        self.expected: dict[str, Any] = {}
+        self.names: list[str] = []
+
+
+def _numpy_dtype(name: str) -> Any:
+    import numpy as np
+
+    if name == "bfloat16" or name.startswith("float8"):
+        import ml_dtypes  # slow to import: only for the types numpy lacks
+
+        return getattr(ml_dtypes, name)
+    if name == "str":
+        return object
+    return np.dtype(name)
+
+
+def _generate(spec: dict[str, Any], rng: Any) -> Any:
+    import numpy as np
+
+    shape = spec["shape"]
+    dtype = spec["dtype"]
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if dtype == "str":
+        return rng.choice(np.array(["a", "bc", "def"], dtype=object), size=shape)
+    if dtype.startswith(("int", "uint")):
+        low, high = int(spec.get("low", 0)), int(spec.get("high", 4))
+        return rng.integers(low, max(high, low + 1), size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(np.float32).astype(_numpy_dtype(dtype))
+
+
+def _session(path: str) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4  # fatal only: its errors are reported as our one line
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def _run(session: Any, feeds: dict[str, Any], names: list[str] | None = None) -> list[Any]:
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.log_severity_level = 4
+    wanted = {i.name for i in session.get_inputs()}
+    return session.run(names, {k: v for k, v in feeds.items() if k in wanted}, options)
+
+
+def _describe(value: Any) -> dict[str, Any]:
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return {"kind": "tensor", "dtype": str(value.dtype), "shape": list(value.shape)}
+    return {"kind": type(value).__name__}
+
+
+def _spill(values: dict[str, Any], folder: str, threshold: int) -> dict[str, Any]:
+    """Large numeric outputs go to disk and come back memory-mapped, so two sessions' outputs
+    are not in memory at once."""
+    import numpy as np
+
+    arrays = {k: v for k, v in values.items() if isinstance(v, np.ndarray) and v.dtype != object}
+    if not folder or sum(v.nbytes for v in arrays.values()) <= threshold:
+        return values
+    result = dict(values)
+    for i, (name, array) in enumerate(arrays.items()):
+        path = os.path.join(folder, f"expected-{i}.npy")
+        np.save(path, array)
+        result[name] = np.load(path, mmap_mode="r")
+    return result
+
+
+def _prepare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+
+    from passes.verify import npz
+
+    _phase("loading the original model")
+    try:
+        session = _session(request["model"])
+    except Exception as e:  # noqa: BLE001  onnxruntime's exceptions share no base class
+        return {"ok": False, "stage": "load", "error": _first_line(e)}
+    given: dict[str, Any] = {}
+    if request.get("given"):
+        _phase("reading the given inputs")
+        given = npz.load(request["given"]["path"], request["given"]["names"])
+    attempts = []
+    tries = request["tries"] or [{"dims": {}, "inputs": {}}]
+    for number, attempt in enumerate(tries, 1):
+        rng = np.random.default_rng(request.get("seed", 0))
+        feeds = dict(given)
+        for name, spec in attempt["inputs"].items():
+            feeds[name] = np.asarray(_generate(spec, rng))
+        _phase(f"running the original model, try {number} of {len(tries)}")
+        try:
+            outputs = _run(session, feeds)
+        except Exception as e:  # noqa: BLE001
+            attempts.append({"dims": attempt["dims"], "error": _first_line(e)})
+            if isinstance(e, MemoryError) or "alloc" in str(e).lower():
+                break
+            continue
+        state.feeds = feeds
+        state.names = [o.name for o in session.get_outputs()]
+        del session
+        state.expected = _spill(dict(zip(state.names, outputs)), request.get("spill_dir", ""),
+                                int(request.get("spill_bytes", 1 << 28)))  # fmt: skip
+        return {
+            "ok": True,
+            "try": number,
+            "attempts": attempts,
+            "shapes": {k: list(np.shape(v)) for k, v in feeds.items()},
+            "outputs": {name: _describe(value) for name, value in state.expected.items()},
+        }
+    return {"ok": False, "stage": "run", "attempts": attempts, "error": attempts[-1]["error"] if attempts else ""}
+
+
+def _tolerance(tolerances: dict[str, Any], name: str) -> tuple[float | None, float | None]:
+    pair = tolerances.get(name)
+    return (None, None) if pair is None else (float(pair[0]), float(pair[1]))
+
+
+def _compare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    from passes.verify.compare import compare
+
+    _phase("loading the optimised model")
+    try:
+        session = _session(request["model"])
+        names = [o.name for o in session.get_outputs()]
+        _phase("running the optimised model")
+        actual = _run(session, state.feeds)
+    except Exception as e:  # noqa: BLE001
+        return {"ok": False, "stage": "run", "error": _first_line(e)}
+    del session
+    _phase("comparing the outputs")
+    by_name = dict(zip(names, actual))
+    del actual
+    tolerances = request.get("tolerances", {})
+    comparisons = []
+    for name in state.names:
+        if name not in by_name:
+            comparisons.append({"name": name, "ok": False, "message": "missing from the optimised model"})
+            continue
+        rtol, atol = _tolerance(tolerances, name)
+        comparisons.append(compare(name, state.expected[name], by_name.pop(name), rtol, atol).to_json())
+    for name in names:
+        if name not in state.names:
+            comparisons.append({"name": name, "ok": False, "message": "not an output of the original model"})
+    return {"ok": True, "outputs": comparisons}
+
+
+def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """Compares named values of two models run on the kept inputs, a chunk of names at a time."""
+    from passes.verify.compare import compare
+
+    _phase("loading the models with extra outputs")
+    try:
+        original = _session(request["original"])
+        optimized = _session(request["optimized"])
+    except Exception as e:  # noqa: BLE001
+        return {"ok": False, "stage": "load", "error": _first_line(e)}
+    names = list(request["names"])
+    tolerances = request.get("tolerances", {})
+    budget = int(request.get("budget", 1 << 28))
+    found: dict[str, Any] = {}
+    chunk, start = 64, 0
+    while start < len(names):
+        part = names[start : start + chunk]
+        _phase(f"comparing values {start + 1}..{start + len(part)} of {len(names)}")
+        try:
+            expected = _run(original, state.feeds, part)
+            actual = _run(optimized, state.feeds, part)
+        except Exception as e:  # noqa: BLE001
+            if len(part) > 1:  # one bad value must not hide the others
+                chunk = max(1, len(part) // 4)
+                continue
+            found[part[0]] = {"error": _first_line(e)}
+            start += 1
+            continue
+        size = 0
+        for name, e_value, a_value in zip(part, expected, actual):
+            rtol, atol = _tolerance(tolerances, name)
+            result = compare(name, e_value, a_value, rtol, atol)
+            size += getattr(e_value, "nbytes", 0)
+            found[name] = {"ok": result.ok, "max_abs_error": result.max_abs_error, "message": result.message}
+        del expected, actual
+        start += len(part)
+        chunk = max(1, min(1024, int(chunk * budget / max(size, 1)))) if size else min(1024, chunk * 2)
+    return {"ok": True, "values": found}
+
+
+def main() -> None:
+    memory_limit = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    parent = int(sys.argv[2]) if len(sys.argv) > 2 else os.getppid()
+    _isolate(memory_limit, parent)
+    state = _State()
+    handlers = {"prepare": _prepare, "compare": _compare, "values": _values}
+    try:
+        import numpy  # noqa: F401
+        import onnxruntime  # noqa: F401
+
+        startup = None
+    except BaseException as e:  # noqa: BLE001  under a tight memory bound an import fails oddly
+        startup = f"{type(e).__name__}: {_first_line(e)}"
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request.get("op") == "exit":
+            break
+        if startup is not None:
+            _send({"result": {"ok": False, "stage": "startup", "error": startup}})
+            continue
+        try:
+            result = handlers[request["op"]](state, request)
+        except MemoryError:
+            result = {"ok": False, "stage": "memory", "error": "out of memory"}
+        except Exception as e:  # noqa: BLE001  reported to the parent, which decides
+            result = {"ok": False, "stage": "internal", "error": f"{type(e).__name__}: {_first_line(e)}"}
+        _send({"result": result})
+
+
+if __name__ == "__main__":
+    main()

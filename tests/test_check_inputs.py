@@ -1,0 +1,217 @@
+"""The check's inputs: sizes that make the original run, index ranges, NOT CHECKED, ``--inputs`` read bounded."""
+
+from __future__ import annotations
+
+import io
+import json
+import pathlib
+import zipfile
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import passes
+from passes import cli
+from passes.verify import npz, plan
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+DEMO = REPO / "models" / "demo.onnx"
+
+
+def cnn_model(dims: list[str | None] | None = None, *, opset: int = 13, kernel: int = 3,
+              layers: int = 3) -> onnx.ModelProto:  # fmt: skip
+    """Conv (kernel 3, no padding) + Relu layers, a MaxPool, GlobalAveragePool and Flatten on
+    NCHW input with dynamic dims (named ``batch/height/width`` by default, or as given; None
+    leaves a dim unnamed). 2x2 or 4x4 images are too small for it."""
+    rng = np.random.default_rng(0)
+    dims = ["batch", 3, "height", "width"] if dims is None else dims
+    nodes, inits, prev, channels = [], [], "x", 3
+    for i in range(layers):
+        w = (rng.standard_normal((8, channels, kernel, kernel)) * 0.3).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"),
+                  numpy_helper.from_array((rng.standard_normal(8) * 0.1).astype(np.float32), f"b{i}")]
+        nodes += [helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"c{i}"], name=f"conv{i}"),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}")]
+        prev, channels = f"r{i}", 8
+        if i == 0:
+            nodes.append(helper.make_node("MaxPool", [prev], ["pool"], name="pool", kernel_shape=[2, 2],
+                                          strides=[2, 2]))  # fmt: skip
+            prev = "pool"
+    nodes += [helper.make_node("GlobalAveragePool", [prev], ["gap"], name="gap"),
+              helper.make_node("Flatten", ["gap"], ["y"], name="flatten")]
+    graph = helper.make_graph(
+        nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [dims[0], 8])], initializer=inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _unnamed(model: onnx.ModelProto) -> onnx.ModelProto:
+    for info in [*model.graph.input, *model.graph.output]:
+        for d in info.type.tensor_type.shape.dim:
+            if d.HasField("dim_param"):
+                d.ClearField("dim_param")
+    return model
+
+
+def _run(tmp_path: pathlib.Path, model: onnx.ModelProto, *args: str) -> tuple[int, dict, str]:
+    src, out, report = tmp_path / "m.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save_model(model, str(src))
+    code = cli.main([str(src), "-o", str(out), "--report", str(report), "-q", *args])
+    data = json.loads(report.read_text()) if report.exists() else {}
+    return code, data, str(out)
+
+
+def test_a_cnn_with_dynamic_spatial_dims_is_checked_by_default(tmp_path: pathlib.Path, capsys) -> None:
+    code, data, _ = _run(tmp_path, cnn_model())
+    err = capsys.readouterr().err
+    assert code == 0, err
+    check = data["check"]
+    assert check["checked"] is True and check["ok"] is True, check
+    assert "NOT CHECKED" not in err
+    assert check["inputs"]["dims"] == {"batch": 1, "height": 32, "width": 32}
+    assert check["inputs"]["shapes"] == {"x": [1, 3, 32, 32]}
+
+
+def test_unnamed_dims_get_sizes_from_their_position(tmp_path: pathlib.Path, capsys) -> None:
+    model = _unnamed(cnn_model())
+    assert plan.input_specs(model)[0].roles == ["batch", "static", "image", "image"]
+    code, data, _ = _run(tmp_path, model)
+    assert code == 0 and data["check"]["checked"], capsys.readouterr().err
+    assert data["check"]["inputs"]["shapes"] == {"x": [1, 3, 32, 32]}
+
+
+def test_sizes_are_raised_when_a_kernel_rejects_them(tmp_path: pathlib.Path, capsys) -> None:
+    # Kernel 15 needs more than 32 pixels: 32 -> 18 -> pool 9 is too small for the second
+    # Conv; the second try (64 -> 50 -> 25 -> 11) runs.
+    code, data, _ = _run(tmp_path, cnn_model(kernel=15, layers=2))
+    assert code == 0, capsys.readouterr().err
+    used = data["check"]["inputs"]
+    assert data["check"]["checked"] and used["tries"] == 2 and used["dims"]["height"] == 64
+    assert "Conv" in used["attempts"][0]["error"] or "conv" in used["attempts"][0]["error"].lower()
+    # The text report says which sizes were used.
+    capsys.readouterr()
+    cli.main([str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o2.onnx")])
+    assert "height=64" in capsys.readouterr().out
+
+
+def test_named_dims_stay_consistent_across_inputs() -> None:
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", "seq_len"])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, ["n", "seq_len"])
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "g", [a, b],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "seq_len"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    tries, _ = plan.size_tries(plan.input_specs(model), dims={"n": 3})
+    assert [t["dims"] for t in tries] == [{"n": 3, "seq_len": s} for s in plan.LADDERS["sequence"]]
+    assert all(t["inputs"]["a"]["shape"] == t["inputs"]["b"]["shape"] for t in tries)
+    result = passes.check(model, model)
+    assert result.checked and result.ok and result.inputs.dims == {"n": 1, "seq_len": 16}
+
+
+def _gather_model(rows: int) -> onnx.ModelProto:
+    table = numpy_helper.from_array(np.arange(rows * 4, dtype=np.float32).reshape(rows, 4), "table")
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["ids"], ["ids64"], to=TensorProto.INT64),
+         helper.make_node("Gather", ["table", "ids64"], ["y"], axis=0)],
+        "embedding", [helper.make_tensor_value_info("ids", TensorProto.INT32, ["batch", "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])], initializer=[table],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_index_inputs_stay_below_the_gathered_table() -> None:
+    spec = plan.input_specs(_gather_model(3))[0]
+    assert (spec.low, spec.high) == (0, 3) and "3 rows" in spec.high_reason
+    assert plan.input_specs(_gather_model(30_000))[0].high == 30_000
+    # With the old [0, 4) an index of 3 would be out of range for 3 rows: the check would not run.
+    result = passes.check(_gather_model(3), _gather_model(3))
+    assert result.checked and result.ok, result.summary()
+
+
+def test_a_model_no_sizes_fit_is_not_checked_and_fails_under_require_check(tmp_path: pathlib.Path,
+                                                                           capsys) -> None:  # fmt: skip
+    # The feature dimension must be 7 to match the weight: no size tried is 7.
+    w = numpy_helper.from_array(np.ones((7, 2), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "features"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])], initializer=[w],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    code, data, out = _run(tmp_path, model)
+    err = capsys.readouterr().err
+    assert code == 0 and pathlib.Path(out).exists()
+    assert "optimize: warning: NOT CHECKED" in err and "--dim NAME=SIZE" in err and "features" in err
+    assert "--inputs FILE.npz" in err
+    assert data["check"]["checked"] is False and len(data["check"]["skipped"]) > 0
+    pathlib.Path(out).unlink()
+    code, data, out = _run(tmp_path, model, "--require-check")
+    err = capsys.readouterr().err
+    assert code == 1 and "NOT CHECKED" in err and "--require-check" in err
+    assert not pathlib.Path(out).exists() and data["check"]["checked"] is False
+    # The option the message names fixes it.
+    code, data, _ = _run(tmp_path, model, "--require-check", "--dim", "features=7")
+    assert code == 0 and data["check"]["checked"] and data["check"]["ok"]
+
+
+def test_no_check_and_require_check_contradict(tmp_path: pathlib.Path, capsys) -> None:
+    assert cli.main([str(DEMO), "-o", str(tmp_path / "o.onnx"), "--no-check", "--require-check"]) == 2
+    assert "contradict" in capsys.readouterr().err
+
+
+# --- --inputs FILE.npz -------------------------------------------------------------------------
+
+
+def _npz_member(archive: zipfile.ZipFile, name: str, header_shape: tuple[int, ...], body: bytes) -> None:
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buffer, {"descr": "<f4", "fortran_order": False, "shape": header_shape})
+    archive.writestr(name + ".npy", buffer.getvalue() + body)
+
+
+def test_inputs_file_is_read_from_its_directory_and_headers(tmp_path: pathlib.Path) -> None:
+    inputs = {"x": ("float32", [None, 4, 8])}
+    good = tmp_path / "good.npz"
+    np.savez(good, x=np.ones((2, 4, 8), np.float32))
+    assert npz.inspect(str(good), inputs) == [npz.Member("x", "float32", (2, 4, 8), 256)]
+    # A member naming no input is refused before anything is read.
+    other = tmp_path / "other.npz"
+    np.savez(other, nosuch=np.ones(3, np.float32))
+    with pytest.raises(ValueError, match="'nosuch' is not an input"):
+        npz.inspect(str(other), inputs)
+    # A header that claims more data than the member holds.
+    short = tmp_path / "short.npz"
+    with zipfile.ZipFile(short, "w") as archive:
+        _npz_member(archive, "x", (1 << 20, 4, 8), b"\0" * 64)
+    with pytest.raises(ValueError, match="declares"):
+        npz.inspect(str(short), inputs)
+    # A small file that expands past the limit: refused from the headers, nothing decompressed.
+    bomb = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        _npz_member(archive, "x", (1 << 16, 4, 8), b"\0" * (4 * 8 * 4 << 16))  # 8 MiB of zeros
+    assert bomb.stat().st_size < 100_000
+    with pytest.raises(ValueError, match="over the check's limit"):
+        npz.inspect(str(bomb), inputs, limit=1 << 20)
+    # Wrong dtype or static dim: refused from the header.
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, x=np.ones((2, 5, 8), np.float32))
+    with pytest.raises(ValueError, match="declared"):
+        npz.inspect(str(wrong), inputs)
+    np.savez(wrong, x=np.ones((2, 4, 8), np.float64))
+    with pytest.raises(ValueError, match="takes float32"):
+        npz.inspect(str(wrong), inputs)
+
+
+def test_inputs_file_sets_the_sizes_of_the_generated_ones(tmp_path: pathlib.Path) -> None:
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", "seq"])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, ["batch", "seq"])
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "g", [a, b],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    given = tmp_path / "a.npz"
+    np.savez(given, a=np.ones((3, 5), np.float32))
+    result = passes.check(model, model, inputs_file=given)
+    assert result.checked and result.ok, result.summary()
+    assert result.inputs.given == ["a"] and result.inputs.shapes == {"a": [3, 5], "b": [3, 5]}

@@ -1,0 +1,140 @@
+"""After a mismatch: the first differing node, its inputs' errors, the pass that brought it; strict JSON."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import passes
+from passes import cli, pipeline
+from test_check_inputs import cnn_model
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+DEMO = REPO / "models" / "demo.onnx"
+
+
+class _Perturb(ir.passes.InPlacePass):
+    """Test-only: a wrong rewrite of one node (a Relu becomes a LeakyRelu, same name and output)."""
+
+    def __init__(self, node: str, op: str = "LeakyRelu") -> None:
+        super().__init__()
+        self.node, self.op = node, op
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        node = next(n for n in model.graph if n.name == self.node)
+        node.op_type = self.op
+        if self.op == "LeakyRelu":
+            node.attributes["alpha"] = ir.AttrFloat32("alpha", 0.5)
+        return ir.passes.PassResult(model, modified=True)
+
+
+def _register(monkeypatch: pytest.MonkeyPatch, name: str, build) -> None:
+    monkeypatch.setitem(pipeline.PASSES, name, pipeline.PassSpec(name, "test only", build))
+
+
+def test_a_broken_pass_is_located_to_its_node_and_named(tmp_path: pathlib.Path, monkeypatch, capsys) -> None:
+    _register(monkeypatch, "perturb", lambda o: _Perturb("relu1"))
+    src, report = tmp_path / "cnn.onnx", tmp_path / "r.json"
+    onnx.save_model(cnn_model(), str(src))
+    code = cli.main([str(src), "-o", str(tmp_path / "o.onnx"), "--report", str(report),
+                     "--passes", "upgrade,perturb,fold,decompose"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 1
+    found = json.loads(report.read_text())["check"]["first_difference"]
+    assert (found["node"], found["op"], found["output"]) == ("relu1", "Relu", "r1")
+    assert found["position"] == 4 and found["max_abs_error"] > 0
+    assert {i["name"] for i in found["inputs"]} == {"c1"} and found["inputs"][0]["max_abs_error"] == 0
+    assert found["pass_name"] == "perturb"
+    assert [p["passes"] for p in found["pipelines"]] == [
+        ["upgrade", "perturb", "fold", "cleanup"], ["upgrade", "perturb", "cleanup"], ["upgrade", "cleanup"]]
+    assert [p["ok"] for p in found["pipelines"]] == [False, False, True]
+    # One or two lines in the text report and the error message.
+    assert "first difference: node 'relu1' (Relu, #4 in the original)" in captured.out
+    assert "this node itself changed the result" in captured.out
+    assert "introduced by pass 'perturb'" in captured.err
+
+
+def test_a_changed_initializer_is_named_as_the_input_that_differs(monkeypatch) -> None:
+    original = onnx.load(str(DEMO))
+    broken = onnx.ModelProto()
+    broken.CopyFrom(original)
+    broken.graph.initializer[0].CopyFrom(numpy_helper.from_array(
+        numpy_helper.to_array(original.graph.initializer[0]) * np.float32(1.1), "scale_base"))
+    for form in (lambda m: m, lambda m: m.SerializeToString(), ir.serde.deserialize_model):
+        result = passes.check(form(original), form(broken))
+        assert not result.ok and result.checked
+        found = result.first_difference
+        assert found is not None and found.output and found.max_abs_error > 0, result.summary()
+        differing = [i for i in found.inputs if not i["ok"]]
+        assert [i["name"] for i in differing] == ["scale_base"] and differing[0]["kind"] == "initializer"
+        assert "its input 'scale_base' (initializer) already differs" in result.summary()
+
+
+def _relu_times(k: float, op: str = "Relu") -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x"], ["r"], name="act"), helper.make_node("Mul", ["r", "k"], ["y"], name="scale")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])],
+        initializer=[numpy_helper.from_array(np.array(k, np.float32), "k")],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _no_constants(name: str) -> None:
+    raise AssertionError(f"the report holds the non-JSON constant {name}")
+
+
+def test_the_report_is_strict_json_after_a_failed_check(tmp_path: pathlib.Path, monkeypatch) -> None:
+    # Where the original is 0 and the result is not, the relative error is infinite.
+    _register(monkeypatch, "abs", lambda o: _Perturb("act", "Abs"))
+    src, report = tmp_path / "m.onnx", tmp_path / "r.json"
+    onnx.save_model(_relu_times(100.0), str(src))
+    assert cli.main([str(src), "-o", str(tmp_path / "o.onnx"), "--passes", "abs", "--report", str(report),
+                     "-q"]) == 1  # fmt: skip
+    data = json.loads(report.read_text(), parse_constant=_no_constants)
+    (output,) = data["check"]["outputs"]
+    assert output["max_rel_error"] == "inf" and output["ok"] is False
+    assert data["check"]["first_difference"]["node"] == "act"
+
+
+def _chain(nodes: int, perturb_at: int | None = None) -> onnx.ModelProto:
+    """``nodes`` nodes (Add, Mul, Tanh repeated) on a [batch, 256] float input."""
+    rng = np.random.default_rng(0)
+    inits, graph_nodes, prev = [], [], "x"
+    for i in range(nodes):
+        op = ("Add", "Mul", "Tanh")[i % 3]
+        out = f"v{i}"
+        if op == "Tanh":
+            graph_nodes.append(helper.make_node("Tanh" if i != perturb_at else "Sigmoid", [prev], [out], name=f"n{i}"))
+        else:
+            c = numpy_helper.from_array((rng.standard_normal(256) * 0.1 + (1 if op == "Mul" else 0)).astype(np.float32),
+                                        f"c{i}")  # fmt: skip
+            inits.append(c)
+            graph_nodes.append(helper.make_node(op, [prev, f"c{i}"], [out], name=f"n{i}"))
+        prev = out
+    graph = helper.make_graph(
+        graph_nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 256])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["batch", 256])], initializer=inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.slow
+def test_the_locator_on_a_500_node_model(request: pytest.FixtureRequest) -> None:
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("slow: run with -m slow")
+    original, broken = _chain(501), _chain(501, perturb_at=251)
+    start = time.perf_counter()
+    result = passes.check(original, broken)
+    total = time.perf_counter() - start
+    assert not result.ok and result.first_difference.node == "n251"
+    print(f"check {result.seconds['check']:.2f} s, locator {result.seconds['locate']:.2f} s "
+          f"({result.first_difference.compared} values), total {total:.2f} s")
+    assert result.seconds["locate"] < 60
