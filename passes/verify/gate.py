@@ -1,0 +1,268 @@
+"""The verification gate every route passes: the ONNX checker's verdict, then the onnxruntime check.
+
+* :class:`CheckOptions`: how the optimised model is checked.
+* :func:`verify`: why the optimised model is refused (invalid, or different
+  from the original in onnxruntime), or None; a model that fails the checker
+  only where the original already did is not blamed on the passes; on a
+  mismatch the passes are bisected to say which one brought it.
+* :func:`start_worker`: the check's child process, started early.
+
+Importing this module is cheap: onnx is imported on first use, onnxruntime
+only in the check's child process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from passes import modelio  # light: it imports onnx and onnx_ir on first use
+from passes.errors import InputError, OptimizeError, first_line
+from passes.lazy import lazy_module
+from passes.limits import PROTOBUF_LIMIT
+from passes.verify.result import DEFAULT_TIMEOUT
+
+if TYPE_CHECKING:
+    import onnx
+    import onnx_ir as ir
+
+    from passes.modelio import validate as _validate
+    from passes.report import Report
+else:
+    onnx = lazy_module("onnx")
+    _validate = lazy_module("passes.modelio.validate")
+_report = lazy_module("passes.report")
+
+__all__ = ["CheckOptions", "start_worker", "verify"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckOptions:
+    """How the optimised model is checked against the original (see :func:`passes.check`).
+
+    Attributes:
+        enabled: Run onnxruntime on both models and compare; the ONNX checker runs regardless.
+        inputs: Input arrays by name (others are generated).
+        inputs_source: Where ``inputs`` came from, for messages (``--inputs FILE``).
+        inputs_file: An ``.npz`` of input arrays by name, read bounded (``--inputs FILE``).
+        dims: Sizes of named dynamic dimensions for generated inputs.
+        seed: Seed of generated inputs.
+        rtol: Relative tolerance for float outputs (default per dtype).
+        atol: Absolute tolerance for float outputs (default per dtype).
+        required: A check that could not run is a failure (``--require-check``).
+        timeout: Seconds onnxruntime may take (``--check-timeout``); the locator gets as much again.
+        memory_limit: Address-space bound of the check's process in bytes (None: 3/4 of
+            physical memory; 0: none).
+        locate: After a mismatch, find the first differing node and the pass that caused it.
+    """
+
+    enabled: bool = True
+    inputs: Mapping[str, Any] | None = None
+    inputs_source: str = ""
+    inputs_file: str | os.PathLike[str] | None = None
+    dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    rtol: float | None = None
+    atol: float | None = None
+    required: bool = False
+    timeout: float = DEFAULT_TIMEOUT
+    memory_limit: int | None = None
+    locate: bool = True
+
+
+def _validity(model: Any, *, with_data: bool = False) -> tuple[str | None, list[_validate.ShapeConflict]]:
+    """The load-time validation of ``model`` (a path or a ``ModelProto``): why it is refused, or
+    None, and the declared shapes its graph contradicts (which loading accepts).
+
+    With ``with_data``, a file's external tensors are read into the model first (when they
+    fit in memory), so that inference also sees their values, as it does in a result where
+    small tensors are saved inline.
+    """
+    path = pathlib.Path(model) if isinstance(model, (str, os.PathLike)) else None
+    try:
+        if path is not None:
+            proto = onnx.load_model(str(path), load_external_data=False)
+            if with_data and 0 < _external_bytes(proto) < PROTOBUF_LIMIT:
+                onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
+                path = None  # validated in memory, like a model without external data
+        elif isinstance(model, bytes):
+            proto = modelio.proto_from_bytes(model)
+        else:
+            proto = onnx.ModelProto()
+            proto.CopyFrom(model)
+        if 0 < proto.ir_version < 4:
+            proto.ir_version = 4  # as load does
+        external = _validate.check_contents(proto, path.parent if path else pathlib.Path.cwd())
+        return None, _validate.check_validity(proto, path, external, log=False)
+    except InputError as e:
+        return str(e), []
+    except (OSError, ValueError) as e:
+        return first_line(e), []
+
+
+def _passes_strict_checker(staged: Any) -> bool:
+    """The common case, without reading the result back into Python: a result saved without
+    external data passes the checker with strict inference, run on its file. (With external
+    data, or when this fails, :func:`_validity` reads the graph and decides.)"""
+    if not isinstance(staged, (str, os.PathLike)):
+        return False
+    path = pathlib.Path(staged)
+    if path.with_name(path.name + ".data").exists():
+        return False  # strict inference needs the external tensors out of the way (see _validity)
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, RuntimeError, ValueError):
+        return False
+    return True
+
+
+def _external_bytes(proto: onnx.ModelProto) -> int:
+    """Bytes of the main graph's external initializers (as their ``length`` entries declare)."""
+    total = 0
+    for tensor in proto.graph.initializer:
+        if onnx.external_data_helper.uses_external_data(tensor):
+            lengths = [e.value for e in tensor.external_data if e.key == "length" and e.value.isdigit()]
+            total += int(lengths[0]) if lengths else 0
+    return total
+
+
+def _declared_shapes(model: Any) -> dict[str, tuple[Any, ...]]:
+    """The shapes the model declares for its outputs and ``value_info`` entries, by name."""
+    if isinstance(model, (str, os.PathLike)):
+        proto = onnx.load_model(str(model), load_external_data=False)
+    elif isinstance(model, bytes):
+        proto = modelio.proto_from_bytes(model)
+    else:
+        proto = model
+    shapes = {}
+    for info in [*proto.graph.value_info, *proto.graph.output]:
+        dims = _validate._dims(info.type)  # noqa: SLF001  the same reading as the conflicts'
+        if dims is not None:
+            shapes[info.name] = dims
+    return shapes
+
+
+def _checker_verdict(original: Any, staged: Any, notes: list[str]) -> str | None:
+    """The ONNX checker (the load-time validation) on the optimised model; why it is refused, or None.
+
+    What the original already had is not blamed on the passes: a failure the
+    original shows too (with its external tensors read, as the result may hold
+    them inline), or a declared shape the original declares the same way
+    that the graph contradicts (inference sees through a folded value that it
+    could not see through before). Those become ``notes``.
+    """
+    if _passes_strict_checker(staged):
+        return None
+    invalid, conflicts = _validity(staged)
+    if invalid is not None:
+        if invalid in (_validity(original)[0], _validity(original, with_data=True)[0]):
+            notes.append(f"the optimised model fails the ONNX checker as the original does: {invalid}")
+            return None
+        return f"the optimised model is invalid: {invalid}"
+    if not conflicts:
+        return None
+    declared = _declared_shapes(original)
+    for conflict in conflicts:
+        if declared.get(conflict.name) != conflict.declared:
+            return f"the optimised model is invalid: {conflict.text()} (a declaration the passes wrote)"
+        notes.append(
+            f"the ONNX checker's strict inference now sees that {conflict.text()}; the original model "
+            "declares it so (not the passes' doing); kept as declared"
+        )
+    return None
+
+
+#: Rebuilds the optimised model from a fresh load with the given passes (and the clean-up or not).
+Rebuild = Callable[[Sequence[str], bool], "ir.Model"]
+
+
+def _bisect(checker: Any, rebuild: Rebuild, names: Sequence[str]) -> tuple[str, list[dict[str, Any]]]:
+    """The pass whose addition brings the mismatch: reruns the pipeline with one pass less at a
+    time (from the end) until the check passes."""
+    pipelines: list[dict[str, Any]] = []
+    steps = [(list(names[:k]), True) for k in range(len(names) - 1, -1, -1)] + [([], False)]
+    culprits = [*reversed(names), "cleanup"]
+    for (kept, cleanup), culprit in zip(steps, culprits):
+        label = [*kept, "cleanup"] if cleanup else ["(load and save only)"]
+        try:
+            model = rebuild(kept, cleanup)
+            folder = checker.folder / f"bisect-{len(pipelines)}"
+            folder.mkdir()
+            modelio.save_model(model, folder / "model.onnx")
+        except OptimizeError as e:
+            pipelines.append({"passes": label, "ok": False, "error": first_line(e)})
+            return "", pipelines
+        result = checker.recheck(folder / "model.onnx")
+        pipelines.append({"passes": label, "ok": result.checked and result.ok})
+        if not result.checked:
+            return "", pipelines
+        if result.ok:
+            return culprit, pipelines
+    return "", pipelines
+
+
+def verify(
+    original: Any,
+    staged: Any,
+    check: CheckOptions,
+    report: Report,
+    warn: Callable[[str], None],
+    *,
+    rebuild: Rebuild | None = None,
+    names: Sequence[str] = (),
+    worker: Any = None,
+) -> str | None:
+    """The ONNX checker, then the onnxruntime comparison; why the result is refused, or None.
+
+    After a mismatch, the first differing node is located and, given
+    ``rebuild`` and the pass ``names``, the pass that brings it.
+    """
+    failure = _checker_verdict(original, staged, report.notes)
+    if failure is not None or not check.enabled:
+        return failure
+    from passes.verify import check as check_module  # the child process only when checking
+
+    with check_module.Checker(
+        original, inputs=check.inputs, inputs_file=check.inputs_file, dims=dict(check.dims),
+        rtol=check.rtol, atol=check.atol, seed=check.seed, timeout=check.timeout,
+        memory_limit=check.memory_limit, worker=worker,
+    ) as checker:  # fmt: skip
+        result = checker.check(staged)
+        if check.locate and result.checked and not result.ok:
+            start = time.perf_counter()
+            found = checker.locate(staged) if not result.error else check_module.FirstDifference()
+            if rebuild is not None:
+                found.pass_name, found.pipelines = _bisect(checker, rebuild, names)
+            found.seconds = round(time.perf_counter() - start, 3)
+            result.first_difference = found
+            result.seconds["locate"] = found.seconds
+    report.check = result
+    if result.inputs_rejected:
+        source = check.inputs_source or (str(check.inputs_file) if check.inputs_file else "(given)")
+        raise InputError(f"--inputs {source}: {result.skipped}")
+    if not result.checked:
+        if check.required:
+            return f"{result.summary()} (--require-check)"
+        warn(result.summary())
+        return None
+    return None if result.ok else result.summary()
+
+
+def start_worker(check: CheckOptions) -> Any:
+    """The check's child process, started now (None when there is no check)."""
+    if not check.enabled:
+        return None
+    from passes.verify.child import Worker, default_memory_limit
+
+    limit = default_memory_limit() if check.memory_limit is None else check.memory_limit
+    try:
+        return Worker(limit).start()
+    except OSError:
+        return None  # the check starts its own and reports why it cannot
