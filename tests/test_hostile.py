@@ -14,6 +14,7 @@ library log lines, and a sparse constant standing for 1 GiB.
 from __future__ import annotations
 
 import errno
+import importlib
 import json
 import math
 import os
@@ -502,7 +503,8 @@ def test_data_file_swapped_after_validation_is_refused(
     os.mkfifo(folder / "pipe")
     (folder / "model.onnx").write_bytes(add_w(external(weights(), "w.bin")).SerializeToString())
     if when == "after_validation":
-        _swap_after(monkeypatch, modelio._validate, "check_validity", lambda: SWAPS[how](folder))
+        _swap_after(monkeypatch, importlib.import_module("passes.modelio.validate"), "check_validity",
+                    lambda: SWAPS[how](folder))
     else:
         _swap_after(monkeypatch, pipeline, "optimize_model", lambda: SWAPS[how](folder))
     out = tmp_path / "o.onnx"

@@ -52,17 +52,13 @@ from passes.errors import InputError, first_line as _first_line
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_LIMIT
 
-# The command's early errors come from load_model's first lines, before any of these is needed.
+# Saving needs onnx and onnx_ir only once it runs (see passes.modelio.load for loading).
 if TYPE_CHECKING:
     import onnx
     import onnx_ir as ir
 else:
     onnx = lazy_module("onnx")
     ir = lazy_module("onnx_ir")
-_protobuf = lazy_module("google.protobuf.message")
-_opaque_types = lazy_module("passes.modelio.opaque")
-_validate = lazy_module("passes.modelio.validate")
-_sparse = lazy_module("passes.modelio.sparse")
 _copy = lazy_module("passes.modelio.copy")
 
 __all__ = [
