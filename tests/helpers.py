@@ -180,3 +180,20 @@ def node_model(
     return onnx.helper.make_model(
         graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=ir_version
     )
+
+
+def ops_recursive(model: onnx.ModelProto) -> list[str]:
+    """The op types of the main graph, its If/Loop/Scan bodies (nested) and its functions."""
+    ops: list[str] = []
+
+    def walk(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            ops.append(node.op_type)
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    walk(attr.g)
+
+    walk(model.graph)
+    for function in model.functions:
+        ops.extend(node.op_type for node in function.node)
+    return ops

@@ -40,20 +40,7 @@ def _simplify(proto: onnx.ModelProto, full_check: bool = True, **options) -> tup
     return result, pass_.stats
 
 
-def _ops(proto: onnx.ModelProto) -> list[str]:
-    ops = []
-
-    def walk(graph: onnx.GraphProto) -> None:
-        for node in graph.node:
-            ops.append(node.op_type)
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    walk(attr.g)
-
-    walk(proto.graph)
-    for function in proto.functions:
-        ops.extend(n.op_type for n in function.node)
-    return ops
+_ops = helpers.ops_recursive
 
 
 def _feeds(proto: onnx.ModelProto) -> dict[str, np.ndarray]:

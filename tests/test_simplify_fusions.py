@@ -131,20 +131,7 @@ def _simplify(proto: onnx.ModelProto, **options) -> tuple[onnx.ModelProto, dict]
     return result, pass_.stats
 
 
-def _ops(proto: onnx.ModelProto) -> list[str]:
-    ops: list[str] = []
-
-    def walk(graph: onnx.GraphProto) -> None:
-        for node in graph.node:
-            ops.append(node.op_type)
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    walk(attr.g)
-
-    walk(proto.graph)
-    for function in proto.functions:
-        ops.extend(node.op_type for node in function.node)
-    return ops
+_ops = helpers.ops_recursive
 
 
 def _feeds(proto: onnx.ModelProto) -> dict[str, np.ndarray]:

@@ -10,7 +10,6 @@ locations confined to the model's folder and fitting their files), and
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import pathlib
@@ -23,6 +22,11 @@ import onnx.external_data_helper
 import onnx_ir as ir
 
 from passes.errors import InputError, first_line as _first_line
+from passes.modelio.declared import (  # noqa: F401  ShapeConflict: part of check_validity's result
+    SHAPE_CONFLICT,
+    ShapeConflict,
+    declared_shape_conflicts,
+)
 
 __all__ = ["Identity", "ShapeConflict", "check_contents", "check_validity", "identity"]
 
@@ -364,73 +368,6 @@ def _fails_inside_a_function_body(message: str, proto: onnx.ModelProto) -> bool:
     return bool(schema.has_function or schema.has_context_dependent_function)
 
 
-@dataclasses.dataclass(frozen=True)
-class ShapeConflict:
-    """A declared shape (a graph output's or a ``value_info``'s) that the graph's own inference contradicts."""
-
-    name: str
-    is_output: bool
-    declared: tuple[int | str | None, ...]
-    inferred: tuple[int | str | None, ...]
-
-    def text(self) -> str:
-        what = "output" if self.is_output else "value"
-        return f"{what} {self.name!r} is declared {list(self.declared)} but its graph makes it {list(self.inferred)}"
-
-
-_SHAPE_CONFLICT = "Inferred shape and existing shape differ"
-
-
-def _dims(type_proto: onnx.TypeProto) -> tuple[int | str | None, ...] | None:
-    if not type_proto.HasField("tensor_type") or not type_proto.tensor_type.HasField("shape"):
-        return None
-    return tuple(
-        d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in type_proto.tensor_type.shape.dim
-    )
-
-
-def _contradicts(declared: tuple[int | str | None, ...], inferred: tuple[int | str | None, ...]) -> bool:
-    if len(declared) != len(inferred):
-        return True
-    return any(isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(declared, inferred))
-
-
-def _declared_shape_conflicts(proto: onnx.ModelProto, error: Exception) -> list[ShapeConflict]:
-    """The main graph's declared shapes that strict inference contradicts, if they are its only failure.
-
-    The declarations' shapes are dropped (their element types kept) and strict
-    inference is run again: if that passes, the declarations were the only
-    problem and each one that contradicts the inferred shape is returned.
-
-    Raises:
-        ``error``: the failure is something else (a type, an attribute, a subgraph...).
-    """
-    text = str(error)
-    others = [line for line in re.split(r"\(op_type:", text)[1:] if _SHAPE_CONFLICT not in line]
-    if _SHAPE_CONFLICT not in text or others:
-        raise error
-    view = onnx.ModelProto()
-    view.CopyFrom(proto)
-    constants = {t.name for t in proto.graph.initializer}  # their shapes are the tensors'
-    for info in [*view.graph.value_info, *view.graph.output]:
-        if info.type.HasField("tensor_type") and info.name not in constants:
-            info.type.tensor_type.ClearField("shape")
-    try:
-        inferred_model = onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
-    except onnx.shape_inference.InferenceError:
-        raise error from None
-    inferred = {i.name: _dims(i.type) for i in [*inferred_model.graph.value_info, *inferred_model.graph.output]}
-    outputs = {o.name for o in proto.graph.output}
-    conflicts = []
-    for info in [*proto.graph.output, *proto.graph.value_info]:
-        declared, found = _dims(info.type), inferred.get(info.name)
-        if declared is not None and found is not None and _contradicts(declared, found):
-            conflicts.append(ShapeConflict(info.name, info.name in outputs, declared, found))
-    if not conflicts:
-        raise error
-    return conflicts
-
-
 def _check_in_memory(proto: onnx.ModelProto) -> list[ShapeConflict]:
     """The checker with strict type and shape inference, falling back to lenient inference.
 
@@ -439,7 +376,7 @@ def _check_in_memory(proto: onnx.ModelProto) -> list[ShapeConflict]:
     one): when the failing node is such an op, a model that passes the checker
     and lenient inference *with* type checking is accepted, so element types
     are still verified. A failure that is only declared shapes contradicting
-    the graph (see :func:`_declared_shape_conflicts`) is accepted too, and the
+    the graph (see :func:`passes.modelio.declared.declared_shape_conflicts`) is accepted too, and the
     conflicts are returned: onnxruntime runs such a model, and the optimiser's
     own output keeps the declarations the input had. Any other strict failure
     (an invalid attribute...) stands.
@@ -450,9 +387,9 @@ def _check_in_memory(proto: onnx.ModelProto) -> list[ShapeConflict]:
     try:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.shape_inference.InferenceError as strict_error:
-        if _SHAPE_CONFLICT in str(strict_error):
+        if SHAPE_CONFLICT in str(strict_error):
             onnx.checker.check_model(proto)
-            return _declared_shape_conflicts(proto, strict_error)
+            return declared_shape_conflicts(proto, strict_error)
         if not _fails_inside_a_function_body(str(strict_error), proto):
             raise
         onnx.checker.check_model(proto)
@@ -505,9 +442,9 @@ def check_validity(
                 onnx.shape_inference.infer_shapes(view or proto, check_type=True, strict_mode=view is not None)
                 conflicts = []
             except onnx.shape_inference.InferenceError as e:
-                if view is None or _SHAPE_CONFLICT not in str(e):
+                if view is None or SHAPE_CONFLICT not in str(e):
                     raise
-                conflicts = _declared_shape_conflicts(view, e)
+                conflicts = declared_shape_conflicts(view, e)
         else:
             conflicts = _check_in_memory(proto)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:

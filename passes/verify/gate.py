@@ -37,6 +37,7 @@ else:
     onnx = lazy_module("onnx")
     _validate = lazy_module("passes.modelio.validate")
 _report = lazy_module("passes.report")
+_declared = lazy_module("passes.modelio.declared")
 
 __all__ = ["CheckOptions", "start_worker", "verify"]
 
@@ -143,7 +144,7 @@ def _declared_shapes(model: Any) -> dict[str, tuple[Any, ...]]:
         proto = model
     shapes = {}
     for info in [*proto.graph.value_info, *proto.graph.output]:
-        dims = _validate._dims(info.type)  # noqa: SLF001  the same reading as the conflicts'
+        dims = _declared.declared_dims(info.type)  # the same reading as the conflicts'
         if dims is not None:
             shapes[info.name] = dims
     return shapes
