@@ -40,12 +40,15 @@ from passes.modelio.destinations import (
 from passes.modelio.load import (
     _in_memory,
     check_unchanged,
+    check_view,
     data_files,
     has_external_data,
     load_model,
     model_from_proto,
     model_to_proto,
+    model_to_proto_with_markers,
     proto_from_bytes,
+    read_graph,
     validate_proto,
 )
 from passes.errors import InputError, first_line as _first_line
@@ -60,11 +63,13 @@ else:
     onnx = lazy_module("onnx")
     ir = lazy_module("onnx_ir")
 _copy = lazy_module("passes.modelio.copy")
+_detach = lazy_module("passes.modelio.detach")
 
 __all__ = [
     "PROTOBUF_LIMIT",
     "StagedOutput",
     "check_unchanged",
+    "check_view",
     "data_files",
     "external_data_nbytes",
     "has_external_data",
@@ -72,6 +77,7 @@ __all__ = [
     "model_from_proto",
     "model_to_proto",
     "proto_from_bytes",
+    "read_graph",
     "save_model",
     "staged_output",
     "validate_proto",
@@ -126,7 +132,7 @@ def save_model(
     if external_data is None:
         external_data = has_external_data(model) or _inline_nbytes(model) >= PROTOBUF_LIMIT
     if not external_data:
-        _write_proto(model_to_proto(model), path)
+        _write_proto(model, path)
         return [path]
     data = path.with_name(path.name + ".data")
     inline, placed = _split_initializers(model)
@@ -149,7 +155,7 @@ def save_model(
                 metadata_props=dict(getattr(tensor, "metadata_props", None) or {}) or None,
                 base_dir=str(path.parent),
             )  # fmt: skip
-        _write_proto(model_to_proto(model), path)
+        _write_proto(model, path)
     finally:
         for value, tensor in reversed(swapped):
             value.const_value = tensor
@@ -182,7 +188,12 @@ def _split_initializers(model: ir.Model) -> tuple[list[ir.Value], list[ir.Value]
     return inline, external
 
 
-def _write_proto(proto: onnx.ModelProto, path: pathlib.Path) -> None:
+def _write_proto(model: ir.Model, path: pathlib.Path) -> None:
+    """Writes the model file, detached attributes copied from the input's (see ``passes.modelio.detach``)."""
+    proto, detached = model_to_proto_with_markers(model)
+    if detached:
+        _detach.write_spliced(proto.SerializeToString(), detached, path)
+        return
     with open(path, "wb") as f:
         f.write(proto.SerializeToString())
 

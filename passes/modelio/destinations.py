@@ -110,7 +110,9 @@ def _refers_to(model_path: pathlib.Path, data: pathlib.Path) -> bool:
         info = os.stat(model_path)
         if not stat.S_ISREG(info.st_mode) or not 0 < info.st_size < PROTOBUF_MAX:
             return False
-        proto = onnx.load_model(os.fspath(model_path), load_external_data=False)
+        from passes.modelio.load import read_graph  # local import: load imports this module
+
+        proto, _ = read_graph(model_path)
     except (OSError, ValueError, RuntimeError, UnicodeDecodeError, _protobuf.DecodeError):
         return False
     target = os.path.normpath(data.name)

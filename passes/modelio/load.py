@@ -16,6 +16,7 @@ import logging
 import os
 import pathlib
 import stat
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from passes.errors import InputError, first_line as _first_line
@@ -34,15 +35,18 @@ _protobuf = lazy_module("google.protobuf.message")
 _opaque_types = lazy_module("passes.modelio.opaque")
 _validate = lazy_module("passes.modelio.validate")
 _sparse = lazy_module("passes.modelio.sparse")
+_detach = lazy_module("passes.modelio.detach")
 
 __all__ = [
     "check_unchanged",
+    "check_view",
     "data_files",
     "has_external_data",
     "load_model",
     "model_from_proto",
     "model_to_proto",
     "proto_from_bytes",
+    "read_graph",
     "validate_proto",
 ]
 
@@ -93,16 +97,20 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
             f"{shown(path)}: {size} bytes is over protobuf's 2 GB limit; "
             "store the weights as external data to load it"
         )
+    real = pathlib.Path(os.path.realpath(path))
     try:
-        proto = onnx.load_model(str(path), load_external_data=False)
+        proto, detached = _detach.read_view(real)
     except (_protobuf.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
         raise InputError(f"{shown(path)}: not a valid ONNX model ({_first_line(e)})") from e
     except OSError as e:
         raise InputError(f"{shown(path)}: cannot read ({e.strerror or _first_line(e)})") from e
     identities: dict[pathlib.Path, _validate.Identity] = {}
+    if detached:  # read again when a pass or the save needs them: the file must stay as it is
+        identities[real] = _validate.identity(real)
     try:
-        validate_proto(proto, path.parent, path=path, check=check, identities=identities)
-        model = model_from_proto(proto)
+        whole = (lambda: onnx.load_model(str(path), load_external_data=False)) if detached else None
+        validate_proto(proto, path.parent, path=path, check=check, identities=identities, whole=whole)
+        model = model_from_proto(proto, detached=detached)
         if identities:
             model.meta[_IDENTITY_KEY] = identities
         try:
@@ -153,6 +161,27 @@ def _root_message(error: BaseException) -> str:
     return _first_line(error)
 
 
+def read_graph(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, Callable[[], onnx.ModelProto] | None]:
+    """The protobuf of a model file, to read and check, never to save or run.
+
+    External data is not loaded, and a large file's large list attributes are
+    markers without their values (see :mod:`passes.modelio.detach`): a tree
+    ensemble is not parsed into gigabytes that nothing reads.
+
+    Returns:
+        The model, and if it is such a view, how to read the whole of it (for
+        :func:`check_view`); else None.
+
+    Raises:
+        OSError: the file cannot be read.
+        google.protobuf.message.DecodeError: the file is not a protobuf message.
+    """
+    proto, detached = _detach.read_view(path)
+    if not detached:
+        return proto, None
+    return proto, lambda: onnx.load_model(os.fspath(path), load_external_data=False)
+
+
 def proto_from_bytes(data: bytes) -> onnx.ModelProto:
     """Parses a serialized model.
 
@@ -170,6 +199,7 @@ def proto_from_bytes(data: bytes) -> onnx.ModelProto:
 def validate_proto(
     proto: onnx.ModelProto, base_dir: pathlib.Path | None = None, *, path: pathlib.Path | None = None,
     check: bool = True, identities: dict[pathlib.Path, _validate.Identity] | None = None,
+    whole: Callable[[], onnx.ModelProto] | None = None,
 ) -> int:
     """The load-time validation of :func:`load_model`, for a model already in memory.
 
@@ -181,6 +211,8 @@ def validate_proto(
         path: The model's file, if it has one (the checker reads external data through it).
         check: Also run the ONNX checker with type inference.
         identities: Receives the identity of each external-data file (see :func:`check_unchanged`).
+        whole: ``proto`` is a view with detached attributes (see :func:`passes.modelio.detach.read_view`)
+            and this reads the whole model, for the checker (see :func:`check_view`).
 
     Returns:
         How many tensors are stored externally.
@@ -201,16 +233,44 @@ def validate_proto(
         check_encodable(path, "its path", "onnx and onnxruntime read external data by a path given as UTF-8 "
                                           "text; rename or move it")  # fmt: skip
     if check:
-        _validate.check_validity(proto, path, external)
+        check_view(proto, path, external, whole)
     return external
 
 
-def model_from_proto(proto: onnx.ModelProto, *, validate: bool = False) -> ir.Model:
+def check_view(
+    proto: onnx.ModelProto, path: pathlib.Path | None, external: int,
+    whole: Callable[[], onnx.ModelProto] | None, *, log: bool = True,
+) -> list[_validate.ShapeConflict]:
+    """The checker (``validate.check_validity``) on ``proto``, which may be a view with detached attributes.
+
+    A view's lists are empty, and shape inference reads some lists' lengths (a
+    ``LinearClassifier``'s ``intercepts`` make its output's width): when the
+    view fails or contradicts a declared shape, the whole model (``whole()``)
+    decides. A view that passes is not read again.
+
+    Raises:
+        InputError: the model is invalid.
+    """
+    if whole is None:
+        return _validate.check_validity(proto, path, external, log=log)
+    try:
+        if not _validate.check_validity(proto, path, external, log=False):
+            return []
+    except InputError:
+        pass
+    logger.info("the checker on the model with detached attributes did not pass; checking the whole model")
+    return _validate.check_validity(whole(), path, external, log=log)
+
+
+def model_from_proto(
+    proto: onnx.ModelProto, *, validate: bool = False, detached: dict[str, _detach.Source] | None = None
+) -> ir.Model:
     """Builds the IR of ``proto`` (changed in place: sparse Constants and map types stashed).
 
     onnx_ir represents neither sparse tensor attributes nor map types; see
     ``passes.modelio.sparse`` and ``passes.modelio.opaque``. :func:`model_to_proto` and
-    :func:`save_model` put the stashed nodes and types back.
+    :func:`save_model` put the stashed nodes and types back. ``detached``: the attribute
+    records :func:`passes.modelio.detach.read_view` left in the file, read when used.
 
     Raises:
         InputError: with ``validate``, the model is invalid (see :func:`validate_proto`);
@@ -224,6 +284,7 @@ def model_from_proto(proto: onnx.ModelProto, *, validate: bool = False) -> ir.Mo
         model = ir.serde.deserialize_model(proto)
     except (ValueError, TypeError, KeyError, RuntimeError, NotImplementedError) as e:
         raise InputError(f"cannot read the model ({_root_message(e)})") from e
+    _detach.attach(model, detached or {})
     if stashed:
         model.meta[_opaque_types.STASH_KEY] = stashed
     if sparse:
@@ -234,9 +295,17 @@ def model_from_proto(proto: onnx.ModelProto, *, validate: bool = False) -> ir.Mo
 
 def model_to_proto(model: ir.Model) -> onnx.ModelProto:
     """Serialises ``model`` (tensors in memory) with what :func:`model_from_proto` stashed put back."""
-    proto = ir.serde.serialize_model(model)
-    _restore_stashed(model, proto)
+    proto, detached = model_to_proto_with_markers(model)
+    _detach.materialized(proto, detached)
     return proto
+
+
+def model_to_proto_with_markers(model: ir.Model) -> tuple[onnx.ModelProto, dict[str, _detach.Source]]:
+    """:func:`model_to_proto` with detached attributes left as markers, and the records they stand for."""
+    with _detach.swapped(model) as detached:
+        proto = ir.serde.serialize_model(model)
+    _restore_stashed(model, proto)
+    return proto, detached
 
 
 def _restore_stashed(model: ir.Model, proto: onnx.ModelProto) -> None:

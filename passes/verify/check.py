@@ -69,6 +69,14 @@ LOCATE_BUDGET = 1 << 28
 
 
 def _graph_only(path: pathlib.Path) -> onnx.ModelProto:
+    """The graph to plan inputs and read declarations (large attributes as markers: see ``modelio.read_graph``)."""
+    from passes import modelio  # local import: modelio imports nothing from here
+
+    return modelio.read_graph(path)[0]
+
+
+def _whole(path: pathlib.Path) -> onnx.ModelProto:
+    """The graph with every attribute, to build copies that run (external data not loaded)."""
     return onnx.load_model(str(path), load_external_data=False)
 
 
@@ -371,14 +379,13 @@ class Checker:
         assert self.worker is not None and self.folder is not None and self.original_proto is not None
         assert self.original_path is not None
         label = f"located-{len(list(self.folder.glob('located-*')))}"
-        opt_path, opt_proto = _materialize(optimized, self.folder, label)
-        if not isinstance(optimized, (str, os.PathLike)) and opt_proto.ByteSize() >= PROTOBUF_LIMIT:
-            opt_proto = _graph_only(opt_path)
-        names, types = _locate.comparable_values(self.original_proto, opt_proto)
+        opt_path, _ = _materialize(optimized, self.folder, label)
+        original, opt_proto = _whole(self.original_path), _whole(opt_path)  # copies that run need every attribute
+        names, types = _locate.comparable_values(original, opt_proto)
         if not names:
             return FirstDifference(message="the two models have no intermediate value in common")
-        tolerances = _locate.value_tolerances(self.original_proto, names, self.rtol, self.atol)
-        original_copy = _locate.augmented(self.original_proto, self.original_path, names, types,
+        tolerances = _locate.value_tolerances(original, names, self.rtol, self.atol)
+        original_copy = _locate.augmented(original, self.original_path, names, types,
                                           self.folder / f"{label}-original")  # fmt: skip
         optimized_copy = _locate.augmented(opt_proto, opt_path, names, types, self.folder / f"{label}-optimized")
         deadline = self._deadline()
@@ -392,7 +399,7 @@ class Checker:
         )  # fmt: skip
         if not answer.get("ok"):
             return FirstDifference(message=f"onnxruntime could not run the copies: {answer.get('error', '')}")
-        return _locate.first_difference(self.original_proto, answer["values"])
+        return _locate.first_difference(original, answer["values"])
 
 
 def check(

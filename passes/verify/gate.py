@@ -38,6 +38,7 @@ else:
     _validate = lazy_module("passes.modelio.validate")
 _report = lazy_module("passes.report")
 _declared = lazy_module("passes.modelio.declared")
+_detach = lazy_module("passes.modelio.detach")
 
 __all__ = ["CheckOptions", "start_worker", "verify"]
 
@@ -87,25 +88,38 @@ def _validity(model: Any, *, with_data: bool = False) -> tuple[str | None, list[
     small tensors are saved inline.
     """
     path = pathlib.Path(model) if isinstance(model, (str, os.PathLike)) else None
+    whole = None
     try:
         if path is not None:
-            proto = onnx.load_model(str(path), load_external_data=False)
+            proto, read_whole = modelio.read_graph(path)
+            folder = str(path.parent)
             if with_data and 0 < _external_bytes(proto) < PROTOBUF_LIMIT:
-                onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
                 path = None  # validated in memory, like a model without external data
+            if read_whole is not None:  # a view: the whole model is read alike if the view misleads the checker
+                whole = lambda: _prepared(read_whole(), folder if path is None else None)
         elif isinstance(model, bytes):
             proto = modelio.proto_from_bytes(model)
+            folder = None
         else:
             proto = onnx.ModelProto()
             proto.CopyFrom(model)
-        if 0 < proto.ir_version < 4:
-            proto.ir_version = 4  # as load does
+            folder = None
+        proto = _prepared(proto, folder if path is None else None)
         external = _validate.check_contents(proto, path.parent if path else pathlib.Path.cwd())
-        return None, _validate.check_validity(proto, path, external, log=False)
+        return None, modelio.check_view(proto, path, external, whole, log=False)
     except InputError as e:
         return str(e), []
     except (OSError, ValueError) as e:
         return first_line(e), []
+
+
+def _prepared(proto: onnx.ModelProto, data_folder: str | None) -> onnx.ModelProto:
+    """``proto`` as load reads it (IR 3 as IR 4), with its external data from ``data_folder`` if given."""
+    if data_folder is not None:
+        onnx.external_data_helper.load_external_data_for_model(proto, data_folder)
+    if 0 < proto.ir_version < 4:
+        proto.ir_version = 4  # as load does
+    return proto
 
 
 def _passes_strict_checker(staged: Any) -> bool:
@@ -117,6 +131,8 @@ def _passes_strict_checker(staged: Any) -> bool:
     path = pathlib.Path(staged)
     if path.with_name(path.name + ".data").exists():
         return False  # strict inference needs the external tensors out of the way (see _validity)
+    if path.stat().st_size >= _detach.MIN_FILE:
+        return False  # its large attributes would be parsed in full: _validity reads them as markers
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, RuntimeError, ValueError):
@@ -137,7 +153,7 @@ def _external_bytes(proto: onnx.ModelProto) -> int:
 def _declared_shapes(model: Any) -> dict[str, tuple[Any, ...]]:
     """The shapes the model declares for its outputs and ``value_info`` entries, by name."""
     if isinstance(model, (str, os.PathLike)):
-        proto = onnx.load_model(str(model), load_external_data=False)
+        proto, _ = modelio.read_graph(model)
     elif isinstance(model, bytes):
         proto = modelio.proto_from_bytes(model)
     else:

@@ -1,0 +1,433 @@
+"""Large list attributes left in the file as bytes until something reads them.
+
+A tree ensemble's ``nodes_*`` lists hold tens of millions of numbers: parsed
+by protobuf they cost 8 bytes an element (5.6x the file for a 217 MB model),
+and onnx_ir turns each into a Python object (27 s of a 33 s run, 3.3 GB).
+No pass rewrites the ops that hold them, so in a file of at least
+:data:`MIN_FILE` bytes every ``INTS``/``FLOATS``/``STRINGS`` attribute record
+of at least :data:`MIN_ATTRIBUTE` encoded bytes of a node outside the ONNX
+domain (``ai.onnx.ml``, custom ops) is cut out of the bytes *before* protobuf
+parses them, by walking the wire format (tags and lengths; the payloads are
+skipped, never touched): the parsed model holds a *marker* in its place, an
+attribute of the same name and type with no values and a ``doc_string`` that
+names the record (:func:`read_view`). The ONNX operators' lists are left
+alone: shape inference reads them (a Constant's list is its shape), and so
+do the passes.
+
+In the IR each marker becomes a :class:`DetachedAttr`, an ``ir.Attr`` whose
+value is decoded from the file on first access, so a pass that does read it
+gets the real value (one implementation of every pass; nothing is hidden from
+them). Saving writes markers again and then copies each record from the
+input file into the output by the kernel (:func:`write_spliced`), fixing the
+enclosing length prefixes: the output holds the bytes a decode and re-encode
+would give, without either.
+
+Marker strings carry a random per-process nonce, so no input can forge one.
+The checker runs on the markers; where a list's length matters to inference
+and the view fails, the whole model decides (``modelio.load.check_view``).
+onnxruntime's check loads the real files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import mmap
+import os
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+
+from passes.errors import InputError, first_line
+from passes.modelio import copy as _copy
+
+__all__ = [
+    "MIN_ATTRIBUTE", "MIN_FILE", "DetachedAttr", "Range", "Source", "attach", "materialized", "read_view",
+    "swapped", "write_spliced",
+]
+
+#: Files smaller than this are parsed as they are (walking them would cost more than it saves).
+MIN_FILE = 1 << 24
+#: Attribute records at least this long (encoded) are detached.
+MIN_ATTRIBUTE = 1 << 18
+
+_NONCE = secrets.token_hex(8)
+_PREFIX = f"onnx-optimize:detached:{_NONCE}:"
+_PREFIX_BYTES = _PREFIX.encode()
+# AttributeProto.AttributeType values of the lists that are detached: FLOATS, INTS, STRINGS.
+_LISTS = frozenset({6, 7, 8})
+# The ONNX operators' lists are read by shape inference (a Constant's length is its shape) and
+# by the passes: only other domains' (``ai.onnx.ml``, custom ops) are detached.
+_ONNX_DOMAINS = frozenset({b"", b"ai.onnx"})
+#: ``ir.Model.meta`` key: the model holds detached attributes (not serialised by onnx_ir).
+_META_KEY = "onnx_optimize.detached"
+
+# Which length-delimited fields lead to attributes: message kind -> {field number: child kind}.
+_CHILDREN: dict[str, dict[int, str]] = {
+    "model": {7: "graph", 25: "function"},  # ModelProto.graph, .functions
+    "graph": {1: "node"},  # GraphProto.node
+    "function": {7: "node"},  # FunctionProto.node
+    "node": {5: "attribute"},  # NodeProto.attribute
+    "attribute": {6: "graph", 11: "graph"},  # AttributeProto.g, .graphs
+}
+
+
+class _Malformed(ValueError):
+    """The bytes are not well-formed protobuf (protobuf's own parse then reports it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where a detached attribute record is: ``length`` bytes at ``offset`` of the file ``path``."""
+
+    path: str
+    offset: int
+    length: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A chunk of output copied from the source file (see :func:`write_spliced`)."""
+
+    offset: int
+    length: int
+
+
+_Chunk = bytes | memoryview | Range
+
+
+# --- the wire format ---------------------------------------------------------------------------
+
+
+def _varint(buf: Any, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise _Malformed("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _fields(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """``(field, wire type, record start, value start, value end)`` of each field in ``buf[start:end]``."""
+    pos = start
+    while pos < end:
+        record = pos
+        key, pos = _varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 2:
+            length, pos = _varint(buf, pos)
+            value, pos = pos, pos + length
+        elif wire == 0:
+            value = pos
+            _, pos = _varint(buf, pos)
+        elif wire == 1:
+            value, pos = pos, pos + 8
+        elif wire == 5:
+            value, pos = pos, pos + 4
+        else:
+            raise _Malformed(f"wire type {wire}")
+        if pos > end:
+            raise _Malformed("a field runs past its message")
+        yield field, wire, record, value, pos
+
+
+def _chunk_size(chunk: _Chunk) -> int:
+    return chunk.length if isinstance(chunk, Range) else len(chunk)
+
+
+def _rewrite(
+    buf: Any, start: int, end: int, kind: str, replace: Any, descend: Any, domain: bytes = b""
+) -> list[_Chunk] | None:
+    """``buf[start:end]`` (a message of ``kind``) with attribute records replaced, as chunks; None if unchanged.
+
+    ``replace(start, end, domain)`` gives the replacement of an attribute record of a
+    node of ``domain`` (or None); ``descend(start, end)`` says whether a child message
+    may hold one.
+    """
+    if kind == "attribute" and (replacement := replace(start, end, domain)) is not None:
+        return [replacement]
+    if kind == "node":  # NodeProto.domain (field 7) comes after the attributes
+        domain = next((bytes(buf[v:e]) for f, w, _, v, e in _fields(buf, start, end) if f == 7 and w == 2), b"")
+    children = _CHILDREN[kind]
+    chunks: list[_Chunk] = []
+    done = start
+    for field, wire, record, value, value_end in _fields(buf, start, end):
+        child = children.get(field)
+        if child is None or wire != 2 or not descend(value, value_end):
+            continue
+        inner = _rewrite(buf, value, value_end, child, replace, descend, domain)
+        if inner is None:
+            continue
+        chunks.append(memoryview(buf)[done:record])
+        chunks.append(_encode_varint(field << 3 | 2) + _encode_varint(sum(map(_chunk_size, inner))))
+        chunks.extend(inner)
+        done = value_end
+    if not chunks:
+        return None
+    chunks.append(memoryview(buf)[done:end])
+    return chunks
+
+
+def _list_attribute(buf: Any, fd: int, start: int, end: int) -> tuple[bytes, int] | None:
+    """The name and type of the attribute record ``buf[start:end]`` if it is a list (not a reference).
+
+    proto2 does not pack repeated fields, so a list is one field per element and
+    ``type`` (field 20) comes after them: past the name, the first field tells
+    whether this may be a list (``floats``, ``ints``, ``strings``: fields 7-9;
+    anything else, a subgraph above all, is not parsed), and then protobuf
+    parses the record (read with ``pread``, so the mapped pages are not
+    touched) as an :func:`_header` message, which knows only ``name``, ``type``
+    and ``ref_attr_name``: the elements stay bytes (unknown fields), never
+    numbers, and are dropped at once.
+    """
+    for field, _, _, _, _ in _fields(buf, start, end):
+        if field == 1:
+            continue
+        if field not in (7, 8, 9):
+            return None
+        break
+    else:
+        return None
+    data = os.pread(fd, end - start, start)
+    if len(data) != end - start:
+        raise _Malformed("the file is shorter than it was")
+    try:
+        header = _header().FromString(data)
+    except Exception as e:  # a DecodeError: protobuf's parse of the whole file reports it
+        raise _Malformed(first_line(e)) from e
+    if header.HasField("ref_attr_name") or header.type not in _LISTS:
+        return None
+    return header.name, header.type
+
+
+@functools.cache
+def _header() -> Any:
+    """A protobuf message class with only AttributeProto's ``name``, ``type`` and ``ref_attr_name``."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(name="onnx_optimize_attribute_header.proto", package="onnx_optimize")
+    message = file.message_type.add(name="AttributeHeader")
+    message.field.add(name="name", number=1, type=field.TYPE_BYTES, label=field.LABEL_OPTIONAL)
+    message.field.add(name="type", number=20, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
+    message.field.add(name="ref_attr_name", number=21, type=field.TYPE_BYTES, label=field.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("onnx_optimize.AttributeHeader"))
+
+
+def _marker(name: bytes, kind: int, key: str) -> bytes:
+    doc = (_PREFIX + key).encode()
+    return (b"\x0a" + _encode_varint(len(name)) + name + b"\xa0\x01" + _encode_varint(kind)
+            + b"\x6a" + _encode_varint(len(doc)) + doc)  # fmt: skip
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def read_view(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, dict[str, Source]]:
+    """The model at ``path``, parsed with its large list attributes detached (see the module docstring).
+
+    Returns:
+        The model (markers in place of the detached records) and the records by marker key
+        (empty for a file under :data:`MIN_FILE` or without such attributes: then the model is
+        the file as it is).
+
+    Raises:
+        OSError: the file cannot be read.
+        google.protobuf.message.DecodeError: the file is not a protobuf message.
+    """
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < MIN_FILE:
+            return onnx.ModelProto.FromString(f.read()), {}
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            sources: dict[str, Source] = {}
+
+            def replace(start: int, end: int, domain: bytes) -> bytes | None:
+                if domain in _ONNX_DOMAINS or end - start < MIN_ATTRIBUTE:
+                    return None
+                if (found := _list_attribute(buf, f.fileno(), start, end)) is None:
+                    return None
+                key = str(len(sources))
+                sources[key] = Source(path, start, end - start)
+                return _marker(*found, key)
+
+            try:
+                chunks = _rewrite(buf, 0, size, "model", replace, lambda s, e: e - s >= MIN_ATTRIBUTE)
+            except _Malformed:
+                chunks = None
+            if chunks is None:
+                return onnx.ModelProto.FromString(f.read()), {}
+            data = b"".join(chunks)  # type: ignore[arg-type]
+            del chunks
+    return onnx.ModelProto.FromString(data), sources
+
+
+def marker_key(doc_string: str | None) -> str | None:
+    """The key of a marker's ``doc_string`` (None: not a marker of this process)."""
+    if doc_string and doc_string.startswith(_PREFIX):
+        return doc_string[len(_PREFIX):]
+    return None
+
+
+class DetachedAttr(ir.Attr):
+    """An attribute whose value stays in the input file until it is read (then decoded once)."""
+
+    __slots__ = ("source",)
+
+    def __init__(self, name: str, type: ir.AttributeType, source: Source) -> None:
+        super().__init__(name, type, None)
+        self.source = source
+
+    @property
+    def value(self) -> Any:
+        if self._value is None:
+            self._value, self.doc_string = _decode(self.source, self.name, self.type)
+        return self._value
+
+    @property
+    def loaded(self) -> bool:
+        return self._value is not None
+
+
+def _decode(source: Source, name: str, kind: ir.AttributeType) -> tuple[Any, str | None]:
+    try:
+        fd = os.open(source.path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, source.length, source.offset)
+        finally:
+            os.close(fd)
+        if len(data) != source.length:
+            raise ValueError("the file is shorter than it was")
+        attr = ir.serde.deserialize_attribute(onnx.AttributeProto.FromString(data))
+    except (OSError, ValueError, RuntimeError) as e:  # a DecodeError, invalid UTF-8...
+        raise InputError(f"attribute {name!r}: cannot read it from the model file ({first_line(e)})") from e
+    if attr.name != name or attr.type != kind:
+        raise InputError(f"attribute {name!r}: the model file changed since it was loaded")
+    return attr.value, attr.doc_string
+
+
+def attach(model: ir.Model, sources: dict[str, Source]) -> None:
+    """Replaces each marker attribute of ``model`` (built from :func:`read_view`'s proto) by a :class:`DetachedAttr`."""
+    if not sources:
+        return
+    model.meta[_META_KEY] = True
+    for root in (model.graph, *model.functions.values()):
+        for node in ir.traversal.RecursiveGraphIterator(root):
+            for name, attr in list(node.attributes.items()):
+                key = marker_key(attr.doc_string) if isinstance(attr, ir.Attr) else None
+                if key is not None and key in sources:
+                    node.attributes[name] = DetachedAttr(name, attr.type, sources[key])
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def swapped(model: ir.Model) -> Iterator[dict[str, Source]]:
+    """Within the block, every :class:`DetachedAttr` of ``model`` is a marker again; yields their sources.
+
+    Serialising the model in the block gives markers that :func:`write_spliced`
+    (or :func:`materialized`) replaces by the records. The attributes are put
+    back when the block ends.
+    """
+    sources: dict[str, Source] = {}
+    swaps: list[tuple[ir.Node, str, ir.Attr]] = []
+    if not model.meta.get(_META_KEY):  # the common case: nothing was detached, nothing to walk
+        yield sources
+        return
+    try:
+        for root in (model.graph, *model.functions.values()):
+            for node in ir.traversal.RecursiveGraphIterator(root):
+                for name, attr in list(node.attributes.items()):
+                    if isinstance(attr, DetachedAttr):
+                        key = str(len(sources))
+                        sources[key] = attr.source
+                        swaps.append((node, name, attr))
+                        node.attributes[name] = ir.Attr(name, attr.type, (), doc_string=_PREFIX + key)
+        yield sources
+    finally:
+        for node, name, attr in swaps:
+            node.attributes[name] = attr
+
+
+def materialized(proto: onnx.ModelProto, sources: dict[str, Source]) -> None:
+    """Replaces the markers in ``proto`` by the records they stand for (read now), in place."""
+    if not sources:
+        return
+    stack: list[Any] = [proto.graph, *proto.functions]
+    while stack:
+        body = stack.pop()
+        for node in body.node:
+            for attr in node.attribute:
+                key = marker_key(attr.doc_string)
+                if key is not None and key in sources:
+                    source = sources[key]
+                    with open(source.path, "rb") as f:
+                        f.seek(source.offset)
+                        attr.ParseFromString(f.read(source.length))
+                elif attr.type == onnx.AttributeProto.GRAPH:
+                    stack.append(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(attr.graphs)
+
+
+def write_spliced(data: bytes, sources: dict[str, Source], path: str | os.PathLike[str]) -> None:
+    """Writes the serialised model ``data`` to ``path`` with each marker replaced by its record.
+
+    The records are copied from their files by the kernel where it can
+    (:class:`passes.modelio.copy.Copier`); only the small serialised model passes
+    through Python.
+    """
+    files = {source.path for source in sources.values()}
+    if len(files) > 1:
+        raise ValueError("detached attributes from more than one file")  # swapped() yields one load's
+    by_key: dict[str, Source] = sources
+
+    def replace(start: int, end: int, domain: bytes) -> Range | None:
+        if end - start > 4096 or data.find(_PREFIX_BYTES, start, end) < 0:
+            return None
+        for field, wire, _, value, value_end in _fields(data, start, end):
+            if field == 13 and wire == 2:
+                key = marker_key(bytes(data[value:value_end]).decode("utf-8", "replace"))
+                source = by_key.get(key) if key is not None else None
+                return None if source is None else Range(source.offset, source.length)
+        return None
+
+    chunks = _rewrite(data, 0, len(data), "model", replace, lambda s, e: data.find(_PREFIX_BYTES, s, e) >= 0)
+    with open(path, "wb") as out:
+        if chunks is None:
+            out.write(data)
+            return
+        with open(next(iter(files)), "rb") as src:
+            copier = _copy.Copier()
+            position = 0
+            for chunk in chunks:
+                if isinstance(chunk, Range):
+                    copier.copy(src.fileno(), chunk.offset, out.fileno(), position, chunk.length)
+                    position += chunk.length
+                else:
+                    view = memoryview(chunk)
+                    while view:
+                        written = os.pwrite(out.fileno(), view, position)
+                        view, position = view[written:], position + written
