@@ -60,8 +60,11 @@ def flatten_of_a_matrix():
 
 
 def _lstm(layout: int = 0, fill: float | None = None, batch_from: str = "x", hidden: int = 4,
-          direction: str = "forward") -> onnx.ModelProto:  # fmt: skip
-    """An LSTM whose initial h and c are ConstantOfShape([dirs, batch, hidden]) built from Shape(batch_from)."""
+          direction: str = "forward", sliced: tuple[int, int, int] | None = None) -> onnx.ModelProto:  # fmt: skip
+    """An LSTM whose initial h and c are ConstantOfShape([dirs, batch, hidden]) built from Shape(batch_from).
+
+    ``sliced=(axis, start, end)``: TorchScript's form, a Slice of the zeros of all layers (two here).
+    """
     dirs = 2 if direction == "bidirectional" else 1
     rng = np.random.default_rng(3)
     axis = 0 if layout else 1
@@ -74,7 +77,13 @@ def _lstm(layout: int = 0, fill: float | None = None, batch_from: str = "x", hid
     order = ["b1", "d", "h"] if layout else ["d", "b1", "h"]
     state.append(helper.make_node("Concat", order, ["shape"], axis=0))
     kwargs = {} if fill is None else {"value": helper.make_tensor("v", F, [1], [fill])}
-    state.append(helper.make_node("ConstantOfShape", ["shape"], ["zeros"], **kwargs))
+    if sliced is not None and sliced[0] == 0:
+        state[2] = _const("d", np.array([2 * dirs]))  # the states of two layers
+    state.append(helper.make_node("ConstantOfShape", ["shape"], ["all" if sliced else "zeros"], **kwargs))
+    if sliced is not None:
+        axis_, start, end = sliced
+        state += [_const("sa", np.array([axis_])), _const("ss", np.array([start])), _const("se", np.array([end])),
+                  helper.make_node("Slice", ["all", "ss", "se", "sa"], ["zeros"])]
     lstm = helper.make_node("LSTM", ["x", "w", "r", "", "", "zeros", "zeros"], ["y"], hidden_size=hidden,
                             layout=layout, direction=direction)  # fmt: skip
     x_shape = ["b", "t", 5] if layout else ["t", "b", 5]
@@ -86,6 +95,11 @@ def _lstm(layout: int = 0, fill: float | None = None, batch_from: str = "x", hid
 @case("noops/zero_initial_state", "ConstantOfShape")
 def lstm_zero_initial_state():
     return _lstm()
+
+
+@case("noops/zero_initial_state", "ConstantOfShape")
+def lstm_zero_initial_state_sliced_from_all_layers():
+    return _lstm(sliced=(0, 1, 2))
 
 
 @case("noops/zero_initial_state", "ConstantOfShape")
@@ -239,7 +253,8 @@ def _lstm_wrong_layout() -> onnx.ModelProto:
     (lambda: _lstm(fill=1.0), 3),
     (lambda: _lstm(batch_from="other"), 3),  # the size of another tensor: not proved to be x's batch
     (_lstm_wrong_layout, 1),
-], ids=["minus_zero", "one", "other_batch", "wrong_layout"])
+    (lambda: _lstm(sliced=(1, 0, 1)), 1),  # a slice of the batch axis: its size is not proved
+], ids=["minus_zero", "one", "other_batch", "wrong_layout", "sliced_batch"])
 def test_initial_states_that_are_not_the_default_stay(build, batch) -> None:
     original = build()
     feeds = {"x": np.random.default_rng(1).standard_normal((2, batch, 5)).astype(np.float32)}

@@ -181,13 +181,17 @@ def _zero_fill(ctx: Context, value: ir.Value) -> tuple[object, ...] | None:
 
     Either a constant whose every element is +0 (not -0: ``-0 * x`` keeps a sign
     a missing state does not have), or ``ConstantOfShape`` whose value is +0
-    (its default) with a shape built by shape arithmetic.
+    (its default) with a shape built by shape arithmetic, or a constant Slice
+    of either (TorchScript slices one layer's states from all layers' zeros).
     """
     array = ctx.constant(value)
     if array is not None:
         if array.dtype.kind != "f" or np.any(array != 0) or np.any(np.signbit(array)):
             return None
         return tuple(int(d) for d in array.shape)
+    sliced = ctx.producer(value, "Slice")
+    if sliced is not None:
+        return _zero_slice(ctx, sliced)
     node = ctx.producer(value, "ConstantOfShape")
     if node is None:
         return None
@@ -200,6 +204,25 @@ def _zero_fill(ctx: Context, value: ir.Value) -> tuple[object, ...] | None:
             return None
     built = shape_value(ctx, node.inputs[0])
     return None if built is None or built.scalar else built.elements
+
+
+def _zero_slice(ctx: Context, node: ir.Node) -> tuple[object, ...] | None:
+    """The shape of a Slice of a zero fill, when every sliced axis has a literal size and constant bounds."""
+    source = _zero_fill(ctx, node.inputs[0])
+    params = [ctx.constant(v) if v is not None else None for v in node.inputs[1:5]]
+    if source is None or any(v is not None and p is None for v, p in zip(node.inputs[1:5], params)):
+        return None
+    starts, ends = params[0], params[1]
+    if starts is None or ends is None:
+        return None
+    axes = params[2] if len(params) > 2 and params[2] is not None else np.arange(starts.size)
+    steps = params[3] if len(params) > 3 and params[3] is not None else np.ones(starts.size, np.int64)
+    shape = list(source)
+    for start, end, axis, step in zip(starts.tolist(), ends.tolist(), axes.tolist(), steps.tolist()):
+        if not -len(shape) <= axis < len(shape) or step <= 0 or not isinstance(shape[axis], int):
+            return None
+        shape[axis] = len(range(shape[axis])[start:end:step])  # Python clamps slices as ONNX does
+    return tuple(shape)
 
 
 @rule("LSTM", "GRU", "RNN", family="noops")
