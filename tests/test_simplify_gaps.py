@@ -47,12 +47,6 @@ def cast_producing_an_output():
     return _model(nodes, [_io("x", [2, 3])], [_io("y", [2, 3])])
 
 
-@case("noops/identity", "Identity", untyped=True)
-def identity_producing_an_output():
-    nodes = [helper.make_node("Neg", ["x"], ["t"]), helper.make_node("Identity", ["t"], ["y"])]
-    return _model(nodes, [_io("x", [2, 3])], [_io("y", [2, 3])])
-
-
 @case("noops/flatten_of_a_matrix", "Flatten")
 def flatten_of_a_matrix():
     nodes = [helper.make_node("Flatten", ["x"], ["t"], axis=1), helper.make_node("Relu", ["t"], ["y"])]
@@ -203,6 +197,13 @@ def test_a_no_op_of_a_graph_input_or_a_shared_value_keeps_producing_the_output()
     original = _model(nodes, [_io("x", [2])], [_io("a", [2]), _io("b", [2]), _io("c", [2])])
     result = _kept(original, "Identity")
     assert _ops(result).count("Cast") == 1
+
+
+def test_an_identity_producing_a_graph_output_is_kept_even_of_a_value_computed_for_it() -> None:
+    nodes = [helper.make_node("Neg", ["x"], ["t"]), helper.make_node("Identity", ["t"], ["y"])]
+    original = _model(nodes, [_io("x", [2])], [_io("y", [2])])
+    result = _kept(original, "Identity")
+    assert [o.name for o in result.graph.output] == ["y"]
 
 
 def test_a_no_op_of_an_outer_value_keeps_producing_a_branch_output() -> None:

@@ -15,8 +15,8 @@ and model-local function until nothing changes (bounded):
   Expand/Reshape to the same shape, Flatten of a matrix, identity Transpose,
   zero Pad, one-input Concat, all-ones Tile, full-range Slice, empty
   Unsqueeze, integer Where with a constant condition, a +0 initial state of
-  a recurrent op (its default). A no-op producing a graph output goes when its
-  input, computed for it alone, can take the output's name.
+  a recurrent op (its default). A no-op producing a graph output (not an Identity,
+  which stays) goes when its input, computed for it alone, can take the output's name.
 * ``chains``: Reshape∘Reshape, Unsqueeze∘Unsqueeze, Squeeze∘Unsqueeze and
   Unsqueeze∘Squeeze on the same axes, Transpose∘Transpose, lossless Cast∘Cast.
 * ``shapes``: partial shapes: the dims of ``Shape(x)`` that inference proves

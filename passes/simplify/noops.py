@@ -30,6 +30,10 @@ def identity(node: ir.Node, ctx: Context) -> Outcome:
     x = node.inputs[0] if node.inputs else None
     if x is None:
         return "no input"
+    if node.outputs[0].is_graph_output():
+        # Exporters name outputs with an Identity, and users look for it: issue #12 keeps them
+        # (other no-ops producing an output go, their input taking the output's name).
+        return "it produces a graph output (an Identity there is kept)"
     return ctx.bypass(node, x)
 
 
