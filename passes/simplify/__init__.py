@@ -12,8 +12,11 @@ and model-local function until nothing changes (bounded):
   thing, unless the op is not deterministic (RandomNormalLike...), holds a
   subgraph, or is of a domain whose schemas we do not know.
 * ``noops``: Identity, Cast/CastLike to the same type, inference Dropout,
-  Expand/Reshape to the same shape, identity Transpose, zero Pad, one-input
-  Concat, all-ones Tile, full-range Slice, empty Unsqueeze.
+  Expand/Reshape to the same shape, Flatten of a matrix, identity Transpose,
+  zero Pad, one-input Concat, all-ones Tile, full-range Slice, empty
+  Unsqueeze, integer Where with a constant condition, a +0 initial state of
+  a recurrent op (its default). A no-op producing a graph output (not an Identity,
+  which stays) goes when its input, computed for it alone, can take the output's name.
 * ``chains``: Reshape∘Reshape, Unsqueeze∘Unsqueeze, Squeeze∘Unsqueeze and
   Unsqueeze∘Squeeze on the same axes, Transpose∘Transpose, lossless Cast∘Cast.
 * ``shapes``: partial shapes: the dims of ``Shape(x)`` that inference proves

@@ -9,7 +9,8 @@
   x's type exactly (``x`` itself when ``T2`` is x's type).
 
 The inner node must have no other user (else the chain would be computed
-twice); it is removed when it becomes dead.
+twice), except an ``Unsqueeze`` whose users are all ``Unsqueeze``: each takes
+it in; it is removed when it becomes dead.
 """
 
 from __future__ import annotations
@@ -39,13 +40,24 @@ _EXACT_WIDENING: dict[ir.DataType, frozenset[ir.DataType]] = {
 }  # fmt: skip
 
 
-def _inner(node: ir.Node, ctx: Context, op_type: str) -> ir.Node | str:
+def _inner(node: ir.Node, ctx: Context, op_type: str, shared: bool = False) -> ir.Node | str:
+    """The ``op_type`` node feeding ``node``, if merging them removes it.
+
+    It must have no other user (else the chain would be computed twice), or,
+    with ``shared``, only users of ``node``'s own op type, which each merge it
+    into themselves (a shared ``Unsqueeze`` feeding two ``Unsqueeze``: three
+    nodes become two).
+    """
     inner = ctx.producer(node.inputs[0], op_type)
     if inner is None:
         return f"its input is not a {op_type}"
-    if not sole_user(inner.outputs[0]):
-        return f"the {op_type} has other users"
-    return inner
+    output = inner.outputs[0]
+    if sole_user(output):
+        return inner
+    if shared and not output.is_graph_output() and all(
+            user.op_type == node.op_type and user.domain == node.domain and index == 0 for user, index in output.uses()):
+        return inner
+    return f"the {op_type} has other users"
 
 
 def _axes(node: ir.Node, ctx: Context) -> list[int] | None:
@@ -84,13 +96,8 @@ def _normalized(axes: list[int], rank: int | None) -> list[int] | None:
     return sorted(axes)
 
 
-@rule("Unsqueeze", family="chains")
-def unsqueeze_of_unsqueeze(node: ir.Node, ctx: Context) -> Outcome:
-    inner = _inner(node, ctx, "Unsqueeze")
-    if isinstance(inner, str):
-        return inner
-    if ctx.opset < 13:
-        return "axes are attributes at this opset"
+def _combined_unsqueeze(inner: ir.Node, node: ir.Node, ctx: Context) -> list[int] | str:
+    """The axes of one Unsqueeze doing ``node``'s after ``inner``'s, or why there are none."""
     a1, a2 = _axes(inner, ctx), _axes(node, ctx)
     dims = ctx.dims(inner.inputs[0])
     rank = None if dims is None else len(dims)
@@ -108,7 +115,23 @@ def unsqueeze_of_unsqueeze(node: ir.Node, ctx: Context) -> Outcome:
             if inserted <= shifted:
                 shifted += 1
         final.append(shifted)
-    combined = sorted(final)
+    return sorted(final)
+
+
+@rule("Unsqueeze", family="chains")
+def unsqueeze_of_unsqueeze(node: ir.Node, ctx: Context) -> Outcome:
+    inner = _inner(node, ctx, "Unsqueeze", shared=True)
+    if isinstance(inner, str):
+        return inner
+    if ctx.opset < 13:
+        return "axes are attributes at this opset"
+    combined = _combined_unsqueeze(inner, node, ctx)
+    if isinstance(combined, str):
+        return combined
+    # A shared inner goes only if every user takes it in (else the merge would add a node).
+    for user, _ in inner.outputs[0].uses():
+        if user is not node and isinstance(_combined_unsqueeze(inner, user, ctx), str):
+            return "another user of the inner Unsqueeze cannot take it in"
     source = inner.inputs[0]
 
     def rewrite() -> None:

@@ -191,7 +191,7 @@ def _batchnorm_into_conv(node: ir.Node, ctx: Context, op_type: str) -> Outcome:
     layer = _conv(node, ctx, node.inputs[0] if node.inputs else None, op_type)
     if isinstance(layer, str):
         return layer
-    bypass = _take_place(ctx, node.outputs[0], layer.node.outputs[0])
+    bypass = ctx.take_place(node.outputs[0], layer.node.outputs[0])
     params = _batchnorm(node, ctx, layer.channels)
     if isinstance(params, str):
         return params
@@ -199,25 +199,6 @@ def _batchnorm_into_conv(node: ir.Node, ctx: Context, op_type: str) -> Outcome:
     w = layer.w.astype(np.float64) * layer.per_channel(s)
     b = (layer.bias64() - mean) * s + shift
     return _then(lambda: layer.rewrite(ctx, w, b), bypass)
-
-
-def _take_place(ctx: Context, old: ir.Value, new: ir.Value) -> Rewrite:
-    """A rewrite making ``new`` (not a graph output) replace ``old`` for every user.
-
-    If ``old`` is a graph output, ``new`` takes its place there, with its name,
-    type and shape: what callers see of the graph does not change.
-    """
-    if not old.is_graph_output():
-        return lambda: old.replace_all_uses_with(new)
-
-    def rewrite() -> None:
-        name = old.name
-        old.name = ctx.names().value(f"{name}_unfused")
-        new.name = name
-        new.type, new.shape, new.doc_string = old.type, old.shape, old.doc_string
-        old.replace_all_uses_with(new, replace_graph_outputs=True)
-
-    return rewrite
 
 
 def _then(first: Rewrite, second: Rewrite) -> Rewrite:
@@ -261,7 +242,7 @@ def batchnorm_into_gemm(node: ir.Node, ctx: Context) -> Outcome:
         padded = (1,) * (2 - c.ndim) + c.shape if c.ndim <= 2 else None
         if padded is None or padded[0] != 1 or padded[1] not in (1, channels):
             return f"C of shape {c.shape} is not the same for every row"
-    bypass = _take_place(ctx, node.outputs[0], gemm.outputs[0])
+    bypass = ctx.take_place(node.outputs[0], gemm.outputs[0])
     params = _batchnorm(node, ctx, channels)
     if isinstance(params, str):
         return params
@@ -314,7 +295,7 @@ def _channel_constant(node: ir.Node, ctx: Context, index: int) -> tuple[_Layer, 
         return f"the constant's shape {c.shape} is not per channel of a [N, {layer.channels}, ...] output"
     if not np.all(np.isfinite(c)):
         return "the constant is not finite"
-    bypass = _take_place(ctx, node.outputs[0], layer.node.outputs[0])
+    bypass = ctx.take_place(node.outputs[0], layer.node.outputs[0])
     vector = np.broadcast_to(c.astype(np.float64).reshape(-1), (layer.channels,))
     return layer, vector, bypass
 

@@ -1,8 +1,9 @@
 """No-op nodes: ops whose output is their input, bit for bit.
 
 Each rule makes the users of the node's output use its input instead; the
-node is then dead and removed. A node whose output is a graph output stays
-(see :meth:`Context.bypass`).
+node is then dead and removed. Where the node's output is a graph output, its
+input takes that place under the output's name, type and shape when nothing
+else sees the renaming (see :meth:`Context.bypass`); otherwise the node stays.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ def identity(node: ir.Node, ctx: Context) -> Outcome:
     x = node.inputs[0] if node.inputs else None
     if x is None:
         return "no input"
+    if node.outputs[0].is_graph_output():
+        # Exporters name outputs with an Identity, and users look for it: issue #12 keeps them
+        # (other no-ops producing an output go, their input taking the output's name).
+        return "it produces a graph output (an Identity there is kept)"
     return ctx.bypass(node, x)
 
 
@@ -73,12 +78,7 @@ def _keeps_each_dim(node: ir.Node, ctx: Context) -> bool:
         return False
 
     def is_dim(element: object, i: int) -> bool:
-        if isinstance(element, DimOf):
-            if element.value is x:
-                return element.index == i
-            other = ctx.dims(element.value)  # another tensor's dim, equal by inference's symbols
-            return other is not None and element.index < len(other) and other[element.index] == dims[i] is not None
-        return isinstance(element, int) and isinstance(dims[i], int) and element == dims[i] and element > 0
+        return _is_dim_of(ctx, element, x, i, dims) and not (isinstance(element, int) and element <= 0)
 
     entries = built.elements
     if node.op_type == "Reshape":
@@ -96,6 +96,18 @@ def same_shape(node: ir.Node, ctx: Context) -> Outcome:
     if not (_same_shape(ctx, x, node.outputs[0]) or _keeps_each_dim(node, ctx)):
         return "the output's shape is not proved equal to the input's"
     return ctx.bypass(node, x)
+
+
+@rule("Flatten", family="noops")
+def flatten_of_a_matrix(node: ir.Node, ctx: Context) -> Outcome:
+    """``Flatten`` of a rank-2 input at axis 1 gives ``[d0, d1]``: the input itself, for any dims."""
+    dims = ctx.dims(node.inputs[0])
+    if dims is None:
+        return "the input's rank is unknown"
+    axis = node.attributes.get_int("axis", 1)
+    if not (len(dims) == 2 and axis in (1, -1)) and not _same_shape(ctx, node.inputs[0], node.outputs[0]):
+        return "the output's shape is not proved equal to the input's"
+    return ctx.bypass(node, node.inputs[0])
 
 
 @rule("Transpose", family="noops")
@@ -162,3 +174,141 @@ def full_slice(node: ir.Node, ctx: Context) -> Outcome:
         if end < _INT64_BIG and not (isinstance(dim, int) and end >= dim):
             return "an end may cut the axis"
     return ctx.bypass(node, node.inputs[0])
+
+
+# Recurrent ops: the index of each optional initial-state input (initial_h, initial_c).
+_INITIAL_STATES = {"LSTM": (5, 6), "GRU": (5,), "RNN": (5,)}
+
+
+def _zero_fill(ctx: Context, value: ir.Value) -> tuple[object, ...] | None:
+    """The shape of ``value`` if it is a tensor of +0.0 everywhere, entry by entry (see shape_values), else None.
+
+    Either a constant whose every element is +0 (not -0: ``-0 * x`` keeps a sign
+    a missing state does not have), or ``ConstantOfShape`` whose value is +0
+    (its default) with a shape built by shape arithmetic, or a constant Slice
+    of either (TorchScript slices one layer's states from all layers' zeros).
+    """
+    array = ctx.constant(value)
+    if array is not None:
+        if array.dtype.kind != "f" or np.any(array != 0) or np.any(np.signbit(array)):
+            return None
+        return tuple(int(d) for d in array.shape)
+    sliced = ctx.producer(value, "Slice")
+    if sliced is not None:
+        return _zero_slice(ctx, sliced)
+    node = ctx.producer(value, "ConstantOfShape")
+    if node is None:
+        return None
+    attr = node.attributes.get("value")
+    if attr is not None:
+        if not isinstance(attr, ir.Attr) or attr.is_ref() or attr.type != ir.AttributeType.TENSOR:
+            return None
+        fill = np.asarray(attr.as_tensor().numpy())
+        if fill.dtype.kind != "f" or fill.size != 1 or fill.reshape(-1)[0] != 0 or np.signbit(fill.reshape(-1)[0]):
+            return None
+    built = shape_value(ctx, node.inputs[0])
+    return None if built is None or built.scalar else built.elements
+
+
+def _zero_slice(ctx: Context, node: ir.Node) -> tuple[object, ...] | None:
+    """The shape of a Slice of a zero fill, when every sliced axis has a literal size and constant bounds."""
+    source = _zero_fill(ctx, node.inputs[0])
+    params = [ctx.constant(v) if v is not None else None for v in node.inputs[1:5]]
+    if source is None or any(v is not None and p is None for v, p in zip(node.inputs[1:5], params)):
+        return None
+    starts, ends = params[0], params[1]
+    if starts is None or ends is None:
+        return None
+    axes = params[2] if len(params) > 2 and params[2] is not None else np.arange(starts.size)
+    steps = params[3] if len(params) > 3 and params[3] is not None else np.ones(starts.size, np.int64)
+    shape = list(source)
+    for start, end, axis, step in zip(starts.tolist(), ends.tolist(), axes.tolist(), steps.tolist()):
+        if not -len(shape) <= axis < len(shape) or step <= 0 or not isinstance(shape[axis], int):
+            return None
+        shape[axis] = len(range(shape[axis])[start:end:step])  # Python clamps slices as ONNX does
+    return tuple(shape)
+
+
+@rule("LSTM", "GRU", "RNN", family="noops")
+def zero_initial_state(node: ir.Node, ctx: Context) -> Outcome:
+    """An initial state of +0 of the state's own shape is the spec's default for a missing one: drop it.
+
+    The state's shape must be proved ``[num_directions, batch, hidden]``
+    (``[batch, num_directions, hidden]`` with ``layout=1``), batch being the
+    input's own dim (the same dim or an equal symbol), so that no run where the
+    original would fail on a wrong shape runs now.
+    """
+    x = node.inputs[0]
+    dims = ctx.dims(x)
+    hidden = node.attributes.get_int("hidden_size", None)
+    if dims is None or len(dims) != 3 or hidden is None:
+        return "the input's rank or hidden_size is unknown"
+    layout = node.attributes.get_int("layout", 0)
+    directions = 2 if node.attributes.get_string("direction", "forward") == "bidirectional" else 1
+    batch_axis = 0 if layout else 1  # of the input, and the batch's position in the state's shape
+    expected = [None, directions, hidden] if layout else [directions, None, hidden]
+    states = [i for i in _INITIAL_STATES[node.op_type] if i < len(node.inputs) and node.inputs[i] is not None]
+    dropped = []
+    for index in states:
+        shape = _zero_fill(ctx, node.inputs[index])
+        if shape is None or len(shape) != 3 or ctx.dtype(node.inputs[index]) != ctx.dtype(x):
+            continue
+        ok = True
+        for position, (entry, want) in enumerate(zip(shape, expected)):
+            if want is None:  # the batch entry
+                ok &= _is_dim_of(ctx, entry, x, batch_axis, dims)
+            else:
+                ok &= entry == want
+        if ok:
+            dropped.append(index)
+    if not dropped:
+        return "no initial state is a zero of the state's proved shape"
+
+    def rewrite() -> None:
+        for index in dropped:
+            node.replace_input_with(index, None)
+        while node.inputs and node.inputs[-1] is None:
+            node.resize_inputs(len(node.inputs) - 1)
+
+    return rewrite
+
+
+def _is_dim_of(ctx: Context, entry: object, x: ir.Value, axis: int, dims: tuple) -> bool:
+    """Whether ``entry`` (an int or a DimOf) is, at run time, dim ``axis`` of ``x`` (whose dims are ``dims``).
+
+    A dim of another tensor counts when inference gives both the same int or symbol.
+    """
+    if isinstance(entry, DimOf):
+        if entry.value is x:
+            return entry.index == axis
+        other = ctx.dims(entry.value)
+        return other is not None and entry.index < len(other) and other[entry.index] == dims[axis] is not None
+    return isinstance(entry, int) and isinstance(dims[axis], int) and entry == dims[axis]
+
+
+@rule("Where", family="noops")
+def constant_condition(node: ir.Node, ctx: Context) -> Outcome:
+    """``Where(c, a, b)`` with a constant ``c`` that is all true (all false) is ``a`` (``b``).
+
+    Only where the output has the chosen input's shape (the condition and the
+    other input broadcast into it, not beyond). Not for floats: the spec's Where
+    copies the chosen bits, but onnxruntime's kernel turns a selected -0 into
+    +0 (see README), so removing it would change what onnxruntime computes.
+    Integers and booleans (the shape arithmetic of TorchScript's ``expand``) are
+    copied exactly by both.
+    """
+    dtype = ctx.dtype(node.inputs[1])
+    if dtype is None or dtype.is_floating_point():
+        return "a float (or unknown) type: onnxruntime's Where does not keep -0"
+    condition = ctx.constant(node.inputs[0])
+    if condition is None or condition.size == 0 or condition.dtype != np.bool_:
+        return "the condition is not a non-empty constant"
+    if np.all(condition):
+        chosen = node.inputs[1]
+    elif not np.any(condition):
+        chosen = node.inputs[2]
+    else:
+        return "the condition selects from both inputs"
+    if not _same_shape(ctx, chosen, node.outputs[0]):
+        return "the output's shape is not proved equal to the chosen input's"
+    return ctx.bypass(node, chosen)

@@ -194,15 +194,40 @@ class Context:
     def bypass(self, node: ir.Node, replacement: ir.Value) -> str | Rewrite:
         """A rewrite making the users of ``node``'s only output use ``replacement`` instead.
 
-        Refused (a reason) when that output is a graph output: its name and its
-        producer are part of the graph's contract.
+        When that output is a graph output (its name, type and shape are the
+        graph's contract), ``replacement`` takes its place there under its name,
+        type and shape (:meth:`take_place`), provided ``replacement`` is
+        computed by another node of the same graph for this node alone:
+        nothing else then sees the renaming, and the graph keeps its outputs
+        exactly. A graph input, an initializer, a value of an enclosing graph,
+        another graph output or a value other nodes also use is not renamed
+        (the no-op then stays, as the producer of that output).
         """
         output = node.outputs[0]
-        if output.is_graph_output():
-            return "its output is a graph output"
+        if not output.is_graph_output():
+            return lambda: output.replace_all_uses_with(replacement)
+        producer = replacement.producer()
+        if producer is None or producer.graph is not node.graph:
+            return "its output is a graph output, and its input is not computed in this graph"
+        if not sole_user(replacement):
+            return "its output is a graph output, and its input has other users or is one too"
+        return self.take_place(output, replacement)
+
+    def take_place(self, old: ir.Value, new: ir.Value) -> Rewrite:
+        """A rewrite making ``new`` (not a graph output) replace ``old`` for every user.
+
+        If ``old`` is a graph output, ``new`` takes its place there, with its name,
+        type and shape: what callers see of the graph does not change.
+        """
+        if not old.is_graph_output():
+            return lambda: old.replace_all_uses_with(new)
 
         def rewrite() -> None:
-            output.replace_all_uses_with(replacement)
+            name = old.name
+            old.name = self.names().value(f"{name}_replaced")
+            new.name = name
+            new.type, new.shape, new.doc_string = old.type, old.shape, old.doc_string
+            old.replace_all_uses_with(new, replace_graph_outputs=True)
 
         return rewrite
 

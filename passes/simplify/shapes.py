@@ -186,3 +186,37 @@ def constant_reshape_target(node: ir.Node, ctx: Context) -> Outcome:
         node.replace_input_with(1, value)
 
     return rewrite
+
+
+@rule("Equal", family="shapes", name="compare_shape_value")
+def compare_shape_value(node: ir.Node, ctx: Context) -> Outcome:
+    """``Equal(s, k)`` of shape arithmetic ``s`` and a constant ``k`` that every element decides.
+
+    A dim is never negative, so it never equals a negative ``k`` (TorchScript's
+    ``expand(-1)`` handling compares a shape with ``-1``); a literal element is
+    compared as it is. Where one element is a dim that may equal ``k``, the
+    node stays.
+    """
+    for index in (0, 1):
+        built = shape_value(ctx, node.inputs[index])
+        constant = ctx.constant(node.inputs[1 - index])
+        if built is None or constant is None or constant.dtype.kind not in "iu":
+            continue
+        elements = np.empty(len(built.elements), dtype=object)
+        elements[:] = list(built.elements)
+        left = elements.reshape(()) if built.scalar else elements
+        try:
+            shape = np.broadcast_shapes(left.shape, constant.shape)
+        except ValueError:
+            return "the shapes do not broadcast"
+        pairs = zip(np.broadcast_to(left, shape).reshape(-1), np.broadcast_to(constant, shape).reshape(-1).tolist())
+        result = []
+        for element, k in pairs:
+            if isinstance(element, int):
+                result.append(element == k)
+            elif k < 0:
+                result.append(False)
+            else:
+                return "a dim that is not static may equal the constant"
+        return _replace_by_constant(node, ctx, np.array(result, dtype=bool).reshape(shape))
+    return "not a comparison of shape arithmetic with a constant"
