@@ -16,6 +16,8 @@ so the initializers it leaves out are not copied.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import google.protobuf.message
 import onnx
 import onnx.helper
@@ -66,11 +68,16 @@ def _copy_fields(source: google.protobuf.message.Message, target: google.protobu
                 setattr(target, name, getattr(source, name))
 
 
-def without_initializers(proto: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
+def without_initializers(
+    proto: onnx.ModelProto, names: set[str],
+    keep_as: Callable[[onnx.TensorProto, onnx.TensorProto], None] | None = None,
+) -> onnx.ModelProto:  # fmt: skip
     """A copy of ``proto`` whose main-graph initializers named in ``names`` are graph inputs instead.
 
-    An initializer that is a graph input already is only left out. ``proto``
-    itself when ``names`` is empty.
+    An initializer that is a graph input already is only left out. With
+    ``keep_as``, each stays an initializer, filled by ``keep_as(original,
+    new)`` instead (the loader's stand-ins for the weights it moves out).
+    ``proto`` itself when ``names`` is empty.
     """
     if not names:
         return proto
@@ -82,6 +89,8 @@ def without_initializers(proto: onnx.ModelProto, names: set[str]) -> onnx.ModelP
     for tensor in source.initializer:
         if tensor.name not in names:
             graph.initializer.add().CopyFrom(tensor)
+        elif keep_as is not None:
+            keep_as(tensor, graph.initializer.add())
         elif tensor.name not in inputs:
             graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
     return view
