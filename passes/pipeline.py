@@ -18,14 +18,13 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
-import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 # Only light modules at the top: ``--help`` and early errors need no more (see passes.registry).
 # onnx, onnx_ir, the passes and the report are imported where they are used.
 from passes import modelio  # light: it imports onnx and onnx_ir on first use
-from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
+from passes.errors import CheckFailedError, InputError, first_line
 from passes.lazy import lazy_module
 from passes.options import Option
 from passes.phases import Phases
@@ -46,6 +45,7 @@ _report = lazy_module("passes.report")
 _walk = lazy_module("passes.ir.walk")
 _destinations = lazy_module("passes.modelio.destinations")
 _gate = lazy_module("passes.verify.gate")
+_fixpoint = lazy_module("passes.fixpoint")
 
 __all__ = [
     "DEFAULT_FOLD_SIZE_LIMIT",
@@ -153,16 +153,6 @@ def build_pass_manager(
     return ir.passes.PassManager([p for _, p in steps], steps=1)
 
 
-def _root_cause(error: BaseException) -> BaseException:
-    """The innermost :class:`OptimizeError` behind onnx_ir's PassError wrapping, if any."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, OptimizeError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return error
-
-
 def _refuse_lower_target(model: ir.Model, names: Sequence[str], values: Mapping[str, Any]) -> None:
     target = values.get("target_opset")
     opset = _walk.default_opset(model.opset_imports)
@@ -199,76 +189,7 @@ def optimize_model(
     names = select_passes(passes)
     values = _option_values(options)
     _refuse_lower_target(model, names, values)
-    runs: list[PassRun] = []
-    for group in _fixpoint_groups(_build(names, values, cleanup)):
-        rounds = 0
-        while True:
-            rounds += 1
-            modified = False
-            for name, pass_ in group:
-                if progress:
-                    progress(f"running {name}" + (f" (round {rounds})" if rounds > 1 else ""))
-                run = _run_pass(name, pass_, model)
-                modified |= run.modified
-                _merge_run(runs, run, rounds)
-            if len(group) == 1 or not modified or rounds >= _MAX_ROUNDS:
-                break
-    return runs
-
-
-# fold and simplify feed each other (a folded shape lets a Reshape chain go, a removed
-# no-op lets a constant fold), and decompose leaves constants and shape arithmetic behind:
-# consecutive runs of them are repeated until none of them changes the model.
-_FIXPOINT = frozenset({"fold", "simplify", "decompose"})
-_MAX_ROUNDS = 8
-
-
-def _fixpoint_groups(steps: list[tuple[str, ir.passes.PassBase]]) -> list[list[tuple[str, ir.passes.PassBase]]]:
-    groups: list[list[tuple[str, ir.passes.PassBase]]] = []
-    for step in steps:
-        if groups and step[0] in _FIXPOINT and all(name in _FIXPOINT for name, _ in groups[-1]):
-            groups[-1].append(step)
-        else:
-            groups.append([step])
-    return groups
-
-
-def _run_pass(name: str, pass_: ir.passes.PassBase, model: ir.Model) -> PassRun:
-    start = time.perf_counter()
-    try:
-        result = pass_(model)
-    except ir.passes.PassError as e:
-        cause = _root_cause(e)
-        if isinstance(cause, OptimizeError):
-            raise cause from e
-        raise
-    seconds = time.perf_counter() - start
-    logger.info("pass %s: %.3f s, modified=%s", name, seconds, result.modified)
-    return _report.PassRun(name, seconds, bool(result.modified), dict(getattr(pass_, "stats", None) or {}))
-
-
-def _merge_run(runs: list[PassRun], run: PassRun, rounds: int) -> None:
-    """Adds a repeated pass's run to its first one: times and counters summed, ``rounds`` set."""
-    previous = next((r for r in runs if r.name == run.name), None) if rounds > 1 else None
-    if previous is None:
-        runs.append(run)
-        return
-    previous.seconds += run.seconds
-    previous.modified |= run.modified
-    previous.stats = _add_stats(previous.stats, run.stats)
-    previous.stats["rounds"] = rounds
-
-
-def _add_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    result = dict(a)
-    for key, value in b.items():
-        if isinstance(value, dict) and isinstance(result.get(key), dict):
-            result[key] = _add_stats(result[key], value)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(result.get(key), (int, float)):
-            result[key] = result[key] + value
-        else:
-            result.setdefault(key, value)
-    return result
+    return _fixpoint.run(_build(names, values, cleanup), model, progress)
 
 
 def optimize_file(
@@ -352,6 +273,8 @@ def _optimize_file(source: str | os.PathLike[str], output: str | os.PathLike[str
     with modelio.staged_output(dst, replace_data=replace_data) as staged:
         with phases.phase("save", f"saving {dst}", modelio.external_data_nbytes(model) or None, "B") as advance:
             staged_path = staged.save(model, progress=advance)
+        _release(model)
+        del model
         with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):
             failure = _gate.verify(src, staged_path, check, report, warn, rebuild=rebuild, names=names, worker=worker)
         commit = failure is None or force
@@ -372,6 +295,19 @@ def _optimize_file(source: str | os.PathLike[str], output: str | os.PathLike[str
         error.report = report  # type: ignore[attr-defined]
         raise error
     return report
+
+
+def _release(model: ir.Model) -> None:
+    """Frees the model's tensors once it is written: the check reads the written file.
+
+    The checker (and onnxruntime's comparison) read the output back; holding a
+    model's folded weights meanwhile would add their size to the peak. The IR's
+    nodes and values refer to each other, so only the garbage collector would
+    free them: the tensors are dropped here instead.
+    """
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            value.const_value = None
 
 
 def _check_options(check: bool | CheckOptions) -> CheckOptions:

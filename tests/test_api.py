@@ -146,3 +146,19 @@ def test_pass_manager_composes_with_onnx_ir_passes() -> None:
     upgrade = passes.UpgradeOpsetPass(18)
     again = upgrade(model)
     assert not again.modified and upgrade.stats["adapters"] == {}
+
+
+def test_a_model_importing_the_default_domain_under_both_names_is_upgraded_whole(tmp_path: pathlib.Path) -> None:
+    """``""`` and ``"ai.onnx"`` are one domain: imported under both names, it is upgraded once, not left at 13."""
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("ReduceMax", ["x"], ["y"], axes=[0])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 3])],
+    )  # fmt: skip
+    opsets = [onnx.helper.make_opsetid("", 13), onnx.helper.make_opsetid("ai.onnx", 13)]
+    src, out = tmp_path / "both.onnx", tmp_path / "out.onnx"
+    onnx.save_model(onnx.helper.make_model(graph, opset_imports=opsets, ir_version=8), str(src))
+    passes.optimize(src, output=out)
+    result = onnx.load(str(out))
+    assert [(o.domain, o.version) for o in result.opset_import] == [("", 18)]
+    onnx.checker.check_model(result, full_check=True)

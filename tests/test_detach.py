@@ -23,7 +23,7 @@ from onnx import TensorProto, helper
 import passes
 from passes import modelio, pipeline
 from passes.errors import InputError
-from passes.modelio import detach
+from passes.modelio import detach, wire
 
 F = TensorProto.FLOAT
 
@@ -248,7 +248,8 @@ def test_the_splice_equals_a_full_decode(tmp_path_factory, layout, nested, thres
     with detach.swapped(loaded) as found:
         data = ir.serde.serialize_model(loaded).SerializeToString()
     assert len(found) == len(sources)
-    detach.write_spliced(data, found, folder / "out.onnx")
+    pieces = wire.rewrite(data, detach.splice_visitor(data, found))
+    wire.write(folder / "out.onnx", pieces or [data], str(path))
     assert (folder / "out.onnx").read_bytes() == expected
     whole, _ = modelio.model_to_proto_with_markers(loaded)
     detach.materialized(whole, found)

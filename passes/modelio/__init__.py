@@ -55,15 +55,17 @@ from passes.errors import InputError, first_line as _first_line
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_LIMIT
 
-# Saving needs onnx and onnx_ir only once it runs (see passes.modelio.load for loading).
+# Saving needs numpy and onnx_ir only once it runs (see passes.modelio.load for loading).
 if TYPE_CHECKING:
-    import onnx
+    import numpy as np
     import onnx_ir as ir
 else:
-    onnx = lazy_module("onnx")
+    np = lazy_module("numpy")
     ir = lazy_module("onnx_ir")
 _copy = lazy_module("passes.modelio.copy")
 _detach = lazy_module("passes.modelio.detach")
+_stream = lazy_module("passes.modelio.stream")
+_wire = lazy_module("passes.modelio.wire")
 
 __all__ = [
     "PROTOBUF_LIMIT",
@@ -90,6 +92,9 @@ _FUNCTIONS_IR_VERSION = 8
 
 # A model saved with external data keeps initializers up to this size inline.
 _INLINE_UP_TO = 1024
+
+# A main-graph initializer held in memory over this size is written from its array (see _write_model).
+_STREAM_OVER = 1 << 20
 
 
 def _inline_nbytes(model: ir.Model) -> int:
@@ -132,7 +137,7 @@ def save_model(
     if external_data is None:
         external_data = has_external_data(model) or _inline_nbytes(model) >= PROTOBUF_LIMIT
     if not external_data:
-        _write_proto(model, path)
+        _write_model(model, path)
         return [path]
     data = path.with_name(path.name + ".data")
     inline, placed = _split_initializers(model)
@@ -155,7 +160,7 @@ def save_model(
                 metadata_props=dict(getattr(tensor, "metadata_props", None) or {}) or None,
                 base_dir=str(path.parent),
             )  # fmt: skip
-        _write_proto(model, path)
+        _write_model(model, path)
     finally:
         for value, tensor in reversed(swapped):
             value.const_value = tensor
@@ -188,14 +193,56 @@ def _split_initializers(model: ir.Model) -> tuple[list[ir.Value], list[ir.Value]
     return inline, external
 
 
-def _write_proto(model: ir.Model, path: pathlib.Path) -> None:
-    """Writes the model file, detached attributes copied from the input's (see ``passes.modelio.detach``)."""
-    proto, detached = model_to_proto_with_markers(model)
+def _write_model(model: ir.Model, path: pathlib.Path) -> None:
+    """Writes the model file; large arrays and detached attributes go into it without a copy in Python.
+
+    Serialising the whole proto would hold a large main-graph array three more
+    times (``tobytes()``, the proto's ``raw_data``, the serialized string): a
+    placeholder of the same name, type and shape stands for it while the proto
+    is built, and :mod:`passes.modelio.stream` puts its bytes in its place. A
+    detached attribute (:mod:`passes.modelio.detach`) is serialised as its
+    marker and copied from the input file. The file's bytes are those of
+    ``model_to_proto(model).SerializeToString()``.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    try:
+        for value in model.graph.initializers.values():
+            placeholder, array = _placeholder(value.const_value, value.name)
+            if placeholder is not None:
+                arrays[value.name] = array
+                swapped.append((value, value.const_value))
+                value.const_value = placeholder
+        proto, detached = model_to_proto_with_markers(model)
+    finally:
+        for value, tensor in reversed(swapped):
+            value.const_value = tensor
+    serialized = proto.SerializeToString()
+    del proto
+    visitors = []
+    if arrays:
+        visitors.append(_stream.array_visitor(serialized, arrays))
     if detached:
-        _detach.write_spliced(proto.SerializeToString(), detached, path)
-        return
-    with open(path, "wb") as f:
-        f.write(proto.SerializeToString())
+        visitors.append(_detach.splice_visitor(serialized, detached))
+    pieces = _wire.rewrite(serialized, _wire.combine(*visitors)) if visitors else None
+    sources = {source.path for source in detached.values()}
+    if len(sources) > 1:
+        raise ValueError("detached attributes from more than one file")  # one load's, by construction
+    _wire.write(path, [serialized] if pieces is None else pieces, next(iter(sources), None))
+
+
+def _placeholder(tensor: ir.TensorProtocol | None, name: str) -> tuple[ir.Tensor | None, np.ndarray | None]:
+    """An empty stand-in for an in-memory array over :data:`_STREAM_OVER` bytes, and the array."""
+    if not isinstance(tensor, ir.Tensor) or tensor.nbytes <= _STREAM_OVER or tensor.dtype.bitwidth % 8:
+        return None, None
+    array = _stream.streamable_array(tensor.numpy())
+    if array is None:
+        return None, None
+    placeholder = ir.Tensor(
+        np.empty(0, array.dtype), dtype=tensor.dtype, shape=tensor.shape, name=name,
+        doc_string=tensor.doc_string, metadata_props=dict(tensor.metadata_props) or None,
+    )  # fmt: skip
+    return placeholder, array
 
 
 @contextlib.contextmanager

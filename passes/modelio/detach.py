@@ -43,11 +43,11 @@ import onnx
 import onnx_ir as ir
 
 from passes.errors import InputError, first_line
-from passes.modelio import copy as _copy
+from passes.modelio import wire
 
 __all__ = [
-    "MIN_ATTRIBUTE", "MIN_FILE", "DetachedAttr", "Range", "Source", "attach", "materialized", "read_view",
-    "swapped", "write_spliced",
+    "MIN_ATTRIBUTE", "MIN_FILE", "DetachedAttr", "Source", "attach", "marker_key", "materialized", "read_view",
+    "splice_visitor", "swapped",
 ]
 
 #: Files smaller than this are parsed as they are (walking them would cost more than it saves).
@@ -66,20 +66,6 @@ _ONNX_DOMAINS = frozenset({b"", b"ai.onnx"})
 #: ``ir.Model.meta`` key: the model holds detached attributes (not serialised by onnx_ir).
 _META_KEY = "onnx_optimize.detached"
 
-# Which length-delimited fields lead to attributes: message kind -> {field number: child kind}.
-_CHILDREN: dict[str, dict[int, str]] = {
-    "model": {7: "graph", 25: "function"},  # ModelProto.graph, .functions
-    "graph": {1: "node"},  # GraphProto.node
-    "function": {7: "node"},  # FunctionProto.node
-    "node": {5: "attribute"},  # NodeProto.attribute
-    "attribute": {6: "graph", 11: "graph"},  # AttributeProto.g, .graphs
-}
-
-
-class _Malformed(ValueError):
-    """The bytes are not well-formed protobuf (protobuf's own parse then reports it)."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Source:
     """Where a detached attribute record is: ``length`` bytes at ``offset`` of the file ``path``."""
@@ -87,103 +73,6 @@ class Source:
     path: str
     offset: int
     length: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Range:
-    """A chunk of output copied from the source file (see :func:`write_spliced`)."""
-
-    offset: int
-    length: int
-
-
-_Chunk = bytes | memoryview | Range
-
-
-# --- the wire format ---------------------------------------------------------------------------
-
-
-def _varint(buf: Any, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise _Malformed("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _fields(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
-    """``(field, wire type, record start, value start, value end)`` of each field in ``buf[start:end]``."""
-    pos = start
-    while pos < end:
-        record = pos
-        key, pos = _varint(buf, pos)
-        field, wire = key >> 3, key & 7
-        if wire == 2:
-            length, pos = _varint(buf, pos)
-            value, pos = pos, pos + length
-        elif wire == 0:
-            value = pos
-            _, pos = _varint(buf, pos)
-        elif wire == 1:
-            value, pos = pos, pos + 8
-        elif wire == 5:
-            value, pos = pos, pos + 4
-        else:
-            raise _Malformed(f"wire type {wire}")
-        if pos > end:
-            raise _Malformed("a field runs past its message")
-        yield field, wire, record, value, pos
-
-
-def _chunk_size(chunk: _Chunk) -> int:
-    return chunk.length if isinstance(chunk, Range) else len(chunk)
-
-
-def _rewrite(
-    buf: Any, start: int, end: int, kind: str, replace: Any, descend: Any, domain: bytes = b""
-) -> list[_Chunk] | None:
-    """``buf[start:end]`` (a message of ``kind``) with attribute records replaced, as chunks; None if unchanged.
-
-    ``replace(start, end, domain)`` gives the replacement of an attribute record of a
-    node of ``domain`` (or None); ``descend(start, end)`` says whether a child message
-    may hold one.
-    """
-    if kind == "attribute" and (replacement := replace(start, end, domain)) is not None:
-        return [replacement]
-    if kind == "node":  # NodeProto.domain (field 7) comes after the attributes
-        domain = next((bytes(buf[v:e]) for f, w, _, v, e in _fields(buf, start, end) if f == 7 and w == 2), b"")
-    children = _CHILDREN[kind]
-    chunks: list[_Chunk] = []
-    done = start
-    for field, wire, record, value, value_end in _fields(buf, start, end):
-        child = children.get(field)
-        if child is None or wire != 2 or not descend(value, value_end):
-            continue
-        inner = _rewrite(buf, value, value_end, child, replace, descend, domain)
-        if inner is None:
-            continue
-        chunks.append(memoryview(buf)[done:record])
-        chunks.append(_encode_varint(field << 3 | 2) + _encode_varint(sum(map(_chunk_size, inner))))
-        chunks.extend(inner)
-        done = value_end
-    if not chunks:
-        return None
-    chunks.append(memoryview(buf)[done:end])
-    return chunks
 
 
 def _list_attribute(buf: Any, fd: int, start: int, end: int) -> tuple[bytes, int] | None:
@@ -198,7 +87,7 @@ def _list_attribute(buf: Any, fd: int, start: int, end: int) -> tuple[bytes, int
     and ``ref_attr_name``: the elements stay bytes (unknown fields), never
     numbers, and are dropped at once.
     """
-    for field, _, _, _, _ in _fields(buf, start, end):
+    for field, _, _, _, _ in wire.fields(buf, start, end):
         if field == 1:
             continue
         if field not in (7, 8, 9):
@@ -208,11 +97,11 @@ def _list_attribute(buf: Any, fd: int, start: int, end: int) -> tuple[bytes, int
         return None
     data = os.pread(fd, end - start, start)
     if len(data) != end - start:
-        raise _Malformed("the file is shorter than it was")
+        raise wire.Malformed("the file is shorter than it was")
     try:
         header = _header().FromString(data)
     except Exception as e:  # a DecodeError: protobuf's parse of the whole file reports it
-        raise _Malformed(first_line(e)) from e
+        raise wire.Malformed(first_line(e)) from e
     if header.HasField("ref_attr_name") or header.type not in _LISTS:
         return None
     return header.name, header.type
@@ -235,9 +124,10 @@ def _header() -> Any:
 
 
 def _marker(name: bytes, kind: int, key: str) -> bytes:
+    """An AttributeProto's content: ``name`` (field 1), ``type`` (20), ``doc_string`` (13) naming the record."""
     doc = (_PREFIX + key).encode()
-    return (b"\x0a" + _encode_varint(len(name)) + name + b"\xa0\x01" + _encode_varint(kind)
-            + b"\x6a" + _encode_varint(len(doc)) + doc)  # fmt: skip
+    return (wire.tag(1) + wire.encode_varint(len(name)) + name + wire.tag(20, 0) + wire.encode_varint(kind)
+            + wire.tag(13) + wire.encode_varint(len(doc)) + doc)  # fmt: skip
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -263,18 +153,22 @@ def read_view(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, dict[str, 
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             sources: dict[str, Source] = {}
 
-            def replace(start: int, end: int, domain: bytes) -> bytes | None:
-                if domain in _ONNX_DOMAINS or end - start < MIN_ATTRIBUTE:
-                    return None
-                if (found := _list_attribute(buf, f.fileno(), start, end)) is None:
-                    return None
-                key = str(len(sources))
-                sources[key] = Source(path, start, end - start)
-                return _marker(*found, key)
+            def visit(kind: str, start: int, end: int, above: tuple[object, ...]) -> object:
+                if end - start < MIN_ATTRIBUTE:
+                    return None  # too small to hold a large attribute
+                if kind != "attribute":
+                    return wire.DESCEND if kind != "initializer" else None
+                if above[-1] not in _ONNX_DOMAINS:
+                    found = _list_attribute(buf, f.fileno(), start, end)
+                    if found is not None:
+                        key = str(len(sources))
+                        sources[key] = Source(path, start, end - start)
+                        return [_marker(*found, key)]
+                return wire.DESCEND  # a graph attribute's subgraph may hold some
 
             try:
-                chunks = _rewrite(buf, 0, size, "model", replace, lambda s, e: e - s >= MIN_ATTRIBUTE)
-            except _Malformed:
+                chunks = wire.rewrite(buf, visit)
+            except wire.Malformed:
                 chunks = None
             if chunks is None:
                 return onnx.ModelProto.FromString(f.read()), {}
@@ -392,42 +286,24 @@ def materialized(proto: onnx.ModelProto, sources: dict[str, Source]) -> None:
                     stack.extend(attr.graphs)
 
 
-def write_spliced(data: bytes, sources: dict[str, Source], path: str | os.PathLike[str]) -> None:
-    """Writes the serialised model ``data`` to ``path`` with each marker replaced by its record.
+def splice_visitor(data: bytes, sources: dict[str, Source]) -> wire.Visitor:
+    """The visitor that puts back, in the serialised model ``data``, the record of each marker of ``sources``.
 
-    The records are copied from their files by the kernel where it can
-    (:class:`passes.modelio.copy.Copier`); only the small serialised model passes
-    through Python.
+    Only messages holding the marker prefix are walked (a search in C), and only
+    markers this process wrote (the nonce) with a key of ``sources`` are replaced.
     """
-    files = {source.path for source in sources.values()}
-    if len(files) > 1:
-        raise ValueError("detached attributes from more than one file")  # swapped() yields one load's
-    by_key: dict[str, Source] = sources
 
-    def replace(start: int, end: int, domain: bytes) -> Range | None:
-        if end - start > 4096 or data.find(_PREFIX_BYTES, start, end) < 0:
+    def visit(kind: str, start: int, end: int, above: tuple[object, ...]) -> object:
+        if data.find(_PREFIX_BYTES, start, end) < 0:
             return None
-        for field, wire, _, value, value_end in _fields(data, start, end):
-            if field == 13 and wire == 2:
+        if kind != "attribute":
+            return wire.DESCEND
+        for field, wire_type, _, value, value_end in wire.fields(data, start, end):
+            if field == 13 and wire_type == 2:  # AttributeProto.doc_string
                 key = marker_key(bytes(data[value:value_end]).decode("utf-8", "replace"))
-                source = by_key.get(key) if key is not None else None
-                return None if source is None else Range(source.offset, source.length)
-        return None
+                if key is not None and key in sources:
+                    source = sources[key]
+                    return [wire.Range(source.offset, source.length)]
+        return wire.DESCEND
 
-    chunks = _rewrite(data, 0, len(data), "model", replace, lambda s, e: data.find(_PREFIX_BYTES, s, e) >= 0)
-    with open(path, "wb") as out:
-        if chunks is None:
-            out.write(data)
-            return
-        with open(next(iter(files)), "rb") as src:
-            copier = _copy.Copier()
-            position = 0
-            for chunk in chunks:
-                if isinstance(chunk, Range):
-                    copier.copy(src.fileno(), chunk.offset, out.fileno(), position, chunk.length)
-                    position += chunk.length
-                else:
-                    view = memoryview(chunk)
-                    while view:
-                        written = os.pwrite(out.fileno(), view, position)
-                        view, position = view[written:], position + written
+    return visit

@@ -36,6 +36,9 @@ _opaque_types = lazy_module("passes.modelio.opaque")
 _validate = lazy_module("passes.modelio.validate")
 _sparse = lazy_module("passes.modelio.sparse")
 _detach = lazy_module("passes.modelio.detach")
+_views = lazy_module("passes.modelio.views")
+_unknown_fields = lazy_module("google.protobuf.unknown_fields")
+np = lazy_module("numpy")
 
 __all__ = [
     "check_unchanged",
@@ -267,6 +270,8 @@ def model_from_proto(
 ) -> ir.Model:
     """Builds the IR of ``proto`` (changed in place: sparse Constants and map types stashed).
 
+    Large weights are moved out of the proto into arrays of their own (see
+    :func:`_move_out_large_weights`; the stashing then edits a light copy).
     onnx_ir represents neither sparse tensor attributes nor map types; see
     ``passes.modelio.sparse`` and ``passes.modelio.opaque``. :func:`model_to_proto` and
     :func:`save_model` put the stashed nodes and types back. ``detached``: the attribute
@@ -278,12 +283,16 @@ def model_from_proto(
     """
     if validate:
         validate_proto(proto)
+    proto, weights = _move_out_large_weights(proto)
+    _one_default_domain(proto)
     sparse = _sparse.stash(proto)
     stashed = _opaque_types.stash(proto)
     try:
         model = ir.serde.deserialize_model(proto)
     except (ValueError, TypeError, KeyError, RuntimeError, NotImplementedError) as e:
         raise InputError(f"cannot read the model ({_root_message(e)})") from e
+    for name, tensor in weights.items():
+        model.graph.initializers[name].const_value = tensor
     _detach.attach(model, detached or {})
     if stashed:
         model.meta[_opaque_types.STASH_KEY] = stashed
@@ -291,6 +300,72 @@ def model_from_proto(
         model.meta[_sparse.STASH_KEY] = sparse
         _sparse.attach_types(model)
     return model
+
+
+def _one_default_domain(proto: onnx.ModelProto) -> None:
+    """Imports of ``ai.onnx`` become imports of ``""``, the same domain, in place.
+
+    onnx_ir keys opset imports by the domain's spelling, so a model importing
+    both (at the same opset: validation refuses two) would keep ``ai.onnx`` at
+    the old opset after an upgrade raised ``""``, and be invalid.
+    """
+    for owner in (proto, *proto.functions):
+        imports = list(owner.opset_import)
+        if not any(o.domain == "ai.onnx" for o in imports):
+            continue
+        default = next((o.version for o in imports if o.domain in ("", "ai.onnx")), None)
+        del owner.opset_import[:]
+        owner.opset_import.extend(o for o in imports if o.domain not in ("", "ai.onnx"))
+        owner.opset_import.add(domain="", version=default)
+
+
+#: The TensorProto fields a weight may have set to be moved out of the proto (see below).
+_PLAIN_FIELDS = frozenset({"dims", "data_type", "name", "doc_string", "raw_data"})
+
+
+def _plain_weight(tensor: onnx.TensorProto) -> bool:
+    """Whether onnx_ir writes the tensor back byte for byte from an array: raw data of a
+    whole-byte numeric type, a name, no field but those of :data:`_PLAIN_FIELDS` (none empty)."""
+    if not tensor.name or not tensor.HasField("raw_data") or tensor.data_type == onnx.TensorProto.STRING:
+        return False
+    if tensor.HasField("doc_string") and not tensor.doc_string:
+        return False
+    for field in tensor.DESCRIPTOR.fields:
+        if field.name not in _PLAIN_FIELDS and (
+            len(getattr(tensor, field.name)) if field.is_repeated else tensor.HasField(field.name)
+        ):
+            return False
+    return ir.DataType(tensor.data_type).bitwidth % 8 == 0 and not _unknown_fields.UnknownFieldSet(tensor)
+
+
+def _move_out_large_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, ir.Tensor]]:
+    """A light copy of ``proto`` without the data of its large plain weights, and those weights as arrays.
+
+    A proto cannot give up one field's memory (protobuf frees a parsed message
+    as a whole), and onnx_ir's tensors of a proto copy its ``raw_data`` each
+    time they are read: a 100 MB weight was held by the proto for the whole
+    run and copied again by every read. The main graph's plain initializers
+    over 1 MiB (see :func:`_plain_weight`) become arrays over one copy of their
+    bytes; the copy of the proto without them is small, and the caller's proto
+    can go. ``proto`` itself and no weights when there are none.
+    """
+    large = _views.large_initializers(proto)
+    names = {t.name for t in proto.graph.initializer if t.name in large and _plain_weight(t)}
+    if not names:
+        return proto, {}
+    weights = {}
+    for t in proto.graph.initializer:
+        if t.name in names:
+            dtype = ir.DataType(t.data_type)
+            array = np.frombuffer(t.raw_data, dtype=dtype.numpy().newbyteorder("<")).reshape(tuple(t.dims))
+            weights[t.name] = ir.Tensor(array, dtype=dtype, name=t.name, doc_string=t.doc_string or None)
+    return _views.without_initializers(proto, names, keep_as=_dims_and_type), weights
+
+
+def _dims_and_type(source: onnx.TensorProto, target: onnx.TensorProto) -> None:
+    """The stand-in of a moved-out weight in the light copy: its name, type and shape, no data."""
+    target.name, target.data_type = source.name, source.data_type
+    target.dims.extend(source.dims)
 
 
 def model_to_proto(model: ir.Model) -> onnx.ModelProto:

@@ -22,6 +22,7 @@ import onnx.external_data_helper
 import onnx_ir as ir
 
 from passes.errors import InputError, first_line as _first_line
+from passes.modelio import views
 from passes.modelio.declared import (  # noqa: F401  ShapeConflict: part of check_validity's result
     SHAPE_CONFLICT,
     ShapeConflict,
@@ -305,26 +306,15 @@ def _os_reason(error: BaseException) -> str:
 
 
 def _inference_view(proto: onnx.ModelProto, external: int) -> onnx.ModelProto | None:
-    """A copy of ``proto`` whose external initializers are graph inputs instead.
+    """A copy of ``proto`` whose external initializers are graph inputs instead (see ``views``).
 
-    Strict shape inference fails on a value it cannot read from an external
-    tensor (a Reshape's shape, say); as an input of the same type and shape the
-    value is simply unknown. None when some external tensor is elsewhere than
-    among the main graph's initializers (then only lenient inference is possible).
+    None when some external tensor is elsewhere than among the main graph's
+    initializers (then only lenient inference is possible).
     """
     names = {t.name for t in proto.graph.initializer if onnx.external_data_helper.uses_external_data(t)}
     if len(names) != external:
         return None
-    view = onnx.ModelProto()
-    view.CopyFrom(proto)
-    inputs = {i.name for i in view.graph.input}
-    kept = [t for t in view.graph.initializer if t.name not in names]
-    for tensor in view.graph.initializer:
-        if tensor.name in names and tensor.name not in inputs:
-            view.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
-    del view.graph.initializer[:]
-    view.graph.initializer.extend(kept)
-    return view
+    return views.without_initializers(proto, names)
 
 
 def _check_versions(proto: onnx.ModelProto) -> None:
@@ -426,7 +416,8 @@ def check_validity(
     inference (an int64 input to a float Add is refused), and strict inference
     also refuses invalid attributes. A model with external data is checked by
     path (the checker reads it) and inferred without its external tensors (see
-    :func:`_inference_view`).
+    :func:`_inference_view`); an inline one is checked without its initializers
+    over 1 MiB, whose data :func:`check_contents` has checked (see ``views``).
 
     Returns:
         The declared shapes that the graph contradicts (accepted; logged as warnings if ``log``).
@@ -445,8 +436,8 @@ def check_validity(
                 if view is None or SHAPE_CONFLICT not in str(e):
                     raise
                 conflicts = declared_shape_conflicts(view, e)
-        else:
-            conflicts = _check_in_memory(proto)
+        else:  # the checker does not need large weights' values (see passes.modelio.views)
+            conflicts = _check_in_memory(views.without_initializers(proto, views.large_initializers(proto)))
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise InputError(f"invalid model: {_first_line(e)}") from e
     except (RuntimeError, ValueError) as e:
