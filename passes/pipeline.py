@@ -305,7 +305,7 @@ def _release(model: ir.Model) -> None:
     nodes and values refer to each other, so only the garbage collector would
     free them: the tensors are dropped here instead.
     """
-    for graph in model.graphs():
+    for graph in _walk.graphs(model):
         for value in graph.initializers.values():
             value.const_value = None
 

@@ -162,3 +162,34 @@ def test_a_model_importing_the_default_domain_under_both_names_is_upgraded_whole
     result = onnx.load(str(out))
     assert [(o.domain, o.version) for o in result.opset_import] == [("", 18)]
     onnx.checker.check_model(result, full_check=True)
+
+
+def test_the_graph_walk_finds_what_onnx_ir_finds_in_its_order() -> None:
+    """passes.ir.walk.graphs is a faster ir.Model.graphs(): the same graphs, nested Ifs and Loops, in order."""
+    from passes.ir import walk
+
+    def branch(name: str, inner: onnx.GraphProto | None = None) -> onnx.GraphProto:
+        nodes = [onnx.helper.make_node("Neg", ["x"], [f"{name}_y"])]
+        if inner is not None:
+            nodes = [onnx.helper.make_node("If", ["c"], [f"{name}_y"], then_branch=inner, else_branch=branch(name + "e"))]
+        return onnx.helper.make_graph(nodes, name, [], [onnx.helper.make_tensor_value_info(f"{name}_y", 1, [2])])
+
+    body = onnx.helper.make_graph(
+        [onnx.helper.make_node("If", ["c"], ["v"], then_branch=branch("lt"), else_branch=branch("le")),
+         onnx.helper.make_node("Identity", ["c"], ["c_out"])], "loop",
+        [onnx.helper.make_tensor_value_info("i", 7, []), onnx.helper.make_tensor_value_info("c", 9, [])],
+        [onnx.helper.make_tensor_value_info("c_out", 9, []), onnx.helper.make_tensor_value_info("v", 1, [2])],
+    )  # fmt: skip
+    nodes = [
+        onnx.helper.make_node("If", ["c"], ["a"], then_branch=branch("t", branch("tt")), else_branch=branch("e")),
+        onnx.helper.make_node("Loop", ["", "c"], ["s"], body=body),
+        onnx.helper.make_node("Add", ["a", "x"], ["y"]),
+    ]
+    graph = onnx.helper.make_graph(
+        nodes, "main", [onnx.helper.make_tensor_value_info("x", 1, [2]), onnx.helper.make_tensor_value_info("c", 9, [])],
+        [onnx.helper.make_tensor_value_info("y", 1, [2]), onnx.helper.make_tensor_value_info("s", 1, [None, 2])],
+    )  # fmt: skip
+    model = ir.serde.deserialize_model(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)]))
+    expected = list(model.graphs())
+    assert len(expected) == 8  # main, t, tt, te, e, loop, lt, le
+    assert walk.graphs(model) == expected

@@ -20,6 +20,7 @@ import onnx
 import onnx.shape_inference
 import onnx_ir as ir
 
+from passes.ir import walk
 from passes.limits import PROTOBUF_MAX
 
 __all__ = ["infer_all", "infer_static_shapes", "infer_types", "is_static", "shape_slice"]
@@ -70,7 +71,7 @@ def _serialize_without_weights(model: ir.Model) -> onnx.ModelProto:
     values: list[tuple[ir.Value, ir.TensorProtocol]] = []
     attrs: list[tuple[ir.Node, ir.Attr]] = []
     try:
-        for graph in model.graphs():
+        for graph in walk.graphs(model):
             for value in graph.initializers.values():
                 if (placeholder := _placeholder(value.const_value, value.name)) is not None:
                     values.append((value, value.const_value))
@@ -199,5 +200,5 @@ def infer_all(model: ir.Model) -> dict[ir.Value, tuple[ir.DataType | None, ir.Sh
     that inference cannot tell are symbolic (a name it made up, or one that
     comes from a graph input's ``dim_param``).
     """
-    values = [v for graph in model.graphs() for node in graph for v in node.outputs]
+    values = [v for graph in walk.graphs(model) for node in graph for v in node.outputs]
     return infer_types(model, values, derived_only=True)

@@ -64,6 +64,7 @@ else:
     ir = lazy_module("onnx_ir")
 _copy = lazy_module("passes.modelio.copy")
 _detach = lazy_module("passes.modelio.detach")
+_walk = lazy_module("passes.ir.walk")
 _stream = lazy_module("passes.modelio.stream")
 _wire = lazy_module("passes.modelio.wire")
 
@@ -99,7 +100,7 @@ _STREAM_OVER = 1 << 20
 
 def _inline_nbytes(model: ir.Model) -> int:
     total = 0
-    for graph in model.graphs():
+    for graph in _walk.graphs(model):
         for value in graph.initializers.values():
             tensor = value.const_value
             if tensor is not None and not isinstance(tensor, ir.ExternalTensor):
@@ -181,7 +182,7 @@ def _split_initializers(model: ir.Model) -> tuple[list[ir.Value], list[ir.Value]
     strings (which ONNX cannot store externally).
     """
     inline, external = [], []
-    for graph in model.graphs():
+    for graph in _walk.graphs(model):
         for value in graph.initializers.values():
             tensor = value.const_value
             if tensor is None:

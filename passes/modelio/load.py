@@ -36,6 +36,7 @@ _opaque_types = lazy_module("passes.modelio.opaque")
 _validate = lazy_module("passes.modelio.validate")
 _sparse = lazy_module("passes.modelio.sparse")
 _detach = lazy_module("passes.modelio.detach")
+_walk = lazy_module("passes.ir.walk")
 _views = lazy_module("passes.modelio.views")
 _unknown_fields = lazy_module("google.protobuf.unknown_fields")
 np = lazy_module("numpy")
@@ -57,7 +58,7 @@ logger = logging.getLogger(__name__)
 
 def has_external_data(model: ir.Model) -> bool:
     """Whether any initializer of the model (or its subgraphs) is stored externally."""
-    for graph in model.graphs():
+    for graph in _walk.graphs(model):
         for value in graph.initializers.values():
             if isinstance(value.const_value, ir.ExternalTensor):
                 return True
@@ -112,12 +113,13 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         identities[real] = _validate.identity(real)
     try:
         whole = (lambda: onnx.load_model(str(path), load_external_data=False)) if detached else None
-        validate_proto(proto, path.parent, path=path, check=check, identities=identities, whole=whole)
+        external = validate_proto(proto, path.parent, path=path, check=check, identities=identities, whole=whole)
         model = model_from_proto(proto, detached=detached)
         if identities:
             model.meta[_IDENTITY_KEY] = identities
         try:
-            _bind_external_tensors(model, path.parent)
+            if external:  # (walking every node and attribute for none costs seconds on a large graph)
+                _bind_external_tensors(model, path.parent)
         except (OSError, ValueError) as e:  # onnx_ir refusing a file that changed since validation
             check_unchanged(model)
             reason = e.strerror if isinstance(e, OSError) and e.strerror else _first_line(e)
@@ -436,7 +438,7 @@ def _in_memory(
 def data_files(model: ir.Model) -> set[pathlib.Path]:
     """The resolved paths of the external-data files the model's initializers refer to."""
     files = set()
-    for graph in model.graphs():
+    for graph in _walk.graphs(model):
         for value in graph.initializers.values():
             if isinstance(value.const_value, ir.ExternalTensor):
                 files.add(pathlib.Path(value.const_value.path).resolve())
