@@ -18,6 +18,7 @@ from typing import Any
 import onnx_ir as ir
 
 from passes.errors import OptimizeError
+from passes.phases import counting_nodes
 from passes.report import PassRun
 
 __all__ = ["FIXPOINT", "MAX_ROUNDS", "run"]
@@ -39,9 +40,8 @@ def run(steps: Sequence[tuple[str, ir.passes.PassBase]], model: ir.Model,
             rounds += 1
             modified = False
             for name, pass_ in group:
-                if progress:
-                    progress(f"running {name}" + (f" (round {rounds})" if rounds > 1 else ""))
-                result = _run_pass(name, pass_, model)
+                with counting_nodes(progress, f"running {name}" + (f" (round {rounds})" if rounds > 1 else "")):
+                    result = _run_pass(name, pass_, model)
                 modified |= result.modified
                 _merge_run(runs, result, rounds)
             if len(group) == 1 or not modified or rounds >= MAX_ROUNDS:

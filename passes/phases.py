@@ -11,10 +11,40 @@ write) as it is done, and when each phase ends.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import time
 from collections.abc import Callable, Iterator
 
-__all__ = ["Listener", "Phases"]
+__all__ = ["Listener", "Phases", "counting_nodes", "node_done"]
+
+# The current pass's node counter (a Listener's ``advance``), if a progress display wants one.
+_nodes: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar("nodes", default=None)
+
+
+def node_done(amount: int = 1) -> None:
+    """A pass has handled ``amount`` more nodes (shown with the rate on a terminal; else nothing)."""
+    advance = _nodes.get()
+    if advance is not None:
+        advance(amount)
+
+
+@contextlib.contextmanager
+def counting_nodes(progress: object, message: str) -> Iterator[None]:
+    """Within the block, :func:`node_done` advances ``progress``'s line ``message`` (a :class:`Listener`).
+
+    A plain callback is only told the message.
+    """
+    if not isinstance(progress, Listener):
+        if progress is not None:
+            progress(message)  # type: ignore[operator]
+        yield
+        return
+    progress.start(message, None, "nodes")
+    token = _nodes.set(progress.advance)
+    try:
+        yield
+    finally:
+        _nodes.reset(token)
 
 
 class Listener:

@@ -386,7 +386,9 @@ def test_progress_shows_on_a_terminal_only(tmp_path: pathlib.Path) -> None:
     # Each line is redrawn in place ("\r", erase to the end): what stays is the last drawing.
     lines = [line.rstrip("\r").rsplit("\r", 1)[-1].replace("\x1b[K", "") for line in err.split("\n")]
     assert any(re.fullmatch(r"optimize: loading .*m\.onnx: \d+\.\d\d s", line) for line in lines), lines
-    assert any(re.fullmatch(r"optimize: running upgrade: \d+\.\d\d s", line) for line in lines), lines
+    # Each pass: the nodes it handled and the rate.
+    assert any(re.fullmatch(r"optimize: running upgrade: [\d,]+ nodes in \d+\.\d\d s \([\d,]+ nodes/s\)", line)
+               for line in lines), lines  # fmt: skip
     saved = [line for line in lines if line.startswith("optimize: saving")]
     assert saved and re.search(r": 1\.4 MiB in \d+\.\d\d s \(.*/s\)$", saved[0]), saved
     assert "op type" in out  # the report itself is on stdout
@@ -415,3 +417,43 @@ def test_terminal_progress_reports_bytes_and_rate() -> None:
     assert re.search(r"\d [KMGT]?i?B/s", text)  # the rate's unit depends on how fast the machine is
     assert re.search(r"saving out\.onnx: 4\.0 MiB in \d+\.\d\d s \(.*/s\)\n$", text)
     assert (format_bytes(0), format_bytes(1536), format_bytes(15 << 30)) == ("0 B", "1.5 KiB", "15.0 GiB")
+
+
+def test_each_pass_reports_the_nodes_it_handles(tmp_path: pathlib.Path) -> None:
+    """A pass's progress line counts the nodes it has handled (and the rate), for every pass that walks them."""
+    from passes import pipeline
+    from passes.phases import Listener
+
+    class Recorder(Listener):
+        def __init__(self) -> None:
+            self.lines: list[list] = []
+
+        def start(self, message: str, total: int | None = None, unit: str = "") -> None:
+            self.lines.append([message, unit, 0])
+
+        def advance(self, amount: int) -> None:
+            self.lines[-1][2] += amount
+
+    src = _small_model(tmp_path / "m.onnx")
+    recorder = Recorder()
+    pipeline.optimize_file(src, tmp_path / "out.onnx", check=pipeline.CheckOptions(enabled=False), progress=recorder)
+    nodes = len(onnx.load(str(src)).graph.node)
+    counted = {message: done for message, unit, done in recorder.lines if unit == "nodes"}
+    for name in ("upgrade", "fold", "simplify"):
+        assert counted.get(f"running {name}", 0) >= nodes, recorder.lines
+
+
+def test_terminal_progress_reports_nodes_and_rate() -> None:
+    import io
+
+    from passes.cli.progress import TerminalProgress
+
+    stream = io.StringIO()
+    progress = TerminalProgress(stream, interval=0)
+    progress.start("running fold", None, "nodes")
+    progress.advance(1000)
+    progress.advance(500)
+    progress.close()
+    text = stream.getvalue()
+    assert "running fold: 1,000 nodes, " in text and " nodes/s, " in text
+    assert re.search(r"running fold: 1,500 nodes in \d+\.\d\d s \([\d,]+ nodes/s\)\n$", text)

@@ -2,9 +2,9 @@
 
 One line on stderr, redrawn in place (``\\r``): the phase, and for a phase
 with a known amount of work (writing external data) the bytes done, the total
-and the rate; a phase without one (loading with its checks, each pass, the
-check) shows its elapsed time, redrawn every quarter second by a timer thread
-so that a long phase is visibly alive. When a phase ends its line is left with
+and the rate; a pass, the nodes it has handled and the rate; a phase without
+either (loading with its checks, the check) shows its elapsed time, redrawn
+every quarter second by a timer thread so that a long phase is visibly alive. When a phase ends its line is left with
 the time it took. Only on a terminal, never with ``-q`` (the command decides:
 :class:`TerminalProgress` draws wherever it is given).
 """
@@ -105,6 +105,11 @@ class TerminalProgress(Listener):
                 return f"{text}: {format_bytes(self._done)} in {elapsed:.2f} s ({rate})"
             of = f" of {format_bytes(self._total)} ({100 * self._done / self._total:.0f}%)" if self._total else ""
             return f"{text}: {format_bytes(self._done)}{of}, {rate}, {elapsed:.1f} s"
+        if self._unit == "nodes" and self._done:
+            rate = f"{self._done / elapsed:,.0f} nodes/s" if elapsed > 0 else "-"
+            if final:
+                return f"{text}: {self._done:,} nodes in {elapsed:.2f} s ({rate})"
+            return f"{text}: {self._done:,} nodes, {rate}, {elapsed:.1f} s"
         return f"{text}: {elapsed:.2f} s" if final else f"{text}... {elapsed:.1f} s"
 
     def _draw(self, final: bool = False) -> None:

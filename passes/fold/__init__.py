@@ -82,6 +82,7 @@ from passes.ir import inference
 from passes.ir.tensors import attribute_values
 from passes.ir.walk import iter_nodes, normalize_domain, opset_of
 from passes.options import Option, parse_size
+from passes.phases import node_done
 
 __all__ = ["DEFAULT_SIZE_LIMIT", "ConstantFoldingPass"]
 
@@ -214,6 +215,7 @@ class _Sweep:
     def sweep(self, nodes: Sequence[ir.Node], scope: _Scope) -> None:
         removed = self.rewriter.removed
         for node in nodes:
+            node_done()
             if node not in removed:
                 self._visit(node, scope)
 

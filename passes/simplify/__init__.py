@@ -53,6 +53,7 @@ from passes.ir import inference
 from passes.ir.names import Names
 from passes.ir.walk import iter_scopes
 from passes.options import Option
+from passes.phases import node_done
 from passes.simplify import algebra, chains, constants, cse, fusions, noops, shapes  # noqa: F401  (registers rules)
 from passes.simplify.rules import RULES, Context, Rule
 
@@ -146,6 +147,7 @@ class SimplifyPass(Pass):
             if ctx.opset == 0:
                 continue
             for node in list(scope.body):
+                node_done()
                 if node.graph is None or node.domain not in ("", "ai.onnx"):
                     continue
                 for rule in rules.get(node.op_type, ()):

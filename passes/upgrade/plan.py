@@ -29,6 +29,7 @@ import onnx_ir as ir
 
 from passes.errors import UpgradeError
 from passes.ir import inference, walk
+from passes.phases import node_done
 from passes.upgrade import schemas
 from passes.upgrade.schemas import dtype_of
 
@@ -297,6 +298,7 @@ def plan_scopes(
         )
         drafts = []
         for node in scope.body:
+            node_done()
             if node.domain != "" or (local_ops and node.op_identifier() in local_ops):
                 continue
             try:
