@@ -867,6 +867,17 @@ def _header(mode: str, models: int, seconds: float, cpus: int | None) -> str:
             f"target opset {TARGET_OPSET})")
 
 
+def merged(base: dict[str, Any], newer: dict[str, Any], label: str) -> dict[str, Any]:
+    """``base`` with the cells (and model rows) of ``newer`` in place of the same model's and tool's."""
+    replaced = {(r["model"], r["tool"]) for r in newer["rows"]}
+    rows = [r for r in base["rows"] if (r["model"], r["tool"]) not in replaced] + newer["rows"]
+    models = {m["name"]: m for m in base["models"]}
+    for m in newer["models"]:
+        models[m["name"]] = {**models.get(m["name"], {}), **m}
+    note = (base.get("note", "") + "; " if base.get("note") else "") + f"cells of {', '.join(newer['tools'])} from {label}"
+    return {**base, "rows": rows, "models": list(models.values()), "note": note}
+
+
 def render(payload: dict[str, Any]) -> str:
     """The tables and summary again, from a ``--json`` file (e.g. after changing the summary)."""
     cell_fields = {f.name for f in dataclasses.fields(Cell)}
@@ -898,9 +909,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the models and exit")
     parser.add_argument("--render", type=pathlib.Path, metavar="FILE.json",
                         help="print the tables and summary of an earlier run's --json file and exit")
+    parser.add_argument("--merge", type=pathlib.Path, metavar="NEWER.json", action="append", default=[],
+                        help="with --render: a later run (say --tools optimize on new code) whose cells replace "
+                             "the same model's and tool's; --json writes the merged file")
     args = parser.parse_args(argv)
     if args.render:
-        print(render(json.loads(args.render.read_text(encoding="utf-8"))))
+        payload = json.loads(args.render.read_text(encoding="utf-8"))
+        for newer in args.merge:
+            payload = merged(payload, json.loads(newer.read_text(encoding="utf-8")), newer.name)
+        print(render(payload))
+        if args.json and args.merge:
+            args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
         return 0
     tools = [t for t in args.tools.split(",") if t]
     unknown = sorted(set(tools) - set(TOOLS))
