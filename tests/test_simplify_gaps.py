@@ -137,6 +137,29 @@ def expand_with_minus_one_handling_where():
     return _expand_like_torchscript()
 
 
+def _shape_rebuilt(order: tuple[int, ...] = (0, 1), x_dims=("n", "m"), cast_to=None) -> onnx.ModelProto:
+    """TorchScript's ``v.expand(x.size(0), x.size(1))`` without the -1 handling: a Concat of x's dims."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), _const("z", np.array([0]))]
+    parts = []
+    for k, i in enumerate(order):
+        nodes += [_const(f"i{k}", np.array(i)), helper.make_node("Gather", ["s", f"i{k}"], [f"d{k}"], axis=0),
+                  helper.make_node("Unsqueeze", [f"d{k}", "z"], [f"u{k}"])]
+        parts.append(f"u{k}")
+    nodes.append(helper.make_node("Concat", parts, ["c"], axis=0))
+    target = "c"
+    if cast_to is not None:
+        nodes += [helper.make_node("Cast", ["c"], ["ci"], to=cast_to), helper.make_node("Cast", ["ci"], ["cc"], to=I64)]
+        target = "cc"
+    nodes.append(helper.make_node("Expand", ["v", target], ["y"]))
+    out = [x_dims[i] for i in order]
+    return _model(nodes, [_io("x", list(x_dims)), _io("v", [1] * len(order))], [_io("y", out)])
+
+
+@case("shapes/whole_shape", "Concat")
+def shape_rebuilt_dim_by_dim():
+    return _shape_rebuilt()
+
+
 @case("chains/unsqueeze_of_unsqueeze", "Unsqueeze", untyped=True)
 def shared_unsqueeze():
     nodes = [_const("a", np.array([0, 1])), _const("b", np.array([3])), _const("c", np.array([2])),
@@ -283,6 +306,18 @@ def test_where_that_broadcasts_stays() -> None:
     nodes = [_const("c", np.ones((2, 2), bool)), helper.make_node("Where", ["c", "x", "z"], ["y"])]
     original = _model(nodes, [_io("x", [2], I64), _io("z", [2], I64)], [_io("y", [2, 2], I64)])
     _kept(original, "Where")
+
+
+@pytest.mark.parametrize("order, dims", [((1, 0), ("n", "m")), ((0,), ("n", "m")), ((0, 0), ("n", "n")),
+                                         ((0, 1, 1), ("n", "m", 3))])  # fmt: skip
+def test_a_concat_that_is_not_the_whole_shape_in_order_stays(order, dims) -> None:
+    sizes = {"n": 2, "m": 3}
+    feeds = {"x": np.zeros([sizes.get(d, d) for d in dims], np.float32), "v": np.ones([1] * len(order), np.float32)}
+    original = _shape_rebuilt(order, dims)
+    result, stats = _simplify(original)
+    assert not stats["rewrites"].get("shapes/whole_shape"), stats
+    assert "Shape" in _ops(result)  # the output is still built from x's dims, not from Shape(x) whole
+    _run(original, result, feeds)
 
 
 def test_a_shared_unsqueeze_with_a_user_that_cannot_merge_stays() -> None:

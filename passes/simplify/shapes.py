@@ -12,6 +12,8 @@
   (``allowzero=0`` only), and ``-1`` for at most one other dim when every
   other entry is a static positive size (so an empty input cannot make ``-1``
   ambiguous).
+* ``Concat`` of every dim of ``x`` in order is the output of a ``Shape(x)``
+  that comes before it.
 
 A dim is known only when inference derives it from the graph inputs (the
 shapes the model declares for computed values are not used); a symbolic dim
@@ -25,7 +27,7 @@ import onnx_ir as ir
 
 from passes.ir.inference import shape_slice
 from passes.simplify.rules import Context, Dim, Outcome, rule
-from passes.simplify.shape_values import shape_value
+from passes.simplify.shape_values import DimOf, shape_value
 
 __all__: list[str] = []
 
@@ -220,3 +222,55 @@ def compare_shape_value(node: ir.Node, ctx: Context) -> Outcome:
                 return "a dim that is not static may equal the constant"
         return _replace_by_constant(node, ctx, np.array(result, dtype=bool).reshape(shape))
     return "not a comparison of shape arithmetic with a constant"
+
+
+@rule("Concat", family="shapes", name="whole_shape")
+def whole_shape(node: ir.Node, ctx: Context) -> Outcome:
+    """A Concat of every dim of ``x`` in order (shape arithmetic) is ``Shape(x)``: an existing one's output.
+
+    TorchScript rebuilds a shape dim by dim (``Concat(Unsqueeze(Gather(Shape(x), 0)), ...)``)
+    to feed an Expand; the ``Shape(x)`` it gathered from already holds exactly
+    that. Each element must be dim ``i`` of ``x`` at position ``i`` (or the int
+    inference proves dim ``i`` is), for all of ``x``'s dims, as int64; the
+    Shape node must take all of ``x``'s dims and come before the Concat in the
+    same graph (so every user still follows its producer).
+    """
+    output = node.outputs[0]
+    if ctx.dtype(output) != ir.DataType.INT64:
+        return "not an int64 shape"
+    built = shape_value(ctx, output)
+    if built is None or built.scalar:
+        return "not shape arithmetic"
+    sources = {id(e.value): e.value for e in built.elements if isinstance(e, DimOf)}
+    if len(sources) != 1:
+        return "not the dims of one tensor"
+    (x,) = sources.values()
+    dims = ctx.dims(x)
+    if dims is None or len(dims) != len(built.elements):
+        return "not every dim of the tensor"
+    for i, element in enumerate(built.elements):
+        if not (element == DimOf(x, i) or (isinstance(element, int) and element == dims[i])):
+            return "not the tensor's dims in order"
+    for shape in _earlier_full_shapes(node, x, len(dims)):
+        return ctx.bypass(node, shape.outputs[0])
+    return "no Shape of the whole tensor before it in this graph"
+
+
+def _earlier_full_shapes(node: ir.Node, x: ir.Value, rank: int) -> list[ir.Node]:
+    """The Shape nodes of all of ``x``'s dims that come before ``node`` in its graph."""
+    candidates = set()
+    for user, _ in x.uses():
+        if user.op_type == "Shape" and user.domain in ("", "ai.onnx") and user.graph is node.graph:
+            picked = shape_slice(list(range(rank)), user.attributes.get_int("start", 0),
+                                 user.attributes.get_int("end", rank))  # fmt: skip
+            if picked.tolist() == list(range(rank)):
+                candidates.add(user)
+    if not candidates:
+        return []
+    found = []
+    for other in node.graph:
+        if other is node:
+            return found
+        if other in candidates:
+            found.append(other)
+    return found
