@@ -18,7 +18,8 @@ In the IR each marker becomes a :class:`DetachedAttr`, an ``ir.Attr`` whose
 value is decoded from the file on first access, so a pass that does read it
 gets the real value (one implementation of every pass; nothing is hidden from
 them). Saving writes markers again and then copies each record from the
-input file into the output by the kernel (:func:`write_spliced`), fixing the
+input file into the output by the kernel (:func:`splice_visitor`, written by
+:func:`passes.modelio.wire.write`), fixing the
 enclosing length prefixes: the output holds the bytes a decode and re-encode
 would give, without either.
 
@@ -65,6 +66,7 @@ _LISTS = frozenset({6, 7, 8})
 _ONNX_DOMAINS = frozenset({b"", b"ai.onnx"})
 #: ``ir.Model.meta`` key: the model holds detached attributes (not serialised by onnx_ir).
 _META_KEY = "onnx_optimize.detached"
+
 
 @dataclasses.dataclass(frozen=True)
 class Source:
@@ -241,7 +243,7 @@ def attach(model: ir.Model, sources: dict[str, Source]) -> None:
 def swapped(model: ir.Model) -> Iterator[dict[str, Source]]:
     """Within the block, every :class:`DetachedAttr` of ``model`` is a marker again; yields their sources.
 
-    Serialising the model in the block gives markers that :func:`write_spliced`
+    Serialising the model in the block gives markers that :func:`splice_visitor`
     (or :func:`materialized`) replaces by the records. The attributes are put
     back when the block ends.
     """
