@@ -254,3 +254,12 @@ def test_the_splice_equals_a_full_decode(tmp_path_factory, layout, nested, thres
     whole, _ = modelio.model_to_proto_with_markers(loaded)
     detach.materialized(whole, found)
     assert whole.SerializeToString() == expected
+
+
+def test_saving_over_the_file_the_lists_are_read_from_reads_them_first(src: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    expected = tmp_path / "expected.onnx"
+    with detaching():
+        model = modelio.load_model(src)
+        modelio.save_model(model, expected)
+        modelio.save_model(model, src)  # the same file: the records are read before it is rewritten
+    assert src.read_bytes() == expected.read_bytes()

@@ -218,6 +218,13 @@ def _write_model(model: ir.Model, path: pathlib.Path) -> None:
     finally:
         for value, tensor in reversed(swapped):
             value.const_value = tensor
+    sources = {source.path for source in detached.values()}
+    if len(sources) > 1:
+        raise ValueError("detached attributes from more than one file")  # one load's, by construction
+    source = next(iter(sources), None)
+    if source is not None and path.exists() and os.path.samefile(path, source):
+        _detach.materialized(proto, detached)  # the file they are copied from is about to be replaced
+        detached, source = {}, None
     serialized = proto.SerializeToString()
     del proto
     visitors = []
@@ -226,10 +233,7 @@ def _write_model(model: ir.Model, path: pathlib.Path) -> None:
     if detached:
         visitors.append(_detach.splice_visitor(serialized, detached))
     pieces = _wire.rewrite(serialized, _wire.combine(*visitors)) if visitors else None
-    sources = {source.path for source in detached.values()}
-    if len(sources) > 1:
-        raise ValueError("detached attributes from more than one file")  # one load's, by construction
-    _wire.write(path, [serialized] if pieces is None else pieces, next(iter(sources), None))
+    _wire.write(path, [serialized] if pieces is None else pieces, source)
 
 
 def _placeholder(tensor: ir.TensorProtocol | None, name: str) -> tuple[ir.Tensor | None, np.ndarray | None]:
