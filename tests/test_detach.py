@@ -263,3 +263,28 @@ def test_saving_over_the_file_the_lists_are_read_from_reads_them_first(src: path
         modelio.save_model(model, expected)
         modelio.save_model(model, src)  # the same file: the records are read before it is rewritten
     assert src.read_bytes() == expected.read_bytes()
+
+
+def test_a_list_whose_length_inference_reads_is_checked_on_the_whole_model(tmp_path: pathlib.Path, caplog) -> None:
+    """A LinearClassifier's output width is its intercepts' length: on the view (empty lists) the checker
+    sees a contradiction, so the whole model decides, and it is valid; the lists stay detached."""
+    node = helper.make_node("LinearClassifier", ["x"], ["label", "scores"], domain="ai.onnx.ml",
+                            coefficients=[0.25 + i / 64 for i in range(120)], intercepts=[0.5 + i for i in range(30)],
+                            classlabels_ints=list(range(30)))  # fmt: skip
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", F, ["n", 4])],
+        [helper.make_tensor_value_info("label", TensorProto.INT64, ["n"]),
+         helper.make_tensor_value_info("scores", F, ["n", 30])],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 13), helper.make_opsetid("ai.onnx.ml", 1)]
+    path, out = tmp_path / "linear.onnx", tmp_path / "out.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=opsets, ir_version=8), str(path))
+    with detaching(), caplog.at_level("INFO"):
+        model = modelio.load_model(path)
+        assert {a.name for a in _detached_attrs(model)} == {"coefficients", "intercepts", "classlabels_ints"}
+        passes.optimize(path, output=out)
+    assert any("checking the whole model" in r.getMessage() for r in caplog.records)  # the view misled it
+    assert not [r for r in caplog.records if r.levelno >= 30], caplog.records  # no warning: it was right
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    run = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"x": x}) for p in (path, out)]
+    np.testing.assert_array_equal(run[0][1], run[1][1])
