@@ -181,12 +181,12 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
         code = _main(argv, state)
         sys.stdout.flush()
         sys.stderr.flush()
-    except KeyboardInterrupt as e:  # after main's own handling: while flushing
+        # Still inside the try: a signal between ignoring SIGINT and ignoring SIGTERM is
+        # reported like the others (outside, it escaped as a traceback).
         for s in _SIGNALS:
             signal.signal(s, signal.SIG_IGN)
+    except KeyboardInterrupt as e:  # after main's own handling: while flushing (_terminate ignores both now)
         code = _interrupted(e, state)
-    for s in _SIGNALS:
-        signal.signal(s, signal.SIG_IGN)
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     with contextlib.suppress(Exception):
