@@ -369,6 +369,23 @@ def test_signal_as_soon_as_the_output_appears(tmp_path: pathlib.Path) -> None:
     assert leftovers(tmp_path) == []
 
 
+def test_a_signal_as_the_clean_up_begins_still_removes_the_staging_folder(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interrupt lands while the clean-up is setting up its deferral (the window CI once hit)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def interrupted_on_entry():
+        raise KeyboardInterrupt
+        yield  # pragma: no cover
+
+    with pytest.raises(KeyboardInterrupt), modelio.staged_output(tmp_path / "out.onnx") as staged:
+        (staged.folder / "part").write_bytes(b"x")
+        monkeypatch.setattr(modelio, "_signals_deferred", interrupted_on_entry)
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- external data: odd locations and offsets ---------------------------------------------------
 
 ODD_EXTERNAL = {

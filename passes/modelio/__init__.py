@@ -368,12 +368,25 @@ class StagedOutput:
         return moved
 
     def discard(self) -> None:
-        with _signals_deferred():
-            shutil.rmtree(self.folder, ignore_errors=True)
-            for tmp, _, _ in self.extra:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-            self.extra.clear()
+        """Removes the temporary folder and the staged files that were not committed.
+
+        A signal can land while the deferral itself is being set up (the
+        command's handler then raises at once and ignores any further signal):
+        the files are removed all the same before it goes on.
+        """
+        try:
+            with _signals_deferred():
+                self._remove()
+        except BaseException:
+            self._remove()
+            raise
+
+    def _remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+        for tmp, _, _ in self.extra:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        self.extra.clear()
 
 
 def _umask() -> int:
