@@ -4,9 +4,10 @@ One line on stderr, redrawn in place (``\\r``): the phase, and for a phase
 with a known amount of work (writing external data) the bytes done, the total
 and the rate; a pass, the nodes it has handled and the rate; a phase without
 either (loading with its checks, the check) shows its elapsed time, redrawn
-every quarter second by a timer thread so that a long phase is visibly alive. When a phase ends its line is left with
-the time it took. Only on a terminal, never with ``-q`` (the command decides:
-:class:`TerminalProgress` draws wherever it is given).
+every quarter second by a timer thread so that a long phase is visibly alive.
+When a phase ends its line is left with the time it took. Only on a
+terminal, never with ``-q`` (the command decides: :class:`TerminalProgress`
+draws wherever it is given).
 """
 
 from __future__ import annotations

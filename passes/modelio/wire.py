@@ -30,7 +30,10 @@ import numpy as np
 
 from passes.modelio.copy import Copier
 
-__all__ = ["DESCEND", "Malformed", "Piece", "Range", "combine", "encode_varint", "fields", "rewrite", "size", "tag", "varint", "write"]
+__all__ = [
+    "DESCEND", "Malformed", "Piece", "Range", "combine", "encode_varint", "fields", "rewrite", "size", "tag", "varint",
+    "write",
+]
 
 #: The field numbers of onnx.proto that lead from a model to its attributes and initializers:
 #: message kind -> {field number: child kind}.
