@@ -49,6 +49,7 @@ from passes.modelio.load import (
     model_to_proto_with_markers,
     proto_from_bytes,
     read_graph,
+    read_whole,
     validate_proto,
 )
 from passes.errors import InputError, first_line as _first_line
@@ -81,6 +82,7 @@ __all__ = [
     "model_to_proto",
     "proto_from_bytes",
     "read_graph",
+    "read_whole",
     "save_model",
     "staged_output",
     "validate_proto",

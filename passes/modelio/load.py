@@ -12,6 +12,7 @@ Importing this module is cheap: onnx and onnx_ir are imported on first use.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pathlib
@@ -51,6 +52,7 @@ __all__ = [
     "model_to_proto",
     "proto_from_bytes",
     "read_graph",
+    "read_whole",
     "validate_proto",
 ]
 
@@ -112,7 +114,7 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
     if detached:  # read again when a pass or the save needs them: the file must stay as it is
         identities[real] = _validate.identity(real)
     try:
-        whole = (lambda: onnx.load_model(str(path), load_external_data=False)) if detached else None
+        whole = functools.partial(read_whole, path) if detached else None
         external = validate_proto(proto, path.parent, path=path, check=check, identities=identities, whole=whole)
         model = model_from_proto(proto, detached=detached)
         if identities:
@@ -175,16 +177,19 @@ def read_graph(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, Callable[
 
     Returns:
         The model, and if it is such a view, how to read the whole of it (for
-        :func:`check_view`); else None.
+        :func:`check_view`: :func:`read_whole`); else None.
 
     Raises:
         OSError: the file cannot be read.
         google.protobuf.message.DecodeError: the file is not a protobuf message.
     """
     proto, detached = _detach.read_view(path)
-    if not detached:
-        return proto, None
-    return proto, lambda: onnx.load_model(os.fspath(path), load_external_data=False)
+    return proto, (functools.partial(read_whole, path) if detached else None)
+
+
+def read_whole(path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """The protobuf of a model file with every attribute (external data not loaded): to build copies that run."""
+    return onnx.load_model(os.fspath(path), load_external_data=False)
 
 
 def proto_from_bytes(data: bytes) -> onnx.ModelProto:

@@ -33,11 +33,9 @@ from typing import Any
 import google.protobuf.message
 import numpy as np
 import onnx
-import onnx_ir as ir
 
 from passes.errors import first_line as _first_line
-from passes.limits import PROTOBUF_LIMIT
-from passes.verify import locate as _locate, npz, plan
+from passes.verify import files as _files, locate as _locate, npz, plan
 from passes.verify.child import Worker, WorkerCrashed, WorkerError, WorkerTimeout, default_memory_limit
 from passes.verify.compare import compare as _compare  # noqa: F401  the comparison, by its old name here
 from passes.verify.result import (
@@ -66,46 +64,6 @@ SPILL_BYTES = 1 << 28
 
 #: Intermediate values fetched per run by the locator, in bytes.
 LOCATE_BUDGET = 1 << 28
-
-
-def _graph_only(path: pathlib.Path) -> onnx.ModelProto:
-    """The graph to plan inputs and read declarations (large attributes as markers: see ``modelio.read_graph``)."""
-    from passes import modelio  # local import: modelio imports nothing from here
-
-    return modelio.read_graph(path)[0]
-
-
-def _whole(path: pathlib.Path) -> onnx.ModelProto:
-    """The graph with every attribute, to build copies that run (external data not loaded)."""
-    return onnx.load_model(str(path), load_external_data=False)
-
-
-def _save_proto(model: onnx.ModelProto, path: pathlib.Path) -> None:
-    if model.ByteSize() < PROTOBUF_LIMIT:
-        path.write_bytes(model.SerializeToString())
-    else:
-        onnx.save_model(model, str(path), save_as_external_data=True, location=path.name + ".data")
-
-
-def _materialize(model: Any, folder: pathlib.Path, label: str) -> tuple[pathlib.Path, onnx.ModelProto]:
-    """A file onnxruntime can load for ``model``, and its graph (external data not loaded)."""
-    if isinstance(model, (str, os.PathLike)):
-        path = pathlib.Path(os.path.abspath(model))  # the child runs in another folder
-        return path, _graph_only(path)
-    target = folder / label / "model.onnx"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(model, bytes):
-        target.write_bytes(model)
-        return target, onnx.load_model_from_string(model)
-    if isinstance(model, onnx.ModelProto):
-        _save_proto(model, target)
-        return target, model if model.ByteSize() < PROTOBUF_LIMIT else _graph_only(target)
-    if isinstance(model, ir.Model):
-        from passes import modelio  # local import: modelio imports nothing from here
-
-        modelio.save_model(model, target)
-        return target, _graph_only(target)
-    raise TypeError(f"cannot run a {type(model).__name__} in onnxruntime")
 
 
 def _hint_for_sizes(specs: list[plan.InputSpec]) -> str:
@@ -226,7 +184,7 @@ class Checker:
     def _check(self, optimized: Any) -> CheckResult:
         assert self.worker is not None and self.folder is not None
         try:
-            self.original_path, self.original_proto = _materialize(self.original, self.folder, "original")
+            self.original_path, self.original_proto = _files.materialize(self.original, self.folder, "original")
         except (OSError, ValueError, google.protobuf.message.DecodeError) as e:
             return CheckResult(True, skipped=f"the original model cannot be read: {_first_line(e)}")
         specs = plan.input_specs(self.original_proto)
@@ -320,7 +278,7 @@ class Checker:
         assert self.worker is not None and self.folder is not None
         label = f"optimized-{len(list(self.folder.glob('optimized-*')))}"
         try:
-            path, _ = _materialize(optimized, self.folder, label)
+            path, _ = _files.materialize(optimized, self.folder, label)
         except (OSError, ValueError) as e:
             return CheckResult(False, error=f"the optimised model cannot be read: {_first_line(e)}")
         request = {"op": "compare", "model": str(path), "tolerances": self._tolerances}
@@ -379,8 +337,8 @@ class Checker:
         assert self.worker is not None and self.folder is not None and self.original_proto is not None
         assert self.original_path is not None
         label = f"located-{len(list(self.folder.glob('located-*')))}"
-        opt_path, _ = _materialize(optimized, self.folder, label)
-        original, opt_proto = _whole(self.original_path), _whole(opt_path)  # copies that run need every attribute
+        opt_path, _ = _files.materialize(optimized, self.folder, label)
+        original, opt_proto = _files.whole(self.original_path), _files.whole(opt_path)  # copies that run need every attribute
         names, types = _locate.comparable_values(original, opt_proto)
         if not names:
             return FirstDifference(message="the two models have no intermediate value in common")
