@@ -4,10 +4,13 @@ How far does ``optimize`` simplify the graphs people ship, compared with the
 tools they use for it? Per model and tool, each run in a fresh process with a
 time limit (``--timeout``, default 300 s): the nodes after (main graph, every
 subgraph and every model-local function, counted recursively), whether the
-output passes ``onnx.checker.check_model(full_check=True)`` (valid) and gives
+output passes ``onnx.checker.check_model(full_check=True)`` (valid), gives
 the same outputs as the original in onnxruntime with every optimisation off
-(equal), and the time of the tool's work (load + passes + save, after its
-imports).
+(equal) and keeps the graph inputs callers see (every declared input at its
+position, with its type and a shape no narrower; initializer-backed inputs
+included: by the IR spec they are defaults a caller may override, though
+onnxruntime does not let callers override them below IR 4), and the time of
+the tool's work (load + passes + save, after its imports).
 
 Tools (``harness.tool_snippet``, shared with bench_end_to_end):
 
@@ -44,7 +47,7 @@ are compared with rtol 1e-3 / atol 1e-4 (float32, float64), 1e-2 / 1e-3
 (float16), exactly otherwise; NaNs must be at the same places.
 
 Cells: ``123`` (valid and equal; the best per model in bold), ``123 (invalid)``,
-``123 (differs)``, ``123 (unverified)`` (the original does not run in
+``123 (differs)``, ``123 (inputs changed)``, ``123 (unverified)`` (the original does not run in
 onnxruntime), ``failed``, ``timeout``; the notes under the table give the
 reasons. The summary gives per tool the sum of nodes over the models where
 every tool's output is valid and equal, the models where ours has more nodes
@@ -520,12 +523,61 @@ def _compare(expected: Any, actual: Any, where: str) -> tuple[str | None, float]
     return (None if expected == actual else f"{where}: {actual!r} instead of {expected!r}"), 0.0
 
 
-def verify(output: str, ref_pickle: str) -> None:
-    """Child: nodes, op types, full check and the onnxruntime comparison of one tool's output; prints JSON."""
+def _dims(value: onnx.ValueInfoProto) -> list[int | str | None] | None:
+    """The declared dims of a tensor value (int, symbol or None), or None without a shape."""
+    tensor = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or not tensor.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim]
+
+
+def interface_change(original: onnx.GraphProto, output: onnx.GraphProto) -> str:
+    """How ``output`` changed the graph inputs callers see: "" when kept, else the first change.
+
+    Every declared input of the original (initializer-backed ones included: by the
+    IR spec an initializer that is also a graph input is a default a caller may
+    override) must stay, at the same position, with the same type, and with a
+    shape no narrower: no dim made static, no rank imposed on an input without one.
+    """
+    inputs = list(output.input)
+    for index, before in enumerate(original.input):
+        if index >= len(inputs) or inputs[index].name != before.name:
+            kept = {v.name for v in inputs}
+            dropped = [v.name for v in original.input if v.name not in kept]
+            if dropped:
+                return f"drops {len(dropped)} of the {len(original.input)} inputs (e.g. {dropped[0]!r})"
+            return f"reorders the inputs ({before.name!r} is no longer input {index})"
+        after = inputs[index]
+        if before.type.WhichOneof("value") != after.type.WhichOneof("value") or (
+                before.type.HasField("tensor_type")
+                and before.type.tensor_type.elem_type != after.type.tensor_type.elem_type):
+            return f"changes the type of input {before.name!r}"
+        was, now = _dims(before), _dims(after)
+        if was is None:
+            if now is not None:
+                return f"gives input {before.name!r} a rank it did not declare"
+            continue
+        if now is None:
+            continue  # widened: any shape
+        if len(was) != len(now):
+            return f"changes the rank of input {before.name!r}"
+        for axis, (a, b) in enumerate(zip(was, now, strict=True)):
+            if not isinstance(a, int) and isinstance(b, int):
+                return f"narrows dim {axis} of input {before.name!r} from {a or '?'} to {b}"
+            if isinstance(a, int) and isinstance(b, int) and a != b:
+                return f"changes dim {axis} of input {before.name!r} from {a} to {b}"
+    return ""
+
+
+def verify(output: str, ref_pickle: str, original: str = "") -> None:
+    """Child: nodes, op types, full check, the inputs' contract and the onnxruntime comparison of one
+    tool's output; prints JSON."""
     start = time.perf_counter()
     model = onnx.load(output, load_external_data=False)
     result: dict[str, Any] = {"nodes": count_nodes(model), "op_counts": op_counts(model),
                               "opset": default_opset(model)}
+    if original:
+        result["interface"] = interface_change(onnx.load(original, load_external_data=False).graph, model.graph)
     del model
     try:
         onnx.checker.check_model(output, full_check=True)
@@ -608,6 +660,7 @@ class Cell:
     valid_error: str = ""
     equal: bool | None = None  # None: not compared (the original does not run in onnxruntime)
     equal_detail: str = ""
+    interface: str = ""  # "" (the inputs callers see are kept, or not checked) or how they changed
     max_abs_error: float | None = None
     work_s: float | None = None
     wall_s: float | None = None
@@ -616,19 +669,20 @@ class Cell:
 
     @property
     def good(self) -> bool:
-        """Valid and equal."""
-        return self.status == "ok" and bool(self.valid) and self.equal is True
+        """Valid, equal, and with the original's inputs."""
+        return self.status == "ok" and bool(self.valid) and self.equal is True and not self.interface
 
     @property
     def wrong(self) -> bool:
-        """An output that is invalid or computes something else."""
-        return self.status == "ok" and (self.valid is False or self.equal is False)
+        """An output that is invalid, computes something else, or drops or narrows an input."""
+        return self.status == "ok" and (self.valid is False or self.equal is False or bool(self.interface))
 
     def text(self) -> str:
         if self.status != "ok":
             return self.status
         flags = [f for f, bad in (("invalid", self.valid is False), ("differs", self.equal is False),
-                                  ("unverified", self.equal is None)) if bad]
+                                  ("inputs changed", bool(self.interface)), ("unverified", self.equal is None))
+                 if bad]
         return f"{self.nodes}" + (f" ({', '.join(flags)})" if flags else "")
 
 
@@ -703,10 +757,10 @@ def run_model(subject: Subject, tools: list[str], folder: pathlib.Path, timeout:
             cell.status, cell.error = _failure(m, timeout) if not m.ok else ("failed", "wrote no output")
         else:
             cell.work_s = m.seconds
-            v = measure("verify", subject.name, _child("verify"), [dst, ref if ref.exists() else ""], timeout)
+            v = measure("verify", subject.name, _child("verify"), [dst, ref if ref.exists() else "", src], timeout)
             if v.ok:
-                for key in ("nodes", "opset", "valid", "valid_error", "equal", "equal_detail", "max_abs_error",
-                            "op_counts"):
+                for key in ("nodes", "opset", "valid", "valid_error", "equal", "equal_detail", "interface",
+                            "max_abs_error", "op_counts"):
                     if key in v.extra:
                         setattr(cell, key, v.extra[key])
             else:
@@ -715,7 +769,7 @@ def run_model(subject: Subject, tools: list[str], folder: pathlib.Path, timeout:
             dst.unlink(missing_ok=True)
         print(f"bench_simplify: {subject.name:<34} {tool:<11} {cell.text():<22} "
               f"{cell.work_s if cell.work_s is not None else float('nan'):7.2f} s  "
-              f"{cell.error or cell.valid_error or cell.equal_detail}"[:240], file=sys.stderr, flush=True)
+              f"{cell.error or cell.valid_error or cell.equal_detail or cell.interface}"[:240], file=sys.stderr, flush=True)
     if own_check and OURS in tools and tool_installed(OURS) == "":
         dims = [f"{d}={dim_size(d, subject.dims)}" for d in sorted(_named_dims(src))]
         dst = work / f"{subject.name}.own_check.onnx"
@@ -761,7 +815,7 @@ def tables(results: list[ModelResult], tools: list[str]) -> str:
             c = r.cells[tool]
             text = c.text()
             cells.append(f"**{text}**" if c.good and c.nodes == best else text)
-            reason = c.error or "; ".join(x for x in (c.valid_error, c.equal_detail) if x)
+            reason = c.error or "; ".join(x for x in (c.valid_error, c.equal_detail, c.interface) if x)
             if reason and (c.status != "ok" or c.wrong):
                 notes.append(f"- {r.name}, {tool}: {_md(reason)}")
         if r.reference:
