@@ -430,6 +430,54 @@ def test_parameters_that_are_graph_inputs_are_not_folded(caplog) -> None:
     _refused(original, "BatchNormalization", "is a graph input", caplog)
 
 
+def _same_outputs(original: onnx.ModelProto, result: onnx.ModelProto) -> None:
+    """``_close`` for a result that lost its initializer-backed inputs (fed neither)."""
+    feeds = _feeds(original)
+    for a, b in zip(helpers.ort_run(original, feeds), helpers.ort_run(result, feeds), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_frozen_initializer_inputs_fold_and_fuse() -> None:
+    """--freeze-initializer-inputs: the IR 3 model's weights become constants, the BatchNormalization fuses."""
+    net = Net()
+    net.bn(net.conv("x", "c"), "y")
+    inputs = _image() + [_io(t.name, list(t.dims)) for t in net.initializers]
+    original = net.model(inputs, _out(), opset=7, ir_version=3)
+    result, stats = _simplify(original, freeze_initializer_inputs=True)
+    assert [i.name for i in result.graph.input] == ["x"] and result.ir_version >= 4
+    assert _ops(result) == ["Conv"] and stats["rewrites"]["constants/frozen_input"] == len(net.initializers)
+    _same_outputs(original, result)  # onnxruntime runs an IR 3 model with its initializers as constants
+
+
+def test_the_command_freezes_only_when_asked(tmp_path, capsys) -> None:
+    """By default an IR 3 model's weights stay overridable inputs; the flag folds them, and the check passes."""
+    net = Net()
+    net.bn(net.conv("x", "c"), "y")
+    src = tmp_path / "ir3.onnx"
+    onnx.save(net.model(_image() + [_io(t.name, list(t.dims)) for t in net.initializers], _out(), opset=7,
+                        ir_version=3), src)
+    kept, frozen = tmp_path / "kept.onnx", tmp_path / "frozen.onnx"
+    assert cli.main([str(src), "-o", str(kept), "-q"]) == 0
+    assert len(onnx.load(str(kept)).graph.input) == 1 + len(net.initializers)
+    assert "BatchNormalization" in _ops(onnx.load(str(kept)))
+    assert cli.main([str(src), "-o", str(frozen), "--freeze-initializer-inputs"]) == 0
+    assert "check passed" in capsys.readouterr().out
+    result = onnx.load(str(frozen))
+    assert [i.name for i in result.graph.input] == ["x"] and _ops(result) == ["Conv"]
+
+
+def test_freezing_leaves_real_inputs_and_subgraphs_alone() -> None:
+    """Only main-graph inputs backed by an initializer go; a plain input and a model without any stay."""
+    net = Net()
+    net.bn(net.conv("x", "c"), "y")
+    original = net.model(_image() + [_io("y_var", [4])], _out())  # IR 8: y_var's initializer is its default
+    result, stats = _simplify(original, freeze_initializer_inputs=True)
+    assert [i.name for i in result.graph.input] == ["x"] and "BatchNormalization" not in _ops(result)
+    _same_outputs(original, result)
+    plain, stats = _simplify(result, freeze_initializer_inputs=True)
+    assert "constants/frozen_input" not in stats["rewrites"] and plain == result  # nothing left to freeze
+
+
 def test_a_bn_parameter_that_is_a_graph_input_at_ir_8_is_not_folded(caplog) -> None:
     """An initializer that is also a graph input is a default a caller may override."""
     net = Net()

@@ -36,7 +36,8 @@ Shapes come from onnx shape inference run on the model with the shapes it
 declares for computed values removed, so a declared shape that the graph
 contradicts is never taken as a fact; graph inputs and outputs are never
 changed (names, order, types, shapes), nor initializers that are graph inputs
-(a caller may override them), nor an Identity that produces a graph output.
+(a caller may override them; ``freeze_initializer_inputs`` opts out of that),
+nor an Identity that produces a graph output.
 """
 
 from __future__ import annotations
@@ -74,6 +75,11 @@ class SimplifyPass(Pass):
 
     Attributes:
         fuse: Apply the fusions (they change float results by rounding).
+        freeze_initializer_inputs: Opt-in: take initializers that are main-graph inputs
+            (every initializer of an IR 3 model) out of the inputs, making them constants
+            that fold and fuse; callers can then no longer override them. The IR spec makes
+            them defaults a caller may override; onnxruntime treats them as constants below
+            IR 4. Counted as ``constants/frozen_input``; the IR version becomes at least 4.
     """
 
     NAME = "simplify"
@@ -81,11 +87,15 @@ class SimplifyPass(Pass):
     OPTIONS = (
         Option("fuse", True, "do not fuse BatchNormalization or per-channel Mul/Add into Conv/Gemm "
                "(the only simplifications that change float results, by rounding)"),
+        Option("freeze_initializer_inputs", False, "treat initializers that are also graph inputs "
+               "(every initializer of an IR 3 model) as constants that fold and fuse, and remove them "
+               "from the inputs: callers can no longer override them"),
     )
 
-    def __init__(self, fuse: bool = True) -> None:
+    def __init__(self, fuse: bool = True, freeze_initializer_inputs: bool = False) -> None:
         super().__init__()
         self.fuse = fuse
+        self.freeze_initializer_inputs = freeze_initializer_inputs
         self.stats: dict[str, Any] = {}
 
     def _rules(self) -> dict[str, list[Rule]]:
@@ -101,6 +111,8 @@ class SimplifyPass(Pass):
         rules = self._rules()
         applied: collections.Counter[str] = collections.Counter()
         refused: collections.Counter[str] = collections.Counter()
+        if self.freeze_initializer_inputs:
+            _freeze_initializer_inputs(model, applied)
         rounds = 0
         while rounds < _MAX_ROUNDS:
             rounds += 1
@@ -161,3 +173,14 @@ class SimplifyPass(Pass):
                     refused[rule.name] += 1
                     logger.debug("%s does not apply to %s node %r: %s", rule.name, node.op_type, node.name, outcome)
         return changed
+
+
+def _freeze_initializer_inputs(model: ir.Model, applied: collections.Counter[str]) -> None:
+    """Takes the main graph's initializer-backed inputs out of its inputs (they become constants)."""
+    graph = model.graph
+    frozen = [value for value in graph.inputs if value.is_initializer()]
+    for value in frozen:
+        graph.inputs.remove(value)
+    if frozen:
+        model.ir_version = max(model.ir_version, 4)  # below 4, every initializer must be an input
+        applied["constants/frozen_input"] += len(frozen)
