@@ -1,4 +1,5 @@
-"""The fusions of the simplify pass: BatchNormalization and per-channel Mul/Add into Conv/ConvTranspose/Gemm.
+"""The fusions of the simplify pass: BatchNormalization and per-channel Mul/Add into Conv/ConvTranspose/Gemm,
+MatMul+Add into Gemm.
 
 Each positive case builds a small model with random weights (kept away from 0
 and 1, so a fusion that drops a term or a factor shows), runs the pass, and
@@ -348,6 +349,78 @@ def conv_bn_mul_add():
     return net.model(_image(), _out())
 
 
+def _matmul_add(c_shape, dtype=np.float32, swapped: bool = False, rows: int | str = 3, opset: int = 18,
+                a_shape=None, b_shape=(5, 4), c_input: bool = False, out_rank: int = 2) -> onnx.ModelProto:
+    """``y = Add(MatMul(x, w), c)`` (or ``Add(c, MatMul(x, w))``); ``c`` a weight, or a graph input (``c_input``)."""
+    net = Net(dtype)
+    inputs = [_io("x", list(a_shape or (rows, 5)), dtype)]
+    m = net.node("MatMul", ["x", net.weight("w", net.random(b_shape))], ["m"])
+    if c_input:
+        inputs.append(_io("c", list(c_shape), dtype))
+        c = "c"
+    else:
+        c = net.weight("c", net.random(c_shape))
+    net.node("Add", [c, m] if swapped else [m, c], ["y"])
+    return net.model(inputs, [_io("y", [None] * out_rank, dtype)], opset=opset)
+
+
+@case("MatMul", "Add", rule="matmul_add_into_gemm")
+def matmul_add_vector():
+    """The scikit-learn MLP layer: a bias per column."""
+    return _matmul_add((4,))
+
+
+@case("MatMul", "Add", rule="matmul_add_into_gemm")
+def matmul_add_row():
+    return _matmul_add((1, 4))
+
+
+@case("MatMul", "Add", rule="matmul_add_into_gemm")
+def matmul_add_matrix():
+    """C of the result's own static shape [M, N]."""
+    return _matmul_add((3, 4))
+
+
+@case("MatMul", "Add", rule="matmul_add_into_gemm")
+def matmul_add_column():
+    return _matmul_add((3, 1))
+
+
+@case("MatMul", "Add", rule="matmul_add_into_gemm")
+def matmul_add_scalar():
+    return _matmul_add(())
+
+
+@case("MatMul", "Add", rule="matmul_add_into_gemm")
+def matmul_add_swapped():
+    """``Add(C, MatMul(A, B))``: Add commutes, Gemm still gets C third."""
+    return _matmul_add((4,), swapped=True)
+
+
+@case("MatMul", "Add", rule="matmul_add_into_gemm")
+def matmul_add_opset11():
+    return _matmul_add((4,), opset=11)
+
+
+@case("MatMul", "Add", rule="matmul_add_into_gemm")
+def matmul_add_c_is_a_graph_input():
+    """C need not be a constant: Gemm takes any C."""
+    return _matmul_add((1, 4), c_input=True)
+
+
+@case("MatMul", "Add", rule="matmul_add_into_gemm", tolerance=1e-12)
+def matmul_add_float64():
+    return _matmul_add((4,), np.float64)
+
+
+@case("MatMul", "Add", rule="matmul_add_into_gemm", tolerance=1e-2)
+def matmul_add_float16():
+    return _matmul_add((4,), np.float16)
+
+
+MATMUL_CASES = sorted(name for name, (_, _, rule, _) in CASES.items() if rule == "matmul_add_into_gemm")
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fusion(name: str) -> None:
     build, gone, rule, tolerance = CASES[name]
@@ -362,6 +435,34 @@ def test_fusion(name: str) -> None:
     _close(original, result, tolerance=tolerance)
     again, stats_again = _simplify(result)
     assert _ops(again) == _ops(result) and stats_again["fused"] == 0  # one run reaches the fixpoint
+
+
+@pytest.mark.parametrize("name", MATMUL_CASES)
+def test_matmul_add_becomes_one_gemm_with_the_defaults(name: str) -> None:
+    original = CASES[name][0]()
+    result, stats = _simplify(original)
+    assert _ops(result) == ["Gemm"] and stats["rewrites"] == {"fusions/matmul_add_into_gemm": 1}, stats
+    gemm = result.graph.node[0]
+    matmul = next(n for n in original.graph.node if n.op_type == "MatMul")
+    add = next(n for n in original.graph.node if n.op_type == "Add")
+    c = next(i for i in add.input if i != matmul.output[0])
+    assert list(gemm.input) == [*matmul.input, c] and not gemm.attribute  # alpha = beta = 1, no transposes
+    assert list(gemm.output) == ["y"]
+
+
+def test_the_gemm_takes_the_adds_name_inside_the_graph() -> None:
+    """The Add's output is no graph output: the Gemm's output takes its name, its users read it."""
+    net = Net()
+    m = net.node("MatMul", ["x", net.weight("w", net.random((5, 4)))], ["m"])
+    t = net.node("Add", [m, net.weight("c", net.random(4))], ["t"])
+    net.node("Relu", [t], ["y"])
+    original = net.model([_io("x", ["batch", 5])], [_io("y", ["batch", 4])])
+    result, stats = _simplify(original)
+    assert _ops(result) == ["Gemm", "Relu"] and stats["fused"] == 1, stats
+    gemm, relu = result.graph.node
+    assert list(gemm.output) == ["t"] and list(relu.input) == ["t"]
+    feeds = {"x": RNG.standard_normal((6, 5)).astype(np.float32)}  # a dynamic batch, M symbolic
+    _close(original, result, feeds)
 
 
 def test_the_chain_becomes_one_conv() -> None:
@@ -626,6 +727,98 @@ def test_bfloat16_weights_are_not_fused(caplog) -> None:
     assert "not float16/float/double" in caplog.text
 
 
+def _x_feed(shape, dtype=np.float32) -> dict[str, np.ndarray]:
+    return {"x": RNG.standard_normal(shape).astype(dtype)}
+
+
+@pytest.mark.parametrize("a_shape, b_shape, c_shape, out_rank, reason", [
+    ((2, 3, 5), (5, 4), (4,), 3, "the MatMul's A has rank 3 (Gemm takes matrices only)"),  # onnxsim adds Reshapes
+    ((3, 5), (2, 5, 4), (4,), 3, "the MatMul's B has rank 3"),
+    ((3, 5), (5,), (3,), 1, "the MatMul's B has rank 1"),
+    ((5,), (5, 4), (4,), 1, "the MatMul's A has rank 1"),
+])
+def test_a_matmul_that_is_not_of_two_matrices_is_not_fused(a_shape, b_shape, c_shape, out_rank, reason,
+                                                           caplog) -> None:
+    original = _matmul_add(c_shape, a_shape=a_shape, b_shape=b_shape, out_rank=out_rank)
+    _refused(original, "MatMul", reason, caplog)
+
+
+def test_a_matmul_of_unknown_rank_is_not_fused(caplog) -> None:
+    """A is x reshaped to a graph input's shape of unknown length: its rank is not proved.
+
+    (A graph input without a shape would say the same, but the checker refuses
+    a graph input without one.) Here the feed makes it a matrix, so the model runs.
+    """
+    original = _matmul_add((4,))
+    original.graph.input.append(_io("s", ["k"], np.int64))
+    original.graph.node.insert(0, helper.make_node("Reshape", ["x", "s"], ["a"]))
+    original.graph.node[1].input[0] = "a"
+    feeds = {**_x_feed((3, 5)), "s": np.array([3, 5], np.int64)}
+    _refused(original, "MatMul", "the rank of the MatMul's A is not known", caplog, feeds=feeds)
+
+
+def test_a_matmul_used_twice_is_not_fused(caplog) -> None:
+    original = _matmul_add((4,))
+    original.graph.node.append(helper.make_node("Relu", ["m"], ["r"]))
+    original.graph.output.append(_io("r", [3, 4]))
+    _refused(original, "MatMul", "the MatMul's output has other users", caplog)
+
+
+def test_a_matmul_output_that_is_a_graph_output_is_not_fused(caplog) -> None:
+    original = _matmul_add((4,))
+    original.graph.output.append(_io("m", [3, 4]))
+    _refused(original, "MatMul", "the MatMul's output has other users (or is a graph output)", caplog)
+
+
+@pytest.mark.parametrize("rows, c_shape, reason", [
+    (1, (2, 4), "C of shape [2, 4] is not proven to broadcast to the MatMul's [1, 4]"),  # the Add makes [2, 4]
+    ("n", (2, 4), "C of shape [2, 4] is not proven to broadcast to the MatMul's ['n', 4]"),  # [2, 4] for n = 1
+    (3, (1, 3, 4), "C has rank 3: the Add broadcasts the MatMul's result"),  # the Add makes [1, 3, 4]
+])
+def test_a_c_that_broadcasts_the_product_is_not_fused(rows, c_shape, reason, caplog) -> None:
+    original = _matmul_add(c_shape, rows=rows, out_rank=max(2, len(c_shape)))
+    _refused(original, "MatMul", reason, caplog, feeds=_x_feed((1, 5)) if rows == "n" else None)
+
+
+def test_a_c_of_unknown_shape_is_not_fused(caplog) -> None:
+    original = _matmul_add(("k",), c_input=True)
+    feeds = {**_x_feed((3, 5)), "c": RNG.standard_normal(4).astype(np.float32)}
+    _refused(original, "MatMul", "C's shape is not known statically", caplog, feeds=feeds)
+
+
+def test_matmul_add_before_opset_11_is_not_fused(caplog) -> None:
+    _refused(_matmul_add((4,), opset=9), "MatMul", "opset 9 is before 11", caplog)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_an_integer_matmul_add_is_not_fused(dtype, caplog) -> None:
+    """Gemm's schema takes int32/int64 from opset 11, but onnxruntime has no integer Gemm kernel."""
+    _refused(_matmul_add((4,), dtype), "MatMul", "onnxruntime has no integer Gemm kernel", caplog)
+
+
+def test_onnxruntime_still_has_no_integer_gemm() -> None:
+    """Why integers are refused: if this starts failing, matmul_add_into_gemm may accept them (exactly)."""
+    model = helpers.node_model("Gemm", [("a", np.ones((2, 3), np.int64)), ("b", np.ones((3, 4), np.int64)),
+                                        ("c", np.ones(4, np.int64))], [("y", np.int64)], opset=18)
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED"):
+        helpers.ort_run(model, {"a": np.ones((2, 3), np.int64), "b": np.ones((3, 4), np.int64),
+                                "c": np.ones(4, np.int64)})
+
+
+def test_a_bfloat16_matmul_add_fuses() -> None:
+    """Gemm-13 takes bfloat16 (its schema says so); onnxruntime's CPU runs neither form, so only the checker here."""
+    original = _matmul_add((4,), ml_dtypes.bfloat16)
+    result, stats = _simplify(original)
+    assert _ops(result) == ["Gemm"] and stats["fused"] == 1, stats
+
+
+def test_no_fuse_leaves_matmul_add(caplog) -> None:
+    original = _matmul_add((4,))
+    stats = _refused(original, "MatMul", "", caplog, fuse=False)
+    assert "Gemm" not in _ops(_simplify(original, fuse=False)[0])
+    assert "fusions/matmul_add_into_gemm" not in stats["not_applied"]
+
+
 # --- subgraphs and functions ---------------------------------------------------------------------------
 
 
@@ -690,6 +883,41 @@ def test_a_function_whose_weight_is_an_input_is_refused_cleanly(caplog) -> None:
     _refused(original, "BatchNormalization", "weight is not a constant", caplog)
 
 
+def test_matmul_add_into_gemm_in_if_branches() -> None:
+    """MatMul+Add on the outer x in both branches: weights as Constant nodes in one, outer initializers in the other."""
+    branches = []
+    initializers = []
+    for net, tag in ((Net(inline=True, suffix="_then"), "then"), (Net(suffix="_else"), "else")):
+        m = net.node("MatMul", ["x", net.weight("w", net.random((5, 4)))], ["m"])
+        net.node("Add", [m, net.weight("c", net.random(4))], ["y"])
+        branches.append(helper.make_graph(net.nodes, tag, [], [_io(net.name("y"), [3, 4])]))
+        initializers += net.initializers
+    if_node = helper.make_node("If", ["cond"], ["y"], then_branch=branches[0], else_branch=branches[1])
+    graph = helper.make_graph([if_node], "g", [_io("x", [3, 5]), _io("cond", [], np.bool_)], [_io("y", [3, 4])],
+                              initializer=initializers)
+    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    result, stats = _simplify(original)
+    assert sorted(_ops(result)) == ["Constant", "Constant", "Gemm", "Gemm", "If"], _ops(result)  # then's weights
+    assert stats["rewrites"]["fusions/matmul_add_into_gemm"] == 2, stats
+    for branch_graph in (a.g for a in result.graph.node[0].attribute):
+        gemm = next(n for n in branch_graph.node if n.op_type == "Gemm")
+        assert [o.name for o in branch_graph.output] == list(gemm.output)  # the branch output keeps its name
+    feeds = _feeds(original)
+    for cond in (True, False):
+        _close(original, result, {**feeds, "cond": np.array(cond)})
+
+
+def test_matmul_add_in_a_function_is_left_alone(caplog) -> None:
+    """A function body has no inferred shapes: the ranks of A and B are not proved, so nothing fuses."""
+    net = Net(inline=True)
+    m = net.node("MatMul", ["x", net.weight("w", net.random((5, 4)))], ["m"])
+    net.node("Add", [m, net.weight("c", net.random(4))], ["y"])
+    original = _in_function(net, [_io("x", [3, 5])], [_io("y", [3, 4])])
+    stats = _refused(original, "MatMul", "the rank of the MatMul's A is not known", caplog)
+    assert stats["not_applied"]["fusions/matmul_add_into_gemm"] >= 1, stats
+    assert "Gemm" not in _ops(_simplify(original)[0])
+
+
 # --- end to end ---------------------------------------------------------------------------------------------
 
 
@@ -716,3 +944,23 @@ def test_the_nofold_cnn_loses_its_batchnorms() -> None:
     unfused = passes.optimize(original, fuse=False, check=False)
     assert _ops(unfused).count("BatchNormalization") == 4
     assert len(_ops(result)) == len(_ops(unfused)) - 4
+
+
+def test_the_sklearn_mlp_gets_two_gemms() -> None:
+    """The scikit-learn MLP's two MatMul+Add layers become Gemm, as onnxruntime's basic level makes them."""
+    path = REPO / "models" / "real" / "sk_mlp_opset13.onnx"
+    original = onnx.load(str(path))
+    assert _ops(original).count("MatMul") == 2
+    result = passes.optimize(original)  # checks against onnxruntime at the default tolerance
+    unfused = passes.optimize(original, fuse=False, check=False)
+    assert _ops(result).count("Gemm") == 2 and "MatMul" not in _ops(result), _ops(result)
+    assert _ops(unfused).count("MatMul") == 2 and "Gemm" not in _ops(unfused)
+    assert len(_ops(result)) == len(_ops(unfused)) - 2  # 11 -> 9 nodes, onnxruntime's count
+    feeds = {"X": RNG.standard_normal((7, 8)).astype(np.float32)}
+    expected, actual = helpers.ort_run(original, feeds), helpers.ort_run(result, feeds)
+    names = [o.name for o in original.graph.output]
+    assert names == [o.name for o in result.graph.output]
+    for name, a, b in zip(names, expected, actual):
+        if isinstance(a, list):  # ZipMap: a list of {class: probability}
+            a, b = np.array([list(d.values()) for d in a]), np.array([list(d.values()) for d in b])
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5, err_msg=name)

@@ -28,9 +28,10 @@ and model-local function until nothing changes (bounded):
   (``x+0`` is not: it turns -0 into +0) and the output has the input's shape
   (no hidden broadcast). Constants are compared exactly.
 * ``fusions`` (``--no-fuse`` turns them off): BatchNormalization into a
-  preceding Conv/ConvTranspose/Gemm, a per-channel Mul/Add into a Conv. These
-  are the only rules that change float results (by rounding, ~1e-6); the
-  report counts them and the check covers them.
+  preceding Conv/ConvTranspose/Gemm, a per-channel Mul/Add into a Conv, and
+  MatMul+Add of proved matrices into a Gemm. These are the only rules that
+  change float results (by rounding, ~1e-6); the report counts them and the
+  check covers them.
 
 Shapes come from onnx shape inference run on the model with the shapes it
 declares for computed values removed, so a declared shape that the graph
@@ -85,8 +86,8 @@ class SimplifyPass(Pass):
     NAME = "simplify"
     DESCRIPTION = "constants as initializers, common subexpressions, no-ops, chains, partial shapes, fusions"
     OPTIONS = (
-        Option("fuse", True, "do not fuse BatchNormalization or per-channel Mul/Add into Conv/Gemm "
-               "(the only simplifications that change float results, by rounding)"),
+        Option("fuse", True, "do not fuse BatchNormalization or per-channel Mul/Add into Conv/Gemm, "
+               "nor MatMul+Add into Gemm (the only simplifications that change float results, by rounding)"),
         Option("freeze_initializer_inputs", False, "treat initializers that are also graph inputs "
                "(every initializer of an IR 3 model) as constants that fold and fuse, and remove them "
                "from the inputs: callers can no longer override them"),

@@ -1,4 +1,4 @@
-"""Fusions: BatchNormalization and per-channel Mul/Add into a preceding Conv/ConvTranspose/Gemm.
+"""Fusions: BatchNormalization and per-channel Mul/Add into a preceding Conv/ConvTranspose/Gemm, MatMul+Add into Gemm.
 
 * ``BatchNormalization(Conv(x, W, b))`` -> ``Conv(x, W', b')`` with, per output
   channel, ``s = scale / sqrt(var + epsilon)``, ``W' = W * s`` and
@@ -11,14 +11,20 @@
   ``Add(Conv(x, W, b), c)`` -> ``Conv(x, W, b + c)`` for a constant ``c`` that is
   a scalar or per output channel (shape [M, 1, ...] or [1, M, 1, ...], no
   broadcast beyond the Conv's output).
+* ``Add(MatMul(A, B), C)`` or ``Add(C, MatMul(A, B))`` -> ``Gemm(A, B, C)``
+  (alpha, beta 1, no transposes), as onnxruntime's basic level does: the
+  scikit-learn MLPs' layers. No weight changes; see below for when it applies.
 
 These are the only simplifications that change float results: the new
 weights are computed in float64 and rounded once to the weights' type, and the
 fused op rounds differently from the two it replaces (~1e-6 relative in
-float32). ``SimplifyPass(fuse=False)`` (``--no-fuse``) turns them off; the
-pass counts them as ``stats["fused"]``.
+float32; a Gemm may add C in its own order, without rounding A @ B first;
+integers would be exact, but are not fused, see below).
+``SimplifyPass(fuse=False)`` (``--no-fuse``) turns them off; the pass counts
+them as ``stats["fused"]``.
 
-A fusion applies only where it keeps the graph's contract and its size:
+A fusion into Conv/ConvTranspose/Gemm applies only where it keeps the graph's
+contract and its size:
 
 * the weight, bias and every BatchNormalization parameter are constants
   (never an initializer that is a graph input: a caller may override it);
@@ -33,8 +39,30 @@ The new weights are new constants (initializers in the main graph, Constant
 nodes in subgraphs and functions); the old ones become dead and are removed.
 When the fused node's output is a graph output, the op's output takes its
 place there with its name, type and shape. Ranks and channel counts are read
-from the constants, not from shape inference, so the rules work in function
+from the constants, not from shape inference, so these rules work in function
 bodies (which have no types) too.
+
+MatMul+Add becomes a Gemm only where that is a Gemm's meaning exactly, never
+with Reshapes around it (onnxsim's N-D MatMul+Add):
+
+* opset 11 or later (Gemm-11: C optional, unidirectionally broadcast);
+* A and B have rank 2, proved (:meth:`Context.dims`: inference, or a graph
+  input's declared shape), so in function bodies, which have no inferred
+  shapes, it does not apply;
+* the MatMul is in the Add's graph, and its output is used by the Add alone
+  and is not a graph output;
+* C (any value, not only a constant) has a static shape of rank <= 2 whose
+  dims, right-aligned, are each 1 or the MatMul's [M, N] dim: the Add's
+  output is the MatMul's shape (a C of [2, N] on a [1, N] product is refused);
+* A, B and C have one element type that Gemm takes at the opset (read from
+  its schema) and that is a float: onnxruntime has no integer Gemm kernel (it
+  has integer MatMul and Add), so an integer Gemm would not run there.
+  bfloat16 is taken (from Gemm-13): no weight is rounded, the Gemm at most
+  skips the rounding of A @ B to bfloat16.
+
+The Gemm is inserted before the Add and takes its output's name (the Add's
+output keeps being a graph output under its name, type and shape); the
+MatMul and Add become dead and are removed.
 """
 
 from __future__ import annotations
@@ -44,6 +72,8 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
+from passes.ir import schemas
+from passes.ir.types import type_string
 from passes.simplify.rules import Context, Outcome, Rewrite, rule, sole_user
 
 __all__: list[str] = []
@@ -319,3 +349,84 @@ def add_into_conv(node: ir.Node, ctx: Context) -> Outcome:
     layer, vector, bypass = found
     b = layer.bias64() + vector
     return _then(lambda: layer.rewrite(ctx, None, b), bypass)
+
+
+# --- MatMul and Add into Gemm -------------------------------------------------------------------------
+
+
+@rule("Add", family="fuse")
+def matmul_add_into_gemm(node: ir.Node, ctx: Context) -> Outcome:
+    """``Add(MatMul(A, B), C)`` or ``Add(C, MatMul(A, B))`` -> ``Gemm(A, B, C)`` for proven matrices."""
+    if len(node.inputs) != 2 or any(v is None for v in node.inputs):
+        return "not two inputs"
+    reason = "neither input is a MatMul"
+    for index in (0, 1):
+        matmul = ctx.producer(node.inputs[index], "MatMul")
+        c = node.inputs[1 - index]
+        if matmul is None or c is None:
+            continue
+        found = _matmul_add(node, ctx, matmul, c)
+        if not isinstance(found, str):
+            return found
+        reason = found
+    return reason
+
+
+def _matmul_add(node: ir.Node, ctx: Context, matmul: ir.Node, c: ir.Value) -> Outcome:
+    opset = ctx.opset
+    if opset < 11:
+        return f"opset {opset} is before 11 (Gemm-11: C optional, unidirectionally broadcast to [M, N])"
+    if matmul.graph is not node.graph:
+        return "the MatMul is in another graph"
+    if not sole_user(matmul.outputs[0]):
+        return "the MatMul's output has other users (or is a graph output)"
+    if len(matmul.inputs) != 2 or any(v is None for v in matmul.inputs):
+        return "the MatMul has not two inputs"
+    a, b = matmul.inputs
+    matrices = []
+    for label, value in (("A", a), ("B", b)):
+        dims = ctx.dims(value)
+        if dims is None:
+            return f"the rank of the MatMul's {label} is not known (Gemm takes matrices only)"
+        if len(dims) != 2:
+            return f"the MatMul's {label} has rank {len(dims)} (Gemm takes matrices only)"
+        matrices.append(dims)
+    result = (matrices[0][0], matrices[1][1])  # [M, N]; a dim may be a symbol or None
+    c_dims = ctx.static_dims(c)
+    if c_dims is None:
+        return "C's shape is not known statically"
+    if len(c_dims) > 2:
+        return f"C has rank {len(c_dims)}: the Add broadcasts the MatMul's result"
+    padded = (1,) * (2 - len(c_dims)) + c_dims
+    if any(d != 1 and d != want for d, want in zip(padded, result)):
+        shown = ["?" if d is None else d for d in result]
+        return f"C of shape {list(c_dims)} is not proven to broadcast to the MatMul's {shown} (it may broadcast it)"
+    dtypes = {ctx.dtype(v) for v in (a, b, c)}
+    dtype = dtypes.pop() if len(dtypes) == 1 else None
+    if dtype is None:
+        return "the element types of A, B and C are not known (or differ)"
+    schema = schemas.schema_at("Gemm", opset)
+    allowed = {t for constraint in schema.type_constraints for t in constraint.allowed_type_strs} if schema else ()
+    if type_string(dtype) not in allowed:
+        return f"{dtype.name} is not a Gemm type at opset {opset}"
+    if not dtype.is_floating_point():
+        return f"{dtype.name}: onnxruntime has no integer Gemm kernel (it has integer MatMul and Add ones)"
+    return lambda: _write_gemm(node, ctx, matmul, c)
+
+
+def _write_gemm(node: ir.Node, ctx: Context, matmul: ir.Node, c: ir.Value) -> None:
+    """A ``Gemm(A, B, c)`` before the Add, taking the Add's output's place and name."""
+    old = node.outputs[0]
+    names = ctx.names()
+    gemm = ir.Node("", "Gemm", [*matmul.inputs, c], name=names.node(f"{matmul.name or 'MatMul'}_gemm"))
+    new = gemm.outputs[0]
+    new.type, new.shape = old.type, old.shape  # what the model declared of the Add's output, if anything
+    assert node.graph is not None
+    node.graph.insert_before(node, gemm)  # A and B come before the MatMul, C before the Add
+    if old.is_graph_output():
+        ctx.take_place(old, new)()
+        return
+    name = old.name or names.value("gemm")
+    old.name = names.value(f"{name}_replaced")
+    new.name = name  # its users read the name they read before
+    old.replace_all_uses_with(new)
