@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
@@ -166,6 +166,42 @@ def shared_unsqueeze():
              helper.make_node("Unsqueeze", ["x", "a"], ["u"]), helper.make_node("Unsqueeze", ["u", "b"], ["p"]),
              helper.make_node("Unsqueeze", ["u", "c"], ["q"]), helper.make_node("Add", ["p", "q"], ["y"])]
     return _model(nodes, [_io("x", [3])], [_io("y", [1, 1, 3, 3])])
+
+
+def _gelu_between_reshapes(target=(-1, 8), bias_shape=None, extra_output: bool = False, y_shape=("n", 8),
+                           then_relu: bool = False) -> onnx.ModelProto:
+    """Dynamo's MLP: ``x`` [n, 8] viewed as [n/2, 2, 8]... here [-1, 2, 4], tanh-GELU, viewed back."""
+    f = np.float32
+    nodes = [_const("s", np.array([-1, 2, 4])), _const("t", np.array(target)), _const("three", f(3.0)),
+             _const("k", f(0.044715)), _const("c", f(0.7978846)), _const("one", f(1.0)), _const("half", f(0.5)),
+             helper.make_node("Reshape", ["x", "s"], ["r"]),
+             helper.make_node("Pow", ["r", "three"], ["p"]), helper.make_node("Mul", ["p", "k"], ["a"]),
+             helper.make_node("Add", ["r", "a"], ["b"]), helper.make_node("Mul", ["b", "c"], ["bc"]),
+             helper.make_node("Tanh", ["bc"], ["th"]), helper.make_node("Add", ["th", "one"], ["u"]),
+             helper.make_node("Mul", ["r", "half"], ["h"]), helper.make_node("Mul", ["h", "u"], ["g"])]
+    last = "g"
+    if bias_shape is not None:
+        nodes += [_const("bias", np.random.default_rng(5).standard_normal(bias_shape).astype(f)), helper.make_node("Add", ["g", "bias"], ["gb"])]
+        last = "gb"
+    outputs = [_io("y", list(y_shape))]
+    if then_relu:
+        nodes += [helper.make_node("Reshape", [last, "t"], ["v"]), helper.make_node("Relu", ["v"], ["y"])]
+    else:
+        nodes.append(helper.make_node("Reshape", [last, "t"], ["y"]))
+    if extra_output:
+        outputs.append(_io("h", [None, 2, 4]))
+    return _model(nodes, [_io("x", ["n", 8])], outputs)
+
+
+@case("chains/reshape_around_elementwise", "Reshape")
+def reshape_around_elementwise():
+    """Both Reshapes go; the GELU's Mul takes the output's name."""
+    return _gelu_between_reshapes()
+
+
+@case("chains/reshape_around_elementwise", "Reshape")
+def reshape_around_elementwise_inside():
+    return _gelu_between_reshapes(then_relu=True)
 
 
 def _run(original: onnx.ModelProto, result: onnx.ModelProto, feeds=None) -> None:
@@ -346,3 +382,63 @@ def test_equal_of_shape_arithmetic_property(k, n, m) -> None:
     _run(model, result, feeds)
     if all(v < 0 for v in k):
         assert "Equal" not in _ops(result)
+
+
+def test_reshape_around_elementwise_leaves_only_the_elementwise_ops() -> None:
+    result, _ = _simplify(_gelu_between_reshapes())
+    assert "Reshape" not in _ops(result) and [o.name for o in result.graph.output] == ["y"]
+
+
+@pytest.mark.parametrize("variant", [
+    {"target": (-1, 4), "y_shape": (None, 4)},  # another shape than x's
+    {"target": (0, 8)},  # a copied dim: of the middle tensor, not of x
+    {"bias_shape": (4,)},  # broadcast along the middle tensor's last axis: not the same after the Reshape
+    {"bias_shape": (1, 1, 1, 1), "y_shape": (None, None, None)},  # a single element of a higher rank
+    {"extra_output": True},  # a value between the Reshapes is a graph output
+])
+def test_reshape_around_elementwise_that_is_not_the_identity_stays(variant) -> None:
+    original = _gelu_between_reshapes(**variant)
+    result, stats = _simplify(original, full_check=False)
+    assert not stats["rewrites"].get("chains/reshape_around_elementwise"), stats
+    _run(original, result)
+
+
+_FACTORS = st.sampled_from([(2, 3, 4), (6, 4), (4, 6), (24,), (2, 12), (3, 8), (1, 24), (2, 3, 2, 2)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(x_shape=_FACTORS, middle=_FACTORS, target=_FACTORS, minus=st.integers(-1, 3),
+       ops=st.lists(st.sampled_from(["Neg", "Tanh", "Mul", "Add", "Mul", "AddRow"]), min_size=1, max_size=3),
+       rank_of_single=st.integers(0, 2), back=st.booleans())
+def test_reshape_around_elementwise_property(x_shape, middle, target, minus, ops, rank_of_single, back) -> None:
+    """Any Reshape/elementwise/Reshape sandwich computes the same after the pass, whether the rule applies or not."""
+    f = np.float32
+    target = x_shape if back else target
+    wanted = list(target)
+    if 0 <= minus < len(wanted):
+        wanted[minus] = -1
+    nodes = [_const("s", np.array(middle)), _const("t", np.array(wanted)),
+             _const("single", np.full((1,) * rank_of_single, 1.5, f)),
+             _const("row", np.arange(middle[-1], dtype=f) + 0.5),
+             helper.make_node("Reshape", ["x", "s"], ["v0"])]
+    for i, op in enumerate(ops):
+        a, b = f"v{i}", f"v{i + 1}"
+        if op in ("Neg", "Tanh"):
+            nodes.append(helper.make_node(op, [a], [b]))
+        elif op == "AddRow":  # broadcasts along the middle tensor's last axis
+            nodes.append(helper.make_node("Add", [a, "row"], [b]))
+        else:
+            nodes.append(helper.make_node(op, [a, "single"], [b]))
+    nodes.append(helper.make_node("Reshape", [f"v{len(ops)}", "t"], ["y"]))
+    out_rank = max(len(target), 0)
+    original = _model(nodes, [_io("x", list(x_shape))], [_io("y", [None] * out_rank)])
+    try:
+        onnx.checker.check_model(onnx.shape_inference.infer_shapes(original, strict_mode=True), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError):
+        return  # a single element of a higher rank than the target: not a valid model
+    result, stats = _simplify(original, full_check=False)
+    applied = stats["rewrites"].get("chains/reshape_around_elementwise", 0)
+    event("applied" if applied else "left")
+    assert not applied or (tuple(target) == tuple(x_shape) and "AddRow" not in ops
+                           and rank_of_single <= min(len(x_shape), len(middle))), (stats, ops)
+    _run(original, result)

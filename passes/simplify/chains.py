@@ -7,6 +7,13 @@
 * ``Transpose(Transpose(x, p1), p2) -> Transpose(x, p1[p2])`` (or ``x``).
 * ``Cast(Cast(x, T1), T2) -> Cast(x, T2)`` when ``T1`` holds every value of
   x's type exactly (``x`` itself when ``T2`` is x's type).
+* ``Reshape(f(Reshape(x, s)), t) -> f(x)`` for elementwise ops ``f`` (dynamo's
+  MLPs view a Gemm's matrix as [batch, seq, n] for the activation, then back)
+  when every other input of ``f`` is a single element (so it broadcasts the
+  same at either shape), the values between the Reshapes are used by ``f``
+  alone, and the constant ``t`` is proved to be x's shape: its rank, and each
+  entry but one ``-1`` a positive static dim equal to x's (the ``-1`` is then
+  x's too: the element count is the same).
 
 The inner node must have no other user (else the chain would be computed
 twice), except an ``Unsqueeze`` whose users are all ``Unsqueeze``: each takes
@@ -205,3 +212,108 @@ def cast_of_cast(node: ir.Node, ctx: Context) -> Outcome:
     if target is not None and ir.DataType(target) == original:
         return ctx.bypass(node, source)
     return lambda: _rewire(node, source)
+
+
+# Ops that compute each output element from the elements at the same place of their
+# (broadcast) inputs, whatever the shape: a Reshape commutes with them when every other
+# input is a single element.
+_ELEMENTWISE = frozenset({
+    "Abs", "Acos", "Acosh", "Asin", "Asinh", "Atan", "Atanh", "Ceil", "Cos", "Cosh", "Erf", "Exp", "Floor",
+    "IsInf", "IsNaN", "Log", "Neg", "Not", "Reciprocal", "Relu", "Round", "Sigmoid", "Sign", "Sin", "Sinh",
+    "Softplus", "Softsign", "Sqrt", "Tan", "Tanh", "Gelu", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu",
+    "Selu", "Celu", "ThresholdedRelu", "Mish", "Cast", "Identity", "BitwiseNot",
+    "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Equal", "Less", "Greater",
+    "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
+    "PRelu", "Where", "Clip",
+})  # fmt: skip
+_REGION_LIMIT = 64
+
+
+def _elementwise_region(end: ir.Value, graph: ir.Graph | None, ctx: Context) -> tuple[ir.Node, list[ir.Node]] | str:
+    """The inner Reshape and the elementwise nodes between its output and ``end``.
+
+    Every input of a region node is the Reshape's output, another region value or a
+    single element (rank at most that of the Reshape's input and of its output, all
+    dims 1); every region value but ``end`` is used only inside the region.
+    """
+    inner: ir.Node | None = None
+    region: dict[ir.Node, None] = {}
+    pending = [end]
+    singles: list[ir.Value] = []
+    while pending:
+        value = pending.pop()
+        producer = value.producer()
+        if producer is not None and producer.op_type == "Reshape" and producer.domain in ("", "ai.onnx") \
+                and value is not end:
+            if inner is not None and producer is not inner:
+                return "the elementwise ops read two Reshapes"
+            inner = producer
+            continue
+        if producer is None or producer.graph is not graph or producer.domain not in ("", "ai.onnx") \
+                or producer.op_type not in _ELEMENTWISE:
+            singles.append(value)
+            continue
+        if producer in region:
+            continue
+        region[producer] = None
+        if len(region) > _REGION_LIMIT:
+            return f"more than {_REGION_LIMIT} elementwise ops"
+        pending.extend(v for v in producer.inputs if v is not None)
+    if inner is None or not region:
+        return "its input is not elementwise ops of a Reshape"
+    source_dims = ctx.dims(inner.inputs[0])
+    middle_dims = ctx.dims(inner.outputs[0])
+    if source_dims is None or middle_dims is None:
+        return "the rank of the inner Reshape's input or output is not known"
+    for value in singles:
+        dims = ctx.dims(value)
+        if dims is None or len(dims) > min(len(source_dims), len(middle_dims)) or any(d != 1 for d in dims):
+            return "an elementwise op reads a value that is not a single element (it would broadcast differently)"
+    for node in region:
+        for output in node.outputs:
+            if output is end:
+                continue
+            if output.is_graph_output() or any(user not in region for user, _ in output.uses()):
+                return "a value between the Reshapes is used outside the elementwise ops"
+    return inner, list(region)
+
+
+@rule("Reshape", family="chains")
+def reshape_around_elementwise(node: ir.Node, ctx: Context) -> Outcome:
+    """``Reshape(f(Reshape(x, s)), t) -> f(x)`` for elementwise ``f`` when ``t`` gives back x's shape."""
+    if len(node.inputs) < 2 or node.inputs[0] is None:
+        return "no target shape"
+    end = node.inputs[0]
+    if not sole_user(end):
+        return "its input has other users (or is a graph output)"
+    target = ctx.constant(node.inputs[1])
+    if target is None:
+        return "the target shape is not constant"
+    found = _elementwise_region(end, node.graph, ctx)
+    if isinstance(found, str):
+        return found
+    inner, region = found
+    source = inner.inputs[0]
+    dims = ctx.dims(source)
+    wanted = [int(t) for t in target.reshape(-1)]
+    if dims is None or len(dims) != len(wanted) or wanted.count(-1) > 1:
+        return "the target does not have the rank of the inner Reshape's input"
+    for want, dim in zip(wanted, dims, strict=True):
+        # Every dim but the -1 is a positive static one equal to x's: the -1 is then x's too (same count).
+        if want != -1 and (want <= 0 or dim != want):
+            return f"the target {wanted} is not proved to be the inner Reshape's input shape {list(dims)}"
+    bypass = ctx.bypass(node, end)
+    if isinstance(bypass, str):
+        return bypass
+    middle = inner.outputs[0]
+
+    def rewrite() -> None:
+        for op in region:
+            for index, value in enumerate(op.inputs):
+                if value is middle:
+                    op.replace_input_with(index, source)
+            for output in op.outputs:
+                output.shape = None  # it now has x's shape; inference finds it again
+        bypass()
+
+    return rewrite
