@@ -23,6 +23,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
+import passes
 from test_simplify import _assert_same, _const, _feeds, _in_function, _in_if_branch, _io, _model, _ops, _simplify
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -202,6 +203,27 @@ def reshape_around_elementwise():
 @case("chains/reshape_around_elementwise", "Reshape")
 def reshape_around_elementwise_inside():
     return _gelu_between_reshapes(then_relu=True)
+
+
+def _row_op_flattened(op="Softmax", x_dims=("n", 6, 1, 1), axis=1, opset=18, row_axis=-1, constant_target=False):
+    """What the upgrade writes for an opset-12 Softmax over axis 1 of an [n, c, 1, 1] tensor."""
+    nodes = [helper.make_node("Flatten", ["x"], ["f"], axis=axis),
+             helper.make_node(op, ["f"], ["r"], axis=row_axis)]
+    if constant_target:
+        nodes += [_const("s", np.array(x_dims)), helper.make_node("Reshape", ["r", "s"], ["y"])]
+    else:
+        nodes += [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Reshape", ["r", "s"], ["y"])]
+    return _model(nodes, [_io("x", list(x_dims))], [_io("y", list(x_dims))], opset=opset)
+
+
+@case("chains/row_op_through_flatten", "Flatten")
+def softmax_through_flatten():
+    return _row_op_flattened()
+
+
+@case("chains/row_op_through_flatten", "Flatten")
+def hardmax_through_flatten_to_a_constant_shape():
+    return _row_op_flattened("Hardmax", (2, 5, 1), constant_target=True)
 
 
 def _run(original: onnx.ModelProto, result: onnx.ModelProto, feeds=None) -> None:
@@ -441,4 +463,34 @@ def test_reshape_around_elementwise_property(x_shape, middle, target, minus, ops
     event("applied" if applied else "left")
     assert not applied or (tuple(target) == tuple(x_shape) and "AddRow" not in ops
                            and rank_of_single <= min(len(x_shape), len(middle))), (stats, ops)
+    _run(original, result)
+
+
+def test_row_op_through_flatten_before_opset_13_is_one_op_whatever_the_dims() -> None:
+    """Before opset 13 the op flattens the same way itself (the wrappers above build opset-18 branches)."""
+    original = _row_op_flattened("LogSoftmax", ("n", 2, 3), opset=11, row_axis=1)
+    result, stats = _simplify(original)
+    assert _ops(result) == ["LogSoftmax"] and stats["rewrites"]["chains/row_op_through_flatten"] == 1
+    _run(original, result)
+
+
+@pytest.mark.parametrize("variant", [
+    {"x_dims": ("n", 2, 3)},  # from opset 13 the op would normalise over axis 1 alone, not 2 x 3
+    {"x_dims": ("n", 2, "m")},
+    {"x_dims": ("n", 6, 1, 1), "row_axis": 0},  # over the rows' other axis
+    {"x_dims": (2, 5, 1), "constant_target": True, "axis": 3},  # rows of one element: Flatten at the end
+])
+def test_row_op_through_flatten_that_is_not_one_op_stays(variant) -> None:
+    original = _row_op_flattened(**variant)
+    result, stats = _simplify(original)
+    assert not stats["rewrites"].get("chains/row_op_through_flatten"), stats
+    _run(original, result)
+
+
+def test_an_old_softmax_over_channels_comes_out_of_the_upgrade_as_one_op() -> None:
+    """The squeezenet ending: Softmax-9 over axis 1 of the pooled [n, c, 1, 1] tensor."""
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]), helper.make_node("Softmax", ["p"], ["y"], axis=1)]
+    original = _model(nodes, [_io("x", ["n", 6, 3, 3])], [_io("y", ["n", 6, 1, 1])], opset=9)
+    result = passes.optimize(original)
+    assert _ops(result) == ["GlobalAveragePool", "Softmax"], _ops(result)
     _run(original, result)

@@ -19,7 +19,8 @@ and model-local function until nothing changes (bounded):
   which stays) goes when its input, computed for it alone, can take the output's name.
 * ``chains``: Reshape∘Reshape, Unsqueeze∘Unsqueeze, Squeeze∘Unsqueeze and
   Unsqueeze∘Squeeze on the same axes, Transpose∘Transpose, lossless Cast∘Cast,
-  a Reshape and its inverse around elementwise ops of single-element operands.
+  a Reshape and its inverse around elementwise ops of single-element operands,
+  Flatten/Reshape around a Softmax that is then one op.
 * ``shapes``: partial shapes: the dims of ``Shape(x)`` that inference proves
   static become constants (``Shape``, ``Gather``/``Slice`` of a Shape), and a
   computed Reshape target becomes a constant with ``0`` (copy a dim) and

@@ -14,6 +14,10 @@
   alone, and the constant ``t`` is proved to be x's shape: its rank, and each
   entry but one ``-1`` a positive static dim equal to x's (the ``-1`` is then
   x's too: the element count is the same).
+* ``Reshape(Softmax(Flatten(x, a), axis=-1), Shape(x)) -> Softmax(x, axis=a)``
+  (LogSoftmax, Hardmax too), what the upgrade writes for the opset-12 ops'
+  2-D coercion: from opset 13 when every dim of x after ``a`` is 1 (the
+  pooled [n, c, 1, 1] of a CNN's head), before 13 always.
 
 The inner node must have no other user (else the chain would be computed
 twice), except an ``Unsqueeze`` whose users are all ``Unsqueeze``: each takes
@@ -314,6 +318,64 @@ def reshape_around_elementwise(node: ir.Node, ctx: Context) -> Outcome:
                     op.replace_input_with(index, source)
             for output in op.outputs:
                 output.shape = None  # it now has x's shape; inference finds it again
+        bypass()
+
+    return rewrite
+
+
+_ROW_OPS = ("Softmax", "LogSoftmax", "Hardmax")
+
+
+@rule("Reshape", family="chains")
+def row_op_through_flatten(node: ir.Node, ctx: Context) -> Outcome:
+    """``Reshape(Softmax(Flatten(x, a), axis=-1), Shape(x)) -> Softmax(x, axis=a)`` (LogSoftmax, Hardmax too).
+
+    The upgrade writes this for a Softmax-1..12 whose axis is not the last (the
+    old ops worked on the input flattened to 2-D at ``axis``). From opset 13 it
+    is one op when every dim after ``a`` is 1 (or there is none); before 13 it
+    always is (the op flattens the same way itself).
+    """
+    row = None if node.inputs[0] is None else node.inputs[0].producer()
+    if row is None or row.op_type not in _ROW_OPS or row.domain not in ("", "ai.onnx"):
+        return "its input is not a Softmax, LogSoftmax or Hardmax"
+    if not sole_user(row.outputs[0]) or row.graph is not node.graph:
+        return f"the {row.op_type}'s output has other users"
+    flatten = ctx.producer(row.inputs[0], "Flatten")
+    if flatten is None or not sole_user(flatten.outputs[0]):
+        return f"the {row.op_type}'s input is not a Flatten used by it alone"
+    if row.attributes.get_int("axis", -1 if ctx.opset >= 13 else 1) not in (-1, 1):
+        return f"the {row.op_type} does not work on the rows of the flattened input"
+    x = flatten.inputs[0]
+    dims = ctx.dims(x)
+    if dims is None:
+        return "the rank of the Flatten's input is not known"
+    rank = len(dims)
+    axis = flatten.attributes.get_int("axis", 1)
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis <= rank:
+        return "the Flatten's axis is out of range"
+    if axis == rank:
+        return "Flatten at the last boundary (rows of one element)"
+    if ctx.opset >= 13 and any(d != 1 for d in dims[axis + 1:]):
+        return "a dim after the axis is not 1: the op would work on one axis, not the flattened rows"
+    shape = node.inputs[1] if len(node.inputs) > 1 else None
+    source = ctx.producer(shape, "Shape")
+    if source is not None:
+        same = source.inputs[0] is x and "start" not in source.attributes and "end" not in source.attributes
+    else:
+        target, static = ctx.constant(shape), ctx.static_dims(x)
+        same = target is not None and static is not None and tuple(int(t) for t in target.reshape(-1)) == static \
+            and all(d > 0 for d in static)
+    if not same:
+        return "the Reshape does not restore the Flatten's input shape"
+    bypass = ctx.bypass(node, row.outputs[0])
+    if isinstance(bypass, str):
+        return bypass
+
+    def rewrite() -> None:
+        row.replace_input_with(0, x)
+        row.attributes["axis"] = ir.AttrInt64("axis", axis)
+        row.outputs[0].shape = None  # it now has x's shape
         bypass()
 
     return rewrite
