@@ -256,6 +256,22 @@ def test_output_folder_missing(demo: pathlib.Path, tmp_path: pathlib.Path) -> No
     _expect_refusal(demo, tmp_path / "no" / "such" / "out.onnx", needle="does not exist")
 
 
+@pytest.mark.parametrize("extra", [
+    ("--skip", "simplify", "--freeze-initializer-inputs"),
+    ("--skip", "simplify", "--no-fuse"),
+    ("--passes", "fold,simplify", "--target-opset", "19"),
+    ("--passes", "upgrade", "--fold-size-limit", "2M"),
+])
+def test_an_option_of_a_pass_that_does_not_run_is_refused(demo: pathlib.Path, tmp_path: pathlib.Path, extra) -> None:
+    """It would do nothing; the user asked for something, so say so (exit 2, nothing written)."""
+    _expect_refusal(demo, tmp_path / "out.onnx", *extra, needle="which does not run")
+
+
+def test_an_option_at_its_default_or_of_a_running_pass_is_fine(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    assert cli.main([str(demo), "-o", str(tmp_path / "a.onnx"), "--skip", "fold", "--fold-size-limit", "1M", "-q"]) == 0
+    assert cli.main([str(demo), "-o", str(tmp_path / "b.onnx"), "--passes", "simplify", "--no-fuse", "-q"]) == 0
+
+
 def test_unknown_pass(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
     _expect_refusal(demo, tmp_path / "out.onnx", "--passes", "nosuchpass", needle="unknown pass")
     _expect_refusal(demo, tmp_path / "out.onnx", "--skip", "alsonot", needle="unknown pass")
