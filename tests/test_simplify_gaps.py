@@ -171,7 +171,7 @@ def shared_unsqueeze():
 
 def _gelu_between_reshapes(target=(-1, 8), bias_shape=None, extra_output: bool = False, y_shape=("n", 8),
                            then_relu: bool = False) -> onnx.ModelProto:
-    """Dynamo's MLP: ``x`` [n, 8] viewed as [n/2, 2, 8]... here [-1, 2, 4], tanh-GELU, viewed back."""
+    """Dynamo's MLP activation: ``x`` [n, 8] viewed as [-1, 2, 4], a tanh-GELU, viewed back as ``target``."""
     f = np.float32
     nodes = [_const("s", np.array([-1, 2, 4])), _const("t", np.array(target)), _const("three", f(3.0)),
              _const("k", f(0.044715)), _const("c", f(0.7978846)), _const("one", f(1.0)), _const("half", f(0.5)),
@@ -182,7 +182,8 @@ def _gelu_between_reshapes(target=(-1, 8), bias_shape=None, extra_output: bool =
              helper.make_node("Mul", ["r", "half"], ["h"]), helper.make_node("Mul", ["h", "u"], ["g"])]
     last = "g"
     if bias_shape is not None:
-        nodes += [_const("bias", np.random.default_rng(5).standard_normal(bias_shape).astype(f)), helper.make_node("Add", ["g", "bias"], ["gb"])]
+        bias = np.random.default_rng(5).standard_normal(bias_shape).astype(f)
+        nodes += [_const("bias", bias), helper.make_node("Add", ["g", "bias"], ["gb"])]
         last = "gb"
     outputs = [_io("y", list(y_shape))]
     if then_relu:
