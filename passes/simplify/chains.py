@@ -11,9 +11,8 @@
   MLPs view a Gemm's matrix as [batch, seq, n] for the activation, then back)
   when every other input of ``f`` is a single element (so it broadcasts the
   same at either shape), the values between the Reshapes are used by ``f``
-  alone, and the constant ``t`` is proved to be x's shape: its rank, and each
-  entry but one ``-1`` a positive static dim equal to x's (the ``-1`` is then
-  x's too: the element count is the same).
+  alone, and ``t`` is proved to be x's shape
+  (:func:`~passes.simplify.shape_values.reshape_restores`).
 * ``Reshape(Softmax(Flatten(x, a), axis=-1), Shape(x)) -> Softmax(x, axis=a)``
   (LogSoftmax, Hardmax too), what the upgrade writes for the opset-12 ops'
   2-D coercion: from opset 13 when every dim of x after ``a`` is 1 (the
@@ -30,6 +29,7 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.simplify.rules import Context, Outcome, sole_user, rule
+from passes.simplify.shape_values import reshape_restores
 
 __all__: list[str] = []
 
@@ -290,22 +290,14 @@ def reshape_around_elementwise(node: ir.Node, ctx: Context) -> Outcome:
     end = node.inputs[0]
     if not sole_user(end):
         return "its input has other users (or is a graph output)"
-    target = ctx.constant(node.inputs[1])
-    if target is None:
-        return "the target shape is not constant"
     found = _elementwise_region(end, node.graph, ctx)
     if isinstance(found, str):
         return found
     inner, region = found
     source = inner.inputs[0]
-    dims = ctx.dims(source)
-    wanted = [int(t) for t in target.reshape(-1)]
-    if dims is None or len(dims) != len(wanted) or wanted.count(-1) > 1:
-        return "the target does not have the rank of the inner Reshape's input"
-    for want, dim in zip(wanted, dims, strict=True):
-        # Every dim but the -1 is a positive static one equal to x's: the -1 is then x's too (same count).
-        if want != -1 and (want <= 0 or dim != want):
-            return f"the target {wanted} is not proved to be the inner Reshape's input shape {list(dims)}"
+    # A 0 would copy a dim of the elementwise result, which has the middle shape, not x's.
+    if not reshape_restores(ctx, node.inputs[1], source, copy_zero=False):
+        return "the target is not proved to be the inner Reshape's input shape"
     bypass = ctx.bypass(node, end)
     if isinstance(bypass, str):
         return bypass
@@ -358,15 +350,8 @@ def row_op_through_flatten(node: ir.Node, ctx: Context) -> Outcome:
         return "Flatten at the last boundary (rows of one element)"
     if ctx.opset >= 13 and any(d != 1 for d in dims[axis + 1:]):
         return "a dim after the axis is not 1: the op would work on one axis, not the flattened rows"
-    shape = node.inputs[1] if len(node.inputs) > 1 else None
-    source = ctx.producer(shape, "Shape")
-    if source is not None:
-        same = source.inputs[0] is x and "start" not in source.attributes and "end" not in source.attributes
-    else:
-        target, static = ctx.constant(shape), ctx.static_dims(x)
-        same = target is not None and static is not None and tuple(int(t) for t in target.reshape(-1)) == static \
-            and all(d > 0 for d in static)
-    if not same:
+    # A 0 would copy a dim of the 2-D rows, not x's.
+    if not reshape_restores(ctx, node.inputs[1] if len(node.inputs) > 1 else None, x, copy_zero=False):
         return "the Reshape does not restore the Flatten's input shape"
     bypass = ctx.bypass(node, row.outputs[0])
     if isinstance(bypass, str):

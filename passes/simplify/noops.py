@@ -12,7 +12,7 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.simplify.rules import Context, Outcome, rule
-from passes.simplify.shape_values import DimOf, shape_value
+from passes.simplify.shape_values import is_dim_of, reshape_restores, shape_value
 
 __all__: list[str] = []
 
@@ -66,28 +66,23 @@ def inference_dropout(node: ir.Node, ctx: Context) -> Outcome:
 def _keeps_each_dim(node: ir.Node, ctx: Context) -> bool:
     """Whether the target shape, as built, gives back every dim of the input (see shape_values).
 
-    Reshape: entry ``i`` is dim ``i`` of the input (or ``0``, "copy", when
-    allowzero is 0), except at most one ``-1``, which then can only be that
-    dim too (the original fails where it would not be: a ``-1`` next to a zero
-    dim). Expand: each entry, aligned from the right, is ``1`` or the input's dim.
+    Reshape: see :func:`reshape_restores` (``0`` copies the input's dim when
+    allowzero is 0). Expand: each entry, aligned from the right, is ``1`` or
+    the input's dim.
     """
     x = node.inputs[0]
-    built = shape_value(ctx, node.inputs[1] if len(node.inputs) > 1 else None)
+    target = node.inputs[1] if len(node.inputs) > 1 else None
+    if node.op_type == "Reshape":
+        return reshape_restores(ctx, target, x, copy_zero=not node.attributes.get_int("allowzero", 0))
+    built = shape_value(ctx, target)
     dims = ctx.dims(x)
     if built is None or built.scalar or dims is None:
         return False
-
-    def is_dim(element: object, i: int) -> bool:
-        return _is_dim_of(ctx, element, x, i, dims) and not (isinstance(element, int) and element <= 0)
-
     entries = built.elements
-    if node.op_type == "Reshape":
-        copy_zero = not node.attributes.get_int("allowzero", 0)
-        if len(entries) != len(dims) or list(entries).count(-1) > 1:
-            return False
-        return all(e == -1 or (copy_zero and e == 0) or is_dim(e, i) for i, e in enumerate(entries))
     offset = len(dims) - len(entries)
-    return offset >= 0 and all(e == 1 or is_dim(e, offset + i) for i, e in enumerate(entries))
+    return offset >= 0 and all(
+        e == 1 or (is_dim_of(ctx, e, x, offset + i, dims) and not (isinstance(e, int) and e <= 0))
+        for i, e in enumerate(entries))
 
 
 @rule("Expand", "Reshape", family="noops", name="same_shape")
@@ -256,7 +251,7 @@ def zero_initial_state(node: ir.Node, ctx: Context) -> Outcome:
         ok = True
         for position, (entry, want) in enumerate(zip(shape, expected)):
             if want is None:  # the batch entry
-                ok &= _is_dim_of(ctx, entry, x, batch_axis, dims)
+                ok &= is_dim_of(ctx, entry, x, batch_axis, dims)
             else:
                 ok &= entry == want
         if ok:
@@ -271,19 +266,6 @@ def zero_initial_state(node: ir.Node, ctx: Context) -> Outcome:
             node.resize_inputs(len(node.inputs) - 1)
 
     return rewrite
-
-
-def _is_dim_of(ctx: Context, entry: object, x: ir.Value, axis: int, dims: tuple) -> bool:
-    """Whether ``entry`` (an int or a DimOf) is, at run time, dim ``axis`` of ``x`` (whose dims are ``dims``).
-
-    A dim of another tensor counts when inference gives both the same int or symbol.
-    """
-    if isinstance(entry, DimOf):
-        if entry.value is x:
-            return entry.index == axis
-        other = ctx.dims(entry.value)
-        return other is not None and entry.index < len(other) and other[entry.index] == dims[axis] is not None
-    return isinstance(entry, int) and isinstance(dims[axis], int) and entry == dims[axis]
 
 
 @rule("Where", family="noops")

@@ -18,7 +18,7 @@ import onnx_ir as ir
 
 from passes.simplify.rules import Context
 
-__all__ = ["DimOf", "ShapeValue", "shape_value"]
+__all__ = ["DimOf", "ShapeValue", "is_dim_of", "reshape_restores", "shape_value"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +64,40 @@ def shape_value(ctx: Context, value: ir.Value | None, depth: int = 0) -> ShapeVa
         return None
     handler = _HANDLERS.get(node.op_type)
     return None if handler is None else handler(ctx, node, depth + 1)
+
+
+def is_dim_of(ctx: Context, entry: object, x: ir.Value, axis: int, dims: tuple) -> bool:
+    """Whether ``entry`` (an int or a DimOf) is, at run time, dim ``axis`` of ``x`` (whose dims are ``dims``).
+
+    A dim of another tensor counts when inference gives both the same int or symbol.
+    """
+    if isinstance(entry, DimOf):
+        if entry.value is x:
+            return entry.index == axis
+        other = ctx.dims(entry.value)
+        return other is not None and entry.index < len(other) and other[entry.index] == dims[axis] is not None
+    return isinstance(entry, int) and isinstance(dims[axis], int) and entry == dims[axis]
+
+
+def reshape_restores(ctx: Context, target: ir.Value | None, x: ir.Value, *, copy_zero: bool) -> bool:
+    """Whether ``Reshape(t, target)``, for a ``t`` of as many elements as ``x``, has x's shape.
+
+    Entry ``i`` of the target, as built, must be dim ``i`` of ``x`` (a positive
+    int, or the dim itself), or ``0`` when ``copy_zero`` (allowzero 0 and ``t``
+    is ``x``, whose dim it copies), except at most one ``-1``, which then can
+    only be that dim too (the element counts are equal; the original fails
+    where it would not be: a ``-1`` next to a zero dim).
+    """
+    built = shape_value(ctx, target)
+    dims = ctx.dims(x)
+    if built is None or built.scalar or dims is None:
+        return False
+    entries = built.elements
+    if len(entries) != len(dims) or list(entries).count(-1) > 1:
+        return False
+    return all(e == -1 or (copy_zero and e == 0)
+               or (is_dim_of(ctx, e, x, i, dims) and not (isinstance(e, int) and e <= 0))
+               for i, e in enumerate(entries))  # fmt: skip
 
 
 def _shape(ctx: Context, node: ir.Node, depth: int) -> ShapeValue | None:
