@@ -15,19 +15,37 @@ Measured, alternating the tools and taking the median of ``--repeat`` runs:
   and the phase times of its ``--report`` (the ``save`` phase is the one that
   compares with ``cp``; the rest is start-up, validation and the passes);
 - ``cp``: ``cp --sparse=never IN.data OUT.data`` (writes every byte, as the
-  output's data file must be written).
+  output's data file must be written);
+- the other tools, once each after those runs (``--tools``; each as a user
+  would run it on a model over 2 GB, saving external data): ``vc+onnxsim``
+  (``onnx.load``, ``onnx.version_converter`` to 18, ``onnxsim.simplify``,
+  ``onnx.save`` with external data), ``onnxscript`` (``ir.load``, its version
+  converter with fallback, ``optimizer.optimize``, ``ir.save`` with external
+  data), ``onnxslim`` (``onnxslim.slim(IN, OUT, save_as_external_data=True)``)
+  and ``ort-basic`` (an onnxruntime session writing its basic-optimised model
+  with external initializers). A tool is stopped when its resident memory
+  passes ``--rss-cap`` (default 16 GiB, at most 70 % of physical memory: the
+  model's weights alone are 14 GiB) or it runs longer than ``--timeout``; its
+  row then says so.
+
+Every output that a tool writes is checked in a child process: ``onnx.checker``
+on the file (which also checks that the external data is there), the opset it
+declares (the passes' target is 18; ``ort-basic`` does not upgrade) and the
+size of its data file, which must hold every weight.
 
 Both write a real (not sparse) copy, so the disk needs the size of the weights
 free; the script checks first (``shutil.disk_usage``, what ``df`` shows) and
 removes what it wrote after each run. On a sparse input ``cp --sparse=never``
 does not read the source at all (it finds the holes and writes zeros from a
 buffer), while any copy that reads, the kernel's included, pays for reading
-the holes; ``--dense`` writes the input for real, as a real model's weights
-are, so that both read and write every byte. Peak RSS is the child's (``/usr/bin/time -v`` when present, else
+the holes; ``--dense`` writes the input for real, random and each weight
+different, as a real model's weights are, so that both read and write every
+byte (and no tool can share equal weights). Peak RSS is the child's (``/usr/bin/time -v`` when present, else
 ``ru_maxrss`` of the child). ``--quick`` uses 16 weights (1 GiB).
 
 Usage:
-    python benchmarks/bench_large.py [--quick] [--weights N] [--repeat N] [--dir DIR] [--json FILE]
+    python benchmarks/bench_large.py [--quick] [--weights N] [--repeat N] [--dense] [--dir DIR]
+        [--tools vc+onnxsim,onnxscript,onnxslim,ort-basic] [--rss-cap GIB] [--timeout S] [--json FILE]
 """
 
 from __future__ import annotations
@@ -82,10 +100,13 @@ def build_model(folder: pathlib.Path, weights: int, dense: bool = False) -> path
     path = folder / "model.onnx"
     onnx.save_model(model, str(path))
     with open(folder / data_name, "wb") as f:
-        if dense:  # every block allocated: what a real model's weights are
-            block = bytes(64 << 20)
-            for _ in range(weights * WEIGHT_BYTES // len(block)):
-                f.write(block)
+        if dense:  # every block allocated and non-zero, each weight different: what a real model's weights are
+            import numpy as np
+
+            block = np.random.default_rng(0).standard_normal(SIDE * SIDE, dtype=np.float32)
+            for i in range(weights):
+                block[0] = i + 0.5  # no two weights equal (a tool could share equal ones)
+                f.write(memoryview(block))
         os.truncate(f.fileno(), weights * WEIGHT_BYTES)
     return path
 
@@ -109,6 +130,106 @@ def _run(command: list[str], env: dict[str, str] | None = None) -> dict[str, Any
     return {"seconds": wall, "exit": proc.returncode, "peak_rss_mib": rss_kib / 1024, "error": error}
 
 
+#: The other tools, each run as ``python -c SNIPPET IN OUT`` (OUT's data file is ``OUT.data``).
+OTHER_TOOLS: dict[str, str] = {
+    "vc+onnxsim": """
+import os, sys, onnx, onnx.version_converter, onnxsim
+src, dst = sys.argv[1], sys.argv[2]
+model = onnx.version_converter.convert_version(onnx.load(src), 18)
+model, ok = onnxsim.simplify(model)
+if not ok:
+    sys.exit("onnxsim: the simplified model failed onnxsim's own check")
+onnx.save(model, dst, save_as_external_data=True, location=os.path.basename(dst) + ".data")
+""",
+    "onnxscript": """
+import os, sys, onnx_ir as ir, onnxscript.optimizer, onnxscript.version_converter
+src, dst = sys.argv[1], sys.argv[2]
+model = ir.load(src)
+onnxscript.version_converter.convert_version(model, 18, fallback=True)
+onnxscript.optimizer.optimize(model)
+ir.save(model, dst, external_data=os.path.basename(dst) + ".data")
+""",
+    "onnxslim": """
+import sys, onnxslim
+onnxslim.slim(sys.argv[1], sys.argv[2], save_as_external_data=True)
+""",
+    "ort-basic": """
+import os, sys, onnxruntime as ort
+src, dst = sys.argv[1], sys.argv[2]
+options = ort.SessionOptions()
+options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+options.optimized_model_filepath = dst
+options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                 os.path.basename(dst) + ".data")
+options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+options.log_severity_level = 3
+ort.InferenceSession(src, options, providers=["CPUExecutionProvider"])
+""",
+}
+
+_CHECK_OUTPUT = """
+import json, os, sys, onnx
+path = sys.argv[1]
+onnx.checker.check_model(path)
+model = onnx.load(path, load_external_data=False)
+opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+data = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+files = {e.value for t in data for e in t.external_data if e.key == "location"}
+size = sum(os.path.getsize(os.path.join(os.path.dirname(path), f)) for f in files)
+print(json.dumps({"opset": opset, "external_tensors": len(data), "data_bytes": size}))
+"""
+
+
+def _rss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _run_capped(command: list[str], rss_cap_kib: int, timeout: float) -> dict[str, Any]:
+    """Runs ``command``, stopping it past ``rss_cap_kib`` of resident memory or ``timeout`` seconds.
+
+    Peak RSS is the child's own (``wait4``), so the parent's pages do not count.
+    """
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as err:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
+        stopped = ""
+        while True:
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                break
+            if _rss_kib(process.pid) > rss_cap_kib:
+                stopped = f"stopped past {rss_cap_kib / 2**20:.0f} GiB of resident memory"
+            elif time.perf_counter() - start > timeout:
+                stopped = f"stopped after {timeout:.0f} s"
+            if stopped:
+                process.kill()
+                pid, status, usage = os.wait4(process.pid, 0)
+                break
+            time.sleep(0.1)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        err.seek(0)
+        lines = err.read().decode(errors="replace").strip().splitlines()
+    error = stopped or ("" if process.returncode == 0 else (lines or [f"exit {process.returncode}"])[-1][:160])
+    return {"seconds": wall, "exit": process.returncode if not stopped else -9, "peak_rss_mib": usage.ru_maxrss / 1024,
+            "error": error}
+
+
+def _check_output(path: pathlib.Path) -> dict[str, Any]:
+    """``onnx.checker`` on a written model, its opset and the size of its data files (in a child)."""
+    proc = subprocess.run([sys.executable, "-c", _CHECK_OUTPUT, str(path)], capture_output=True, text=True)
+    if proc.returncode:
+        return {"valid": False, "check_error": (proc.stderr.strip().splitlines() or ["?"])[-1][:160]}
+    return {"valid": True, **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
 def _remove(*paths: pathlib.Path) -> None:
     for path in paths:
         path.unlink(missing_ok=True)
@@ -120,11 +241,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights", type=int, default=None, help="number of 64 MiB weights (overrides --quick)")
     parser.add_argument("--repeat", type=int, default=None, help="runs per tool (default: 3, quick: 3)")
     parser.add_argument("--dense", action="store_true",
-                        help="write the input's weights for real (needs twice the disk): cp then has to read them "
-                             "too, as with a real model; a sparse input lets cp skip reading its holes")
+                        help="write the input's weights for real, random and each different (needs twice the "
+                             "disk): cp then has to read them too, as with a real model; a sparse input (zeros) "
+                             "lets cp skip reading its holes")
     parser.add_argument("--dir", type=pathlib.Path, default=None, help="where to build the model (default: a temp folder)")
+    parser.add_argument("--tools", default=",".join(OTHER_TOOLS),
+                        help=f"the other tools to run once each, comma-separated, or none (default: all of "
+                             f"{','.join(OTHER_TOOLS)})")  # fmt: skip
+    parser.add_argument("--rss-cap", type=float, default=None,
+                        help="GiB of resident memory past which another tool is stopped (default: 16, "
+                             "at most 70%% of physical memory)")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds after which another tool is stopped")
     parser.add_argument("--json", type=pathlib.Path, default=None, help="where to save the measurements")
     args = parser.parse_args(argv)
+    others = [t for t in args.tools.split(",") if t and t != "none"]
+    unknown = set(others) - set(OTHER_TOOLS)
+    if unknown:
+        parser.error(f"unknown tool {', '.join(sorted(unknown))} (have: {', '.join(OTHER_TOOLS)})")
+    physical_kib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 1024
+    rss_cap_kib = int(min(args.rss_cap * 2**20 if args.rss_cap else 16 * 2**20, 0.7 * physical_kib))
     weights = args.weights or (QUICK_WEIGHTS if args.quick else FULL_WEIGHTS)
     repeat = args.repeat or 3
     nbytes = weights * WEIGHT_BYTES
@@ -154,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                     run["output_bytes"] = data.stat().st_size if data.exists() else 0
                     if report.exists():
                         run["phases"] = json.loads(report.read_text()).get("phases", {})
+                    if i == 0 and run["exit"] == 0:  # checked once: the runs write the same bytes
+                        run.update(_check_output(out))
                     _remove(out, data, report)
                 else:
                     run = _run(["cp", "--sparse=never", str(src) + ".data", str(copy)])
@@ -161,13 +298,30 @@ def main(argv: list[str] | None = None) -> int:
                 results[tool].append(run)
                 print(f"bench_large: {tool} run {i + 1}: {run['seconds']:.2f} s, {run['peak_rss_mib']:.0f} MiB"
                       + (f" ({run['error']})" if run["error"] else ""), file=sys.stderr, flush=True)  # fmt: skip
+        for tool in others:
+            dst = folder / f"{tool}.onnx"
+            run = _run_capped([sys.executable, "-c", OTHER_TOOLS[tool], str(src), str(dst)], rss_cap_kib, args.timeout)
+            if run["exit"] == 0:
+                run.update(_check_output(dst))
+            results[tool] = [run]
+            for path in folder.iterdir():  # whatever the tool wrote (ORT and onnxslim may add files)
+                if path not in (src, src.with_name(src.name + ".data")):
+                    _remove(path) if path.is_file() else shutil.rmtree(path, ignore_errors=True)
+            print(f"bench_large: {tool}: {run['seconds']:.2f} s, {run['peak_rss_mib']:.0f} MiB"
+                  + (f" ({run['error'] or run.get('check_error', '')})" if run["error"] or not run.get("valid", True)
+                     else ""), file=sys.stderr, flush=True)  # fmt: skip
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     summary = {
         tool: {
             "median_seconds": statistics.median(r["seconds"] for r in runs),
             "median_peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in runs),
-            "ok": all(r["exit"] == 0 for r in runs),
+            "ok": all(r["exit"] == 0 and r.get("valid", True) for r in runs),
+            "runs": len(runs),
+            "opset": next((r["opset"] for r in runs if "opset" in r), None),
+            "data_bytes": next((r["data_bytes"] for r in runs if "data_bytes" in r), None),
+            "error": next((r["error"] or r.get("check_error", "") for r in runs
+                           if r["error"] or not r.get("valid", True)), ""),
         }
         for tool, runs in results.items()
     }
@@ -176,21 +330,28 @@ def main(argv: list[str] | None = None) -> int:
         name: statistics.median(r["phases"].get(name, 0.0) for r in results["optimize"] if "phases" in r)
         for name in sorted(phase_names)
     }
-    ratio = summary["optimize"]["median_seconds"] / summary["cp"]["median_seconds"]
+    cp = summary["cp"]["median_seconds"]
+    ratio = summary["optimize"]["median_seconds"] / cp
     gib = nbytes / 2**30
-    print(f"{'tool':<10} {'median s':>9} {'x cp':>6} {'GiB/s':>7} {'peak MiB':>9}  ok")
-    for tool, s in summary.items():
-        print(f"{tool:<10} {s['median_seconds']:>9.2f} {s['median_seconds'] / summary['cp']['median_seconds']:>6.2f} "
-              f"{gib / s['median_seconds']:>7.2f} {s['median_peak_rss_mib']:>9.0f}  {'yes' if s['ok'] else 'NO'}")  # fmt: skip
+    print(f"{gib:.0f} GiB of weights ({'dense' if args.dense else 'sparse'}); optimize and cp: median of {repeat} "
+          f"alternating runs, the other tools once each")  # fmt: skip
+    print(f"{'tool':<11} {'seconds':>8} {'x cp':>6} {'GiB/s':>6} {'peak MiB':>9} {'opset':>5} {'data GiB':>8}  ok")
+    for tool, t in summary.items():
+        seconds = t["median_seconds"]
+        opset = "-" if t["opset"] is None else str(t["opset"])
+        data = "-" if t["data_bytes"] is None else f"{t['data_bytes'] / 2**30:.2f}"
+        print(f"{tool:<11} {seconds:>8.2f} {seconds / cp:>6.2f} {gib / seconds:>6.2f} {t['median_peak_rss_mib']:>9.0f} "
+              f"{opset:>5} {data:>8}  {'yes' if t['ok'] else 'NO: ' + t['error']}")  # fmt: skip
     phases = summary["optimize"]["median_phase_seconds"]
     if phases:
-        cp = summary["cp"]["median_seconds"]
         print("optimize phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
               + (f"; save / cp = {phases['save'] / cp:.2f}" if "save" in phases else ""))  # fmt: skip
     if args.json:
-        meta = {"weights": weights, "bytes": nbytes, "dense": args.dense, "repeat": repeat, "optimize_over_cp": ratio, "dir": str(parent)}
+        meta = {"weights": weights, "bytes": nbytes, "dense": args.dense, "repeat": repeat, "optimize_over_cp": ratio,
+                "dir": str(parent), "rss_cap_mib": rss_cap_kib / 1024, "timeout": args.timeout}
         args.json.write_text(json.dumps({"meta": meta, "summary": summary, "results": results}, indent=2) + "\n")
-    return 0 if all(s["ok"] for s in summary.values()) else 1
+    # Another tool failing is a result, not a failure of the benchmark.
+    return 0 if summary["optimize"]["ok"] and summary["cp"]["ok"] else 1
 
 
 if __name__ == "__main__":

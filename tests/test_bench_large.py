@@ -1,0 +1,61 @@
+"""The large-model benchmark's own machinery: stopping another tool, checking what a tool wrote.
+
+``bench_large`` runs the other tools on a 14 GiB model, where most of them load
+every weight: ``_run_capped`` must stop one past its memory cap or its time
+limit and say so, and ``_check_output`` must refuse an output whose external
+data is not there. One small end-to-end run (one 64 MiB weight, no other tool)
+checks that ours is measured, checked and reported as opset 18 with all its
+weight bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks"))
+import bench_large  # noqa: E402
+
+_ALLOCATE = "import time\nblocks = []\nwhile True:\n    blocks.append(bytearray(16 << 20))\n    time.sleep(0.01)\n"
+
+
+def test_a_tool_past_the_memory_cap_is_stopped() -> None:
+    run = bench_large._run_capped([sys.executable, "-c", _ALLOCATE], rss_cap_kib=200 << 10, timeout=60)
+    assert run["exit"] == -9
+    assert run["error"].startswith("stopped past")
+    assert run["peak_rss_mib"] >= 200
+
+
+def test_a_tool_past_the_time_limit_is_stopped() -> None:
+    run = bench_large._run_capped([sys.executable, "-c", "import time; time.sleep(60)"], 1 << 30, timeout=1)
+    assert run["exit"] == -9
+    assert run["error"] == "stopped after 1 s"
+    assert run["seconds"] < 30
+
+
+def test_a_failing_tool_reports_its_last_error_line() -> None:
+    run = bench_large._run_capped([sys.executable, "-c", "raise SystemExit('no luck')"], 1 << 30, timeout=60)
+    assert run["exit"] == 1
+    assert run["error"] == "no luck"
+
+
+def test_an_output_without_its_external_data_is_not_valid(tmp_path: pathlib.Path) -> None:
+    src = bench_large.build_model(tmp_path, 1)
+    assert bench_large._check_output(src)["valid"]  # the sparse data file is there
+    (tmp_path / "model.onnx.data").unlink()
+    checked = bench_large._check_output(src)
+    assert not checked["valid"]
+    assert checked["check_error"]
+
+
+def test_one_weight_end_to_end(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "large.json"
+    code = bench_large.main(["--weights", "1", "--repeat", "1", "--tools", "none", "--dir", str(tmp_path),
+                             "--json", str(out)])  # fmt: skip
+    assert code == 0
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["optimize"]["ok"]
+    assert summary["optimize"]["opset"] == 18
+    assert summary["optimize"]["data_bytes"] == bench_large.WEIGHT_BYTES
+    assert set(summary) == {"optimize", "cp"}
