@@ -30,8 +30,10 @@ Measured, alternating the tools and taking the median of ``--repeat`` runs:
 
 Every output that a tool writes is checked in a child process: ``onnx.checker``
 on the file (which also checks that the external data is there), the opset it
-declares (the passes' target is 18; ``ort-basic`` does not upgrade) and the
-size of its data file, which must hold every weight.
+declares (the passes' target is 18; ``ort-basic`` does not upgrade), the size
+of its data file, which must hold every weight, and the disk space that file
+takes ("on disk": ``optimize`` leaves the input's holes as holes, so on the
+sparse input its copy takes none, where ``cp --sparse=never`` writes zeros).
 
 Both write a real (not sparse) copy, so the disk needs the size of the weights
 free; the script checks first (``shutil.disk_usage``, what ``df`` shows) and
@@ -175,8 +177,9 @@ model = onnx.load(path, load_external_data=False)
 opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
 data = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
 files = {e.value for t in data for e in t.external_data if e.key == "location"}
-size = sum(os.path.getsize(os.path.join(os.path.dirname(path), f)) for f in files)
-print(json.dumps({"opset": opset, "external_tensors": len(data), "data_bytes": size}))
+stats = [os.stat(os.path.join(os.path.dirname(path), f)) for f in files]
+print(json.dumps({"opset": opset, "external_tensors": len(data), "data_bytes": sum(s.st_size for s in stats),
+                  "allocated_bytes": sum(s.st_blocks * 512 for s in stats)}))
 """
 
 
@@ -320,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             "runs": len(runs),
             "opset": next((r["opset"] for r in runs if "opset" in r), None),
             "data_bytes": next((r["data_bytes"] for r in runs if "data_bytes" in r), None),
+            "allocated_bytes": next((r["allocated_bytes"] for r in runs if "allocated_bytes" in r), None),
             "error": next((r["error"] or r.get("check_error", "") for r in runs
                            if r["error"] or not r.get("valid", True)), ""),
         }
@@ -335,13 +339,14 @@ def main(argv: list[str] | None = None) -> int:
     gib = nbytes / 2**30
     print(f"{gib:.0f} GiB of weights ({'dense' if args.dense else 'sparse'}); optimize and cp: median of {repeat} "
           f"alternating runs, the other tools once each")  # fmt: skip
-    print(f"{'tool':<11} {'seconds':>8} {'x cp':>6} {'GiB/s':>6} {'peak MiB':>9} {'opset':>5} {'data GiB':>8}  ok")
+    print(f"{'tool':<11} {'seconds':>8} {'x cp':>6} {'GiB/s':>6} {'peak MiB':>9} {'opset':>5} {'data GiB':>8} "
+          f"{'on disk':>7}  ok")  # fmt: skip
     for tool, t in summary.items():
         seconds = t["median_seconds"]
         opset = "-" if t["opset"] is None else str(t["opset"])
-        data = "-" if t["data_bytes"] is None else f"{t['data_bytes'] / 2**30:.2f}"
+        data, disk = (("-" if t[key] is None else f"{t[key] / 2**30:.2f}") for key in ("data_bytes", "allocated_bytes"))
         print(f"{tool:<11} {seconds:>8.2f} {seconds / cp:>6.2f} {gib / seconds:>6.2f} {t['median_peak_rss_mib']:>9.0f} "
-              f"{opset:>5} {data:>8}  {'yes' if t['ok'] else 'NO: ' + t['error']}")  # fmt: skip
+              f"{opset:>5} {data:>8} {disk:>7}  {'yes' if t['ok'] else 'NO: ' + t['error']}")  # fmt: skip
     phases = summary["optimize"]["median_phase_seconds"]
     if phases:
         print("optimize phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())

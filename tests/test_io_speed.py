@@ -239,6 +239,73 @@ def test_without_kernel_copies_it_falls_back_to_a_plain_copy(
     assert _external_bytes(tmp_path / "out.onnx") == _external_bytes(src)
 
 
+def _sparse_model(folder: pathlib.Path) -> tuple[pathlib.Path, np.ndarray]:
+    """Three 1 MiB external weights: ``w0`` written, ``w1`` and ``w2`` (the file's end) holes of zeros."""
+    folder.mkdir(parents=True, exist_ok=True)
+    side, nbytes = 512, 512 * 512 * 4
+    inits, nodes, outputs = [], [], []
+    for i in range(3):
+        tensor = TensorProto(name=f"w{i}", data_type=TensorProto.FLOAT, dims=[side, side])
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", "m.onnx.data"), ("offset", str(i * nbytes)), ("length", str(nbytes))):
+            tensor.external_data.add(key=key, value=value)
+        inits.append(tensor)
+        nodes.append(helper.make_node("MatMul", ["x", f"w{i}"], [f"h{i}"]))
+        nodes.append(helper.make_node("ReduceL2", [f"h{i}"], [f"y{i}"], axes=[-1]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [2, 1]))
+    graph = helper.make_graph(nodes, "sparse", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, side])],
+                              outputs, inits)  # fmt: skip
+    path = folder / "m.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
+    w0 = np.random.default_rng(0).standard_normal((side, side)).astype(np.float32)
+    with open(folder / "m.onnx.data", "wb") as f:
+        f.write(w0.tobytes())
+        os.truncate(f.fileno(), 3 * nbytes)
+    return path, w0
+
+
+def test_holes_of_the_input_stay_holes_and_read_the_same(tmp_path: pathlib.Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    src, w0 = _sparse_model(tmp_path / "in")
+    out = tmp_path / "out.onnx"
+    methods = _optimize(src, out, monkeypatch)
+    assert sum(methods.values()) == 3 * w0.nbytes and "python" not in methods
+    before, after = _external_bytes(src), _external_bytes(out)
+    assert after == before
+    assert np.frombuffer(after["w0"], np.float32).tobytes() == w0.tobytes()
+    assert after["w1"] == after["w2"] == bytes(w0.nbytes)
+    data, out_data = src.with_name("m.onnx.data"), tmp_path / "out.onnx.data"
+    assert out_data.stat().st_size == data.stat().st_size  # the trailing hole is there too
+    if data.stat().st_blocks * 512 < 2 * w0.nbytes:  # this file system keeps holes
+        assert methods["hole"] == 2 * w0.nbytes
+        assert out_data.stat().st_blocks * 512 < 2 * w0.nbytes
+    from passes.verify import check
+
+    assert check.check(src, out).ok
+
+
+def test_segments_cover_the_range_and_every_written_byte(tmp_path: pathlib.Path) -> None:
+    from passes.modelio.copy import _segments
+
+    path = tmp_path / "f"
+    with open(path, "wb") as f:
+        os.truncate(f.fileno(), 4 << 20)
+        os.pwrite(f.fileno(), b"\x01" * 4096, 1 << 20)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for offset, length in ((0, 4 << 20), (1 << 20, 4096), ((1 << 20) + 100, 10), (5, (2 << 20) - 5),
+                               ((3 << 20), 1 << 20)):  # fmt: skip
+            runs = list(_segments(fd, offset, length))
+            assert runs[0][0] == offset and sum(size for _, size, _ in runs) == length
+            assert all(a[0] + a[1] == b[0] for a, b in zip(runs, runs[1:]))
+            written = range(max(offset, 1 << 20), min(offset + length, (1 << 20) + 4096))
+            if written:  # the written bytes are inside data runs
+                assert any(start <= written.start and written.stop <= start + size
+                           for start, size, data in runs if data)  # fmt: skip
+    finally:
+        os.close(fd)
+
+
 def test_a_real_write_error_is_not_taken_for_a_missing_feature(tmp_path: pathlib.Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import errno

@@ -15,7 +15,10 @@ output's data file gets that range copied without Python ever holding it:
 
 Each step falls back to the next on the errors that mean "not here"
 (ENOSYS, EXDEV, EINVAL, EOPNOTSUPP, ENOTTY) and the rest of that save uses
-what worked. Copies go in chunks of at most 64 MiB, so an interrupt (the
+what worked. Holes of the input (``SEEK_DATA``/``SEEK_HOLE``: blocks never
+written, which read as zeros) are not copied but left as holes of the output,
+as ``cp`` does by default: they read as the same zeros, and copying them would
+make the kernel read and write zeros for nothing. Copies go in chunks of at most 64 MiB, so an interrupt (the
 command turns SIGINT into an exception between chunks) is handled within a
 chunk's time; the caller writes into a staged folder, so an interrupted copy
 leaves nothing behind.
@@ -38,7 +41,7 @@ import errno
 import os
 import struct
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
@@ -86,7 +89,7 @@ class Copier:
 
     Attributes:
         methods: How many bytes each method copied (``reflink``, ``copy_file_range``,
-            ``sendfile``, ``read/write``).
+            ``sendfile``, ``read/write``), and how many were holes left as holes (``hole``).
     """
 
     def __init__(self, progress: Callable[[int], None] | None = None) -> None:
@@ -97,19 +100,32 @@ class Copier:
     def copy(self, src: int, src_offset: int, dst: int, dst_offset: int, length: int) -> None:
         """Copies ``length`` bytes from ``src`` at ``src_offset`` to ``dst`` at ``dst_offset``.
 
+        ``dst``'s range must read as zeros before the copy (a new file, written
+        forward): the holes of ``src``'s range are skipped, and ``dst`` is extended
+        to the range's end if it ends with one.
+
         Raises:
             OSError: a read or write failed (a full disk...), or ``src`` ended early (EIO).
         """
-        done = 0
         if "reflink" not in self._broken and self._reflink(src, src_offset, dst, dst_offset, length):
             self._count("reflink", length)
             return
-        while done < length:
-            n = min(CHUNK, length - done)
-            copied = self._chunk(src, src_offset + done, dst, dst_offset + done, n)
-            if copied == 0:
-                raise OSError(errno.EIO, f"the input's data file ended {length - done} bytes early")
-            done += copied
+        short = src_offset + length - os.fstat(src).st_size
+        if short > 0:
+            raise OSError(errno.EIO, f"the input's data file ended {min(short, length)} bytes early")
+        for start, size, data in _segments(src, src_offset, length):
+            at = dst_offset + start - src_offset
+            if not data:
+                self._count("hole", size)
+                continue
+            done = 0
+            while done < size:
+                copied = self._chunk(src, start + done, dst, at + done, min(CHUNK, size - done))
+                if copied == 0:
+                    raise OSError(errno.EIO, f"the input's data file ended {size - done} bytes early")
+                done += copied
+        if os.fstat(dst).st_size < dst_offset + length:  # it ended with a hole
+            os.ftruncate(dst, dst_offset + length)
 
     def _count(self, method: str, n: int) -> None:
         self.methods[method] = self.methods.get(method, 0) + n
@@ -162,6 +178,34 @@ class Copier:
             written += os.pwrite(dst, data[written:], dst_offset + written)
         self._count("read/write", len(data))
         return len(data)
+
+
+def _segments(fd: int, offset: int, length: int) -> Iterator[tuple[int, int, bool]]:
+    """The ``(start, size, is_data)`` runs of ``fd``'s range, its holes found by ``SEEK_DATA``/``SEEK_HOLE``.
+
+    Where the file system cannot tell (no ``SEEK_DATA``, or EINVAL), the whole range is data.
+    """
+    end = offset + length
+    seek_data, seek_hole = getattr(os, "SEEK_DATA", None), getattr(os, "SEEK_HOLE", None)
+    if seek_data is None or seek_hole is None:
+        yield offset, length, True
+        return
+    position = offset
+    while position < end:
+        try:
+            data = os.lseek(fd, position, seek_data)
+            hole = os.lseek(fd, data, seek_hole) if data < end else end
+        except OSError as e:
+            if e.errno != errno.ENXIO:  # the file system cannot tell: all data
+                yield position, end - position, True
+                return
+            data = hole = end  # ENXIO: no data after position, the rest is a hole
+        data, hole = min(data, end), min(hole, end)
+        if data > position:
+            yield position, data - position, False
+        if hole > data:
+            yield data, hole - data, True
+        position = hole
 
 
 def _source(tensor: ir.TensorProtocol) -> tuple[str, int] | None:
