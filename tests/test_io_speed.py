@@ -524,3 +524,16 @@ def test_terminal_progress_reports_nodes_and_rate() -> None:
     text = stream.getvalue()
     assert "running fold: 1,000 nodes, " in text and " nodes/s, " in text
     assert re.search(r"running fold: 1,500 nodes in \d+\.\d\d s \([\d,]+ nodes/s\)\n$", text)
+
+
+def test_a_data_file_cut_short_after_validation_fails_the_copy(tmp_path: pathlib.Path) -> None:
+    import errno
+
+    from passes.modelio.copy import Copier
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.write_bytes(b"\x01" * 1000)
+    with open(src, "rb") as s, open(dst, "wb") as d:
+        with pytest.raises(OSError, match="ended 24 bytes early") as raised:
+            Copier().copy(s.fileno(), 24, d.fileno(), 0, 1000)
+    assert raised.value.errno == errno.EIO

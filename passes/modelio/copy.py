@@ -107,12 +107,12 @@ class Copier:
         Raises:
             OSError: a read or write failed (a full disk...), or ``src`` ended early (EIO).
         """
-        if "reflink" not in self._broken and self._reflink(src, src_offset, dst, dst_offset, length):
-            self._count("reflink", length)
-            return
         short = src_offset + length - os.fstat(src).st_size
         if short > 0:
             raise OSError(errno.EIO, f"the input's data file ended {min(short, length)} bytes early")
+        if "reflink" not in self._broken and self._reflink(src, src_offset, dst, dst_offset, length):
+            self._count("reflink", length)
+            return
         for start, size, data in _segments(src, src_offset, length):
             at = dst_offset + start - src_offset
             if not data:
