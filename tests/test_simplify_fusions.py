@@ -418,6 +418,69 @@ def matmul_add_float16():
     return _matmul_add((4,), np.float16)
 
 
+def _pad_conv(pads, opset: int = 18, value=None, mode: str | None = None, axes=None, conv_pads=None,
+              kernel=(3, 3), group: int = 1, channels: int = 4, pads_input: bool = False,
+              x_channels: int | None = None) -> onnx.ModelProto:
+    """x -> Pad -> Conv (random weights, a bias) -> y; ``pads_input``: the pads are a graph input."""
+    net = Net()
+    attrs = {} if mode is None else {"mode": mode}
+    if opset < 11:
+        attrs["pads"] = list(pads)
+        if value is not None:
+            attrs["value"] = float(value)
+        inputs = ["x"]
+    else:
+        inputs = ["x", "pads"]
+        if not pads_input:
+            net.initializers.append(numpy_helper.from_array(np.array(pads, np.int64), "pads"))
+        inputs.append("" if value is None else net.weight("value", np.array(value)))
+        if axes is not None:
+            net.initializers.append(numpy_helper.from_array(np.array(axes, np.int64), "axes"))
+            inputs.append("axes")
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    padded = net.node("Pad", inputs, ["padded"], **attrs)
+    weight = net.weight("w", net.random((4, channels // group, *kernel)) / np.sqrt(channels * np.prod(kernel)))
+    conv_attrs = {"group": group} if group != 1 else {}
+    if conv_pads is not None:
+        conv_attrs["pads"] = conv_pads
+    net.node("Conv", [padded, weight, net.weight("b", net.random(4))], ["y"], **conv_attrs)
+    rank = 2 + len(kernel)
+    image = [_io("x", [2, x_channels or channels, *([6] * len(kernel))])]
+    extra = [_io("pads", [len(pads)], np.int64)] if pads_input else []
+    return net.model(image + extra, _out(rank=rank), opset=opset)
+
+
+@case("Pad", rule="pad_into_conv")
+def pad_conv():
+    return _pad_conv([0, 0, 1, 2, 0, 0, 2, 1], conv_pads=[1, 0, 0, 1])
+
+
+@case("Pad", rule="pad_into_conv")
+def pad_conv_explicit_zero():
+    return _pad_conv([0, 0, 1, 1, 0, 0, 1, 1], value=0.0, mode="constant")
+
+
+@case("Pad", rule="pad_into_conv")
+def pad_conv_axes():
+    return _pad_conv([1, 0, 0, 2], axes=[-2, 3])
+
+
+@case("Pad", rule="pad_into_conv")
+def pad_conv_depthwise():
+    return _pad_conv([0, 0, 1, 1, 0, 0, 1, 1], group=4)
+
+
+@case("Pad", rule="pad_into_conv")
+def pad_conv1d():
+    return _pad_conv([0, 0, 3, 0, 0, 1], kernel=(3,), conv_pads=[1, 1])
+
+
+@case("Pad", rule="pad_into_conv")
+def pad_conv_opset10():
+    return _pad_conv([0, 0, 1, 1, 0, 0, 1, 1], opset=10, value=0.0)
+
+
 MATMUL_CASES = sorted(name for name, (_, _, rule, _) in CASES.items() if rule == "matmul_add_into_gemm")
 
 
@@ -964,3 +1027,44 @@ def test_the_sklearn_mlp_gets_two_gemms() -> None:
         if isinstance(a, list):  # ZipMap: a list of {class: probability}
             a, b = np.array([list(d.values()) for d in a]), np.array([list(d.values()) for d in b])
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize(("model", "reason"), [
+    (lambda: _pad_conv([0, 0, 1, 1, 0, 0, 1, 1], mode="reflect"), "mode is reflect"),
+    (lambda: _pad_conv([0, 0, 1, 1, 0, 0, 1, 1], value=0.5), "value is not +0"),
+    (lambda: _pad_conv([0, 0, 1, 1, 0, 0, 1, 1], value=-0.0), "value is not +0"),
+    (lambda: _pad_conv([0, 0, 1, 1, 0, 0, 1, 1], opset=10, value=-0.0), "value is not +0"),
+    (lambda: _pad_conv([0, 0, 2, 1, 0, 0, -1, 1]), "crops"),
+    (lambda: _pad_conv([0, 1, 1, 1, 0, 0, 1, 1], x_channels=3), "batch or channel axis"),
+    (lambda: _pad_conv([0, 0, 1, 1, 0, 0, 1, 1], pads_input=True), "pads are not a constant"),
+], ids=["reflect", "value", "minus-zero", "minus-zero-opset10", "negative", "channel", "pads-input"])
+def test_a_pad_that_is_not_the_convs_padding_stays(model, reason, caplog) -> None:
+    original = model()
+    feeds = _feeds(original)
+    if "pads" in feeds:
+        feeds["pads"] = np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)
+    _refused(original, "Pad", reason, caplog, feeds)
+
+
+def test_a_pad_before_a_conv_with_auto_pad_stays(caplog) -> None:
+    original = _pad_conv([0, 0, 1, 1, 0, 0, 1, 1])
+    conv = next(n for n in original.graph.node if n.op_type == "Conv")
+    conv.attribute.append(helper.make_attribute("auto_pad", "SAME_UPPER"))
+    _refused(original, "Pad", "auto_pad is SAME_UPPER", caplog)
+
+
+def test_a_pad_with_another_user_stays(caplog) -> None:
+    original = _pad_conv([0, 0, 1, 1, 0, 0, 1, 1])
+    original.graph.node.append(helper.make_node("Relu", ["padded"], ["r"]))
+    original.graph.output.append(_io("r", [None] * 4))
+    _refused(original, "Pad", "the Pad's output has other users", caplog)
+
+
+def test_pads_add_up_with_the_convs_own() -> None:
+    original = pad_conv()
+    result, stats = _simplify(original)
+    assert _ops(result) == ["Conv"] and stats["rewrites"] == {"fusions/pad_into_conv": 1}, stats
+    conv = result.graph.node[0]
+    assert list(conv.input)[0] == "x"
+    assert helper.get_attribute_value(next(a for a in conv.attribute if a.name == "pads")) == [2, 2, 2, 2]
+    _identical(original, result)  # onnxruntime's implicit padding is the same zeros in the same sums
