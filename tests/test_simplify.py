@@ -182,6 +182,21 @@ def transpose_chain():
     return _model(nodes, _x(), [_io("y", [None] * 3)])
 
 
+@case("chains", "Transpose", kept="Reshape")
+def reshape_then_reshape_like_transpose():
+    nodes = [_const("s", np.array([4, 1, 2, 3])), helper.make_node("Reshape", ["x", "s"], ["t"]),
+             helper.make_node("Transpose", ["t"], ["u"], perm=[0, 2, 3, 1]), helper.make_node("Relu", ["u"], ["y"])]
+    return _model(nodes, _x(), [_io("y", [4, 2, 3, 1])])
+
+
+@case("chains", "Transpose", kept="Reshape")
+def reshape_like_transpose_then_reshape():
+    nodes = [_const("s", np.array([3, 8])), helper.make_node("Unsqueeze", ["x", "one"], ["t"]),
+             helper.make_node("Transpose", ["t"], ["u"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["u", "s"], ["y"])]
+    return _model([_const("one", np.array([1])), *nodes], _x(), [_io("y", [3, 8])])
+
+
 @case("chains", "Cast")
 def lossless_cast_chain():
     nodes = [helper.make_node("Cast", ["x"], ["t"], to=TensorProto.DOUBLE),
@@ -467,3 +482,47 @@ def test_no_fuse_and_skip_turn_it_off() -> None:
     assert "Identity" in _ops(passes.optimize(original, skip=["simplify"]))
     assert "Identity" not in _ops(passes.optimize(original))
     assert passes.optimize(original, fuse=False) is not None
+
+
+# --- a Transpose that moves only axes of size 1 is a Reshape ------------------------------------
+
+
+def _reshape_transpose(target, perm, x_shape=(2, 3, 4), out_shape=None) -> onnx.ModelProto:
+    nodes = [_const("s", np.array(target)), helper.make_node("Reshape", ["x", "s"], ["t"]),
+             helper.make_node("Transpose", ["t"], ["y"], perm=perm)]
+    return _model(nodes, [_io("x", list(x_shape))], [_io("y", out_shape or [None] * len(perm))])
+
+
+@pytest.mark.parametrize(("target", "perm", "x_shape", "fires"), [
+    ([4, 1, 6], [1, 0, 2], (2, 3, 4), True),  # only the 1 moves
+    ([2, 12, 1], [0, 2, 1], ("n", 3, 4), True),  # the Reshape's result is static whatever n is
+    ([0, 12, 1], [0, 2, 1], (2, 3, 4), False),  # the target copies dim 0
+    ([2, 3, 4], [0, 2, 1], (2, 3, 4), False),  # a real transpose
+    ([2, 1, 3, 4], [0, 2, 3, 1], (2, 3, 4), True),
+    ([2, 1, 3, 4], [0, 3, 2, 1], (2, 3, 4), False),  # 3 and 4 swap
+], ids=["one-moves", "symbolic-input", "copy", "real", "one-to-the-end", "swap"])
+def test_a_transpose_of_a_reshape_is_a_reshape_only_when_it_moves_ones(target, perm, x_shape, fires) -> None:
+    original = _reshape_transpose(target, perm, x_shape)
+    result, stats = _simplify(original)
+    assert stats["rewrites"].get("chains/reshape_like_transpose_of_reshape", 0) == int(fires), stats
+    assert ("Transpose" in _ops(result)) != fires
+    feeds = {"x": RNG.standard_normal([2 if d == "n" else d for d in x_shape]).astype(np.float32)}
+    _assert_same(original, result, feeds)
+
+
+def test_the_reshape_takes_a_transposed_graph_outputs_place() -> None:
+    original = _reshape_transpose([4, 1, 6], [1, 0, 2], out_shape=[1, 4, 6])
+    result, stats = _simplify(original)
+    assert _ops(result) == ["Reshape"] and stats["rewrites"]["chains/reshape_like_transpose_of_reshape"] == 1
+    assert result.graph.node[0].output[0] == "y"
+    assert [d.dim_value for d in result.graph.output[0].type.tensor_type.shape.dim] == [1, 4, 6]
+    _assert_same(original, result)
+
+
+def test_a_transpose_of_dims_not_proved_to_be_one_before_a_reshape_stays() -> None:
+    nodes = [_const("s", np.array([-1])), helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
+             helper.make_node("Reshape", ["t", "s"], ["y"])]
+    original = _model(nodes, [_io("x", ["n", "m", 4])], [_io("y", [None])])
+    result, stats = _simplify(original)
+    assert "Transpose" in _ops(result), stats  # n and m may both be 2: then the Transpose moves data
+    _assert_same(original, result, {"x": RNG.standard_normal((2, 3, 4)).astype(np.float32)})

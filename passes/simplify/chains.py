@@ -5,6 +5,11 @@
 * ``Unsqueeze(Unsqueeze(x, a1), a2) -> Unsqueeze(x, a)``, ``a`` the combined axes.
 * ``Squeeze(Unsqueeze(x, a), a) -> x`` and ``Unsqueeze(Squeeze(x, a), a) -> x``.
 * ``Transpose(Transpose(x, p1), p2) -> Transpose(x, p1[p2])`` (or ``x``).
+* A Transpose that only moves axes of size 1 (the other axes keep their
+  order: ``[4, 1, 4, 16]`` by ``(0, 2, 1, 3)``) keeps the elements in memory
+  order, so it is a Reshape: ``Transpose(Reshape(x, s), p) -> Reshape(x, s[p])``
+  and ``Reshape(Transpose(x, p), s) -> Reshape(x, s)`` when ``s`` is a constant
+  that copies no dim (attention over one token or one head).
 * ``Cast(Cast(x, T1), T2) -> Cast(x, T2)`` when ``T1`` holds every value of
   x's type exactly (``x`` itself when ``T2`` is x's type).
 * ``Reshape(f(Reshape(x, s)), t) -> f(x)`` for elementwise ops ``f`` (dynamo's
@@ -201,6 +206,75 @@ def transpose_of_transpose(node: ir.Node, ctx: Context) -> Outcome:
         node.attributes["perm"] = ir.AttrInt64s("perm", combined)
 
     return rewrite
+
+
+def _moves_only_ones(node: ir.Node, ctx: Context) -> str | None:
+    """Why the Transpose ``node`` may move an axis of size other than 1 (None: it moves only size-1 axes)."""
+    dims = ctx.dims(node.inputs[0])
+    if dims is None:
+        return "the Transpose's input rank is unknown"
+    perm = node.attributes.get_ints("perm", None)
+    perm = list(range(len(dims)))[::-1] if perm is None else list(perm)
+    if sorted(perm) != list(range(len(dims))):
+        return "the Transpose's perm is not a permutation of its input's axes"
+    kept = [axis for axis in perm if dims[axis] != 1]  # unknown dims count as not 1
+    if kept != sorted(kept):
+        return "the Transpose moves an axis whose size is not proved to be 1"
+    return None
+
+
+def _copies_no_dim(node: ir.Node, ctx: Context) -> np.ndarray | str:
+    """The Reshape's constant target, if it copies no dim of its input (no ``0``, or ``allowzero``)."""
+    target = ctx.constant(node.inputs[1]) if len(node.inputs) > 1 else None
+    if target is None:
+        return "the Reshape's target is not a constant"
+    if not node.attributes.get_int("allowzero", 0) and np.any(target == 0):
+        return "the Reshape's target copies a dim of its input"
+    return target.reshape(-1)
+
+
+@rule("Transpose", family="chains")
+def reshape_like_transpose_of_reshape(node: ir.Node, ctx: Context) -> Outcome:
+    """``Transpose(Reshape(x, s), p) -> Reshape(x, s[p])`` for a Transpose that moves only size-1 axes."""
+    inner = _inner(node, ctx, "Reshape")
+    if isinstance(inner, str):
+        return inner
+    if reason := _moves_only_ones(node, ctx):
+        return reason
+    target = _copies_no_dim(inner, ctx)
+    if isinstance(target, str):
+        return target
+    perm = node.attributes.get_ints("perm", None)
+    perm = list(range(len(target)))[::-1] if perm is None else list(perm)
+    if len(perm) != len(target):
+        return "the Reshape's target and the perm differ in rank"
+    permuted = np.array([target[axis] for axis in perm], dtype=np.int64)
+    result = inner.outputs[0]
+    bypass = ctx.bypass(node, result)
+    if isinstance(bypass, str):
+        return bypass
+
+    def rewrite() -> None:
+        inner.replace_input_with(1, ctx.new_constant(permuted, f"{inner.name or 'reshape'}_target", before=inner))
+        result.shape = node.outputs[0].shape  # the Reshape now makes the Transpose's result
+        bypass()
+
+    return rewrite
+
+
+@rule("Reshape", family="chains")
+def reshape_of_reshape_like_transpose(node: ir.Node, ctx: Context) -> Outcome:
+    """``Reshape(Transpose(x, p), s) -> Reshape(x, s)`` for a Transpose that moves only size-1 axes."""
+    inner = _inner(node, ctx, "Transpose")
+    if isinstance(inner, str):
+        return inner
+    if reason := _moves_only_ones(inner, ctx):
+        return reason
+    target = _copies_no_dim(node, ctx)
+    if isinstance(target, str):
+        return target
+    source = inner.inputs[0]
+    return lambda: _rewire(node, source)
 
 
 @rule("Cast", family="chains")
