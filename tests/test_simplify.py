@@ -197,6 +197,16 @@ def reshape_like_transpose_then_reshape():
     return _model([_const("one", np.array([1])), *nodes], _x(), [_io("y", [3, 8])])
 
 
+@case("chains", "Slice", kept="Slice")
+def slice_chain():
+    nodes = [_const("s1", np.array([1])), _const("e1", np.array([2**63 - 1])), _const("a1", np.array([1])),
+             _const("p1", np.array([2])), _const("s2", np.array([0, -1])), _const("e2", np.array([4, -10])),
+             _const("a2", np.array([-1, 0])), _const("p2", np.array([2, -1])),
+             helper.make_node("Slice", ["x", "s1", "e1", "a1", "p1"], ["t"]),
+             helper.make_node("Slice", ["t", "s2", "e2", "a2", "p2"], ["u"]), helper.make_node("Relu", ["u"], ["y"])]
+    return _model(nodes, _x((3, 5, 6)), [_io("y", [None] * 3)])
+
+
 @case("chains", "Cast")
 def lossless_cast_chain():
     nodes = [helper.make_node("Cast", ["x"], ["t"], to=TensorProto.DOUBLE),
@@ -526,3 +536,35 @@ def test_a_transpose_of_dims_not_proved_to_be_one_before_a_reshape_stays() -> No
     result, stats = _simplify(original)
     assert "Transpose" in _ops(result), stats  # n and m may both be 2: then the Transpose moves data
     _assert_same(original, result, {"x": RNG.standard_normal((2, 3, 4)).astype(np.float32)})
+
+
+def test_a_shared_slice_is_taken_in_by_each_slice_after_it() -> None:
+    """Swin's patch merging: x[:, a::2] sliced again on axis 2 twice, for two a: 6 Slices become 4."""
+    nodes, outputs = [], []
+    for a in (0, 1):
+        nodes += [_const(f"s{a}", np.array([a])), _const(f"e{a}", np.array([2**63 - 1])),
+                  _const("ax1" if a == 0 else "ax1_", np.array([1])), _const("two" if a == 0 else "two_", np.array([2])),
+                  helper.make_node("Slice", ["x", f"s{a}", f"e{a}", "ax1" if a == 0 else "ax1_", "two" if a == 0
+                                            else "two_"], [f"r{a}"])]  # fmt: skip
+        for b in (0, 1):
+            nodes += [_const(f"s{a}{b}", np.array([b])), _const(f"ax{a}{b}", np.array([2])),
+                      helper.make_node("Slice", [f"r{a}", f"s{a}{b}", f"e{a}", f"ax{a}{b}", "two"], [f"y{a}{b}"])]
+            outputs.append(_io(f"y{a}{b}", [None] * 4))
+    original = _model(nodes, [_io("x", [1, 6, 6, 3])], outputs)
+    result, stats = _simplify(original)
+    assert _ops(result) == ["Slice"] * 4 and stats["rewrites"]["chains/slice_of_slice"] == 4, stats
+    _assert_same(original, result)
+
+
+@pytest.mark.parametrize(("axes", "reason"), [([1, 1], "slice a same axis"), ([1, -2], "slice a same axis")])
+def test_slices_of_a_same_axis_stay(axes, reason, caplog) -> None:
+    import logging
+
+    nodes = [_const("s", np.array([1])), _const("e", np.array([5])), _const("a1", np.array([axes[0]])),
+             _const("a2", np.array([axes[1]])), helper.make_node("Slice", ["x", "s", "e", "a1"], ["t"]),
+             helper.make_node("Slice", ["t", "s", "e", "a2"], ["y"])]
+    original = _model(nodes, _x((3, 6, 4)), [_io("y", [None] * 3)])
+    with caplog.at_level(logging.DEBUG, logger="passes.simplify"):
+        result, _ = _simplify(original)
+    assert _ops(result).count("Slice") == 2 and reason in caplog.text
+    _assert_same(original, result)

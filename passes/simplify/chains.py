@@ -10,6 +10,11 @@
   order, so it is a Reshape: ``Transpose(Reshape(x, s), p) -> Reshape(x, s[p])``
   and ``Reshape(Transpose(x, p), s) -> Reshape(x, s)`` when ``s`` is a constant
   that copies no dim (attention over one token or one head).
+* ``Slice(Slice(x, s1, e1, a1, p1), s2, e2, a2, p2) -> Slice(x, s1+s2, e1+e2, a1+a2, p1+p2)``
+  when the two slice different axes (each axis is clamped against its own
+  dim, which the other slice does not change), all constants; a shared inner
+  Slice whose users are all Slices is taken in by each (Swin's patch merging:
+  x[:, 0::2, 0::2] and friends, 6 Slices become 4).
 * ``Cast(Cast(x, T1), T2) -> Cast(x, T2)`` when ``T1`` holds every value of
   x's type exactly (``x`` itself when ``T2`` is x's type).
 * ``Reshape(f(Reshape(x, s)), t) -> f(x)`` for elementwise ops ``f`` (dynamo's
@@ -24,8 +29,8 @@
   pooled [n, c, 1, 1] of a CNN's head), before 13 always.
 
 The inner node must have no other user (else the chain would be computed
-twice), except an ``Unsqueeze`` whose users are all ``Unsqueeze``: each takes
-it in; it is removed when it becomes dead.
+twice), except an ``Unsqueeze`` or ``Slice`` whose users are all of its own
+op: each takes it in; it is removed when it becomes dead.
 """
 
 from __future__ import annotations
@@ -275,6 +280,62 @@ def reshape_of_reshape_like_transpose(node: ir.Node, ctx: Context) -> Outcome:
         return target
     source = inner.inputs[0]
     return lambda: _rewire(node, source)
+
+
+def _slice_parameters(node: ir.Node, ctx: Context, rank: int | None) -> list[list[int]] | str:
+    """A Slice's constant ``[starts, ends, axes, steps]`` (axes made non-negative), or why there are none."""
+    if ctx.opset < 10:
+        return "a Slice before opset 10 (attributes, no steps)"
+    inputs = [*node.inputs, None, None, None][:5]
+    values = [ctx.constant(v) if v is not None else None for v in inputs[1:]]
+    if values[0] is None or values[1] is None:
+        return "a Slice's starts or ends are not constants"
+    count = values[0].size
+    starts, ends = [int(v) for v in values[0].reshape(-1)], [int(v) for v in values[1].reshape(-1)]
+    defaults = (list(range(count)), [1] * count)
+    rest = []
+    for value, given, default in zip(inputs[3:], values[2:], defaults):
+        if value is not None and given is None:
+            return "a Slice's axes or steps are not constants"
+        rest.append(default if value is None else [int(v) for v in given.reshape(-1)])
+    axes, steps = rest
+    if any(a < 0 for a in axes):
+        if rank is None:
+            return "a Slice's axis is negative and the rank is unknown"
+        axes = [a + rank if a < 0 else a for a in axes]
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        return "a Slice's starts, ends, axes and steps differ in length"
+    return [starts, ends, axes, steps]
+
+
+@rule("Slice", family="chains")
+def slice_of_slice(node: ir.Node, ctx: Context) -> Outcome:
+    """``Slice(Slice(x, ...), ...) -> Slice(x, ...)`` for slices of different axes."""
+    inner = _inner(node, ctx, "Slice", shared=True)
+    if isinstance(inner, str):
+        return inner
+    source = inner.inputs[0]
+    dims = ctx.dims(source)
+    rank = None if dims is None else len(dims)
+    first, second = _slice_parameters(inner, ctx, rank), _slice_parameters(node, ctx, rank)
+    if isinstance(first, str):
+        return first
+    if isinstance(second, str):
+        return second
+    if set(first[2]) & set(second[2]):
+        return "the two Slices slice a same axis"
+    merged = [a + b for a, b in zip(first, second)]
+
+    def rewrite() -> None:
+        base = node.name or "slice"
+        values = [ctx.new_constant(np.array(v, np.int64), f"{base}_{label}", before=node)
+                  for v, label in zip(merged, ("starts", "ends", "axes", "steps"))]  # fmt: skip
+        node.resize_inputs(5)
+        node.replace_input_with(0, source)
+        for index, value in enumerate(values, start=1):
+            node.replace_input_with(index, value)
+
+    return rewrite
 
 
 @rule("Cast", family="chains")
