@@ -197,6 +197,14 @@ def reshape_like_transpose_then_reshape():
     return _model([_const("one", np.array([1])), *nodes], _x(), [_io("y", [3, 8])])
 
 
+@case("chains", "Reshape", kept="Transpose")
+def transpose_between_reshapes():
+    nodes = [_const("s1", np.array([4, 6, 5])), _const("s2", np.array([1, 4, 5, 6])),
+             helper.make_node("Reshape", ["x", "s1"], ["t"]), helper.make_node("Transpose", ["t"], ["u"], perm=[0, 2, 1]),
+             helper.make_node("Reshape", ["u", "s2"], ["v"]), helper.make_node("Relu", ["v"], ["y"])]
+    return _model(nodes, _x((1, 4, 6, 5)), [_io("y", [1, 4, 5, 6])])
+
+
 @case("chains", "Slice", kept="Slice")
 def slice_chain():
     nodes = [_const("s1", np.array([1])), _const("e1", np.array([2**63 - 1])), _const("a1", np.array([1])),
@@ -567,4 +575,40 @@ def test_slices_of_a_same_axis_stay(axes, reason, caplog) -> None:
     with caplog.at_level(logging.DEBUG, logger="passes.simplify"):
         result, _ = _simplify(original)
     assert _ops(result).count("Slice") == 2 and reason in caplog.text
+    _assert_same(original, result)
+
+
+@pytest.mark.parametrize(("x_shape", "s1", "perm", "s2", "expected"), [
+    ((1, 4, 6, 5), [4, 6, 5], [0, 2, 1], [1, 4, 5, 6], [0, 1, 3, 2]),
+    ((1, 4, 6, 5), [4, 6, 5], [0, 2, 1], [4, 1, 5, 6], [1, 0, 3, 2]),  # the 1 ends up second
+    ((2, 1, 6), [2, 6], [1, 0], [6, 1, 2], [2, 1, 0]),
+    ((1, 4, 6, 5), [4, 6, 5], [0, 1, 2], [1, 4, 6, 5], None),  # the identity: x itself
+], ids=["whisper", "one-moves", "matrix", "identity"])
+def test_a_transpose_between_reshapes_of_ones_is_one_transpose(x_shape, s1, perm, s2, expected) -> None:
+    nodes = [_const("s1", np.array(s1)), _const("s2", np.array(s2)), helper.make_node("Reshape", ["x", "s1"], ["t"]),
+             helper.make_node("Transpose", ["t"], ["u"], perm=perm), helper.make_node("Reshape", ["u", "s2"], ["v"]),
+             helper.make_node("Relu", ["v"], ["y"])]
+    original = _model(nodes, _x(x_shape), [_io("y", list(s2))])
+    result, _ = _simplify(original)
+    if expected is None:
+        assert _ops(result) == ["Relu"]
+    else:
+        assert _ops(result) == ["Transpose", "Relu"]
+        assert helper.get_attribute_value(result.graph.node[0].attribute[0]) == expected
+    _assert_same(original, result)
+
+
+@pytest.mark.parametrize(("x_shape", "s1", "perm", "s2"), [
+    ((2, 3, 4), [6, 4], [1, 0], [4, 6]),  # the first Reshape merges dims
+    ((1, 4, 6), [4, 6], [1, 0], [24]),  # the rank changes
+    ((1, 4, 6), [4, 6], [1, 0], [2, 3, 4]),  # the last Reshape splits a dim
+], ids=["merge", "rank", "split"])
+def test_a_transpose_between_reshapes_that_move_data_stays(x_shape, s1, perm, s2) -> None:
+    nodes = [_const("s1", np.array(s1)), _const("s2", np.array(s2)), helper.make_node("Reshape", ["x", "s1"], ["t"]),
+             helper.make_node("Transpose", ["t"], ["u"], perm=perm),
+             helper.make_node("Reshape", ["u", "s2"], ["y"])]
+    original = _model(nodes, _x(x_shape), [_io("y", list(s2))])
+    result, stats = _simplify(original)
+    assert "chains/transpose_between_reshapes" not in stats["rewrites"], stats
+    assert "Transpose" in _ops(result)
     _assert_same(original, result)

@@ -10,6 +10,12 @@
   order, so it is a Reshape: ``Transpose(Reshape(x, s), p) -> Reshape(x, s[p])``
   and ``Reshape(Transpose(x, p), s) -> Reshape(x, s)`` when ``s`` is a constant
   that copies no dim (attention over one token or one head).
+* ``Reshape(Transpose(Reshape(x, s1), p), s2) -> Transpose(x, q)`` when every
+  shape in the chain is static, both Reshapes only add or remove dims of size
+  1 and the rank comes back (attention over batch 1: [1, 4, 32, 16] ->
+  [4, 32, 16] -> perm (0, 2, 1) -> [1, 4, 16, 32] is perm (0, 1, 3, 2)); ``q``
+  moves x's other axes as ``p`` moves them and puts x's size-1 axes where
+  the result has its own.
 * ``Slice(Slice(x, s1, e1, a1, p1), s2, e2, a2, p2) -> Slice(x, s1+s2, e1+e2, a1+a2, p1+p2)``
   when the two slice different axes (each axis is clamped against its own
   dim, which the other slice does not change), all constants; a shared inner
@@ -34,6 +40,8 @@ op: each takes it in; it is removed when it becomes dead.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -280,6 +288,55 @@ def reshape_of_reshape_like_transpose(node: ir.Node, ctx: Context) -> Outcome:
         return target
     source = inner.inputs[0]
     return lambda: _rewire(node, source)
+
+
+@rule("Reshape", family="chains")
+def transpose_between_reshapes(node: ir.Node, ctx: Context) -> Outcome:
+    """``Reshape(Transpose(Reshape(x, s1), p), s2) -> Transpose(x, q)`` when the Reshapes only move 1s."""
+    transpose = _inner(node, ctx, "Transpose")
+    if isinstance(transpose, str):
+        return transpose
+    first = ctx.producer(transpose.inputs[0], "Reshape")
+    if first is None:
+        return "the Transpose's input is not a Reshape"
+    if not sole_user(first.outputs[0]):
+        return "the first Reshape's output has other users (or is a graph output)"
+    x = first.inputs[0]
+    d0, d1, d3 = (ctx.static_dims(v) for v in (x, first.outputs[0], node.outputs[0]))
+    if d0 is None or d1 is None or d3 is None:
+        return "a shape in the chain is not static"
+    if len(d0) != len(d3):
+        return "the chain changes the rank"
+    perm = transpose.attributes.get_ints("perm", None)
+    perm = list(range(len(d1)))[::-1] if perm is None else list(perm)
+    if sorted(perm) != list(range(len(d1))):
+        return "the Transpose's perm is not a permutation of its input's axes"
+    d2 = [d1[a] for a in perm]
+
+    def others(dims: Sequence[int]) -> list[int]:
+        return [i for i, d in enumerate(dims) if d != 1]
+
+    a0, a1, a2, a3 = others(d0), others(d1), others(d2), others(d3)
+    if [d0[i] for i in a0] != [d1[i] for i in a1] or [d2[i] for i in a2] != [d3[i] for i in a3]:
+        return "a Reshape does more than add or remove dims of size 1"
+    position = {axis: k for k, axis in enumerate(a1)}
+    q = [-1] * len(d3)
+    for k, at in enumerate(a3):  # the k-th other axis of the result is this one of x
+        q[at] = a0[position[perm[a2[k]]]]
+    for at, axis in zip((i for i in range(len(d3)) if d3[i] == 1), (i for i in range(len(d0)) if d0[i] == 1)):
+        q[at] = axis
+    if q == list(range(len(q))):
+        return ctx.bypass(node, x)
+
+    def rewrite() -> None:
+        node.op_type = "Transpose"
+        for name in ("allowzero", "shape"):
+            node.attributes.pop(name, None)
+        node.attributes["perm"] = ir.AttrInt64s("perm", q)
+        node.resize_inputs(1)
+        node.replace_input_with(0, x)
+
+    return rewrite
 
 
 def _slice_parameters(node: ir.Node, ctx: Context, rank: int | None) -> list[list[int]] | str:
