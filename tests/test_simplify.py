@@ -612,3 +612,21 @@ def test_a_transpose_between_reshapes_that_move_data_stays(x_shape, s1, perm, s2
     assert "chains/transpose_between_reshapes" not in stats["rewrites"], stats
     assert "Transpose" in _ops(result)
     _assert_same(original, result)
+
+
+def test_small_external_tensors_reach_shape_inference(tmp_path) -> None:
+    """A model saved with every initializer external: inference still reads a Reshape target's values."""
+    from passes.modelio import load_model
+
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["t"]), helper.make_node("Shape", ["t"], ["u"]),
+             helper.make_node("Cast", ["u"], ["y"], to=F), helper.make_node("Relu", ["t"], ["r"])]
+    proto = _model(nodes, _x(), [_io("y", [2]), _io("r", [None, None])],
+                   initializers=[numpy_helper.from_array(np.array([6, 4], np.int64), "s")])
+    path = tmp_path / "m.onnx"
+    onnx.save_model(proto, str(path), save_as_external_data=True, location="m.data", size_threshold=0)
+    model = load_model(path)
+    assert isinstance(model.graph.initializers["s"].const_value, ir.ExternalTensor)
+    pass_ = SimplifyPass()
+    pass_(model)
+    assert pass_.stats["rewrites"].get("shapes/static_shape") == 1, pass_.stats
+    assert "Shape" not in [n.op_type for n in model.graph]

@@ -6,8 +6,10 @@ leaves untyped, symbolic or unknown, passes ask :func:`infer_types` once
 before their sweep. Inference runs on a copy without weights:
 tensors larger than a kilobyte are serialised as external-data references
 that point nowhere (dims and dtype kept, no bytes), so a >2 GB model or one
-with external data is never serialised with its weights, and external data
-is never read.
+with external data is never serialised with its weights. External tensors of
+a kilobyte or less (Reshape targets, axes, a model saved with every
+initializer external) are read and serialised inline, as data propagation
+needs their values.
 """
 
 from __future__ import annotations
@@ -46,14 +48,23 @@ def shape_slice(dims: Sequence[int], start: int = 0, end: int | None = None) -> 
     return np.array(dims[start:end], dtype=np.int64)
 
 
-def _placeholder(tensor: ir.TensorProtocol | None, name: str | None) -> ir.ExternalTensor | None:
-    """An external-data reference to no file with the tensor's dtype and dims, if it is big."""
-    if (
-        tensor is None
-        or isinstance(tensor, ir.ExternalTensor)
-        or tensor.dtype == ir.DataType.STRING
-        or tensor.nbytes <= _BIG_TENSOR_BYTES
-    ):
+def _placeholder(tensor: ir.TensorProtocol | None, name: str | None) -> ir.TensorProtocol | None:
+    """What inference sees instead of ``tensor``, or None for the tensor itself.
+
+    A big tensor: an external-data reference to no file with its dtype and dims.
+    A small external one: its values in memory (the data file is relative to a
+    folder the serialised copy does not know).
+    """
+    if tensor is None or tensor.dtype == ir.DataType.STRING:
+        return None
+    if isinstance(tensor, ir.ExternalTensor):
+        if tensor.nbytes > _BIG_TENSOR_BYTES:
+            return None
+        try:
+            return ir.Tensor(tensor.numpy(), dtype=tensor.dtype, name=name or tensor.name)
+        except (OSError, ValueError):  # unreadable: inference goes without its values
+            return None
+    if tensor.nbytes <= _BIG_TENSOR_BYTES:
         return None
     return ir.ExternalTensor(
         _PLACEHOLDER, 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=name or ""
