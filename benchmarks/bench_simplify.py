@@ -29,10 +29,12 @@ Models: every model the repository ships (``models/real/*.onnx``,
 zoo, onnxruntime's datasets), and PyTorch exports built here from configs with
 random weights (nothing is downloaded): transformers' BERT (eager attention),
 GPT-2 (``attn_implementation="sdpa"``), ViT, wav2vec2 and the Whisper encoder,
-a ``torch.nn.LSTM`` and a small hand-written CNN with BatchNorm. Each is
+a ``torch.nn.LSTM`` and a small hand-written CNN with BatchNorm, each
 exported by the TorchScript exporter (``dynamo=False``) at opsets 14 and 17 and
-by the dynamo exporter (``dynamo=True``, its default optimisation on) at 18,
-with dynamic batch and sequence (or image) axes. Every floating parameter and
+by the dynamo exporter (``dynamo=True``, its default optimisation on) at 18;
+and, from a sweep of real-model families, Llama (grouped-query attention), a
+T5 encoder, Swin, MobileNetV2 and DETR, at opset 17 (TorchScript) and 18
+(dynamo). Batch and sequence (or image) axes are dynamic. Every floating parameter and
 buffer gets a random offset in [0.01, 0.1), so none is exactly 0 or 1 (no
 multiply-by-one or add-zero a tool could drop because of the random init);
 modules are in eval mode. An export that fails is a row "export failed:
@@ -124,7 +126,16 @@ ARCHS: dict[str, Arch] = {
     "torch_lstm": Arch("torch.nn.LSTM (2 layers) + Linear", {"batch": 1, "seq": 12}),
     "torch_cnn_bn": Arch("hand-written CNN: Conv-BatchNorm-ReLU blocks, residual, pooling", {
         "batch": 1, "height": 48, "width": 48}),
+    "hf_llama": Arch("transformers LlamaForCausalLM, tiny config (grouped-query attention), eager attention",
+                     {"batch": 1, "seq": 12}),
+    "hf_t5_enc": Arch("transformers T5EncoderModel, tiny config, gated GELU", {"batch": 1, "seq": 12}),
+    "hf_swin": Arch("transformers SwinForImageClassification, tiny config, 64x64 images", {"batch": 1}),
+    "hf_mobilenet_v2": Arch("transformers MobileNetV2ForImageClassification, depth 0.35, 64x64 images", {"batch": 1}),
+    "hf_detr": Arch("transformers DetrForObjectDetection, ResNet backbone, tiny config, 64x64 images", {"batch": 1}),
 }
+
+#: The architectures added from the real-model sweep of 2026-12-02, exported at two settings only.
+_SWEEP_ARCHS = ("hf_llama", "hf_t5_enc", "hf_swin", "hf_mobilenet_v2", "hf_detr")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +162,9 @@ class ExportSpec:
 
 
 EXPORTS: list[ExportSpec] = [
-    *(ExportSpec(arch, dynamo, opset) for arch in ARCHS for dynamo, opset in ((False, 14), (False, 17), (True, 18))),
+    *(ExportSpec(arch, dynamo, opset) for arch in ARCHS if arch not in _SWEEP_ARCHS
+      for dynamo, opset in ((False, 14), (False, 17), (True, 18))),
+    *(ExportSpec(arch, dynamo, opset) for arch in _SWEEP_ARCHS for dynamo, opset in ((False, 17), (True, 18))),
     # The exporters' own folding hides what a simplifier must do on graphs other tools write.
     ExportSpec("hf_bert", False, 14, fold=False),
     ExportSpec("torch_cnn_bn", False, 14, fold=False),
@@ -286,6 +299,46 @@ def _arch_module(arch: str) -> tuple[Any, tuple[Any, ...], list[str], list[str],
 
         return One(Cnn()), (torch.randn(2, 3, 48, 48, generator=gen),), ["pixels"], ["log_probs"], \
             [{0: "batch", 2: "height", 3: "width"}]
+    if arch == "hf_llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                             use_cache=False, attn_implementation="eager")
+        inner = Outputs(LlamaForCausalLM(config), ("logits",), ("input_ids", "attention_mask"))
+        return Two(inner), (ids, mask), ["input_ids", "attention_mask"], ["logits"], text_axes
+    if arch == "hf_t5_enc":
+        from transformers import T5Config, T5EncoderModel
+
+        config = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                          relative_attention_num_buckets=8, feed_forward_proj="gated-gelu", use_cache=False)
+        inner = Outputs(T5EncoderModel(config), ("last_hidden_state",), ("input_ids", "attention_mask"))
+        return Two(inner), (ids, mask), ["input_ids", "attention_mask"], ["last_hidden_state"], text_axes
+    image = (torch.randn(1, 3, 64, 64, generator=gen),)
+    if arch == "hf_swin":
+        from transformers import SwinConfig, SwinForImageClassification
+
+        config = SwinConfig(image_size=64, patch_size=4, embed_dim=16, depths=[1, 2], num_heads=[2, 4],
+                            window_size=4, num_labels=10)
+        inner = Outputs(SwinForImageClassification(config), ("logits",), ("pixel_values",))
+        return One(inner), image, ["pixel_values"], ["logits"], [{0: "batch"}]
+    if arch == "hf_mobilenet_v2":
+        from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+
+        config = MobileNetV2Config(image_size=64, depth_multiplier=0.35, num_labels=10)
+        inner = Outputs(MobileNetV2ForImageClassification(config), ("logits",), ("pixel_values",))
+        return One(inner), image, ["pixel_values"], ["logits"], [{0: "batch"}]
+    if arch == "hf_detr":
+        from transformers import DetrConfig, DetrForObjectDetection, ResNetConfig
+
+        backbone = ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1],
+                                layer_type="basic", out_features=["stage4"])
+        config = DetrConfig(use_timm_backbone=False, use_pretrained_backbone=False, backbone_config=backbone,
+                            d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                            decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=10,
+                            num_labels=5)
+        inner = Outputs(DetrForObjectDetection(config), ("logits", "pred_boxes"), ("pixel_values",))
+        return One(inner), image, ["pixel_values"], ["logits", "pred_boxes"], [{0: "batch"}]
     raise ValueError(f"unknown architecture {arch!r}")
 
 
@@ -313,7 +366,7 @@ def export_model(name: str, path: str) -> None:
         batch = {0: "batch"}
         for out in output_names:
             dynamic[out] = {1: "batch"} if out == "h_n" else batch
-        if spec.arch in ("hf_bert", "hf_gpt2", "torch_lstm"):
+        if spec.arch in ("hf_bert", "hf_gpt2", "torch_lstm", "hf_llama", "hf_t5_enc"):
             dynamic.update({out: {0: "batch", 1: "seq"} for out in output_names if out not in ("pooler_output", "h_n")})
         if spec.arch == "hf_wav2vec2":
             dynamic["last_hidden_state"] = {0: "batch", 1: "frames"}

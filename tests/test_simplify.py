@@ -13,6 +13,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import helpers
@@ -630,3 +632,45 @@ def test_small_external_tensors_reach_shape_inference(tmp_path) -> None:
     pass_(model)
     assert pass_.stats["rewrites"].get("shapes/static_shape") == 1, pass_.stats
     assert "Shape" not in [n.op_type for n in model.graph]
+
+
+def _with_ones(dims: list[int], ones: list[int]) -> list[int]:
+    """``dims`` with a 1 inserted before each position listed in ``ones`` (a position past the end appends)."""
+    out = list(dims)
+    for at in sorted(ones, reverse=True):
+        out.insert(min(at, len(out)), 1)
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_reshapes_and_transposes_of_size_one_axes_property(data) -> None:
+    """Reshapes that only move 1s around a Transpose: the chain rules keep every bit and fire only when proved.
+
+    x has its non-1 dims with 1s put anywhere; the first Reshape puts them
+    elsewhere, a random perm follows, and the last Reshape either only moves 1s
+    again (to x's rank) or reshapes for real.
+    """
+    core = data.draw(st.lists(st.integers(2, 4), min_size=1, max_size=3), label="non-1 dims")
+    ones0 = data.draw(st.lists(st.integers(0, 3), max_size=2), label="1s of x")
+    ones1 = data.draw(st.lists(st.integers(0, 3), max_size=2), label="1s after the first Reshape")
+    d0, d1 = _with_ones(core, ones0), _with_ones(core, ones1)
+    perm = data.draw(st.permutations(range(len(d1))), label="perm")
+    d2 = [d1[a] for a in perm]
+    moved = [d for d in d2 if d != 1]
+    last_ones = [i for i in range(len(d0)) if d0[i] == 1]
+    d3 = _with_ones(moved, data.draw(st.permutations(last_ones), label="1s of the result"))
+    if data.draw(st.booleans(), label="a real last Reshape"):
+        d3 = [int(np.prod(d3))]
+    nodes = [_const("s1", np.array(d1)), _const("s3", np.array(d3)), helper.make_node("Reshape", ["x", "s1"], ["t"]),
+             helper.make_node("Transpose", ["t"], ["u"], perm=list(perm)), helper.make_node("Reshape", ["u", "s3"], ["v"]),
+             helper.make_node("Relu", ["v"], ["y"])]
+    original = _model(nodes, _x(d0), [_io("y", d3)])
+    result, stats = _simplify(original)
+    _assert_same(original, result)
+    ops = _ops(result)
+    if len(d3) == len(d0):  # only 1s move: one Transpose or one Reshape is left at most
+        assert ops.count("Reshape") + ops.count("Transpose") <= 1, (d0, d1, perm, d3, ops)
+    kept = [a for a in perm if d1[a] != 1]
+    if kept != sorted(kept):  # the Transpose moves data: some Transpose must stay
+        assert "Transpose" in ops, (d0, d1, perm, d3, ops)
