@@ -674,3 +674,20 @@ def test_reshapes_and_transposes_of_size_one_axes_property(data) -> None:
     kept = [a for a in perm if d1[a] != 1]
     if kept != sorted(kept):  # the Transpose moves data: some Transpose must stay
         assert "Transpose" in ops, (d0, d1, perm, d3, ops)
+
+
+def test_a_moved_reshape_keeps_other_rules_inference_true() -> None:
+    """SegFormer's keys: a Reshape whose Transpose moves only a 1, then a real Transpose, in one sweep.
+
+    Rewriting the first Reshape in place changed its output's shape under the
+    sweep's inference, and a later rule built an invalid model from it.
+    """
+    nodes = [_const("s", np.array([1, 8, -1, 4])), helper.make_node("Reshape", ["x", "s"], ["v"], allowzero=1),
+             helper.make_node("Transpose", ["v"], ["t1"], perm=[0, 2, 1, 3]),
+             helper.make_node("Transpose", ["t1"], ["t2"], perm=[0, 1, 3, 2]),
+             helper.make_node("Reshape", ["t2", "s2"], ["r"]), helper.make_node("MatMul", ["q", "r"], ["y"])]
+    original = _model([_const("s2", np.array([1, 4, 8])), *nodes], [_io("x", [1, 8, 4]), _io("q", [1, 5, 4])],
+                      [_io("y", [1, 5, 8])])
+    result, _ = _simplify(original)  # the full check rejects a shape that inference contradicts
+    assert _ops(result).count("Transpose") + _ops(result).count("Reshape") <= 2, _ops(result)
+    _assert_same(original, result)

@@ -10,9 +10,10 @@
   order, so it is a Reshape: ``Transpose(Reshape(x, s), p) -> Reshape(x, s[p])``
   and ``Reshape(Transpose(x, p), s) -> Reshape(x, s)`` when ``s`` is a constant
   that copies no dim (attention over one token or one head).
-* ``Reshape(Transpose(Reshape(x, s1), p), s2) -> Transpose(x, q)`` when every
-  shape in the chain is static, both Reshapes only add or remove dims of size
-  1 and the rank comes back (attention over batch 1: [1, 4, 32, 16] ->
+* ``Reshape(Transpose(Reshape(x, s1), p), s2) -> Transpose(x, q)`` (and
+  ``Reshape(Transpose(x, p), s2) -> Transpose(x, q)``) when every shape in the
+  chain is static, the Reshapes only add or remove dims of size 1 and the
+  rank comes back (attention over batch 1: [1, 4, 32, 16] ->
   [4, 32, 16] -> perm (0, 2, 1) -> [1, 4, 16, 32] is perm (0, 1, 3, 2)); ``q``
   moves x's other axes as ``p`` moves them and puts x's size-1 axes where
   the result has its own.
@@ -262,15 +263,20 @@ def reshape_like_transpose_of_reshape(node: ir.Node, ctx: Context) -> Outcome:
     if len(perm) != len(target):
         return "the Reshape's target and the perm differ in rank"
     permuted = np.array([target[axis] for axis in perm], dtype=np.int64)
-    result = inner.outputs[0]
-    bypass = ctx.bypass(node, result)
-    if isinstance(bypass, str):
-        return bypass
+    source, allowzero = inner.inputs[0], inner.attributes.get_int("allowzero", 0)
 
     def rewrite() -> None:
-        inner.replace_input_with(1, ctx.new_constant(permuted, f"{inner.name or 'reshape'}_target", before=inner))
-        result.shape = node.outputs[0].shape  # the Reshape now makes the Transpose's result
-        bypass()
+        # A new Reshape makes the Transpose's result; the old one is left to die. Changing the old
+        # one's target would change its output's shape, which inference gave for this sweep.
+        names, old = ctx.names(), node.outputs[0]
+        shape = ctx.new_constant(permuted, f"{inner.name or 'reshape'}_target", before=node)
+        reshape = ir.Node("", "Reshape", [source, shape], [ir.AttrInt64("allowzero", 1)] if allowzero else [],
+                          name=names.node(f"{node.name or 'Transpose'}_reshape"))
+        new = reshape.outputs[0]
+        new.name, new.type, new.shape = names.value(f"{old.name or 'transposed'}_reshaped"), old.type, old.shape
+        assert node.graph is not None
+        node.graph.insert_before(node, reshape)
+        ctx.take_place(old, new)()
 
     return rewrite
 
@@ -292,17 +298,18 @@ def reshape_of_reshape_like_transpose(node: ir.Node, ctx: Context) -> Outcome:
 
 @rule("Reshape", family="chains")
 def transpose_between_reshapes(node: ir.Node, ctx: Context) -> Outcome:
-    """``Reshape(Transpose(Reshape(x, s1), p), s2) -> Transpose(x, q)`` when the Reshapes only move 1s."""
+    """``Reshape(Transpose(Reshape(x, s1), p), s2) -> Transpose(x, q)`` when the Reshapes only move 1s.
+
+    Without a first Reshape (or with one that has other users), ``Reshape(Transpose(x, p), s2)``.
+    """
     transpose = _inner(node, ctx, "Transpose")
     if isinstance(transpose, str):
         return transpose
     first = ctx.producer(transpose.inputs[0], "Reshape")
-    if first is None:
-        return "the Transpose's input is not a Reshape"
-    if not sole_user(first.outputs[0]):
-        return "the first Reshape's output has other users (or is a graph output)"
-    x = first.inputs[0]
-    d0, d1, d3 = (ctx.static_dims(v) for v in (x, first.outputs[0], node.outputs[0]))
+    if first is not None and not sole_user(first.outputs[0]):
+        first = None  # it stays: the chain starts at its output
+    x = transpose.inputs[0] if first is None else first.inputs[0]
+    d0, d1, d3 = (ctx.static_dims(v) for v in (x, transpose.inputs[0], node.outputs[0]))
     if d0 is None or d1 is None or d3 is None:
         return "a shape in the chain is not static"
     if len(d0) != len(d3):
