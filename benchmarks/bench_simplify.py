@@ -34,7 +34,8 @@ exported by the TorchScript exporter (``dynamo=False``) at opsets 14 and 17 and
 by the dynamo exporter (``dynamo=True``, its default optimisation on) at 18;
 and, from a sweep of real-model families, Llama (grouped-query attention), a
 T5 encoder, Swin, MobileNetV2 and DETR, at opset 17 (TorchScript) and 18
-(dynamo). Batch and sequence (or image) axes are dynamic. Every floating parameter and
+(dynamo; not Swin and T5, whose views torch 2.13's dynamo exporter cannot
+export with a dynamic batch). Batch and sequence (or image) axes are dynamic. Every floating parameter and
 buffer gets a random offset in [0.01, 0.1), so none is exactly 0 or 1 (no
 multiply-by-one or add-zero a tool could drop because of the random init);
 modules are in eval mode. An export that fails is a row "export failed:
@@ -164,7 +165,10 @@ class ExportSpec:
 EXPORTS: list[ExportSpec] = [
     *(ExportSpec(arch, dynamo, opset) for arch in ARCHS if arch not in _SWEEP_ARCHS
       for dynamo, opset in ((False, 14), (False, 17), (True, 18))),
-    *(ExportSpec(arch, dynamo, opset) for arch in _SWEEP_ARCHS for dynamo, opset in ((False, 17), (True, 18))),
+    *(ExportSpec(arch, False, 17) for arch in _SWEEP_ARCHS),
+    # torch 2.13's dynamo exporter fails on Swin's and T5's views with a dynamic batch ("Cannot view a
+    # tensor with shape ... and strides ..."): those two are TorchScript only.
+    *(ExportSpec(arch, True, 18) for arch in _SWEEP_ARCHS if arch not in ("hf_swin", "hf_t5_enc")),
     # The exporters' own folding hides what a simplifier must do on graphs other tools write.
     ExportSpec("hf_bert", False, 14, fold=False),
     ExportSpec("torch_cnn_bn", False, 14, fold=False),
