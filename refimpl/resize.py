@@ -16,8 +16,8 @@ Schema versions, each registered alone so that no version's semantics leak into 
     size and index), ``keep_aspect_ratio_policy`` for ``sizes`` and ``antialias``.
   * 19: coordinate_transformation_mode ``half_pixel_symmetric``.
 
-``mode="linear"`` and ``"cubic"`` are not implemented: they raise RefImplError, so the node
-is left in place rather than counted as a kernel bug.
+``mode="linear"`` and ``"cubic"`` are not implemented: they raise UnsupportedOpError, as an op
+without a kernel does, so the node is left in place quietly (not a warning, not a kernel bug).
 
 Output size: with ``scales``, ``floor(in * scale)``; with ``sizes``, the sizes, or under
 ``not_larger``/``not_smaller`` ``round_half_up(s * in)`` with ``s`` the smallest/largest of
@@ -73,7 +73,7 @@ import numpy as np
 
 from refimpl._common import Attrs, Inputs, as_array, as_text, int_list, normalize_axes
 from refimpl._dtypes import BOOL, FLOATS, STRING, DTypes, checked, int_range
-from refimpl._errors import RefImplError
+from refimpl._errors import RefImplError, UnsupportedOpError
 from refimpl._registry import Kernel, Typed, register
 
 __all__ = ["output_shape"]
@@ -366,7 +366,7 @@ def _check_attributes(version: int, attrs: Attrs) -> tuple[str, str]:
     """``(coordinate mode, rounding)`` after checking mode and the attributes nearest ignores."""
     mode = as_text(attrs.get("mode", "nearest"))
     if mode in ("linear", "cubic"):
-        raise RefImplError(f"Resize: mode {mode!r} is not implemented (refimpl has nearest only)")
+        raise UnsupportedOpError(f"Resize: mode {mode!r} is not implemented (refimpl has nearest only)")
     if mode != "nearest":
         raise RefImplError(f"Resize: mode {mode!r} is not one of the spec's")
     if version == 10:

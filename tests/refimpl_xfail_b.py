@@ -5,8 +5,9 @@ its output is not a function of the inputs, so refimpl raises RefImplError
 rather than produce a value (constant folding must never bake in one random
 draw). The cases' expected outputs come from one numpy random draw.
 
-Resize implements mode "nearest" only: the linear and cubic cases raise RefImplError (not
-implemented), so a model's interpolating Resize is left in place.
+Resize implements mode "nearest" only: the linear and cubic cases raise UnsupportedOpError
+(not implemented, as for an op without a kernel), so a model's interpolating Resize is left
+in place.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ _RANDOM_DROPOUT = (
 
 _INTERPOLATING_RESIZE = (
     "not implemented: Resize with mode linear or cubic (refimpl has nearest only); "
-    "refimpl raises RefImplError"
+    "refimpl raises UnsupportedOpError"
 )
 
 EXPECTED_FAILURES: dict[str, str] = {

@@ -195,7 +195,7 @@ def _resize(
     others = [None if t is None else read(k) for k, t in enumerate(inputs) if k > 0]
     try:
         shape = refimpl.resize.output_shape(schema.since_version, dims[0], others, attrs)
-    except refimpl.RefImplError:
+    except (refimpl.RefImplError, refimpl.UnsupportedOpError):  # not evaluable: say so once, quietly
         return _REJECTED
     return _estimate([(shape, x.dtype)], exact=True)
 
