@@ -12,7 +12,8 @@ Kernels live in family modules and are registered with the schema versions they 
   * ``generators``: Constant, ConstantOfShape, Range, EyeLike, OneHot;
   * ``indexing``: gathers, scatters, Compress, NonZero, ArgMax/ArgMin, TopK, CumSum;
   * ``linalg``: MatMul, Gemm, Einsum;
-  * ``nn``: Softmax, LogSoftmax, Dropout.
+  * ``nn``: Softmax, LogSoftmax, Dropout, LayerNormalization;
+  * ``resize``: Resize with mode nearest.
 
 ``_registry`` holds the registry, ``_errors`` the exceptions, ``_dtypes`` the schema dtypes and
 the conversion and rounding helpers, ``_common`` the argument helpers all families share.
@@ -43,6 +44,7 @@ from refimpl import (  # noqa: E402,F401  isort: skip
     linalg,
     nn,
     reduction,
+    resize,
     shape,
     slicing,
 )

@@ -1,6 +1,7 @@
 """The exceptions of refimpl: what a caller can tell apart.
 
-* :class:`UnsupportedOpError`: no kernel implements the (domain, op_type, opset); nothing ran.
+* :class:`UnsupportedOpError`: no kernel implements the (domain, op_type, opset), or the kernel
+  does not implement the attribute value asked for (Resize's linear and cubic modes).
 * :class:`RefImplError`: a kernel rejected its inputs or attributes (invalid for the op, or a
   conversion refimpl declines because it cannot match the runtimes exactly).
 * :class:`UndefinedResultError`, a :class:`RefImplError`: the inputs are valid but the spec

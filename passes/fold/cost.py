@@ -18,6 +18,10 @@ Conv, ConvTranspose (no kernel yet)       2^30        a direct loop
 
 A 1024x1024 by 1024x1024 float MatMul (2^30) or folding a transformer's weight
 transposes (no multiply-adds at all) stays well within them.
+
+Resize (nearest: a gather) and LayerNormalization (a few passes over X) have no
+budget: their time is linear in the bytes they read and write, which the size
+policy bounds (Resize's output is sized exactly beforehand, see ``size``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ dtypes of its constant inputs and the values of the small ones:
 * ``ConstantOfShape``, ``Expand``, ``Tile`` and ``Range`` by the rules below
   (exact; Range counts ``max(ceil((limit - start) / delta), 0)`` like the
   kernel, in Python integers or doubles, so no ratio overflows);
+* ``Resize`` by the kernel's own output lengths (``refimpl.resize.output_shape``:
+  its float scales are not data that inference is given);
 * elementwise and broadcasting ops, ``Concat``, and the ops that only
   rearrange their input (``Reshape``, ``Transpose``...) from the input shapes
   alone, without the ~0.1 ms that inference costs per node;
@@ -35,6 +37,7 @@ import onnx.numpy_helper
 import onnx.shape_inference
 import onnx_ir as ir
 
+import refimpl
 from passes.ir.schemas import expected_dtypes, schema_at
 
 __all__ = ["Estimate", "Unbounded", "estimate_outputs", "itemsize"]
@@ -179,6 +182,24 @@ def _range(
     return _estimate([([count], dtype)], exact=True)
 
 
+def _resize(
+    op: str, opset: int, inputs: _Inputs, dims: _Dims, attrs: Mapping[str, Any], read: Reader
+) -> Estimate | None:
+    """Resize: the kernel's own output lengths (scales are floats, which inference is not given)."""
+    schema = schema_at(op, opset, "")
+    x = inputs[0] if inputs else None
+    if schema is None or x is None or dims[0] is None:
+        return None
+    if any(t is not None and t.size > MAX_DATA_ELEMENTS for t in inputs[1:]):
+        return None
+    others = [None if t is None else read(k) for k, t in enumerate(inputs) if k > 0]
+    try:
+        shape = refimpl.resize.output_shape(schema.since_version, dims[0], others, attrs)
+    except (refimpl.RefImplError, refimpl.UnsupportedOpError):  # not evaluable: say so once, quietly
+        return _REJECTED
+    return _estimate([(shape, x.dtype)], exact=True)
+
+
 def _elementwise(
     op: str, opset: int, inputs: _Inputs, dims: _Dims, attrs: Mapping[str, Any], read: Reader
 ) -> Estimate | None:
@@ -239,6 +260,7 @@ _RULES: dict[
     "Expand": _expand,
     "Tile": _tile,
     "Range": _range,
+    "Resize": _resize,
     "Concat": _concat,
     **{op: _elementwise for op in (_UNARY + " " + _BROADCASTING).split()},
     **{
