@@ -18,10 +18,10 @@ Each step falls back to the next on the errors that mean "not here"
 what worked. Holes of the input (``SEEK_DATA``/``SEEK_HOLE``: blocks never
 written, which read as zeros) are not copied but left as holes of the output,
 as ``cp`` does by default: they read as the same zeros, and copying them would
-make the kernel read and write zeros for nothing. Copies go in chunks of at most 64 MiB, so an interrupt (the
-command turns SIGINT into an exception between chunks) is handled within a
-chunk's time; the caller writes into a staged folder, so an interrupted copy
-leaves nothing behind.
+make the kernel read and write zeros for nothing. Copies go in chunks of at
+most 64 MiB, so an interrupt (the command turns SIGINT into an exception
+between chunks) is handled within a chunk's time; the caller writes into a
+staged folder, so an interrupted copy leaves nothing behind.
 
 New or changed tensors are written through Python (``tofile``) as before.
 
