@@ -56,10 +56,19 @@ def rule(*op_types: str, family: str = "rewrite", name: str = "") -> Callable[[C
 
     def register(function: Callable[[ir.Node, Context], Outcome]) -> Callable[[ir.Node, Context], Outcome]:
         label = name or function.__name__.strip("_")
-        RULES.append(Rule(f"{function.__module__.rsplit('.', 1)[-1]}/{label}", family, op_types, function))
+        RULES.append(Rule(f"{_module_label(function.__module__)}/{label}", family, op_types, function))
         return function
 
     return register
+
+
+def _module_label(module: str) -> str:
+    """The first part of a rule's name: its module, or the package it is in, under ``passes.simplify``.
+
+    ``passes.simplify.noops`` -> ``noops``; ``passes.simplify.chains.layout`` -> ``chains``.
+    """
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["passes", "simplify"] and len(parts) > 2 else parts[-1]
 
 
 Dim = Union[int, str, None]

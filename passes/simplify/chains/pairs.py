@@ -1,0 +1,167 @@
+"""Two-op chains that are one op (or none): Reshape, Unsqueeze/Squeeze, Transpose and Cast pairs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from passes.simplify.chains._common import axes_of, inner_node, rewire
+from passes.simplify.rules import Context, Outcome, rule
+
+__all__: list[str] = []
+
+_D = ir.DataType
+_FLOATS = {_D.FLOAT16, _D.BFLOAT16, _D.FLOAT, _D.DOUBLE}
+# Casting a value of the key type to any of these types is exact (every value is representable).
+_EXACT_WIDENING: dict[ir.DataType, frozenset[ir.DataType]] = {
+    _D.BOOL: frozenset({_D.INT8, _D.UINT8, _D.INT16, _D.UINT16, _D.INT32, _D.UINT32, _D.INT64, _D.UINT64, *_FLOATS}),
+    _D.INT8: frozenset({_D.INT16, _D.INT32, _D.INT64, _D.FLOAT16, _D.FLOAT, _D.DOUBLE}),
+    _D.UINT8: frozenset({_D.INT16, _D.UINT16, _D.INT32, _D.UINT32, _D.INT64, _D.UINT64, _D.FLOAT16, _D.FLOAT,
+                         _D.DOUBLE}),
+    _D.INT16: frozenset({_D.INT32, _D.INT64, _D.FLOAT, _D.DOUBLE}),
+    _D.UINT16: frozenset({_D.INT32, _D.UINT32, _D.INT64, _D.UINT64, _D.FLOAT, _D.DOUBLE}),
+    _D.INT32: frozenset({_D.INT64, _D.DOUBLE}),
+    _D.UINT32: frozenset({_D.INT64, _D.UINT64, _D.DOUBLE}),
+    _D.FLOAT16: frozenset({_D.FLOAT, _D.DOUBLE}),
+    _D.BFLOAT16: frozenset({_D.FLOAT, _D.DOUBLE}),
+    _D.FLOAT: frozenset({_D.DOUBLE}),
+}  # fmt: skip
+
+
+
+@rule("Reshape", family="chains")
+def reshape_of_reshape(node: ir.Node, ctx: Context) -> Outcome:
+    inner = inner_node(node, ctx, "Reshape")
+    if isinstance(inner, str):
+        return inner
+    shape = ctx.constant(node.inputs[1])
+    if shape is None:
+        return "the outer target shape is not constant"
+    if not node.attributes.get_int("allowzero", 0) and np.any(shape == 0):
+        return "the outer target copies a dim of the inner result"
+    source = inner.inputs[0]
+    return lambda: rewire(node, source)
+
+
+def _normalized(axes: list[int], rank: int | None) -> list[int] | None:
+    if any(a < 0 for a in axes):
+        if rank is None:
+            return None
+        axes = [a + rank if a < 0 else a for a in axes]
+    return sorted(axes)
+
+
+def _combined_unsqueeze(inner: ir.Node, node: ir.Node, ctx: Context) -> list[int] | str:
+    """The axes of one Unsqueeze doing ``node``'s after ``inner``'s, or why there are none."""
+    a1, a2 = axes_of(inner, ctx), axes_of(node, ctx)
+    dims = ctx.dims(inner.inputs[0])
+    rank = None if dims is None else len(dims)
+    if a1 is None or a2 is None:
+        return "axes are not constant"
+    n1 = _normalized(a1, None if rank is None else rank + len(a1))
+    n2 = _normalized(a2, None if rank is None else rank + len(a1) + len(a2))
+    if n1 is None or n2 is None:
+        return "negative axes of an input of unknown rank"
+    # Positions of the inner's new dims after the outer inserts its own.
+    final = list(n2)
+    for position in n1:
+        shifted = position
+        for inserted in n2:
+            if inserted <= shifted:
+                shifted += 1
+        final.append(shifted)
+    return sorted(final)
+
+
+@rule("Unsqueeze", family="chains")
+def unsqueeze_of_unsqueeze(node: ir.Node, ctx: Context) -> Outcome:
+    inner = inner_node(node, ctx, "Unsqueeze", shared=True)
+    if isinstance(inner, str):
+        return inner
+    if ctx.opset < 13:
+        return "axes are attributes at this opset"
+    combined = _combined_unsqueeze(inner, node, ctx)
+    if isinstance(combined, str):
+        return combined
+    # A shared inner goes only if every user takes it in (else the merge would add a node).
+    for user, _ in inner.outputs[0].uses():
+        if user is not node and isinstance(_combined_unsqueeze(inner, user, ctx), str):
+            return "another user of the inner Unsqueeze cannot take it in"
+    source = inner.inputs[0]
+
+    def rewrite() -> None:
+        axes = ctx.new_constant(np.array(combined, dtype=np.int64), "unsqueeze_axes", before=node)
+        node.replace_input_with(0, source)
+        node.replace_input_with(1, axes)
+
+    return rewrite
+
+
+def _round_trip(node: ir.Node, ctx: Context, inner_op: str) -> Outcome:
+    inner = ctx.producer(node.inputs[0], inner_op)
+    if inner is None:
+        return f"its input is not a {inner_op}"
+    outer_axes, inner_axes = axes_of(node, ctx), axes_of(inner, ctx)
+    if outer_axes is None or inner_axes is None or not inner_axes:
+        return "axes are not constant, or the Squeeze has none"
+    rank_out = ctx.dims(node.outputs[0])
+    rank_in = ctx.dims(inner.inputs[0])
+    unsq_rank = None
+    if node.op_type == "Squeeze":  # Squeeze(Unsqueeze(x)): axes are of the unsqueezed tensor
+        unsq_rank = None if rank_in is None else len(rank_in) + len(inner_axes)
+    else:  # Unsqueeze(Squeeze(x)): axes of x, the unsqueezed tensor
+        unsq_rank = None if rank_out is None else len(rank_out)
+    a, b = _normalized(outer_axes, unsq_rank), _normalized(inner_axes, unsq_rank)
+    if a is None or b is None or a != b:
+        return "different axes (or negative axes of unknown rank)"
+    return ctx.bypass(node, inner.inputs[0])
+
+
+@rule("Squeeze", family="chains")
+def squeeze_of_unsqueeze(node: ir.Node, ctx: Context) -> Outcome:
+    return _round_trip(node, ctx, "Unsqueeze")
+
+
+@rule("Unsqueeze", family="chains")
+def unsqueeze_of_squeeze(node: ir.Node, ctx: Context) -> Outcome:
+    return _round_trip(node, ctx, "Squeeze")
+
+
+@rule("Transpose", family="chains")
+def transpose_of_transpose(node: ir.Node, ctx: Context) -> Outcome:
+    inner = inner_node(node, ctx, "Transpose")
+    if isinstance(inner, str):
+        return inner
+    p1, p2 = inner.attributes.get_ints("perm", None), node.attributes.get_ints("perm", None)
+    if p1 is None or p2 is None or len(p1) != len(p2):
+        return "a perm is implicit"
+    combined = [p1[i] for i in p2]
+    source = inner.inputs[0]
+    if combined == list(range(len(combined))):
+        return ctx.bypass(node, source)
+
+    def rewrite() -> None:
+        node.replace_input_with(0, source)
+        node.attributes["perm"] = ir.AttrInt64s("perm", combined)
+
+    return rewrite
+
+
+@rule("Cast", family="chains")
+def cast_of_cast(node: ir.Node, ctx: Context) -> Outcome:
+    inner = ctx.producer(node.inputs[0], "Cast")
+    if inner is None:
+        return "its input is not a Cast"
+    source = inner.inputs[0]
+    original, middle = ctx.dtype(source), ctx.dtype(inner.outputs[0])
+    if original is None or middle is None or middle not in _EXACT_WIDENING.get(original, ()):
+        return f"{original} -> {middle} is not exact"
+    target = node.attributes.get_int("to", None)
+    if target is not None and ir.DataType(target) == original:
+        return ctx.bypass(node, source)
+    return lambda: rewire(node, source)
+
+
+# Ops that compute each output element from the elements at the same place of their
+# (broadcast) inputs, whatever the shape: a Reshape commutes with them when every other
+# input is a single element.
