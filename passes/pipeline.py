@@ -414,6 +414,8 @@ def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, names: li
         return proto.SerializeToString()
     if isinstance(model, onnx.ModelProto):
         return proto
+    # Weights left in the input file become arrays: onnx_ir would save them as references to it.
+    modelio.read_weights_in_file(ir_model)
     # An onnx_ir.Model cannot hold a sparse Constant: the caller gets the dense one.
     try:
         modelio.sparse.densify_placeholders(ir_model)

@@ -148,8 +148,8 @@ def test_attributes_no_pass_reads_are_never_decoded(src: pathlib.Path) -> None:
 
 
 def test_nothing_is_detached_from_a_small_file(src: pathlib.Path) -> None:
-    proto, sources = detach.read_view(src)
-    assert sources == {} and proto == tree_model()
+    view = detach.read_view(src)
+    assert view.attributes == {} and view.weights == {} and view.proto == tree_model()
 
 
 def test_a_model_file_changed_after_loading_is_refused(src: pathlib.Path, tmp_path: pathlib.Path) -> None:
@@ -242,8 +242,9 @@ def test_the_splice_equals_a_full_decode(tmp_path_factory, layout, nested, thres
     path.write_bytes(model.SerializeToString())
     expected = ir.serde.serialize_model(ir.serde.deserialize_model(model)).SerializeToString()
     with detaching(threshold):
-        proto, sources = detach.read_view(path)
-    loaded = ir.serde.deserialize_model(proto)
+        view = detach.read_view(path)
+    sources = view.attributes
+    loaded = ir.serde.deserialize_model(view.proto)
     detach.attach(loaded, sources)
     with detach.swapped(loaded) as found:
         data = ir.serde.serialize_model(loaded).SerializeToString()

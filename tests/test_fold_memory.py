@@ -1,13 +1,13 @@
 """Folding a large inline weight: the optimiser's peak memory, and output bytes that did not change.
 
 A ~64 MiB float32 weight goes through Mul and Transpose into a MatMul (the
-``weight_100MB`` case of ``benchmarks/bench_fold.py``, smaller). Loading holds
-the file's bytes and the parsed proto at once (2x the model); every later
-phase must stay within that: the checker sees no large weight's values, the
-weight leaves the proto for an array of its own, the Mul result is the only
-new copy (the Transpose result is a view of it), saving writes the arrays
-straight to the file, and the output's check runs once the model's tensors
-are dropped. Peak RSS is measured in a child process (``VmHWM``) net of the
+``weight_100MB`` case of ``benchmarks/bench_fold.py``, smaller). The weight
+stays in the file until the fold reads it into an array of its own (loading
+parses only the rest: ``passes.modelio.detach``), the Mul overwrites that
+array block by block (``passes.fold.evaluate``), the Transpose result is a
+view of it, saving writes it to the file a few MiB at a time, and the output's
+check reads the output's graph without its weights: one copy of the model in
+all. Peak RSS is measured in a child process (``VmHWM``) net of the
 same child's peak on a tiny model (the interpreter with onnx, onnx_ir, numpy
 and refimpl imported). No timing thresholds.
 """
@@ -31,8 +31,9 @@ from passes.errors import InputError
 REPO = pathlib.Path(__file__).resolve().parent.parent
 F32 = TensorProto.FLOAT
 
-#: Peak RSS over the tiny model's, as a multiple of the model's size (measured: 2.0).
-NET_PEAK_RATIO = 2.4
+#: Peak RSS over the tiny model's, as a multiple of the model's size (measured: 1.25, of which
+#: about 16 MiB are blocks being written; it was 2.0 with the weight parsed and a second copy for the Mul).
+NET_PEAK_RATIO = 1.45
 
 _CHILD = r"""
 import json, sys
@@ -69,7 +70,7 @@ def _optimize_peak(src: pathlib.Path, dst: pathlib.Path) -> int:
 
 
 @pytest.mark.skipif(not pathlib.Path("/proc/self/status").exists(), reason="needs /proc for VmHWM")
-def test_folding_a_64mib_weight_peaks_within_twice_its_size(tmp_path: pathlib.Path) -> None:
+def test_folding_a_64mib_weight_peaks_within_one_and_a_half_times_its_size(tmp_path: pathlib.Path) -> None:
     weight = np.random.default_rng(0).standard_normal((4096, 4096), dtype=np.float32)
     big, tiny = tmp_path / "big.onnx", tmp_path / "tiny.onnx"
     onnx.save(_model(weight), big)

@@ -5,6 +5,13 @@ is the one the schema implies and the one the model declares, and whose shape
 fits the declared shape. Anything else is an :class:`EvaluationError` that
 leaves the node in place. Results larger than the size estimated before
 evaluation (``size``) are logged as a warning: the estimate is wrong.
+
+An elementwise op whose input was just read from a file (external data, or a
+weight left in the model file) into an array of its own, of the output's
+shape and dtype, is evaluated block by block into that array
+(:func:`_in_place`): the same kernel on rows of the inputs, so the same
+values, without a second full-size array. Folding a 100 MB weight through a
+Mul then needs 100 MB, not 200.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import numpy as np
 import onnx_ir as ir
 
 import refimpl
+from passes.fold import size
 from passes.fold.policy import Candidate
 from passes.ir.schemas import expected_dtypes
 
@@ -65,7 +73,7 @@ def evaluate(candidate: Candidate) -> list[np.ndarray | None]:
     assert opset is not None and candidate.attrs is not None
     arrays = read_inputs(candidate)
     try:
-        results = refimpl.run(
+        results = _in_place(candidate, arrays) or refimpl.run(
             op, arrays, candidate.attrs, opset=opset, domain=domain, num_outputs=len(node.outputs)
         )
     except refimpl.UnsupportedOpError as e:
@@ -89,6 +97,55 @@ def evaluate(candidate: Candidate) -> list[np.ndarray | None]:
             candidate.estimate.total,
         )
     return outputs
+
+
+#: An input array of its own at least this large is overwritten by the result (see the module docstring).
+IN_PLACE_OVER = 1 << 20
+#: The rows evaluated at a time hold about this many bytes.
+BLOCK = 4 << 20
+
+
+def _in_place(candidate: Candidate, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray] | None:
+    """The output of an elementwise op written over an input array of its own, or None (not this case).
+
+    The target is an input the candidate read into a new array (``Candidate.owns``)
+    with the output's shape, C-contiguous and writable; the kernel runs on blocks
+    of its rows (inputs that broadcast along the first axis are passed whole) and
+    each block's result is checked before it is stored. A first block of another
+    dtype or shape leaves the target untouched and the whole evaluation decides.
+
+    Raises:
+        refimpl errors, as ``refimpl.run`` does.
+    """
+    if candidate.op_type not in size.ELEMENTWISE or candidate.domain != "" or len(candidate.node.outputs) != 1:
+        return None
+    present = [a for a in arrays if a is not None]
+    try:
+        shape = np.broadcast_shapes(*(a.shape for a in present))
+    except ValueError:
+        return None  # the kernel says what is wrong
+    target = next((
+        a for i, a in enumerate(arrays)
+        if a is not None and candidate.owns(i) and a.shape == shape and a.ndim and a.nbytes >= IN_PLACE_OVER
+        and a.flags.c_contiguous and a.flags.writeable and a.dtype.kind not in "OSU"
+    ), None)  # fmt: skip
+    if target is None:
+        return None
+    rows = max(1, BLOCK // max(1, target[0].nbytes))
+    assert candidate.opset is not None and candidate.attrs is not None
+    candidate.forget_arrays()  # the target becomes the result (read again if asked for)
+    for start in range(0, len(target), rows):
+        stop = min(start + rows, len(target))
+        block = [a if a is None or a.ndim < target.ndim or a.shape[0] == 1 else a[start:stop] for a in arrays]
+        (result,) = refimpl.run(candidate.op_type, block, candidate.attrs, opset=candidate.opset, domain="",
+                                num_outputs=1)  # fmt: skip
+        result = np.asarray(result)
+        if result.dtype != target.dtype or result.shape != (stop - start, *target.shape[1:]):
+            if start == 0:
+                return None
+            raise refimpl.KernelBugError(f"{candidate.op_type}: a block's result changed dtype or shape")
+        target[start:stop] = result
+    return [target]
 
 
 def _needed(value: ir.Value) -> bool:

@@ -108,6 +108,17 @@ class Candidate:
             array = self._arrays[index] = read_array(self.node.inputs[index], tensor, self.node)
         return array
 
+    def owns(self, index: int) -> bool:
+        """Whether input ``index``'s array was read for this candidate alone (from a file, into a
+        new array that nothing else holds), so that evaluating it may overwrite it."""
+        tensor = self.tensors[index]
+        # Not isinstance: ExternalTensor derives from a Protocol, whose isinstance costs microseconds.
+        return index in self._arrays and tensor is not None and ir.ExternalTensor in type(tensor).__mro__
+
+    def forget_arrays(self) -> None:
+        """Drops the arrays read (an evaluation overwrote them); they are read again if asked for."""
+        self._arrays.clear()
+
     @property
     def estimate(self) -> size.Estimate:
         """The outputs' sizes before evaluation (see ``size.estimate_outputs``), made once.

@@ -245,13 +245,14 @@ def _concat(
 _UNARY = (
     "Abs Acos Acosh Asin Asinh Atan Atanh BitwiseNot Ceil Celu Cos Cosh Elu Erf Exp Floor Gelu "
     "HardSigmoid HardSwish IsInf IsNaN LeakyRelu Log Mish Neg Not Reciprocal Relu Round Selu "
-    "Sigmoid Sign Sin Sinh Softplus Softsign Sqrt Tan Tanh ThresholdedRelu Softmax LogSoftmax "
-    "Cast CastLike"
+    "Sigmoid Sign Sin Sinh Softplus Softsign Sqrt Tan Tanh ThresholdedRelu Cast CastLike"
 )
 _BROADCASTING = (
     "Add Sub Mul Div Pow Mod And Or Xor Equal Less LessOrEqual Greater GreaterOrEqual BitShift "
     "BitwiseAnd BitwiseOr BitwiseXor Where Max Min Sum Mean PRelu"
 )
+#: Ops each of whose output elements is a function of the inputs' elements at its index (broadcast).
+ELEMENTWISE = frozenset((_UNARY + " " + _BROADCASTING).split())
 
 _RULES: dict[
     str, Callable[[str, int, _Inputs, _Dims, Mapping[str, Any], Reader], Estimate | None]
@@ -262,7 +263,7 @@ _RULES: dict[
     "Range": _range,
     "Resize": _resize,
     "Concat": _concat,
-    **{op: _elementwise for op in (_UNARY + " " + _BROADCASTING).split()},
+    **{op: _elementwise for op in (*ELEMENTWISE, "Softmax", "LogSoftmax")},  # (the same shape)
     **{
         op: _same_elements
         for op in ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")

@@ -27,6 +27,7 @@ import onnx_ir as ir
 from passes.errors import InputError
 
 __all__ = [
+    "InlineData",
     "attribute_values",
     "constant_tensor",
     "make_tensor",
@@ -37,6 +38,27 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+class InlineData(ir.ExternalTensor):
+    """A weight stored inline in the model file (its ``raw_data``), left there until something reads it.
+
+    Not external data: the output stores it inline again (or in its data file,
+    if it has one), copied from the input file by the kernel while no pass
+    replaced it (see :mod:`passes.modelio.detach`). The file is the model file
+    the loader validated, so its folder is fixed (onnx_ir's ``set_base_dir`` of
+    a graph's external data does not move it) and its hard links do not matter.
+    """
+
+    __slots__ = ()
+
+    @property
+    def base_dir(self) -> str | os.PathLike[str]:
+        return self._base_dir
+
+    @base_dir.setter
+    def base_dir(self, value: str | os.PathLike[str]) -> None:
+        pass
 
 _SCALAR_LIST_ATTRS = {
     # Constant attribute -> (numpy dtype, is a list)
@@ -170,7 +192,7 @@ def read_external(tensor: ir.ExternalTensor) -> np.ndarray:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise InputError(f"external data {tensor.location!r} is not a regular file")
-        if info.st_nlink > 1:
+        if info.st_nlink > 1 and not isinstance(tensor, InlineData):
             raise InputError(f"external data {tensor.location!r} has {info.st_nlink} hard links")
         if info.st_size < offset + nbytes:
             raise InputError(

@@ -49,7 +49,9 @@ from passes.modelio.load import (
     model_to_proto_with_markers,
     proto_from_bytes,
     read_graph,
+    read_weights_in_file,
     read_whole,
+    stored_externally,
     validate_proto,
 )
 from passes.errors import InputError, first_line as _first_line
@@ -68,6 +70,7 @@ _detach = lazy_module("passes.modelio.detach")
 _walk = lazy_module("passes.ir.walk")
 _stream = lazy_module("passes.modelio.stream")
 _wire = lazy_module("passes.modelio.wire")
+_tensors = lazy_module("passes.ir.tensors")
 
 __all__ = [
     "PROTOBUF_LIMIT",
@@ -82,6 +85,7 @@ __all__ = [
     "model_to_proto",
     "proto_from_bytes",
     "read_graph",
+    "read_weights_in_file",
     "read_whole",
     "save_model",
     "staged_output",
@@ -105,7 +109,7 @@ def _inline_nbytes(model: ir.Model) -> int:
     for graph in _walk.graphs(model):
         for value in graph.initializers.values():
             tensor = value.const_value
-            if tensor is not None and not isinstance(tensor, ir.ExternalTensor):
+            if tensor is not None and not stored_externally(tensor):
                 total += tensor.nbytes
     return total
 
@@ -191,7 +195,7 @@ def _split_initializers(model: ir.Model) -> tuple[list[ir.Value], list[ir.Value]
                 continue
             if tensor.nbytes > _INLINE_UP_TO and tensor.dtype != ir.DataType.STRING:
                 external.append(value)
-            elif isinstance(tensor, ir.ExternalTensor):
+            elif stored_externally(tensor):
                 inline.append(value)
     return inline, external
 
@@ -203,15 +207,21 @@ def _write_model(model: ir.Model, path: pathlib.Path) -> None:
     times (``tobytes()``, the proto's ``raw_data``, the serialized string): a
     placeholder of the same name, type and shape stands for it while the proto
     is built, and :mod:`passes.modelio.stream` puts its bytes in its place. A
-    detached attribute (:mod:`passes.modelio.detach`) is serialised as its
-    marker and copied from the input file. The file's bytes are those of
-    ``model_to_proto(model).SerializeToString()``.
+    weight still in the input file (``InlineData``) and a detached attribute
+    (:mod:`passes.modelio.detach`) are copied from that file by the kernel. The
+    file's bytes are those of ``model_to_proto(model).SerializeToString()``.
     """
-    arrays: dict[str, np.ndarray] = {}
+    inline = [v.const_value for v in model.graph.initializers.values() if isinstance(v.const_value, _tensors.InlineData)]
+    with _detach.swapped(model) as detached:
+        sources = {source.path for source in detached.values()} | {t.path for t in inline}
+    source = next(iter(sorted(sources)), None)
+    if source is not None and path.exists() and os.path.samefile(path, source):
+        source = None  # the file they are copied from is about to be replaced: read them now
+    arrays: dict[str, np.ndarray | _wire.Range] = {}
     swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
     try:
         for value in model.graph.initializers.values():
-            placeholder, array = _placeholder(value.const_value, value.name)
+            placeholder, array = _placeholder(value.const_value, value.name, source)
             if placeholder is not None:
                 arrays[value.name] = array
                 swapped.append((value, value.const_value))
@@ -220,13 +230,9 @@ def _write_model(model: ir.Model, path: pathlib.Path) -> None:
     finally:
         for value, tensor in reversed(swapped):
             value.const_value = tensor
-    sources = {source.path for source in detached.values()}
-    if len(sources) > 1:
-        raise ValueError("detached attributes from more than one file")  # one load's, by construction
-    source = next(iter(sources), None)
-    if source is not None and path.exists() and os.path.samefile(path, source):
-        _detach.materialized(proto, detached)  # the file they are copied from is about to be replaced
-        detached, source = {}, None
+    if any(s.path != source for s in detached.values()):
+        _detach.materialized(proto, detached)  # not from the one file copied from (see above)
+        detached = {}
     serialized = proto.SerializeToString()
     del proto
     visitors = []
@@ -238,18 +244,33 @@ def _write_model(model: ir.Model, path: pathlib.Path) -> None:
     _wire.write(path, [serialized] if pieces is None else pieces, source)
 
 
-def _placeholder(tensor: ir.TensorProtocol | None, name: str) -> tuple[ir.Tensor | None, np.ndarray | None]:
-    """An empty stand-in for an in-memory array over :data:`_STREAM_OVER` bytes, and the array."""
-    if not isinstance(tensor, ir.Tensor) or tensor.nbytes <= _STREAM_OVER or tensor.dtype.bitwidth % 8:
-        return None, None
-    array = _stream.streamable_array(tensor.numpy())
-    if array is None:
-        return None, None
+def _placeholder(
+    tensor: ir.TensorProtocol | None, name: str, source: str | None
+) -> tuple[ir.Tensor | None, np.ndarray | _wire.Range | None]:
+    """An empty stand-in for a large weight, and what fills its ``raw_data`` in the file.
+
+    A weight still in ``source`` (``InlineData``): its bytes there, copied by the
+    kernel. An in-memory array over :data:`_STREAM_OVER` bytes (or a weight of
+    another file, read now): the array.
+    """
+    if isinstance(tensor, _tensors.InlineData):
+        if tensor.path == source:
+            piece: np.ndarray | _wire.Range = _wire.Range(int(tensor.offset or 0), int(tensor.nbytes))
+        else:
+            piece = _tensors.read_external(tensor)
+        dtype = tensor.dtype.numpy()
+    else:
+        if not isinstance(tensor, ir.Tensor) or tensor.nbytes <= _STREAM_OVER or tensor.dtype.bitwidth % 8:
+            return None, None
+        piece = _stream.streamable_array(tensor.numpy())
+        if piece is None:
+            return None, None
+        dtype = piece.dtype
     placeholder = ir.Tensor(
-        np.empty(0, array.dtype), dtype=tensor.dtype, shape=tensor.shape, name=name,
+        np.empty(0, dtype), dtype=tensor.dtype, shape=tensor.shape, name=name,
         doc_string=tensor.doc_string, metadata_props=dict(tensor.metadata_props) or None,
     )  # fmt: skip
-    return placeholder, array
+    return placeholder, piece
 
 
 @contextlib.contextmanager

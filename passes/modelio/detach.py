@@ -23,6 +23,16 @@ input file into the output by the kernel (:func:`splice_visitor`, written by
 enclosing length prefixes: the output holds the bytes a decode and re-encode
 would give, without either.
 
+The same walk leaves large weights in the file: a main-graph initializer of
+more than :data:`passes.modelio.views.LARGE` bytes of ``raw_data`` and no
+field but its name, dims, type and doc string (a plain weight) is parsed as a
+stand-in without its data, marked in its ``doc_string`` (:class:`Weight`
+records where the bytes are); the loader gives the IR an
+:class:`~passes.modelio.load.InlineData` tensor over those bytes, read only
+when a pass reads it, and saving copies them from the input file by the
+kernel like a detached attribute. A 1.5 GB model whose weights no pass
+changes is never read into memory.
+
 Marker strings carry a random per-process nonce, so no input can forge one.
 The checker runs on the markers; where a list's length matters to inference
 and the view fails, the whole model decides (``modelio.load.check_view``).
@@ -34,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import mmap
 import os
 import secrets
 from collections.abc import Iterator
@@ -44,11 +53,12 @@ import onnx
 import onnx_ir as ir
 
 from passes.errors import InputError, first_line
+from passes.modelio import views as _views
 from passes.modelio import wire
 
 __all__ = [
-    "MIN_ATTRIBUTE", "MIN_FILE", "DetachedAttr", "Source", "attach", "marker_key", "materialized", "read_view",
-    "splice_visitor", "swapped",
+    "MIN_ATTRIBUTE", "MIN_FILE", "DetachedAttr", "Source", "View", "Weight", "attach", "marker_key", "materialized",
+    "read_view", "splice_visitor", "swapped", "weight_key",
 ]
 
 #: Files smaller than this are parsed as they are (walking them would cost more than it saves).
@@ -77,6 +87,29 @@ class Source:
     length: int
 
 
+@dataclasses.dataclass(frozen=True)
+class Weight:
+    """A weight left in the file: its ``raw_data`` is ``source``; the stand-in's real ``doc_string``."""
+
+    source: Source
+    doc_string: str | None
+
+
+@dataclasses.dataclass
+class View:
+    """A model file parsed with its large lists and weights left in the file (see the module docstring)."""
+
+    proto: onnx.ModelProto
+    #: The detached attribute records, by marker key.
+    attributes: dict[str, Source]
+    #: The weights left in the file, by marker key (see :func:`weight_key`).
+    weights: dict[str, Weight]
+
+    @property
+    def detached(self) -> bool:
+        return bool(self.attributes or self.weights)
+
+
 def _list_attribute(buf: Any, fd: int, start: int, end: int) -> tuple[bytes, int] | None:
     """The name and type of the attribute record ``buf[start:end]`` if it is a list (not a reference).
 
@@ -84,8 +117,7 @@ def _list_attribute(buf: Any, fd: int, start: int, end: int) -> tuple[bytes, int
     ``type`` (field 20) comes after them: past the name, the first field tells
     whether this may be a list (``floats``, ``ints``, ``strings``: fields 7-9;
     anything else, a subgraph above all, is not parsed), and then protobuf
-    parses the record (read with ``pread``, so the mapped pages are not
-    touched) as an :func:`_header` message, which knows only ``name``, ``type``
+    parses the record (read with ``pread`` at once) as an :func:`_header` message, which knows only ``name``, ``type``
     and ``ref_attr_name``: the elements stay bytes (unknown fields), never
     numbers, and are dropped at once.
     """
@@ -135,13 +167,12 @@ def _marker(name: bytes, kind: int, key: str) -> bytes:
 # --- reading -----------------------------------------------------------------------------------
 
 
-def read_view(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, dict[str, Source]]:
-    """The model at ``path``, parsed with its large list attributes detached (see the module docstring).
+def read_view(path: str | os.PathLike[str]) -> View:
+    """The model at ``path``, parsed with its large list attributes and weights left in the file.
 
     Returns:
-        The model (markers in place of the detached records) and the records by marker key
-        (empty for a file under :data:`MIN_FILE` or without such attributes: then the model is
-        the file as it is).
+        The view (no records and no weights for a file under :data:`MIN_FILE`
+        or without either: then the proto is the file as it is).
 
     Raises:
         OSError: the file cannot be read.
@@ -151,32 +182,110 @@ def read_view(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, dict[str, 
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < MIN_FILE:
-            return onnx.ModelProto.FromString(f.read()), {}
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            sources: dict[str, Source] = {}
+            return View(onnx.ModelProto.FromString(f.read()), {}, {})
+        buf = wire.FileBytes(f.fileno(), size)
+        sources: dict[str, Source] = {}
+        weights: dict[str, Weight] = {}
+        names: set[bytes] = set()
 
-            def visit(kind: str, start: int, end: int, above: tuple[object, ...]) -> object:
-                if end - start < MIN_ATTRIBUTE:
-                    return None  # too small to hold a large attribute
-                if kind != "attribute":
-                    return wire.DESCEND if kind != "initializer" else None
-                if above[-1] not in _ONNX_DOMAINS:
-                    found = _list_attribute(buf, f.fileno(), start, end)
-                    if found is not None:
-                        key = str(len(sources))
-                        sources[key] = Source(path, start, end - start)
-                        return [_marker(*found, key)]
-                return wire.DESCEND  # a graph attribute's subgraph may hold some
+        def visit(kind: str, start: int, end: int, above: tuple[object, ...]) -> object:
+            if kind == "initializer":
+                if end - start <= _views.LARGE or above != ("model", "graph"):
+                    return None
+                found = _plain_weight(buf, start, end)
+                if found is None:
+                    return None
+                name, raw, doc, kept = found
+                if name in names:  # two initializers of one name: protobuf's parse decides, checked
+                    raise wire.Malformed("a repeated initializer name")
+                names.add(name)
+                key = str(len(weights))
+                weights[key] = Weight(Source(path, *raw), doc)
+                marker = (_PREFIX + _WEIGHT + key).encode()
+                return [*kept, wire.tag(_TENSOR_DOC) + wire.encode_varint(len(marker)) + marker]
+            if end - start < MIN_ATTRIBUTE:
+                return None  # too small to hold a large attribute
+            if kind != "attribute":
+                return wire.DESCEND
+            if above[-1] not in _ONNX_DOMAINS:
+                found = _list_attribute(buf, f.fileno(), start, end)
+                if found is not None:
+                    key = str(len(sources))
+                    sources[key] = Source(path, start, end - start)
+                    return [_marker(*found, key)]
+            return wire.DESCEND  # a graph attribute's subgraph may hold some
 
-            try:
-                chunks = wire.rewrite(buf, visit)
-            except wire.Malformed:
-                chunks = None
-            if chunks is None:
-                return onnx.ModelProto.FromString(f.read()), {}
-            data = b"".join(chunks)  # type: ignore[arg-type]
-            del chunks
-    return onnx.ModelProto.FromString(data), sources
+        try:
+            chunks = wire.rewrite(buf, visit)
+        except wire.Malformed:
+            chunks = None
+        if chunks is None:
+            return View(onnx.ModelProto.FromString(f.read()), {}, {})
+        data = b"".join(chunks)  # type: ignore[arg-type]
+        del chunks
+    return View(onnx.ModelProto.FromString(data), sources, weights)
+
+
+# TensorProto's fields: dims, data_type, name, raw_data, doc_string.
+_DIMS, _DATA_TYPE, _TENSOR_NAME, _RAW_DATA, _TENSOR_DOC = 1, 2, 8, 9, 12
+#: Marks a weight's key (after the prefix) apart from an attribute record's.
+_WEIGHT = "w"
+
+
+def _plain_weight(buf: Any, start: int, end: int) -> tuple[bytes, tuple[int, int], str | None, list[Any]] | None:
+    """``(name, (raw data offset, length), doc_string, the other fields' bytes)`` of a plain weight record.
+
+    Plain: a name (UTF-8, not empty), dims, a numeric type of whole bytes, and
+    ``raw_data`` of exactly the bytes they declare (:mod:`passes.modelio.validate`
+    would refuse anything else, so such a record is left for it to see), each
+    field once, and nothing else. Only tags, lengths and the small fields are
+    read; the data's pages are not touched. None for any other record.
+    """
+    dims: list[int] = []
+    seen: dict[int, tuple[int, int]] = {}
+    kept: list[Any] = []
+    for field, wire_type, record, value, value_end in wire.fields(buf, start, end):
+        if field == _DIMS and wire_type == 0:
+            dims.append(wire.varint(buf, value)[0])
+        elif field == _DIMS and wire_type == 2:
+            pos = value
+            while pos < value_end:
+                dim, pos = wire.varint(buf, pos)
+                dims.append(dim)
+        elif field in seen or field not in (_DATA_TYPE, _TENSOR_NAME, _RAW_DATA, _TENSOR_DOC) or (
+            wire_type != (0 if field == _DATA_TYPE else 2)
+        ):
+            return None
+        else:
+            seen[field] = (value, value_end)
+        if field not in (_RAW_DATA, _TENSOR_DOC):
+            kept.append(wire.span(buf, record, value_end))
+    if _RAW_DATA not in seen or _TENSOR_NAME not in seen or _DATA_TYPE not in seen:
+        return None
+    try:
+        dtype = ir.DataType(wire.varint(buf, seen[_DATA_TYPE][0])[0])
+        name = bytes(buf[slice(*seen[_TENSOR_NAME])])
+        name.decode()
+        doc = bytes(buf[slice(*seen[_TENSOR_DOC])]).decode() if _TENSOR_DOC in seen else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not name or dtype in (ir.DataType.UNDEFINED, ir.DataType.STRING) or dtype.bitwidth % 8:
+        return None
+    count = 1
+    for dim in dims:
+        if dim >= 1 << 63:  # a negative dimension
+            return None
+        count *= dim
+    raw_start, raw_end = seen[_RAW_DATA]
+    if count * dtype.bitwidth // 8 != raw_end - raw_start or raw_end - raw_start <= _views.LARGE:
+        return None  # (the checker's view leaves out exactly the weights over LARGE: see views)
+    return name, (raw_start, raw_end - raw_start), doc, kept
+
+
+def weight_key(doc_string: str | None) -> str | None:
+    """The key of a weight's stand-in marker (None: not a stand-in of this process)."""
+    key = marker_key(doc_string)
+    return key[len(_WEIGHT):] if key is not None and key.startswith(_WEIGHT) else None
 
 
 def marker_key(doc_string: str | None) -> str | None:

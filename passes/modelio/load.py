@@ -39,6 +39,7 @@ _sparse = lazy_module("passes.modelio.sparse")
 _detach = lazy_module("passes.modelio.detach")
 _walk = lazy_module("passes.ir.walk")
 _views = lazy_module("passes.modelio.views")
+_tensors = lazy_module("passes.ir.tensors")
 _unknown_fields = lazy_module("google.protobuf.unknown_fields")
 np = lazy_module("numpy")
 
@@ -52,17 +53,24 @@ __all__ = [
     "model_to_proto",
     "proto_from_bytes",
     "read_graph",
+    "read_weights_in_file",
     "read_whole",
+    "stored_externally",
     "validate_proto",
 ]
 
 logger = logging.getLogger(__name__)
 
+def stored_externally(tensor: ir.TensorProtocol | None) -> bool:
+    """Whether ``tensor`` is external data (a weight left in the model file itself is not)."""
+    return isinstance(tensor, ir.ExternalTensor) and not isinstance(tensor, _tensors.InlineData)
+
+
 def has_external_data(model: ir.Model) -> bool:
     """Whether any initializer of the model (or its subgraphs) is stored externally."""
     for graph in _walk.graphs(model):
         for value in graph.initializers.values():
-            if isinstance(value.const_value, ir.ExternalTensor):
+            if stored_externally(value.const_value):
                 return True
     return False
 
@@ -105,18 +113,20 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         )
     real = pathlib.Path(os.path.realpath(path))
     try:
-        proto, detached = _detach.read_view(real)
+        view = _detach.read_view(real)
     except (_protobuf.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
         raise InputError(f"{shown(path)}: not a valid ONNX model ({_first_line(e)})") from e
     except OSError as e:
         raise InputError(f"{shown(path)}: cannot read ({e.strerror or _first_line(e)})") from e
     identities: dict[pathlib.Path, _validate.Identity] = {}
-    if detached:  # read again when a pass or the save needs them: the file must stay as it is
+    if view.detached:  # read again when a pass or the save needs them: the file must stay as it is
         identities[real] = _validate.identity(real)
     try:
-        whole = functools.partial(read_whole, path) if detached else None
-        external = validate_proto(proto, path.parent, path=path, check=check, identities=identities, whole=whole)
-        model = model_from_proto(proto, detached=detached)
+        whole = functools.partial(read_whole, path) if view.attributes else None
+        external = validate_proto(view.proto, path.parent, path=path, check=check, identities=identities,
+                                  whole=whole)  # fmt: skip
+        model = model_from_proto(view.proto, detached=view.attributes, weights=view.weights)
+        del view
         if identities:
             model.meta[_IDENTITY_KEY] = identities
         try:
@@ -172,8 +182,9 @@ def read_graph(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, Callable[
     """The protobuf of a model file, to read and check, never to save or run.
 
     External data is not loaded, and a large file's large list attributes are
-    markers without their values (see :mod:`passes.modelio.detach`): a tree
-    ensemble is not parsed into gigabytes that nothing reads.
+    markers without their values and its large weights stand-ins without
+    their data (see :mod:`passes.modelio.detach`): a tree ensemble is not
+    parsed into gigabytes that nothing reads.
 
     Returns:
         The model, and if it is such a view, how to read the whole of it (for
@@ -183,8 +194,8 @@ def read_graph(path: str | os.PathLike[str]) -> tuple[onnx.ModelProto, Callable[
         OSError: the file cannot be read.
         google.protobuf.message.DecodeError: the file is not a protobuf message.
     """
-    proto, detached = _detach.read_view(path)
-    return proto, (functools.partial(read_whole, path) if detached else None)
+    view = _detach.read_view(path)
+    return view.proto, (functools.partial(read_whole, path) if view.attributes else None)
 
 
 def read_whole(path: str | os.PathLike[str]) -> onnx.ModelProto:
@@ -273,7 +284,8 @@ def check_view(
 
 
 def model_from_proto(
-    proto: onnx.ModelProto, *, validate: bool = False, detached: dict[str, _detach.Source] | None = None
+    proto: onnx.ModelProto, *, validate: bool = False, detached: dict[str, _detach.Source] | None = None,
+    weights: dict[str, _detach.Weight] | None = None,
 ) -> ir.Model:
     """Builds the IR of ``proto`` (changed in place: sparse Constants and map types stashed).
 
@@ -281,8 +293,9 @@ def model_from_proto(
     :func:`_move_out_large_weights`; the stashing then edits a light copy).
     onnx_ir represents neither sparse tensor attributes nor map types; see
     ``passes.modelio.sparse`` and ``passes.modelio.opaque``. :func:`model_to_proto` and
-    :func:`save_model` put the stashed nodes and types back. ``detached``: the attribute
-    records :func:`passes.modelio.detach.read_view` left in the file, read when used.
+    :func:`save_model` put the stashed nodes and types back. ``detached`` and ``weights``:
+    the attribute records and weights :func:`passes.modelio.detach.read_view` left in
+    the file, read when used.
 
     Raises:
         InputError: with ``validate``, the model is invalid (see :func:`validate_proto`);
@@ -290,7 +303,7 @@ def model_from_proto(
     """
     if validate:
         validate_proto(proto)
-    proto, weights = _move_out_large_weights(proto)
+    proto, moved = _move_out_large_weights(proto)
     _one_default_domain(proto)
     sparse = _sparse.stash(proto)
     stashed = _opaque_types.stash(proto)
@@ -298,8 +311,10 @@ def model_from_proto(
         model = ir.serde.deserialize_model(proto)
     except (ValueError, TypeError, KeyError, RuntimeError, NotImplementedError) as e:
         raise InputError(f"cannot read the model ({_root_message(e)})") from e
-    for name, tensor in weights.items():
+    for name, tensor in moved.items():
         model.graph.initializers[name].const_value = tensor
+    if weights:
+        _attach_weights(model, weights)
     _detach.attach(model, detached or {})
     if stashed:
         model.meta[_opaque_types.STASH_KEY] = stashed
@@ -307,6 +322,32 @@ def model_from_proto(
         model.meta[_sparse.STASH_KEY] = sparse
         _sparse.attach_types(model)
     return model
+
+
+def _attach_weights(model: ir.Model, weights: dict[str, _detach.Weight]) -> None:
+    """Each weight's stand-in (see :func:`passes.modelio.detach.read_view`) becomes an ``InlineData`` over its bytes."""
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        key = _detach.weight_key(getattr(tensor, "doc_string", None)) if tensor is not None else None
+        if key is None or key not in weights:
+            continue
+        weight = weights[key]
+        folder, name = os.path.split(weight.source.path)
+        value.const_value = _tensors.InlineData(
+            name, weight.source.offset, weight.source.length, tensor.dtype, shape=tensor.shape, name=tensor.name,
+            doc_string=weight.doc_string, base_dir=folder,
+        )  # fmt: skip
+
+
+def read_weights_in_file(model: ir.Model) -> None:
+    """Reads each weight left in the model file (``InlineData``) into memory, in place.
+
+    For a model handed to a caller: onnx_ir's own save would write such a weight
+    as a reference to the input file.
+    """
+    for value in model.graph.initializers.values():
+        if isinstance(value.const_value, _tensors.InlineData):
+            value.const_value = _in_memory(value.const_value)
 
 
 def _one_default_domain(proto: onnx.ModelProto) -> None:
@@ -383,9 +424,22 @@ def model_to_proto(model: ir.Model) -> onnx.ModelProto:
 
 
 def model_to_proto_with_markers(model: ir.Model) -> tuple[onnx.ModelProto, dict[str, _detach.Source]]:
-    """:func:`model_to_proto` with detached attributes left as markers, and the records they stand for."""
-    with _detach.swapped(model) as detached:
-        proto = ir.serde.serialize_model(model)
+    """:func:`model_to_proto` with detached attributes left as markers, and the records they stand for.
+
+    Weights left in the model file (``InlineData``) are read for the proto
+    (:func:`passes.modelio.save_model` swaps them out first, and copies them).
+    """
+    swapped = []
+    try:
+        for value in model.graph.initializers.values():
+            if isinstance(value.const_value, _tensors.InlineData):
+                swapped.append((value, value.const_value))
+                value.const_value = _in_memory(value.const_value)
+        with _detach.swapped(model) as detached:
+            proto = ir.serde.serialize_model(model)
+    finally:
+        for value, tensor in swapped:
+            value.const_value = tensor
     _restore_stashed(model, proto)
     return proto, detached
 
@@ -437,6 +491,9 @@ def _in_memory(
         return tensor
     if base_dir is not None:
         tensor.base_dir = str(base_dir)
+    if isinstance(tensor, _tensors.InlineData):  # read, not mapped: the model file may be replaced
+        return ir.Tensor(_tensors.read_external(tensor), dtype=tensor.dtype, name=tensor.name,
+                         doc_string=tensor.doc_string)  # fmt: skip
     return ir.Tensor(tensor.numpy().copy(), dtype=tensor.dtype, name=tensor.name)
 
 
@@ -445,6 +502,6 @@ def data_files(model: ir.Model) -> set[pathlib.Path]:
     files = set()
     for graph in _walk.graphs(model):
         for value in graph.initializers.values():
-            if isinstance(value.const_value, ir.ExternalTensor):
+            if stored_externally(value.const_value):
                 files.add(pathlib.Path(value.const_value.path).resolve())
     return files

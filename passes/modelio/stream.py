@@ -38,8 +38,9 @@ def streamable_array(array: object) -> np.ndarray | None:
     return array
 
 
-def array_visitor(data: bytes, arrays: Mapping[str, np.ndarray]) -> wire.Visitor:
-    """The visitor that fills the empty ``raw_data`` of the main graph's initializers named in ``arrays``."""
+def array_visitor(data: bytes, arrays: Mapping[str, np.ndarray | wire.Range]) -> wire.Visitor:
+    """The visitor that fills the empty ``raw_data`` of the main graph's initializers named in ``arrays``
+    (an array, or a :class:`~passes.modelio.wire.Range` of the source file: a weight left there)."""
 
     def visit(kind: str, start: int, end: int, above: tuple[Any, ...]) -> Any:
         if kind == "graph" and above == ("model",):
@@ -54,7 +55,7 @@ def array_visitor(data: bytes, arrays: Mapping[str, np.ndarray]) -> wire.Visitor
         pieces: list[wire.Piece] = []
         for field, _, record, value, value_end in wire.fields(data, start, end):
             if field == _RAW_DATA and value == value_end:
-                pieces += [wire.tag(_RAW_DATA) + wire.encode_varint(array.nbytes), array]
+                pieces += [wire.tag(_RAW_DATA) + wire.encode_varint(wire.size(array)), array]
             else:
                 pieces.append(memoryview(data)[record:value_end])
         return pieces

@@ -22,7 +22,7 @@ import onnx.external_data_helper
 import onnx_ir as ir
 
 from passes.errors import InputError, first_line as _first_line
-from passes.modelio import views
+from passes.modelio import detach as _detach, views
 from passes.modelio.declared import (  # noqa: F401  ShapeConflict: part of check_validity's result
     SHAPE_CONFLICT,
     ShapeConflict,
@@ -137,7 +137,13 @@ _DATA_FIELDS = ("raw_data", "float_data", "int32_data", "string_data", "int64_da
 
 
 def _check_inline_data(tensor: onnx.TensorProto) -> None:
-    """The data stored in the tensor itself must be exactly what its type and shape declare."""
+    """The data stored in the tensor itself must be exactly what its type and shape declare.
+
+    A weight's stand-in (its data left in the file, see :mod:`passes.modelio.detach`)
+    was checked on the wire: exactly the bytes its type and shape declare.
+    """
+    if tensor.doc_string and _detach.weight_key(tensor.doc_string) is not None:
+        return
     dtype = _data_type(tensor)
     count = _element_count(tensor)
     label = _tensor_label(tensor)
