@@ -142,18 +142,32 @@ def weights_model(mib: int) -> onnx.ModelProto:
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=7)
 
 
-def build_cases(workdir: pathlib.Path, quick: bool) -> list[tuple[str, pathlib.Path, bool]]:
-    """Writes the input models; returns (case name, path, stored as external data)."""
+def build_cases(workdir: pathlib.Path, quick: bool, only: str = "") -> list[tuple[str, pathlib.Path, bool]]:
+    """Writes the input models; returns (case name, path, stored as external data).
+
+    ``only``: a comma-separated subset, ``chain`` and ``weights`` for all of a kind
+    (``chain_1000``, ``weights_inline``... for one).
+    """
     chains = [100, 1000] if quick else [1000, 10_000, 50_000, 100_000]
     mib = 20 if quick else 500
+    wanted = {w for w in only.split(",") if w}
+
+    def chosen(name: str) -> bool:
+        return not wanted or name in wanted or name.split("_")[0] in wanted
+
     cases = []
     for count in chains:
+        if not chosen(f"chain_{count}"):
+            continue
         path = workdir / f"chain_{count}" / "model.onnx"
         path.parent.mkdir()
         onnx.save_model(reduce_chain(count), path)
         cases.append((f"chain {count} reduce", path, False))
-    model = weights_model(mib)
+    model = None
     for external in (False, True):
+        if not chosen(f"weights_{'external' if external else 'inline'}"):
+            continue
+        model = model or weights_model(mib)
         path = workdir / f"weights_{'external' if external else 'inline'}" / "model.onnx"
         path.parent.mkdir()
         onnx.save_model(
@@ -167,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated subset of %(default)s")
+    parser.add_argument("--cases", default="", help="comma-separated subset: chain, weights, chain_1000, "
+                                                    "weights_inline... (default: all)")
     parser.add_argument("--json", type=pathlib.Path, default=None, help="where to save the measurements")
     parser.add_argument("--workdir", type=pathlib.Path, default=None, help="where to write the models")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per tool run (default %(default)s)")
@@ -175,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         workdir = pathlib.Path(tmp)
         results = []
-        for case, path, external in build_cases(workdir, args.quick):
+        for case, path, external in build_cases(workdir, args.quick, args.cases):
             for tool in tools:
                 out_dir = path.parent / tool
                 out_dir.mkdir()
