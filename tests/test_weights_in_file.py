@@ -42,10 +42,10 @@ def left_in_file() -> Iterator[None]:
 
 
 def _model(*, fold: bool, doc: str | None = None, dtype: type = np.float32) -> onnx.ModelProto:
-    """``y = x @ (w * 0.5)ᵀ`` if ``fold`` else ``x @ w``, and ``z = x @ v``: two 2-4 MiB weights."""
+    """``y = x @ (w * 0.5)ᵀ`` if ``fold`` else ``x @ w``, and ``z = x @ v``: two weights over 1 MiB."""
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((1024, 1024)) * 0.1).astype(dtype)
-    v = (rng.standard_normal((1024, 512)) * 0.1).astype(dtype)
+    v = (rng.standard_normal((1024, 768)) * 0.1).astype(dtype)
     tensors = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(v, "v"),
                numpy_helper.from_array(np.array(0.5, dtype), "half")]  # fmt: skip
     if doc is not None:
@@ -59,7 +59,7 @@ def _model(*, fold: bool, doc: str | None = None, dtype: type = np.float32) -> o
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, [2, 1024])],
                               [helper.make_tensor_value_info("y", elem, [2, 1024]),
-                               helper.make_tensor_value_info("z", elem, [2, 512])], tensors)  # fmt: skip
+                               helper.make_tensor_value_info("z", elem, [2, 768])], tensors)  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
 
 
@@ -75,12 +75,12 @@ def _raw(path: pathlib.Path, name: str) -> bytes:
     return next(t.raw_data for t in proto.graph.initializer if t.name == name)
 
 
-@pytest.mark.parametrize("doc", [None, "kept"])
+@pytest.mark.parametrize(("doc", "dtype"), [(None, np.float32), ("kept", np.float32), (None, np.float16)])
 def test_untouched_weights_stay_in_the_file_and_come_out_the_same(
-    tmp_path: pathlib.Path, left_in_file: None, doc: str | None
+    tmp_path: pathlib.Path, left_in_file: None, doc: str | None, dtype: type
 ) -> None:
     src = tmp_path / "m.onnx"
-    onnx.save(_model(fold=False, doc=doc), src)
+    onnx.save(_model(fold=False, doc=doc, dtype=dtype), src)
     model = modelio.load_model(src)
     tensors = {name: model.graph.initializers[name].const_value for name in ("w", "v")}
     assert all(isinstance(t, InlineData) for t in tensors.values())
@@ -180,7 +180,7 @@ def test_other_weights_are_parsed_as_before(
     src = tmp_path / "m.onnx"
     src.write_bytes(proto.SerializeToString())
     view = detach.read_view(src)
-    assert [w.source.length for w in view.weights.values()] == [2 << 20]  # only v's
+    assert [w.source.length for w in view.weights.values()] == [3 << 20]  # only v's
     if refused is not None:
         with pytest.raises(InputError, match=refused):
             modelio.load_model(src)
