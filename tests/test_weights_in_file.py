@@ -168,9 +168,10 @@ def test_a_weight_file_changed_after_loading_is_refused(tmp_path: pathlib.Path, 
     [
         (lambda t: t.metadata_props.add(key="k", value="v"), None),  # not a plain weight
         (lambda t: setattr(t, "data_location", TensorProto.DEFAULT), None),  # a field set, even to its default
+        (lambda t: setattr(t, "doc_string", ""), None),  # an empty doc string, which onnx_ir would not write
         (lambda t: t.dims.__setitem__(0, 512), "raw_data has"),  # the wrong length: validation refuses it
     ],
-    ids=["metadata", "data-location", "wrong-length"],
+    ids=["metadata", "data-location", "empty-doc", "wrong-length"],
 )
 def test_other_weights_are_parsed_as_before(
     tmp_path: pathlib.Path, left_in_file: None, mutate: object, refused: str | None

@@ -211,7 +211,8 @@ def _write_model(model: ir.Model, path: pathlib.Path) -> None:
     (:mod:`passes.modelio.detach`) are copied from that file by the kernel. The
     file's bytes are those of ``model_to_proto(model).SerializeToString()``.
     """
-    inline = [v.const_value for v in model.graph.initializers.values() if isinstance(v.const_value, _tensors.InlineData)]
+    inline = [v.const_value for v in model.graph.initializers.values()
+              if isinstance(v.const_value, _tensors.InlineData)]  # fmt: skip
     with _detach.swapped(model) as detached:
         sources = {source.path for source in detached.values()} | {t.path for t in inline}
     source = next(iter(sorted(sources)), None)

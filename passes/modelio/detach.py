@@ -28,7 +28,7 @@ more than :data:`passes.modelio.views.LARGE` bytes of ``raw_data`` and no
 field but its name, dims, type and doc string (a plain weight) is parsed as a
 stand-in without its data, marked in its ``doc_string`` (:class:`Weight`
 records where the bytes are); the loader gives the IR an
-:class:`~passes.modelio.load.InlineData` tensor over those bytes, read only
+:class:`~passes.ir.tensors.InlineData` tensor over those bytes, read only
 when a pass reads it, and saving copies them from the input file by the
 kernel like a detached attribute. A 1.5 GB model whose weights no pass
 changes is never read into memory.
@@ -117,9 +117,9 @@ def _list_attribute(buf: Any, fd: int, start: int, end: int) -> tuple[bytes, int
     ``type`` (field 20) comes after them: past the name, the first field tells
     whether this may be a list (``floats``, ``ints``, ``strings``: fields 7-9;
     anything else, a subgraph above all, is not parsed), and then protobuf
-    parses the record (read with ``pread`` at once) as an :func:`_header` message, which knows only ``name``, ``type``
-    and ``ref_attr_name``: the elements stay bytes (unknown fields), never
-    numbers, and are dropped at once.
+    parses the record (read with ``pread`` at once) as an :func:`_header`
+    message, which knows only ``name``, ``type`` and ``ref_attr_name``: the
+    elements stay bytes (unknown fields), never numbers, and are dropped at once.
     """
     for field, _, _, _, _ in wire.fields(buf, start, end):
         if field == 1:
@@ -238,8 +238,9 @@ def _plain_weight(buf: Any, start: int, end: int) -> tuple[bytes, tuple[int, int
     Plain: a name (UTF-8, not empty), dims, a numeric type of whole bytes, and
     ``raw_data`` of exactly the bytes they declare (:mod:`passes.modelio.validate`
     would refuse anything else, so such a record is left for it to see), each
-    field once, and nothing else. Only tags, lengths and the small fields are
-    read; the data's pages are not touched. None for any other record.
+    field once, a doc string only if not empty (onnx_ir would not write an empty
+    one back), and nothing else. Only tags, lengths and the small fields are
+    read. None for any other record.
     """
     dims: list[int] = []
     seen: dict[int, tuple[int, int]] = {}
@@ -261,6 +262,8 @@ def _plain_weight(buf: Any, start: int, end: int) -> tuple[bytes, tuple[int, int
         if field not in (_RAW_DATA, _TENSOR_DOC):
             kept.append(wire.span(buf, record, value_end))
     if _RAW_DATA not in seen or _TENSOR_NAME not in seen or _DATA_TYPE not in seen:
+        return None
+    if _TENSOR_DOC in seen and seen[_TENSOR_DOC][0] == seen[_TENSOR_DOC][1]:
         return None
     try:
         dtype = ir.DataType(wire.varint(buf, seen[_DATA_TYPE][0])[0])

@@ -61,6 +61,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+
 def stored_externally(tensor: ir.TensorProtocol | None) -> bool:
     """Whether ``tensor`` is external data (a weight left in the model file itself is not)."""
     return isinstance(tensor, ir.ExternalTensor) and not isinstance(tensor, _tensors.InlineData)
@@ -332,9 +333,9 @@ def _attach_weights(model: ir.Model, weights: dict[str, _detach.Weight]) -> None
         if key is None or key not in weights:
             continue
         weight = weights[key]
-        folder, name = os.path.split(weight.source.path)
+        folder, file = os.path.split(weight.source.path)
         value.const_value = _tensors.InlineData(
-            name, weight.source.offset, weight.source.length, tensor.dtype, shape=tensor.shape, name=tensor.name,
+            file, weight.source.offset, weight.source.length, tensor.dtype, shape=tensor.shape, name=tensor.name,
             doc_string=weight.doc_string, base_dir=folder,
         )  # fmt: skip
 
