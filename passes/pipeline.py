@@ -271,7 +271,7 @@ def _optimize_file(source: str | os.PathLike[str], output: str | os.PathLike[str
         return fresh
 
     with modelio.staged_output(dst, replace_data=replace_data) as staged:
-        with phases.phase("save", f"saving {dst}", modelio.external_data_nbytes(model) or None, "B") as advance:
+        with phases.phase("save", f"saving {dst}", modelio.weights_nbytes(model) or None, "B") as advance:
             staged_path = staged.save(model, progress=advance)
         _release(model)
         del model

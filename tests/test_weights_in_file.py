@@ -119,6 +119,27 @@ def test_optimizing_a_file_into_itself_copies_its_weights_first(tmp_path: pathli
     assert src.read_bytes() == expected.read_bytes()
 
 
+def test_saving_inline_reports_the_bytes_of_its_weights(tmp_path: pathlib.Path, left_in_file: None) -> None:
+    from passes.phases import Listener
+
+    class Recorder(Listener):
+        def __init__(self) -> None:
+            self.lines: list[list] = []
+
+        def start(self, message: str, total: int | None = None, unit: str = "") -> None:
+            self.lines.append([message, total, unit, 0])
+
+        def advance(self, amount: int) -> None:
+            self.lines[-1][3] += amount
+
+    src, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(_model(fold=True), src)  # v stays in the file, the folded w is a new array
+    recorder = Recorder()
+    pipeline.optimize_file(src, out, check=pipeline.CheckOptions(enabled=False), progress=recorder)
+    saving = [line for line in recorder.lines if line[0].startswith("saving")]
+    assert saving == [[f"saving {out}", (4 << 20) + (3 << 20), "B", (4 << 20) + (3 << 20)]], recorder.lines
+
+
 def test_weights_left_in_the_file_go_to_an_external_data_file(tmp_path: pathlib.Path, left_in_file: None) -> None:
     src, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
     onnx.save(_model(fold=False), src)

@@ -78,7 +78,7 @@ __all__ = [
     "check_unchanged",
     "check_view",
     "data_files",
-    "external_data_nbytes",
+    "weights_nbytes",
     "has_external_data",
     "load_model",
     "model_from_proto",
@@ -135,7 +135,8 @@ def save_model(
         external_data: Store large initializers in ``<name>.data`` next to the
             file. ``None`` chooses: yes if the model already had external data or
             would exceed protobuf's 2 GB limit.
-        progress: Called with a byte count as the external data is written.
+        progress: Called with a byte count as the weights are written (the external data,
+            or the large weights of a model saved inline: see :func:`weights_nbytes`).
 
     Returns:
         The files written.
@@ -144,7 +145,7 @@ def save_model(
     if external_data is None:
         external_data = has_external_data(model) or _inline_nbytes(model) >= PROTOBUF_LIMIT
     if not external_data:
-        _write_model(model, path)
+        _write_model(model, path, progress)
         return [path]
     data = path.with_name(path.name + ".data")
     inline, placed = _split_initializers(model)
@@ -174,11 +175,17 @@ def save_model(
     return [path, data] if placements else [path]
 
 
-def external_data_nbytes(model: ir.Model, *, external_data: bool | None = None) -> int:
-    """How many bytes :func:`save_model` would write to the data file (0: none)."""
+def weights_nbytes(model: ir.Model, *, external_data: bool | None = None) -> int:
+    """How many bytes of weights :func:`save_model` writes with progress reports (0: none).
+
+    With external data, the data file's; inline, the main graph's initializers
+    written from an array or copied from the input file (see :func:`_placeholder`).
+    """
     if external_data is None:
         external_data = has_external_data(model) or _inline_nbytes(model) >= PROTOBUF_LIMIT
-    return sum(v.const_value.nbytes for v in _split_initializers(model)[1]) if external_data else 0
+    if external_data:
+        return sum(v.const_value.nbytes for v in _split_initializers(model)[1])
+    return sum(v.const_value.nbytes for v in model.graph.initializers.values() if _written_as_piece(v.const_value))
 
 
 def _split_initializers(model: ir.Model) -> tuple[list[ir.Value], list[ir.Value]]:
@@ -200,7 +207,7 @@ def _split_initializers(model: ir.Model) -> tuple[list[ir.Value], list[ir.Value]
     return inline, external
 
 
-def _write_model(model: ir.Model, path: pathlib.Path) -> None:
+def _write_model(model: ir.Model, path: pathlib.Path, progress: Callable[[int], None] | None = None) -> None:
     """Writes the model file; large arrays and detached attributes go into it without a copy in Python.
 
     Serialising the whole proto would hold a large main-graph array three more
@@ -242,7 +249,15 @@ def _write_model(model: ir.Model, path: pathlib.Path) -> None:
     if detached:
         visitors.append(_detach.splice_visitor(serialized, detached))
     pieces = _wire.rewrite(serialized, _wire.combine(*visitors)) if visitors else None
-    _wire.write(path, [serialized] if pieces is None else pieces, source)
+    _wire.write(path, [serialized] if pieces is None else pieces, source, progress)
+
+
+def _written_as_piece(tensor: ir.TensorProtocol | None) -> bool:
+    """Whether saving inline writes the tensor's bytes as a piece of its own (see :func:`_placeholder`)."""
+    if isinstance(tensor, _tensors.InlineData):
+        return True
+    return (isinstance(tensor, ir.Tensor) and tensor.nbytes > _STREAM_OVER and not tensor.dtype.bitwidth % 8
+            and tensor.dtype != ir.DataType.STRING)  # fmt: skip
 
 
 def _placeholder(
@@ -254,6 +269,9 @@ def _placeholder(
     kernel. An in-memory array over :data:`_STREAM_OVER` bytes (or a weight of
     another file, read now): the array.
     """
+    if not _written_as_piece(tensor):
+        return None, None
+    assert tensor is not None
     if isinstance(tensor, _tensors.InlineData):
         if tensor.path == source:
             piece: np.ndarray | _wire.Range = _wire.Range(int(tensor.offset or 0), int(tensor.nbytes))
@@ -261,8 +279,6 @@ def _placeholder(
             piece = _tensors.read_external(tensor)
         dtype = tensor.dtype.numpy()
     else:
-        if not isinstance(tensor, ir.Tensor) or tensor.nbytes <= _STREAM_OVER or tensor.dtype.bitwidth % 8:
-            return None, None
         piece = _stream.streamable_array(tensor.numpy())
         if piece is None:
             return None, None

@@ -247,8 +247,12 @@ def _c_order_blocks(array: np.ndarray) -> Iterator[np.ndarray]:
         yield np.ascontiguousarray(array[i : i + rows]).reshape(-1).view(np.uint8)
 
 
-def write(path: str | os.PathLike[str], pieces: Sequence[Piece], source: str | None = None) -> None:
-    """Writes ``pieces`` to a new file at ``path``; a :class:`Range` is copied from the file ``source``."""
+def write(path: str | os.PathLike[str], pieces: Sequence[Piece], source: str | None = None,
+          progress: Callable[[int], None] | None = None) -> None:  # fmt: skip
+    """Writes ``pieces`` to a new file at ``path``; a :class:`Range` is copied from the file ``source``.
+
+    ``progress`` is called with the bytes of each :class:`Range` and array written.
+    """
     with open(path, "wb") as out, contextlib.ExitStack() as stack:
         src = stack.enter_context(open(source, "rb")) if source is not None else None
         fd, position = out.fileno(), 0
@@ -259,9 +263,14 @@ def write(path: str | os.PathLike[str], pieces: Sequence[Piece], source: str | N
                     raise ValueError("a piece of a source file, and no source")
                 copier.copy(src.fileno(), piece.offset, fd, position, piece.length)
                 position += piece.length
+                if progress is not None:
+                    progress(piece.length)
                 continue
-            for block in _c_order_blocks(piece) if isinstance(piece, np.ndarray) else (piece,):
+            array = isinstance(piece, np.ndarray)
+            for block in _c_order_blocks(piece) if array else (piece,):
                 view = memoryview(block).cast("B")
                 while view:
                     written = os.pwrite(fd, view, position)
                     view, position = view[written:], position + written
+                if array and progress is not None:
+                    progress(block.nbytes)
