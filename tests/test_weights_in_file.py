@@ -19,7 +19,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -288,3 +288,67 @@ def test_an_op_changing_the_dtype_is_evaluated_whole() -> None:
     with mock.patch.object(evaluate, "IN_PLACE_OVER", 0):
         assert evaluate._in_place(_Owned("Less", 2), [x, np.float32(2)]) is None  # type: ignore[arg-type]
     np.testing.assert_array_equal(x, 1)  # untouched
+
+
+# --- differential fuzzing of the walk ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def seed_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, list[tuple[int, int]]]:
+    """A model with two weights of just over 1 MiB left in the file, and where their data is (not worth
+    mutating: the walk does not read it)."""
+    rng = np.random.default_rng(3)
+    w, v = (numpy_helper.from_array(rng.standard_normal((520, 520)).astype(np.float32), n) for n in "wv")
+    nodes = [helper.make_node("Mul", ["w", "half"], ["wm"]), helper.make_node("MatMul", ["x", "wm"], ["y"]),
+             helper.make_node("MatMul", ["x", "v"], ["z"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 520])],
+                              [helper.make_tensor_value_info("y", F, [1, 520]),
+                               helper.make_tensor_value_info("z", F, [1, 520])],
+                              [w, v, numpy_helper.from_array(np.array(0.5, np.float32), "half")])  # fmt: skip
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8).SerializeToString()
+    path = tmp_path_factory.mktemp("seed") / "m.onnx"
+    path.write_bytes(data)
+    with mock.patch.object(detach, "MIN_FILE", 0):
+        view = detach.read_view(path)
+    return data, [(w.source.offset, w.source.offset + w.source.length) for w in view.weights.values()]
+
+
+def _outcome(path: pathlib.Path, min_file: int) -> bytes | str:
+    """The saved bytes of the loaded model, or the error: what the user would get."""
+    with mock.patch.object(detach, "MIN_FILE", min_file):
+        try:
+            model = modelio.load_model(path)
+        except InputError as e:
+            return str(e)
+        out = path.with_name(f"out{min_file}.onnx")
+        modelio.save_model(model, out)
+        return out.read_bytes()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_the_walk_and_a_full_parse_agree_on_mutated_headers(
+    tmp_path: pathlib.Path, seed_model: tuple[bytes, list[tuple[int, int]]], data: st.DataObject
+) -> None:
+    raw, payloads = seed_model
+    buf = bytearray(raw)
+    bounds = [0, *(x for payload in sorted(payloads) for x in payload), len(buf)]
+    outside = list(zip(bounds[::2], bounds[1::2]))  # the bytes the walk reads: all but the weights' data
+    for _ in range(data.draw(st.integers(1, 3), label="edits")):
+        start, end = data.draw(st.sampled_from([o for o in outside if o[0] < min(o[1], len(buf))]), label="part")
+        at = data.draw(st.integers(start, min(end, len(buf)) - 1), label="at")
+        kind = data.draw(st.sampled_from(["flip", "set", "delete"]), label="edit")
+        if kind == "flip":
+            buf[at] ^= 1 << data.draw(st.integers(0, 7), label="bit")
+        elif kind == "set":
+            buf[at] = data.draw(st.integers(0, 255), label="byte")
+        else:
+            del buf[at]  # (later parts shift by one: close enough for choosing where to edit)
+    path = tmp_path / f"m{data.draw(st.integers(0, 10**9), label='name')}.onnx"
+    path.write_bytes(bytes(buf))
+    walked, parsed = _outcome(path, 0), _outcome(path, 1 << 62)
+    event("refused" if isinstance(parsed, str) else "loaded")
+    if isinstance(parsed, str):
+        assert isinstance(walked, str), "the walk accepted a model the full parse refuses"
+    else:
+        assert walked == parsed
