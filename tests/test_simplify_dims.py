@@ -281,3 +281,37 @@ def test_slice_keeps_the_axes_it_does_not_slice() -> None:
     assert "Expand" not in _ops(result) and "Where" not in _ops(result)
     for b, s in SHAPES:
         assert _run_both(original, result, {"ids": np.arange(b * s, dtype=np.int64).reshape(b, s)})
+
+
+# --- Reshape of a flattened tensor to a computed shape ---------------------------------------
+
+def _view_of_flat(first: str = "x") -> onnx.ModelProto:
+    """``x.view(-1).view(shape)`` with ``shape`` ``[x.size(0), x.size(1)]``, or ``[z.size(0), w.size(0)]`` for ``first="z"``."""
+    second = _dim_nodes("x", 1, "d1") if first == "x" else _dim_nodes("w", 0, "d1")
+    nodes = [_const("flat", np.array([-1])), helper.make_node("Reshape", ["x", "flat"], ["f"]),
+             *_dim_nodes(first, 0, "d0"), *second, helper.make_node("Concat", ["d0", "d1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["f", "target"], ["y"])]
+    inputs = [_io("x", ["n", "m", 1])] + ([_io("z", ["k"]), _io("w", ["j"])] if first == "z" else [])
+    return _model(nodes, inputs, [_io("y", [None, None])])
+
+
+def test_reshape_of_a_flat_tensor_to_its_own_dims() -> None:
+    original = _view_of_flat()
+    result, stats = _simplify(original)
+    assert _ops(result).count("Reshape") == 1 and stats["rewrites"].get("chains/reshape_of_reshape")
+    for n, m in [(2, 3), (0, 3), (2, 0), (1, 1)]:  # m = 0: the original copies past a 1-D tensor's rank, and fails
+        assert _run_both(original, result, {"x": _floats(n, m, 1)}) or m == 0
+
+
+def test_reshape_of_a_flat_tensor_to_other_dims_stays() -> None:
+    """Entry 0 from another tensor: a 0 there copies the flat count in the original, x's dim 0 if merged.
+
+    ``x: [2, 3, 1]``, ``z: [0]``, ``w: [1]``: the original gives ``[6, 1]``; a merged Reshape would
+    ask ``[2, 1]`` of 6 elements.
+    """
+    original = _view_of_flat("z")
+    result, stats = _simplify(original)
+    assert not stats["rewrites"].get("chains/reshape_of_reshape")
+    feeds = {"x": _floats(2, 3, 1), "z": np.zeros(0, np.float32), "w": np.zeros(1, np.float32)}
+    assert _run_both(original, result, feeds)
+    assert helpers.ort_run(result, feeds)[0].shape == (6, 1)
