@@ -222,6 +222,8 @@ class _Deriver:
     # --- handlers: each returns the derived shape of each output (None where nothing is derived)
 
     def broadcasting(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
+        if self.ctx.opset < 7:
+            return None  # before opset 7, broadcasting was opt-in (attributes broadcast, axis)
         shapes = [self.dims(v) for v in node.inputs if v is not None]
         if not shapes or any(s is None for s in shapes):
             return None
