@@ -263,6 +263,23 @@ def test_matmul_contracted_dims_are_equal() -> None:
         assert _run_both(original, result, {"a": _floats(m, k), "c": _floats(k, n)})
 
 
+def test_concat_proves_nothing_of_its_other_axes() -> None:
+    """onnxruntime skips an empty input of Concat: ``Concat([0, 5], [2, 3])`` runs, so 5 and 3 need not agree.
+
+    ``Reshape(e, [0, a.size(1)])`` of ``e: [0, n]`` gives ``[0, 3]``: not ``e`` (``[0, 5]``).
+    """
+    nodes = [helper.make_node("Concat", ["e", "a"], ["c"], axis=0), *_dim_nodes("a", 1, "m"),
+             _const("zero", np.array([0])), helper.make_node("Concat", ["zero", "m"], ["target"], axis=0),
+             helper.make_node("Reshape", ["e", "target"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    original = _model(nodes, [_io("e", ["k", "n"]), _io("a", ["j", "m"])], [_io("y", [None, None]), _io("c", [None, None])])
+    found, values = _derived(original)
+    assert found.find("n") != found.find("m")
+    result, _ = _simplify(original)
+    assert "Reshape" in _ops(result)
+    feeds = {"e": _floats(0, 5), "a": _floats(2, 3)}
+    assert _run_both(original, result, feeds) and helpers.ort_run(result, feeds)[0].shape == (0, 3)
+
+
 # --- Slice's unsliced axes, Where in shape arithmetic: BERT's token types -------------------
 
 def _token_types(rows: int = 6) -> onnx.ModelProto:

@@ -23,8 +23,9 @@ for every input the model accepts:
   for an int ``K >= 1``, the output dim of ``s`` and ``u`` is ``s``: if
   ``s <= K`` they are equal; else ``u = K < s``, so the broadcast succeeds
   only with ``K = 1``, and gives ``s``.
-* MatMul's contracted dims are equal, and Concat's inputs agree on every axis
-  but the concatenated one (the op fails otherwise).
+* MatMul's contracted dims are equal (onnxruntime checks them even for empty
+  operands). Concat's inputs are not taken to agree on their other axes:
+  onnxruntime skips an empty input, ``Concat([2, 3], [0, 5])`` runs.
 * ``Slice`` keeps the dims of the axes it does not slice; an axis sliced from
   0 with step 1 to a dim ``e`` of shape arithmetic has ``min(e, d)`` elements
   (``d`` the axis's dim): ``e`` when ``d`` is ``e``, ``min(e, K)`` when ``d``
@@ -258,21 +259,6 @@ class _Deriver:
             return [tuple(a[:-1])]
         return [broadcast_shapes([a[:-2], b[:-2]]) + (a[-2], b[-1])]
 
-    def concat(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
-        shapes = [self.dims(v) for v in node.inputs]
-        axis = node.attributes.get_int("axis", 0)
-        if not shapes or any(s is None for s in shapes) or len({len(s) for s in shapes}) != 1:  # type: ignore[arg-type]
-            return None
-        rank = len(shapes[0])  # type: ignore[arg-type]
-        if not -rank <= axis < rank:
-            return None
-        axis %= rank
-        for i in range(rank):
-            if i != axis:
-                for s in shapes[1:]:
-                    self.found.union(shapes[0][i], s[i])  # type: ignore[index]
-        return None
-
     def slice(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
         if self.ctx.opset < 10:
             return None
@@ -320,7 +306,6 @@ _HANDLERS = {
     "Expand": _Deriver.expand,
     "Range": _Deriver.range,
     "MatMul": _Deriver.matmul,
-    "Concat": _Deriver.concat,
     "Slice": _Deriver.slice,
 }
 
