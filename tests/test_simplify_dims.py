@@ -18,6 +18,8 @@ attention output at batch 0 in general, and stays (onnxslim removes it).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -105,6 +107,36 @@ def test_broadcast_dim_holds_whenever_the_broadcast_succeeds(dims: list, s: int,
         return
     if derived is not None:
         assert _value(derived, sizes) == actual
+
+
+@functools.cache
+def _broadcasting_session(op: str) -> object:
+    """A session of ``op`` over two (Add) or a data and a shape (Expand) input of any shape."""
+    if op == "Expand":
+        inputs = [_io("a", None), _io("b", [None], I64)]
+    else:
+        inputs = [_io("a", None), _io("b", None)]
+    graph = helper.make_graph([helper.make_node(op, ["a", "b"], ["y"])], "g", inputs, [_io("y", None)])
+    return helpers.ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+
+
+@settings(max_examples=300)
+@given(st.sampled_from(["Add", "Expand"]), st.lists(st.tuples(_SYMBOLIC, _SYMBOLIC), min_size=1, max_size=3),
+       st.integers(0, 5), st.integers(0, 5))  # fmt: skip
+def test_broadcast_dim_holds_in_onnxruntime(op: str, pairs: list, s: int, t: int) -> None:
+    """onnxruntime's own broadcasting (empty tensors included): where it runs, each derived dim is its dim."""
+    sizes = {"s": s, "t": t}
+    a = [_value(x, sizes) for x, _ in pairs]
+    b = [_value(y, sizes) for _, y in pairs]
+    second = np.array(b, np.int64) if op == "Expand" else np.zeros(b, np.float32)
+    try:
+        (got,) = _broadcasting_session(op).run(None, {"a": np.zeros(a, np.float32), "b": second})  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001  (onnxruntime refuses these shapes)
+        return
+    for i, (x, y) in enumerate(pairs):
+        derived = broadcast_dim([x, y])
+        if derived is not None:
+            assert _value(derived, sizes) == got.shape[i]
 
 
 def test_union_find() -> None:
