@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
@@ -111,28 +111,36 @@ def test_broadcast_dim_holds_whenever_the_broadcast_succeeds(dims: list, s: int,
 
 @functools.cache
 def _broadcasting_session(op: str) -> object:
-    """A session of ``op`` over two (Add) or a data and a shape (Expand) input of any shape."""
+    """A session of ``op`` over two inputs of any shape (Expand: a data and a shape; Where: a condition and x)."""
     if op == "Expand":
         inputs = [_io("a", None), _io("b", [None], I64)]
+    elif op == "Where":
+        inputs = [_io("a", None, TensorProto.BOOL), _io("b", None)]
     else:
         inputs = [_io("a", None), _io("b", None)]
-    graph = helper.make_graph([helper.make_node(op, ["a", "b"], ["y"])], "g", inputs, [_io("y", None)])
+    node = helper.make_node(op, ["a", "b", "b"] if op == "Where" else ["a", "b"], ["y"])
+    graph = helper.make_graph([node], "g", inputs, [_io("y", None)])
     return helpers.ort_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
 
 
 @settings(max_examples=300)
-@given(st.sampled_from(["Add", "Expand"]), st.lists(st.tuples(_SYMBOLIC, _SYMBOLIC), min_size=1, max_size=3),
+@given(st.sampled_from(["Add", "Expand", "Where"]), st.lists(st.tuples(_SYMBOLIC, _SYMBOLIC), min_size=1, max_size=3),
        st.integers(0, 5), st.integers(0, 5))  # fmt: skip
 def test_broadcast_dim_holds_in_onnxruntime(op: str, pairs: list, s: int, t: int) -> None:
-    """onnxruntime's own broadcasting (empty tensors included): where it runs, each derived dim is its dim."""
+    """onnxruntime's own broadcasting (empty tensors included): where it runs, each derived dim is its dim.
+
+    Labels the examples where it ran (hypothesis' statistics), to see that they are many.
+    """
     sizes = {"s": s, "t": t}
     a = [_value(x, sizes) for x, _ in pairs]
     b = [_value(y, sizes) for _, y in pairs]
     second = np.array(b, np.int64) if op == "Expand" else np.zeros(b, np.float32)
     try:
-        (got,) = _broadcasting_session(op).run(None, {"a": np.zeros(a, np.float32), "b": second})  # type: ignore[attr-defined]
+        first = np.zeros(a, np.bool_ if op == "Where" else np.float32)
+        (got,) = _broadcasting_session(op).run(None, {"a": first, "b": second})  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001  (onnxruntime refuses these shapes)
         return
+    event(f"{op} ran")
     for i, (x, y) in enumerate(pairs):
         derived = broadcast_dim([x, y])
         if derived is not None:
