@@ -126,7 +126,7 @@ class Context:
             if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
                 attr = producer.attributes.get("value")
                 if isinstance(attr, ir.Attr) and not attr.is_ref() and attr.type == ir.AttributeType.TENSOR:
-                    tensor = attr.as_tensor()
+                    tensor = attr.value  # as_tensor() checks a runtime Protocol: slow, and the type says it all
                 elif len(producer.attributes) == 1:
                     return _scalar_constant(producer)
         limit = self.constant_limit if limit is None else limit
