@@ -37,7 +37,10 @@ and model-local function until nothing changes (bounded):
 
 Shapes come from onnx shape inference run on the model with the shapes it
 declares for computed values removed, so a declared shape that the graph
-contradicts is never taken as a fact; graph inputs and outputs are never
+contradicts is never taken as a fact, and from what the main graph's ops
+require of the dims inference leaves as fresh symbols (``Range(0, n, 1)`` has
+``n`` elements, a broadcast of ``s`` with ``s`` or ``1`` is ``s``, a MatMul's
+contracted dims are equal: :mod:`passes.simplify.dims`); graph inputs and outputs are never
 changed (names, order, types, shapes), nor initializers that are graph inputs
 (a caller may override them; ``freeze_initializer_inputs`` opts out of that),
 nor an Identity that produces a graph output.
@@ -59,6 +62,7 @@ from passes.ir.walk import iter_scopes
 from passes.options import Option
 from passes.phases import node_done
 from passes.simplify import algebra, chains, constants, cse, fusions, noops, shapes  # noqa: F401  (registers rules)
+from passes.simplify.dims import SymbolicDims, derive
 from passes.simplify.rules import RULES, Context, Rule
 
 __all__ = ["SimplifyPass"]
@@ -148,6 +152,15 @@ class SimplifyPass(Pass):
                 inferred = inference.infer_all(model)
             return inferred
 
+        symbolic: SymbolicDims | None = None
+
+        def lazy_symbolic() -> SymbolicDims:
+            nonlocal symbolic
+            if symbolic is None:
+                main = next(iter_scopes(model, functions=False))
+                symbolic = derive(model.graph, Context(main, lazy_inference, lazy_names, initializers=False))
+            return symbolic
+
         names: Names | None = None
 
         def lazy_names() -> Names:
@@ -158,7 +171,7 @@ class SimplifyPass(Pass):
         changed = False
         for scope in iter_scopes(model):
             main = scope.body is model.graph and model.ir_version >= 4
-            ctx = Context(scope, lazy_inference, lazy_names, initializers=main)
+            ctx = Context(scope, lazy_inference, lazy_names, initializers=main, symbolic=lazy_symbolic)
             if ctx.opset == 0:
                 continue
             for node in list(scope.body):
@@ -171,7 +184,8 @@ class SimplifyPass(Pass):
                         outcome()
                         applied[rule.name] += 1
                         changed = True
-                        inferred = None if rule.family == "shapes" else inferred
+                        if rule.family == "shapes":
+                            inferred = symbolic = None
                         break
                     refused[rule.name] += 1
                     logger.debug("%s does not apply to %s node %r: %s", rule.name, node.op_type, node.name, outcome)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 import onnx_ir as ir
@@ -86,6 +86,8 @@ class Context:
         initializers: New constants of this scope are initializers (the main graph,
             IR >= 4); else Constant nodes.
         constant_limit: Constants larger than this many elements are not read by rules.
+        symbolic: Returns the dims derived for main-graph values (``dims.SymbolicDims``,
+            see :mod:`passes.simplify.dims`), or None to use inference's alone.
     """
 
     scope: Scope
@@ -93,6 +95,7 @@ class Context:
     names: Callable[[], Names]
     initializers: bool = False
     constant_limit: int = 1 << 16
+    symbolic: Callable[[], Any] | None = None
 
     @property
     def inferred(self) -> Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]:
@@ -123,7 +126,7 @@ class Context:
             if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
                 attr = producer.attributes.get("value")
                 if isinstance(attr, ir.Attr) and not attr.is_ref() and attr.type == ir.AttributeType.TENSOR:
-                    tensor = attr.as_tensor()
+                    tensor = attr.value  # as_tensor() checks a runtime Protocol: slow, and the type says it all
                 elif len(producer.attributes) == 1:
                     return _scalar_constant(producer)
         limit = self.constant_limit if limit is None else limit
@@ -146,10 +149,16 @@ class Context:
         """The shape proved by inference (or declared, for graph inputs and constants).
 
         Each dim is an int, a symbol (two equal symbols of one inference run are
-        equal sizes) or None (unknown). A graph input's declared shape is its contract.
+        equal sizes), a dim derived from what the ops require (``dims.Clamped``, or
+        the representative of the dims proved equal to it: :mod:`passes.simplify.dims`)
+        or None (unknown). A graph input's declared shape is its contract.
         """
         if value is None:
             return None
+        if self.symbolic is not None:
+            derived = self.symbolic().shape(value)
+            if derived is not None:
+                return derived
         shape: ir.Shape | None
         if value.is_graph_input() or value.is_initializer():
             shape = value.shape

@@ -3,7 +3,8 @@
 Exporters build Reshape targets and Expand shapes from ``Shape(x)``:
 ``Concat(Unsqueeze(Gather(Shape(x), 0)), Unsqueeze(Gather(Shape(x), 1)), [-1, 64])``.
 :func:`shape_value` follows such a value back through Shape, Gather, Slice,
-Unsqueeze, Squeeze, Concat, Cast and Identity and says, element by element,
+Unsqueeze, Squeeze, Concat, Cast, Identity and Where (with a constant
+condition) and says, element by element,
 what it holds: a literal int, or "dim ``j`` of tensor ``v``" (a :class:`DimOf`).
 That is exact, not inferred: the element *is* that dim at run time. A dim that
 shape inference proves static is given as its int.
@@ -158,6 +159,30 @@ def _same(ctx: Context, node: ir.Node, depth: int) -> ShapeValue | None:
     return shape_value(ctx, node.inputs[0], depth)
 
 
+def _where(ctx: Context, node: ir.Node, depth: int) -> ShapeValue | None:
+    """``Where(c, x, y)`` with a constant ``c``: element by element, ``x``'s where ``c`` is true, else ``y``'s.
+
+    TorchScript's ``expand(-1)`` handling picks 1 where a shape it built holds -1.
+    Shapes broadcast as 1-D vectors: each of ``c``, ``x``, ``y`` has the output's
+    length, or one element (or is a scalar).
+    """
+    condition = ctx.constant(node.inputs[0])
+    x, y = shape_value(ctx, node.inputs[1], depth), shape_value(ctx, node.inputs[2], depth)
+    if condition is None or x is None or y is None or condition.dtype != np.bool_ or condition.ndim > 1:
+        return None
+    picks = condition.reshape(-1).tolist()
+    lengths = {len(picks), len(x.elements), len(y.elements)}
+    n = max(lengths)
+    if lengths - {1, n} or n == 0:
+        return None
+
+    def at(elements: tuple[Element, ...] | list[bool], i: int) -> object:
+        return elements[0] if len(elements) == 1 else elements[i]
+
+    chosen = tuple(at(x.elements, i) if at(picks, i) else at(y.elements, i) for i in range(n))
+    return ShapeValue(chosen, condition.ndim == 0 and x.scalar and y.scalar)  # type: ignore[arg-type]
+
+
 _HANDLERS = {
     "Shape": _shape,
     "Gather": _gather,
@@ -167,4 +192,5 @@ _HANDLERS = {
     "Concat": _concat,
     "Cast": _same,
     "Identity": _same,
+    "Where": _where,
 }

@@ -17,7 +17,8 @@
 
 A dim is known only when inference derives it from the graph inputs (the
 shapes the model declares for computed values are not used); a symbolic dim
-is equal to another only when inference gives both the same symbol.
+is equal to another only when inference gives both the same symbol, or when
+what the ops require proves them equal (:mod:`passes.simplify.dims`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """Chains of two ops that are one op (or none).
 
 * ``Reshape(Reshape(x, s1), s2) -> Reshape(x, s2)`` when ``s2`` is a constant
-  that copies no dim (no ``0``, or ``allowzero=1``).
+  that copies no dim (no ``0``, or ``allowzero=1``), or is computed and the
+  inner result is 1-D (``x.view(-1).view(shape)``) with ``s2[0]`` proved
+  positive or proved to be dim 0 of ``x`` (a ``0`` there then copies ``0``
+  either way; a ``0`` further on fails the original).
 * ``Unsqueeze(Unsqueeze(x, a1), a2) -> Unsqueeze(x, a)``, ``a`` the combined axes.
 * ``Squeeze(Unsqueeze(x, a), a) -> x`` and ``Unsqueeze(Squeeze(x, a), a) -> x``.
 * ``Transpose(Transpose(x, p1), p2) -> Transpose(x, p1[p2])`` (or ``x``).

@@ -7,6 +7,7 @@ import onnx_ir as ir
 
 from passes.simplify.chains._common import axes_of, inner_node, rewire
 from passes.simplify.rules import Context, Outcome, rule
+from passes.simplify.shape_values import is_dim_of, shape_value
 
 __all__: list[str] = []
 
@@ -34,13 +35,33 @@ def reshape_of_reshape(node: ir.Node, ctx: Context) -> Outcome:
     inner = inner_node(node, ctx, "Reshape")
     if isinstance(inner, str):
         return inner
+    source = inner.inputs[0]
     shape = ctx.constant(node.inputs[1])
     if shape is None:
-        return "the outer target shape is not constant"
+        if not (node.attributes.get_int("allowzero", 0) or _copies_alike(node, inner, ctx)):
+            return "the outer target is computed, and a 0 in it may copy a dim of the inner result"
+        return lambda: rewire(node, source)
     if not node.attributes.get_int("allowzero", 0) and np.any(shape == 0):
         return "the outer target copies a dim of the inner result"
-    source = inner.inputs[0]
     return lambda: rewire(node, source)
+
+
+def _copies_alike(node: ir.Node, inner: ir.Node, ctx: Context) -> bool:
+    """Whether the outer Reshape's computed target, where a ``0`` copies a dim, copies the same from either input.
+
+    For an inner result of rank 1 (a flatten, as TorchScript writes ``x.view(-1)``
+    before ``.view(shape)``): a ``0`` past entry 0 fails the original (nothing to
+    copy), and entry 0, when it is proved to be dim 0 of the inner's input
+    (:func:`is_dim_of`) or a positive literal, copies ``0`` only when that dim is
+    ``0``, so the flat count is ``0`` too: both copy ``0``.
+    """
+    built = shape_value(ctx, node.inputs[1])
+    middle, x = ctx.dims(inner.outputs[0]), inner.inputs[0]
+    dims = ctx.dims(x)
+    if built is None or built.scalar or middle is None or len(middle) != 1 or not dims or not built.elements:
+        return False
+    first = built.elements[0]
+    return (isinstance(first, int) and (first > 0 or first == -1)) or is_dim_of(ctx, first, x, 0, dims)
 
 
 def _normalized(axes: list[int], rank: int | None) -> list[int] | None:

@@ -1,0 +1,325 @@
+"""Symbolic dims that onnx shape inference does not prove, derived from what the ops require.
+
+onnx inference gives a dim it cannot compute a fresh symbol (``unk__N``):
+the length of ``Range(0, Gather(Shape(x), 1), 1)``, a broadcast of two
+different symbols, the dims of a Slice whose ends are computed (even on axes
+it does not slice), an Expand to a computed shape. Rules then cannot prove
+that a Reshape rebuilding ``[batch, seq, ...]`` from such a tensor restores
+its shape. This module derives those dims again, in order over the main
+graph, from exact facts only, and records each as an equality with the symbol
+inference gave (a union-find over dims): every value inference gave that
+symbol has the derived dim too.
+
+What a run where the model succeeds must satisfy (every node of the main
+graph runs; a node whose inputs do not fit fails the run), so each fact holds
+for every input the model accepts:
+
+* ``Range(0, n, 1)`` (integer) has ``max(n, 0)`` elements: ``n`` when ``n``
+  is a dim (shape arithmetic, :mod:`shape_values`).
+* Broadcasting (elementwise ops, Where, Expand, the batch dims of MatMul):
+  each output dim is the one input dim that is not ``1``, when every such
+  input dim is the same (an int ``k`` other than 1 decides alone: the others
+  are then ``k`` or ``1``), or ``1`` when all are ``1``. With ``u = min(s, K)``
+  for an int ``K >= 1``, the output dim of ``s`` and ``u`` is ``s``: if
+  ``s <= K`` they are equal; else ``u = K < s``, so the broadcast succeeds
+  only with ``K = 1``, and gives ``s``.
+* MatMul's contracted dims are equal (onnxruntime checks them even for empty
+  operands). Concat's inputs are not taken to agree on their other axes:
+  onnxruntime skips an empty input, ``Concat([2, 3], [0, 5])`` runs.
+* ``Slice`` keeps the dims of the axes it does not slice; an axis sliced from
+  0 with step 1 to a dim ``e`` of shape arithmetic has ``min(e, d)`` elements
+  (``d`` the axis's dim): ``e`` when ``d`` is ``e``, ``min(e, K)`` when ``d``
+  is an int ``K``.
+
+Only main-graph nodes give facts (a subgraph's node may not run); values of
+subgraphs and functions keep inference's dims. Equalities that contradict
+each other (two different ints) are not recorded: the model then never runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from passes.simplify.rules import Context
+from passes.simplify.shape_values import DimOf, shape_value
+
+__all__ = ["Clamped", "SymbolicDims", "derive"]
+
+_INT64_BIG = 2**62
+_MAX_DEPTH = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Clamped:
+    """``min(symbol, bound)``: the length of a slice of ``bound`` elements up to a dim ``symbol``."""
+
+    symbol: object
+    bound: int
+
+    def __str__(self) -> str:
+        return f"min({self.symbol}, {self.bound})"
+
+
+def _rank(dim: object) -> int:
+    """Which dim of an equal class names it: an int, a declared symbol, a clamp, then inference's."""
+    if isinstance(dim, int):
+        return 0
+    if isinstance(dim, Clamped):
+        return 2
+    return 3 if isinstance(dim, str) and dim.startswith("unk__") else 1
+
+
+class SymbolicDims:
+    """Equal dims (a union-find) and the main graph's shapes with each dim's representative."""
+
+    def __init__(self) -> None:
+        self._parent: dict[object, object] = {}
+        self._shapes: dict[ir.Value, tuple[object, ...]] = {}
+
+    def find(self, dim: object, depth: int = 0) -> object:
+        """The representative of ``dim``'s class (``dim`` itself if nothing is known).
+
+        A clamp is canonical in its symbol too (``min(unk__1, 8)`` is ``min(seq, 8)``
+        once ``unk__1`` is ``seq``); ``depth`` bounds that recursion (each step is an
+        equality, so stopping early is still exact, only less simplified).
+        """
+        if dim is None:
+            return None
+        if isinstance(dim, Clamped) and depth < _MAX_DEPTH:
+            dim = _clamp(self.find(dim.symbol, depth + 1), dim.bound)
+        root = dim
+        while (parent := self._parent.get(root)) is not None and parent != root:
+            root = parent
+        while dim != root:  # path compression
+            self._parent[dim], dim = root, self._parent[dim]
+        if isinstance(root, Clamped) and depth < _MAX_DEPTH:
+            canonical = _clamp(self.find(root.symbol, depth + 1), root.bound)
+            if canonical != root:
+                return self.find(canonical, depth + 1)
+        return root
+
+    def union(self, a: object, b: object) -> None:
+        """Records that ``a`` and ``b`` are the same size (unless that contradicts two ints)."""
+        ra, rb = self.find(a), self.find(b)
+        if ra is None or rb is None or ra == rb or (isinstance(ra, int) and isinstance(rb, int)):
+            return
+        if (isinstance(ra, Clamped) and ra.symbol == rb) or (isinstance(rb, Clamped) and rb.symbol == ra):
+            return  # "s <= K": true, but a class must not hold a clamp of itself
+        if _rank(rb) < _rank(ra):
+            ra, rb = rb, ra
+        self._parent[rb] = ra
+
+    def shape(self, value: ir.Value) -> tuple[object, ...] | None:
+        """The derived shape of a main-graph value, each dim its representative; None if not derived."""
+        dims = self._shapes.get(value)
+        return None if dims is None else tuple(self.find(d) for d in dims)
+
+    def canonical(self, dims: Iterable[object]) -> tuple[object, ...]:
+        return tuple(self.find(d) for d in dims)
+
+
+def _clamp(symbol: object, bound: int) -> object:
+    if isinstance(symbol, int):
+        return min(symbol, bound)
+    if isinstance(symbol, Clamped):
+        return Clamped(symbol.symbol, min(symbol.bound, bound))
+    return None if symbol is None else Clamped(symbol, bound)
+
+
+def broadcast_dim(dims: Sequence[object]) -> object:
+    """The output dim of broadcasting ``dims`` (representatives) in a run that succeeds, or None if not proved."""
+    ints = {d for d in dims if isinstance(d, int) and d != 1}
+    if len(ints) > 1 or any(isinstance(d, int) and d < 0 for d in dims):
+        return None  # the op always fails
+    if ints:
+        return ints.pop()
+    others = [d for d in dims if d != 1]
+    if not others:
+        return 1
+    if None in others:
+        return None
+    distinct = set(others)
+    if len(distinct) == 1:
+        return others[0]
+    plain = [d for d in distinct if not isinstance(d, Clamped)]
+    if len(plain) == 1 and all(isinstance(d, Clamped) and d.symbol == plain[0] and d.bound >= 1
+                               for d in distinct if d is not plain[0]):  # fmt: skip
+        return plain[0]
+    return None
+
+
+def broadcast_shapes(shapes: Sequence[Sequence[object]]) -> tuple[object, ...]:
+    rank = max(len(s) for s in shapes)
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
+    return tuple(broadcast_dim([s[i] for s in padded]) for i in range(rank))
+
+
+_BROADCASTING = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Mod", "BitShift", "PRelu",
+    "And", "Or", "Xor", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
+    "Where", "Max", "Min", "Sum", "Mean", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
+})  # fmt: skip
+
+
+class _Deriver:
+    """Derives the main graph's dims node by node (see the module docstring)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.found = SymbolicDims()
+
+    def dims(self, value: ir.Value | None) -> tuple[object, ...] | None:
+        if value is None:
+            return None
+        derived = self.found.shape(value)
+        if derived is not None:
+            return derived
+        raw = self.ctx.dims(value)
+        return None if raw is None else self.found.canonical(raw)
+
+    def element(self, element: object) -> object:
+        """A shape-arithmetic element as a dim: a literal, or the representative of the dim it is."""
+        if isinstance(element, DimOf):
+            dims = self.dims(element.value)
+            return None if dims is None or element.index >= len(dims) else dims[element.index]
+        return element
+
+    def entries(self, value: ir.Value | None) -> list[object] | None:
+        """The elements of a 1-D shape-arithmetic value as dims (None for one that is not)."""
+        built = shape_value(self.ctx, value)
+        if built is None:
+            return None
+        return [self.element(e) for e in built.elements]
+
+    def scalar(self, value: ir.Value | None) -> object:
+        built = shape_value(self.ctx, value)
+        if built is None or len(built.elements) != 1:
+            return None
+        return self.element(built.elements[0])
+
+    def visit(self, node: ir.Node) -> None:
+        derived: list[tuple[object, ...] | None] = [None] * len(node.outputs)
+        if node.domain in ("", "ai.onnx"):
+            handler = _HANDLERS.get(node.op_type)
+            if node.op_type in _BROADCASTING:
+                handler = _Deriver.broadcasting
+            if handler is not None:
+                derived = handler(self, node) or derived
+        for output, ours in zip(node.outputs, derived):
+            raw = self.ctx.dims(output)
+            if raw is not None and ours is not None and len(raw) == len(ours):
+                for a, b in zip(raw, ours):
+                    self.found.union(a, b)
+                shape = tuple(a if isinstance(a, int) or b is None else b for a, b in zip(raw, ours))
+            else:
+                shape = raw if raw is not None else ours
+            if shape is not None:
+                self.found._shapes[output] = shape
+
+    # --- handlers: each returns the derived shape of each output (None where nothing is derived)
+
+    def broadcasting(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
+        if self.ctx.opset < 7:
+            return None  # before opset 7, broadcasting was opt-in (attributes broadcast, axis)
+        shapes = [self.dims(v) for v in node.inputs if v is not None]
+        if not shapes or any(s is None for s in shapes):
+            return None
+        return [broadcast_shapes(shapes)]  # type: ignore[arg-type]
+
+    def expand(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
+        x = self.dims(node.inputs[0])
+        target = self.entries(node.inputs[1])
+        if x is None or target is None:
+            return None
+        return [broadcast_shapes([x, target])]
+
+    def range(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
+        if len(node.inputs) < 3:
+            return None
+        start, delta = (self.ctx.constant(v) for v in (node.inputs[0], node.inputs[2]))
+        if start is None or delta is None or start.dtype.kind not in "iu" or delta.dtype.kind not in "iu":
+            return None
+        if start.size != 1 or delta.size != 1 or int(start.reshape(-1)[0]) != 0 or int(delta.reshape(-1)[0]) != 1:
+            return None
+        length = self.scalar(node.inputs[1])
+        return None if length is None or (isinstance(length, int) and length < 0) else [(length,)]
+
+    def matmul(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
+        a, b = self.dims(node.inputs[0]), self.dims(node.inputs[1])
+        if a is None or b is None or not a or not b:
+            return None
+        self.found.union(a[-1], b[-2] if len(b) >= 2 else b[0])
+        if len(a) == 1:
+            return [tuple(b[:-2]) + (b[-1],)] if len(b) >= 2 else [()]
+        if len(b) == 1:
+            return [tuple(a[:-1])]
+        return [broadcast_shapes([a[:-2], b[:-2]]) + (a[-2], b[-1])]
+
+    def slice(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
+        if self.ctx.opset < 10:
+            return None
+        x = self.dims(node.inputs[0])
+        if x is None:
+            return None
+        rank = len(x)
+        inputs = list(node.inputs) + [None] * (5 - len(node.inputs))
+        starts, axes, steps = (self.ctx.constant(v) if v is not None else None for v in (inputs[1], inputs[3], inputs[4]))
+        ends = self.entries(inputs[2])
+        if starts is None or ends is None or (inputs[3] is not None and axes is None) or (inputs[4] is not None and steps is None):
+            return None
+        starts = starts.reshape(-1).tolist()
+        axes = np.arange(len(starts)) if axes is None else axes
+        steps = np.ones(len(starts), np.int64) if steps is None else steps
+        axes, steps = axes.reshape(-1).tolist(), steps.reshape(-1).tolist()
+        if not len(starts) == len(ends) == len(axes) == len(steps) or any(not -rank <= a < rank for a in axes):
+            return None
+        out = list(x)
+        for start, end, axis, step in zip(starts, ends, axes, steps):
+            out[axis % rank] = self._sliced(x[axis % rank], start, end, step)
+        return [tuple(out)]
+
+    @staticmethod
+    def _sliced(dim: object, start: int, end: object, step: int) -> object:
+        """The length of ``dim[start:end:step]``, or None when not proved."""
+        if step == 0:
+            return None
+        if isinstance(end, int) and isinstance(dim, int):
+            return len(range(dim)[start:end:step])
+        if start != 0 or step != 1:
+            return None
+        if isinstance(end, int):
+            if end < 0 or dim is None:
+                return None
+            return dim if end >= _INT64_BIG else _clamp(dim, end)
+        if end is None or dim is None:
+            return None
+        if end == dim:
+            return dim
+        return _clamp(end, dim) if isinstance(dim, int) else None
+
+
+_HANDLERS = {
+    "Expand": _Deriver.expand,
+    "Range": _Deriver.range,
+    "MatMul": _Deriver.matmul,
+    "Slice": _Deriver.slice,
+}
+
+
+def derive(graph: ir.Graph, ctx: Context) -> SymbolicDims:
+    """The dims of ``graph``'s values (the main graph), derived from what its nodes require.
+
+    ``ctx`` gives inference's dims (:meth:`Context.dims` without derived dims).
+    """
+    deriver = _Deriver(ctx)
+    for value in (*graph.inputs, *graph.initializers.values()):
+        raw = ctx.dims(value)
+        if raw is not None:
+            deriver.found._shapes[value] = raw
+    for node in graph:
+        deriver.visit(node)
+    return deriver.found
