@@ -30,7 +30,7 @@ import onnx_ir as ir
 import refimpl
 from passes.fold import cost, size
 from passes.ir.schemas import is_deterministic
-from passes.ir.tensors import read_array, tensor_nbytes
+from passes.ir.tensors import is_file_backed, read_array, tensor_nbytes
 
 __all__ = [
     "COUNTERS",
@@ -111,9 +111,7 @@ class Candidate:
     def owns(self, index: int) -> bool:
         """Whether input ``index``'s array was read for this candidate alone (from a file, into a
         new array that nothing else holds), so that evaluating it may overwrite it."""
-        tensor = self.tensors[index]
-        # Not isinstance: ExternalTensor derives from a Protocol, whose isinstance costs microseconds.
-        return index in self._arrays and tensor is not None and ir.ExternalTensor in type(tensor).__mro__
+        return index in self._arrays and is_file_backed(self.tensors[index])
 
     def forget_arrays(self) -> None:
         """Drops the arrays read (an evaluation overwrote them); they are read again if asked for."""

@@ -30,6 +30,7 @@ __all__ = [
     "InlineData",
     "attribute_values",
     "constant_tensor",
+    "is_file_backed",
     "make_tensor",
     "read_array",
     "read_external",
@@ -125,6 +126,13 @@ def make_tensor(array: np.ndarray, name: str | None) -> ir.TensorProtocol:
     return ir.Tensor(array, name=name)
 
 
+def is_file_backed(tensor: ir.TensorProtocol | None) -> bool:
+    """Whether ``tensor``'s data is in a file (external data, or a weight left in the model file):
+    :func:`read_array` reads it into a new array of its own."""
+    # Not isinstance: ExternalTensor derives from a Protocol, whose isinstance costs microseconds.
+    return ir.ExternalTensor in type(tensor).__mro__
+
+
 def read_array(value: ir.Value, tensor: ir.TensorProtocol, node: ir.Node) -> np.ndarray:
     """The numpy array of a constant input; this is where external data gets read.
 
@@ -132,10 +140,8 @@ def read_array(value: ir.Value, tensor: ir.TensorProtocol, node: ir.Node) -> np.
         InputError: the tensor's data cannot be read (a missing or short
             external-data file, raw data of the wrong length).
     """
-    # Not isinstance: ExternalTensor derives from a Protocol, whose isinstance costs microseconds.
-    external = ir.ExternalTensor in type(tensor).__mro__
     try:
-        array = read_external(tensor) if external else tensor.numpy()
+        array = read_external(tensor) if is_file_backed(tensor) else tensor.numpy()
     except (InputError, OSError, ValueError) as e:
         where = f"{value.name!r}, input of {node.op_type} node {node.name!r}"
         raise InputError(f"cannot read the data of {where}: {e}") from e

@@ -38,7 +38,6 @@ from passes.modelio.destinations import (
     shown,
 )
 from passes.modelio.load import (
-    _in_memory,
     check_unchanged,
     check_view,
     data_files,
@@ -49,11 +48,10 @@ from passes.modelio.load import (
     model_to_proto_with_markers,
     proto_from_bytes,
     read_graph,
-    read_weights_in_file,
     read_whole,
-    stored_externally,
     validate_proto,
 )
+from passes.modelio.weights import in_memory as _in_memory, read_weights_in_file, stored_externally
 from passes.errors import InputError, first_line as _first_line
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_LIMIT
@@ -220,8 +218,9 @@ def _write_model(model: ir.Model, path: pathlib.Path, progress: Callable[[int], 
     """
     inline = [v.const_value for v in model.graph.initializers.values()
               if isinstance(v.const_value, _tensors.InlineData)]  # fmt: skip
-    with _detach.swapped(model) as detached:
-        sources = {source.path for source in detached.values()} | {t.path for t in inline}
+    sources = {t.path for t in inline}
+    if (attributes := _detach.source_file(model)) is not None:
+        sources.add(attributes)
     source = next(iter(sorted(sources)), None)
     if source is not None and path.exists() and os.path.samefile(path, source):
         source = None  # the file they are copied from is about to be replaced: read them now

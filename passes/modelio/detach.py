@@ -58,7 +58,7 @@ from passes.modelio import wire
 
 __all__ = [
     "MIN_ATTRIBUTE", "MIN_FILE", "DetachedAttr", "Source", "View", "Weight", "attach", "marker_key", "materialized",
-    "read_view", "splice_visitor", "swapped", "weight_key",
+    "read_view", "source_file", "splice_visitor", "swapped", "weight_key",
 ]
 
 #: Files smaller than this are parsed as they are (walking them would cost more than it saves).
@@ -74,7 +74,7 @@ _LISTS = frozenset({6, 7, 8})
 # The ONNX operators' lists are read by shape inference (a Constant's length is its shape) and
 # by the passes: only other domains' (``ai.onnx.ml``, custom ops) are detached.
 _ONNX_DOMAINS = frozenset({b"", b"ai.onnx"})
-#: ``ir.Model.meta`` key: the model holds detached attributes (not serialised by onnx_ir).
+#: ``ir.Model.meta`` key: the file the model's detached attributes are in (not serialised by onnx_ir).
 _META_KEY = "onnx_optimize.detached"
 
 
@@ -291,6 +291,11 @@ def weight_key(doc_string: str | None) -> str | None:
     return key[len(_WEIGHT):] if key is not None and key.startswith(_WEIGHT) else None
 
 
+def source_file(model: ir.Model) -> str | None:
+    """The file the model's detached attributes are read from (None: it has none)."""
+    return model.meta.get(_META_KEY) or None
+
+
 def marker_key(doc_string: str | None) -> str | None:
     """The key of a marker's ``doc_string`` (None: not a marker of this process)."""
     if doc_string and doc_string.startswith(_PREFIX):
@@ -339,7 +344,7 @@ def attach(model: ir.Model, sources: dict[str, Source]) -> None:
     """Replaces each marker attribute of ``model`` (built from :func:`read_view`'s proto) by a :class:`DetachedAttr`."""
     if not sources:
         return
-    model.meta[_META_KEY] = True
+    model.meta[_META_KEY] = next(iter(sources.values())).path  # one read_view's: one file
     for root in (model.graph, *model.functions.values()):
         for node in ir.traversal.RecursiveGraphIterator(root):
             for name, attr in list(node.attributes.items()):

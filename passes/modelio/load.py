@@ -38,10 +38,8 @@ _validate = lazy_module("passes.modelio.validate")
 _sparse = lazy_module("passes.modelio.sparse")
 _detach = lazy_module("passes.modelio.detach")
 _walk = lazy_module("passes.ir.walk")
-_views = lazy_module("passes.modelio.views")
 _tensors = lazy_module("passes.ir.tensors")
-_unknown_fields = lazy_module("google.protobuf.unknown_fields")
-np = lazy_module("numpy")
+_weights = lazy_module("passes.modelio.weights")
 
 __all__ = [
     "check_unchanged",
@@ -53,25 +51,18 @@ __all__ = [
     "model_to_proto",
     "proto_from_bytes",
     "read_graph",
-    "read_weights_in_file",
     "read_whole",
-    "stored_externally",
     "validate_proto",
 ]
 
 logger = logging.getLogger(__name__)
 
 
-def stored_externally(tensor: ir.TensorProtocol | None) -> bool:
-    """Whether ``tensor`` is external data (a weight left in the model file itself is not)."""
-    return isinstance(tensor, ir.ExternalTensor) and not isinstance(tensor, _tensors.InlineData)
-
-
 def has_external_data(model: ir.Model) -> bool:
     """Whether any initializer of the model (or its subgraphs) is stored externally."""
     for graph in _walk.graphs(model):
         for value in graph.initializers.values():
-            if stored_externally(value.const_value):
+            if _weights.stored_externally(value.const_value):
                 return True
     return False
 
@@ -291,7 +282,7 @@ def model_from_proto(
     """Builds the IR of ``proto`` (changed in place: sparse Constants and map types stashed).
 
     Large weights are moved out of the proto into arrays of their own (see
-    :func:`_move_out_large_weights`; the stashing then edits a light copy).
+    :func:`passes.modelio.weights.move_out_large`; the stashing then edits a light copy).
     onnx_ir represents neither sparse tensor attributes nor map types; see
     ``passes.modelio.sparse`` and ``passes.modelio.opaque``. :func:`model_to_proto` and
     :func:`save_model` put the stashed nodes and types back. ``detached`` and ``weights``:
@@ -304,7 +295,7 @@ def model_from_proto(
     """
     if validate:
         validate_proto(proto)
-    proto, moved = _move_out_large_weights(proto)
+    proto, moved = _weights.move_out_large(proto)
     _one_default_domain(proto)
     sparse = _sparse.stash(proto)
     stashed = _opaque_types.stash(proto)
@@ -315,7 +306,7 @@ def model_from_proto(
     for name, tensor in moved.items():
         model.graph.initializers[name].const_value = tensor
     if weights:
-        _attach_weights(model, weights)
+        _weights.attach(model, weights)
     _detach.attach(model, detached or {})
     if stashed:
         model.meta[_opaque_types.STASH_KEY] = stashed
@@ -323,32 +314,6 @@ def model_from_proto(
         model.meta[_sparse.STASH_KEY] = sparse
         _sparse.attach_types(model)
     return model
-
-
-def _attach_weights(model: ir.Model, weights: dict[str, _detach.Weight]) -> None:
-    """Each weight's stand-in (see :func:`passes.modelio.detach.read_view`) becomes an ``InlineData`` over its bytes."""
-    for value in model.graph.initializers.values():
-        tensor = value.const_value
-        key = _detach.weight_key(getattr(tensor, "doc_string", None)) if tensor is not None else None
-        if key is None or key not in weights:
-            continue
-        weight = weights[key]
-        folder, file = os.path.split(weight.source.path)
-        value.const_value = _tensors.InlineData(
-            file, weight.source.offset, weight.source.length, tensor.dtype, shape=tensor.shape, name=tensor.name,
-            doc_string=weight.doc_string, base_dir=folder,
-        )  # fmt: skip
-
-
-def read_weights_in_file(model: ir.Model) -> None:
-    """Reads each weight left in the model file (``InlineData``) into memory, in place.
-
-    For a model handed to a caller: onnx_ir's own save would write such a weight
-    as a reference to the input file.
-    """
-    for value in model.graph.initializers.values():
-        if isinstance(value.const_value, _tensors.InlineData):
-            value.const_value = _in_memory(value.const_value)
 
 
 def _one_default_domain(proto: onnx.ModelProto) -> None:
@@ -366,55 +331,6 @@ def _one_default_domain(proto: onnx.ModelProto) -> None:
         del owner.opset_import[:]
         owner.opset_import.extend(o for o in imports if o.domain not in ("", "ai.onnx"))
         owner.opset_import.add(domain="", version=default)
-
-
-#: The TensorProto fields a weight may have set to be moved out of the proto (see below).
-_PLAIN_FIELDS = frozenset({"dims", "data_type", "name", "doc_string", "raw_data"})
-
-
-def _plain_weight(tensor: onnx.TensorProto) -> bool:
-    """Whether onnx_ir writes the tensor back byte for byte from an array: raw data of a
-    whole-byte numeric type, a name, no field but those of :data:`_PLAIN_FIELDS` (none empty)."""
-    if not tensor.name or not tensor.HasField("raw_data") or tensor.data_type == onnx.TensorProto.STRING:
-        return False
-    if tensor.HasField("doc_string") and not tensor.doc_string:
-        return False
-    for field in tensor.DESCRIPTOR.fields:
-        if field.name not in _PLAIN_FIELDS and (
-            len(getattr(tensor, field.name)) if field.is_repeated else tensor.HasField(field.name)
-        ):
-            return False
-    return ir.DataType(tensor.data_type).bitwidth % 8 == 0 and not _unknown_fields.UnknownFieldSet(tensor)
-
-
-def _move_out_large_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, ir.Tensor]]:
-    """A light copy of ``proto`` without the data of its large plain weights, and those weights as arrays.
-
-    A proto cannot give up one field's memory (protobuf frees a parsed message
-    as a whole), and onnx_ir's tensors of a proto copy its ``raw_data`` each
-    time they are read: a 100 MB weight was held by the proto for the whole
-    run and copied again by every read. The main graph's plain initializers
-    over 1 MiB (see :func:`_plain_weight`) become arrays over one copy of their
-    bytes; the copy of the proto without them is small, and the caller's proto
-    can go. ``proto`` itself and no weights when there are none.
-    """
-    large = _views.large_initializers(proto)
-    names = {t.name for t in proto.graph.initializer if t.name in large and _plain_weight(t)}
-    if not names:
-        return proto, {}
-    weights = {}
-    for t in proto.graph.initializer:
-        if t.name in names:
-            dtype = ir.DataType(t.data_type)
-            array = np.frombuffer(t.raw_data, dtype=dtype.numpy().newbyteorder("<")).reshape(tuple(t.dims))
-            weights[t.name] = ir.Tensor(array, dtype=dtype, name=t.name, doc_string=t.doc_string or None)
-    return _views.without_initializers(proto, names, keep_as=_dims_and_type), weights
-
-
-def _dims_and_type(source: onnx.TensorProto, target: onnx.TensorProto) -> None:
-    """The stand-in of a moved-out weight in the light copy: its name, type and shape, no data."""
-    target.name, target.data_type = source.name, source.data_type
-    target.dims.extend(source.dims)
 
 
 def model_to_proto(model: ir.Model) -> onnx.ModelProto:
@@ -435,7 +351,7 @@ def model_to_proto_with_markers(model: ir.Model) -> tuple[onnx.ModelProto, dict[
         for value in model.graph.initializers.values():
             if isinstance(value.const_value, _tensors.InlineData):
                 swapped.append((value, value.const_value))
-                value.const_value = _in_memory(value.const_value)
+                value.const_value = _weights.in_memory(value.const_value)
         with _detach.swapped(model) as detached:
             proto = ir.serde.serialize_model(model)
     finally:
@@ -466,36 +382,18 @@ def _bind_external_tensors(model: ir.Model, base_dir: pathlib.Path) -> None:
                 if attr.is_ref():
                     continue
                 if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
-                    node.attributes[attr.name] = ir.AttrTensor(attr.name, _in_memory(attr.value, base_dir))
+                    node.attributes[attr.name] = ir.AttrTensor(attr.name, _weights.in_memory(attr.value, base_dir))
                 elif attr.type == ir.AttributeType.TENSORS and any(
                     isinstance(t, ir.ExternalTensor) for t in attr.value
                 ):
-                    tensors = [_in_memory(t, base_dir) for t in attr.value]
+                    tensors = [_weights.in_memory(t, base_dir) for t in attr.value]
                     node.attributes[attr.name] = ir.AttrTensors(attr.name, tensors)
                 elif attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) and (
                     root is not model.graph  # functions' subgraphs are not saved as external data
                 ):
                     for graph in attr.value if attr.type == ir.AttributeType.GRAPHS else [attr.value]:
                         for value in graph.initializers.values():
-                            value.const_value = _in_memory(value.const_value, base_dir)
-
-
-def _in_memory(
-    tensor: ir.TensorProtocol | None, base_dir: pathlib.Path | None = None
-) -> ir.TensorProtocol | None:
-    """An external tensor read (from ``base_dir`` if given) into memory; any other tensor as it is.
-
-    Unlike onnx_ir's own conversion, this leaves the tensor's memory map open:
-    closing it fails (BufferError) while a pass still holds an array viewing it.
-    """
-    if not isinstance(tensor, ir.ExternalTensor):
-        return tensor
-    if base_dir is not None:
-        tensor.base_dir = str(base_dir)
-    if isinstance(tensor, _tensors.InlineData):  # read, not mapped: the model file may be replaced
-        return ir.Tensor(_tensors.read_external(tensor), dtype=tensor.dtype, name=tensor.name,
-                         doc_string=tensor.doc_string)  # fmt: skip
-    return ir.Tensor(tensor.numpy().copy(), dtype=tensor.dtype, name=tensor.name)
+                            value.const_value = _weights.in_memory(value.const_value, base_dir)
 
 
 def data_files(model: ir.Model) -> set[pathlib.Path]:
@@ -503,6 +401,6 @@ def data_files(model: ir.Model) -> set[pathlib.Path]:
     files = set()
     for graph in _walk.graphs(model):
         for value in graph.initializers.values():
-            if stored_externally(value.const_value):
+            if _weights.stored_externally(value.const_value):
                 files.add(pathlib.Path(value.const_value.path).resolve())
     return files
