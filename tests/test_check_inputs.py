@@ -215,3 +215,30 @@ def test_inputs_file_sets_the_sizes_of_the_generated_ones(tmp_path: pathlib.Path
     result = passes.check(model, model, inputs_file=given)
     assert result.checked and result.ok, result.summary()
     assert result.inputs.given == ["a"] and result.inputs.shapes == {"a": [3, 5], "b": [3, 5]}
+
+
+def test_bfloat16_inputs_saved_by_numpy_as_raw_bytes_are_read_as_bfloat16(tmp_path: pathlib.Path, capsys) -> None:
+    import ml_dtypes
+
+    x = helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2, 3])
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["f"], to=TensorProto.FLOAT), helper.make_node("Relu", ["f"], ["y"])],
+        "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    values = np.array([[-1.5, 2.25, 3.0], [0.5, -0.0, 7.0]], dtype=ml_dtypes.bfloat16)
+    given = tmp_path / "in.npz"
+    np.savez(given, x=values)
+    members = npz.inspect(str(given), {"x": ("bfloat16", [2, 3])})
+    assert members == [npz.Member("x", "bfloat16", (2, 3), 12, raw=True)]
+    loaded = npz.load(str(given), ["x"], {"x": "bfloat16"})["x"]
+    assert loaded.dtype == values.dtype and loaded.tobytes() == values.tobytes()
+    code, data, _ = _run(tmp_path, model, "--inputs", str(given))
+    assert code == 0, capsys.readouterr().err
+    assert data["check"]["checked"] is True and data["check"]["ok"] is True, data["check"]
+    assert data["check"]["inputs"]["shapes"] == {"x": [2, 3]}
+    # Generated bfloat16 inputs reach onnxruntime too (it reads ml_dtypes arrays as strings).
+    code, data, _ = _run(tmp_path, model)
+    assert code == 0 and data["check"]["checked"] is True and data["check"]["ok"] is True, data["check"]
+    # Raw bytes are taken as the input's type only for a type numpy lacks: not for float16.
+    with pytest.raises(ValueError, match="takes float16"):
+        npz.inspect(str(given), {"x": ("float16", [2, 3])})

@@ -171,7 +171,8 @@ class Checker:
             members = npz.inspect(path, declared)
         except ValueError as e:
             return None, str(e)
-        return {"path": path, "names": [m.name for m in members], "shapes": {m.name: m.shape for m in members}}, None
+        return {"path": path, "names": [m.name for m in members], "shapes": {m.name: m.shape for m in members},
+                "raw": {m.name: m.dtype for m in members if m.raw}}, None
 
     def check(self, optimized: Any) -> CheckResult:
         """Runs the original (choosing its inputs), then ``optimized``, and compares them."""
@@ -202,7 +203,7 @@ class Checker:
         self._set_tolerances()
         self._prepare = {
             "op": "prepare", "model": str(self.original_path), "tries": tries, "seed": self.seed,
-            "given": {"path": given["path"], "names": given["names"]} if given else None,
+            "given": {k: given[k] for k in ("path", "names", "raw")} if given else None,
             "spill_dir": str(self.folder), "spill_bytes": SPILL_BYTES,
         }  # fmt: skip
         deadline = self._deadline()

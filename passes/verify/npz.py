@@ -6,6 +6,10 @@ that input accepts, holds the bytes its header declares, and the total fits
 :data:`~passes.verify.result.MAX_GENERATED_BYTES`: a small file that expands
 to gigabytes is refused before it is read. Loading then reads each member's
 declared bytes only (numpy reads exactly the header's element count).
+
+numpy saves an array of a type it lacks (ml_dtypes' ``bfloat16``) as raw
+bytes (``|V2``): such a member is taken as the input's type when the input
+takes ``bfloat16`` and loaded as a view of those bytes.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ class Member:
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
+    #: Stored as raw bytes of the dtype's size (numpy's form of an ml_dtypes array): load views them.
+    raw: bool = False
 
 
 def _header(stream: zipfile.ZipExtFile) -> tuple[tuple[int, ...], bool, np.dtype]:
@@ -112,16 +118,34 @@ def inspect(
                     f"{_size(total)}, over the check's limit of {_size(limit)})"
                 )
             want_dtype, want_dims = inputs[name]
+            raw = want_dtype in _RAW_TYPES and dtype == np.dtype(f"V{_RAW_TYPES[want_dtype]}")
+            if raw:
+                dtype = np.dtype(_raw_type(want_dtype))
             if want_dtype is not None and want_dtype != "str" and str(dtype) != want_dtype:
                 raise ValueError(f"input {name!r} takes {want_dtype}; the file holds {dtype}")
             if want_dims is not None and not _fits(want_dims, tuple(shape)):
                 declared = [d if d is not None else "?" for d in want_dims]
                 raise ValueError(f"input {name!r} is declared {declared}; the file holds {list(shape)}")
-            members.append(Member(name, str(dtype), tuple(int(d) for d in shape), nbytes))
+            members.append(Member(name, str(dtype), tuple(int(d) for d in shape), nbytes, raw))
     return members
 
 
-def load(path: str, names: Sequence[str]) -> dict[str, np.ndarray]:
-    """Loads the named members (already inspected): each read up to its header's size."""
+#: Types numpy lacks that the check takes, by item size (their arrays are saved as ``|V<size>``).
+_RAW_TYPES = {"bfloat16": 2}
+
+
+def _raw_type(name: str) -> np.dtype:
+    import ml_dtypes  # slow to import: only for a file that needs it
+
+    return np.dtype(getattr(ml_dtypes, name))
+
+
+def load(path: str, names: Sequence[str], raw: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
+    """Loads the named members (already inspected): each read up to its header's size.
+
+    ``raw`` maps the members stored as raw bytes (``Member.raw``) to the type they hold.
+    """
+    raw = raw or {}
     with np.load(path, allow_pickle=False) as data:
-        return {name: data[name] for name in names}
+        arrays = {name: data[name] for name in names}
+    return {name: a.view(_raw_type(raw[name])) if name in raw else a for name, a in arrays.items()}

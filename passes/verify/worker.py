@@ -116,7 +116,19 @@ def _run(session: Any, feeds: dict[str, Any], names: list[str] | None = None) ->
     options = ort.RunOptions()
     options.log_severity_level = 4
     wanted = {i.name for i in session.get_inputs()}
-    return session.run(names, {k: v for k, v in feeds.items() if k in wanted}, options)
+    return session.run(names, {k: _feed(v) for k, v in feeds.items() if k in wanted}, options)
+
+
+def _feed(value: Any) -> Any:
+    """``value`` as onnxruntime takes it: it reads ml_dtypes' bfloat16 arrays as strings, so
+    those go as an OrtValue of their bytes."""
+    if getattr(value, "dtype", None) is not None and value.dtype.name == "bfloat16":
+        import numpy as np
+        import onnxruntime as ort
+
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+            np.ascontiguousarray(value).view(np.uint16), 16)  # 16: TensorProto.BFLOAT16
+    return value
 
 
 def _describe(value: Any) -> dict[str, Any]:
@@ -156,7 +168,7 @@ def _prepare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     given: dict[str, Any] = {}
     if request.get("given"):
         _phase("reading the given inputs")
-        given = npz.load(request["given"]["path"], request["given"]["names"])
+        given = npz.load(request["given"]["path"], request["given"]["names"], request["given"].get("raw"))
     attempts = []
     tries = request["tries"] or [{"dims": {}, "inputs": {}}]
     for number, attempt in enumerate(tries, 1):
