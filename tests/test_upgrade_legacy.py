@@ -1,0 +1,239 @@
+"""Opset 1-6 models: the legacy broadcasting that opset 7 replaced, against numbers onnxruntime cannot give.
+
+onnxruntime does not run opset-6 ops, so these originals cannot be compared
+with their upgrades there. The oracles are numpy (the legacy rule written out:
+B aligned with A at ``axis``; a PRelu slope of C values per channel) and the
+expected outputs onnx ships with its PyTorch-exported backend cases.
+"""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import onnx_ir as ir
+import pytest
+from helpers import ort_run
+from onnx import TensorProto, helper
+
+import passes
+from passes.errors import UpgradeError
+from passes.upgrade import UpgradeOpsetPass
+
+F = TensorProto.FLOAT
+_LEGACY = ("Add", "Sub", "Mul", "Div", "Pow", "Greater", "Less", "Or", "Gemm", "BatchNormalization", "PRelu")
+RNG = np.random.default_rng(6)
+BACKEND = pathlib.Path(onnx.__file__).parent / "backend" / "test" / "data"
+#: Cases whose expected outputs onnxruntime cannot give for reasons of its own.
+ORT_CANNOT = {
+    "simple/test_gradient_of_add": "ai.onnx.preview.training Gradient has no onnxruntime kernel",
+    "simple/test_gradient_of_add_and_mul": "ai.onnx.preview.training Gradient has no onnxruntime kernel",
+}
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset: int = 6) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "legacy", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=3 if opset < 7 else 8)
+
+
+def _io(name: str, shape, elem=F) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _upgrade(model: onnx.ModelProto, target: int = 18) -> onnx.ModelProto:
+    result = UpgradeOpsetPass(target)(ir.from_proto(copy.deepcopy(model)))
+    out = ir.to_proto(result.model)
+    onnx.checker.check_model(out, full_check=True)
+    return out
+
+
+def _ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+def _attr_names(model: onnx.ModelProto, ops: tuple[str, ...] = _LEGACY) -> set[str]:
+    """The attribute names of the model's nodes of ``ops``."""
+    return {a.name for n in model.graph.node if n.op_type in ops for a in n.attribute}
+
+
+def _array(shape) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+# --- Add/Sub/Mul/Div/Pow and the comparisons: broadcast and axis --------------------------------
+
+
+@pytest.mark.parametrize("b_is_constant", [False, True])
+@pytest.mark.parametrize("op_type", ["Add", "Sub", "Mul", "Div"])
+def test_broadcast_at_an_inner_axis_aligns_b_there(op_type: str, b_is_constant: bool) -> None:
+    a, b = _array((2, 3, 4, 5)), _array((3, 4))
+    node = helper.make_node(op_type, ["a", "b"], ["y"], broadcast=1, axis=1)
+    inits = [onnx.numpy_helper.from_array(b, "b")] if b_is_constant else []
+    inputs = [_io("a", [2, 3, 4, 5])] + ([] if b_is_constant else [_io("b", [3, 4])])
+    model = _model([node], inputs, [_io("y", [2, 3, 4, 5])], inits, opset=6)
+    if b_is_constant:
+        model.ir_version = 4  # b is a constant, not an input a caller may override
+    out = _upgrade(model)
+    feeds = {"a": a} if b_is_constant else {"a": a, "b": b}
+    expected = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}[op_type](a, b[:, :, None])
+    np.testing.assert_array_equal(ort_run(out, feeds)[0], expected)
+    assert not {"broadcast", "axis"} & _attr_names(out)
+    if b_is_constant:
+        assert _ops(out) == [op_type]
+        assert [list(t.dims) for t in out.graph.initializer if t.name in out.graph.node[0].input] == [[3, 4, 1]]
+    else:
+        assert _ops(out) == ["Shape", "Concat", "Reshape", op_type]
+
+
+@pytest.mark.parametrize("attributes", [{}, {"broadcast": 1}, {"broadcast": 1, "axis": 2}, {"broadcast": 0}])
+def test_broadcast_that_numpy_already_reads_the_same_way_only_loses_its_attributes(attributes) -> None:
+    a = _array((2, 3, 4))
+    b = a * 0.5 + 1 if not attributes.get("broadcast") else _array((4,))  # axis 2 of a rank-3 A: the last
+    node = helper.make_node("Mul", ["a", "b"], ["y"], **attributes)
+    model = _model([node], [_io("a", [2, 3, 4]), _io("b", list(b.shape))], [_io("y", [2, 3, 4])])
+    out = _upgrade(model)
+    assert _ops(out) == ["Mul"] and not _attr_names(out)
+    np.testing.assert_array_equal(ort_run(out, {"a": a, "b": b})[0], a * b)
+
+
+def test_comparisons_and_logic_ops_lose_legacy_broadcast_too() -> None:
+    a, b = _array((2, 3, 4)), _array((3,))
+    nodes = [helper.make_node("Greater", ["a", "b"], ["g"], broadcast=1, axis=1),
+             helper.make_node("Less", ["a", "b"], ["l"], broadcast=1, axis=1),
+             helper.make_node("Or", ["g", "l"], ["y"])]  # fmt: skip
+    model = _model(nodes, [_io("a", [2, 3, 4]), _io("b", [3])], [_io("y", [2, 3, 4], TensorProto.BOOL)], opset=6)
+    out = _upgrade(model)
+    np.testing.assert_array_equal(ort_run(out, {"a": a, "b": b})[0], (a > b[:, None]) | (a < b[:, None]))
+    assert not {"broadcast", "axis"} & _attr_names(out)
+
+
+def test_pow_of_opset_1_with_an_axis() -> None:
+    a, b = np.abs(_array((2, 3, 4))) + 0.5, _array((2,))
+    model = _model([helper.make_node("Pow", ["a", "b"], ["y"], broadcast=1, axis=0)],
+                   [_io("a", [2, 3, 4]), _io("b", [2])], [_io("y", [2, 3, 4])], opset=1)  # fmt: skip
+    out = _upgrade(model)
+    np.testing.assert_allclose(ort_run(out, {"a": a, "b": b})[0], a ** b[:, None, None], rtol=1e-6)
+
+
+def test_broadcast_at_an_axis_with_an_unknown_rank_is_refused() -> None:
+    node = helper.make_node("Add", ["a", "b"], ["y"], broadcast=1, axis=1)
+    model = _model([node], [_io("a", None), _io("b", [3])], [_io("y", None)])
+    with pytest.raises(UpgradeError, match="Add-7: broadcast at an axis needs the ranks"):
+        _upgrade(model)
+
+
+def test_broadcast_at_an_axis_past_the_rank_is_refused() -> None:
+    node = helper.make_node("Add", ["a", "b"], ["y"], broadcast=1, axis=2)
+    model = _model([node], [_io("a", [2, 3]), _io("b", [3])], [_io("y", [2, 3])])
+    with pytest.raises(UpgradeError, match="does not fit"):
+        _upgrade(model)
+
+
+# --- Gemm, BatchNormalization, PRelu ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("broadcast", [0, 1])
+def test_gemm_drops_broadcast(broadcast: int) -> None:
+    a, b = _array((4, 5)), _array((6, 5))
+    c = _array((4, 6)) if broadcast == 0 else _array((6,))
+    node = helper.make_node("Gemm", ["a", "b", "c"], ["y"], transB=1, broadcast=broadcast, alpha=0.5)
+    model = _model([node], [_io("a", [4, 5]), _io("b", [6, 5]), _io("c", list(c.shape))], [_io("y", [4, 6])])
+    out = _upgrade(model)
+    assert _ops(out) == ["Gemm"] and "broadcast" not in _attr_names(out)
+    np.testing.assert_allclose(ort_run(out, {"a": a, "b": b, "c": c})[0], 0.5 * a @ b.T + c, rtol=1e-5, atol=1e-6)
+
+
+def test_batchnorm_in_test_mode_drops_is_test() -> None:
+    x = _array((2, 3, 4, 4))
+    scale, bias, mean, var = _array(3), _array(3), _array(3), np.abs(_array(3)) + 0.5
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], is_test=1, epsilon=1e-3)
+    inits = [onnx.numpy_helper.from_array(a, n) for a, n in ((scale, "s"), (bias, "b"), (mean, "m"), (var, "v"))]
+    model = _model([node], [_io("x", [2, 3, 4, 4])], [_io("y", [2, 3, 4, 4])], inits)
+    model.ir_version = 4
+    out = _upgrade(model)
+    assert _ops(out) == ["BatchNormalization"] and "is_test" not in _attr_names(out)
+    c = (slice(None), None, None)
+    expected = (x - mean[c]) / np.sqrt(var[c] + 1e-3) * scale[c] + bias[c]
+    np.testing.assert_allclose(ort_run(out, {"x": x})[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_batchnorm_training_mode_with_one_output_is_refused() -> None:
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], is_test=0)
+    model = _model([node], [_io(n, [2, 3, 4, 4] if n == "x" else [3]) for n in "xsbmv"], [_io("y", [2, 3, 4, 4])])
+    with pytest.raises(UpgradeError, match="is_test=0 .training mode. with 1 outputs has no equivalent"):
+        _upgrade(model)
+
+
+@pytest.mark.parametrize("slope_is_constant", [False, True])
+@pytest.mark.parametrize("x_shape", [(2, 3), (2, 3, 3), (2, 3, 4, 5)])
+def test_prelu_slope_of_c_values_stays_per_channel(x_shape, slope_is_constant: bool) -> None:
+    x, slope = _array(x_shape), np.abs(_array((3,))) + 0.1
+    inits = [onnx.numpy_helper.from_array(slope, "s")] if slope_is_constant else []
+    inputs = [_io("x", list(x_shape))] + ([] if slope_is_constant else [_io("s", [3])])
+    model = _model([helper.make_node("PRelu", ["x", "s"], ["y"])], inputs, [_io("y", list(x_shape))], inits)
+    if slope_is_constant:
+        model.ir_version = 4
+    out = _upgrade(model)
+    per_channel = slope.reshape((3,) + (1,) * (len(x_shape) - 2))
+    feeds = {"x": x} if slope_is_constant else {"x": x, "s": slope}
+    # (2, 3, 3): numpy's rule would silently use the slope along the last axis.
+    np.testing.assert_array_equal(ort_run(out, feeds)[0], np.where(x < 0, per_channel * x, x))
+
+
+def test_prelu_slope_of_another_rank_is_refused() -> None:
+    model = _model([helper.make_node("PRelu", ["x", "s"], ["y"])], [_io("x", [2, 3, 4, 5]), _io("s", [3, 4])],
+                   [_io("y", [2, 3, 4, 5])])  # fmt: skip
+    with pytest.raises(UpgradeError, match="PRelu-7: a rank-2 slope"):
+        _upgrade(model)
+
+
+def test_a_model_at_opset_7_is_not_touched_by_the_legacy_adapters() -> None:
+    x, slope = _array((2, 3, 3)), _array((3,))
+    model = _model([helper.make_node("PRelu", ["x", "s"], ["y"])], [_io("x", [2, 3, 3]), _io("s", [3])],
+                   [_io("y", [2, 3, 3])], opset=7)  # fmt: skip
+    out = _upgrade(model)
+    assert _ops(out) == ["PRelu"] and len(out.graph.node[0].input) == 2 and out.graph.node[0].input[1] == "s"
+    np.testing.assert_array_equal(ort_run(out, {"x": x, "s": slope})[0], ort_run(model, {"x": x, "s": slope})[0])
+
+
+# --- onnx's PyTorch-exported backend cases ----------------------------------------------------
+
+
+def _backend_cases() -> list[pathlib.Path]:
+    return [d for kind in ("pytorch-converted", "pytorch-operator", "simple")
+            for d in sorted((BACKEND / kind).iterdir()) if (d / "model.onnx").exists()]  # fmt: skip
+
+
+def _case_id(path: pathlib.Path) -> str:
+    return f"{path.parent.name}/{path.name}"
+
+
+def _tensors(folder: pathlib.Path, prefix: str) -> list[np.ndarray]:
+    files = sorted(folder.glob(f"{prefix}_*.pb"), key=lambda p: int(p.stem.split("_")[1]))
+    return [onnx.numpy_helper.to_array(onnx.load_tensor(str(f))) for f in files]
+
+
+@pytest.mark.parametrize("case", _backend_cases(), ids=_case_id)
+def test_backend_case_after_optimize_gives_its_expected_outputs(case: pathlib.Path) -> None:
+    if _case_id(case) in ORT_CANNOT:
+        pytest.skip(ORT_CANNOT[_case_id(case)])
+    model = onnx.load(case / "model.onnx")
+    if any(n.op_type == "StringNormalizer" for n in model.graph.node):
+        pytest.skip("StringNormalizer needs a locale this machine may lack")
+    out = passes.optimize(model, check=False)  # onnxruntime cannot run the opset-6 originals
+    onnx.checker.check_model(out, full_check=True)
+    initializers = {t.name for t in model.graph.initializer}
+    names = [i.name for i in model.graph.input if i.name not in initializers]
+    data = case / "test_data_set_0"
+    got = ort_run(out, dict(zip(names, _tensors(data, "input"))))
+    expected = _tensors(data, "output")
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape and g.dtype == e.dtype
+        if e.dtype.kind == "f":
+            np.testing.assert_allclose(g, e, rtol=1e-3, atol=1e-5, equal_nan=True)
+        else:
+            np.testing.assert_array_equal(g, e)
