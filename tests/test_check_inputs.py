@@ -242,3 +242,22 @@ def test_bfloat16_inputs_saved_by_numpy_as_raw_bytes_are_read_as_bfloat16(tmp_pa
     # Raw bytes are taken as the input's type only for a type numpy lacks: not for float16.
     with pytest.raises(ValueError, match="takes float16"):
         npz.inspect(str(given), {"x": ("float16", [2, 3])})
+
+
+def _bfloat16_output_model(scale: float) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["m"]), helper.make_node("Cast", ["m"], ["y"], to=TensorProto.BFLOAT16)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [64])],
+        initializer=[numpy_helper.from_array(np.array(scale, np.float32), "k")])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+def test_bfloat16_outputs_are_fetched_and_compared() -> None:
+    """onnxruntime returns no numpy array of bfloat16; the check reads the tensor's bytes."""
+    same = passes.check(_bfloat16_output_model(2.0), _bfloat16_output_model(2.0))
+    assert same.ok and not same.skipped, same
+    assert same.outputs[0].dtype == "bfloat16" and same.outputs[0].max_abs_error == 0
+    # 1.5x is far beyond bfloat16's tolerance (rtol 2e-2): the check must see it.
+    far = passes.check(_bfloat16_output_model(2.0), _bfloat16_output_model(3.0))
+    assert not far.ok and not far.skipped and far.outputs[0].max_abs_error > 0.1, far

@@ -116,7 +116,32 @@ def _run(session: Any, feeds: dict[str, Any], names: list[str] | None = None) ->
     options = ort.RunOptions()
     options.log_severity_level = 4
     wanted = {i.name for i in session.get_inputs()}
-    return session.run(names, {k: _feed(v) for k, v in feeds.items() if k in wanted}, options)
+    feeds = {k: _feed(v) for k, v in feeds.items() if k in wanted}
+    outputs = {o.name: o.type for o in session.get_outputs()}
+    fetched = list(outputs) if names is None else names
+    if not any(outputs.get(n) == "tensor(bfloat16)" for n in fetched) or not all(
+        outputs.get(n, "").startswith("tensor(") for n in fetched
+    ):
+        return session.run(names, feeds, options)
+    # onnxruntime gives no numpy array of bfloat16: such outputs are read from the OrtValue's bytes
+    # (run_with_ort_values takes OrtValues only).
+    import numpy as np
+
+    values = {k: v if isinstance(v, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v))
+              for k, v in feeds.items()}  # fmt: skip
+    return [_tensor(v) for v in session.run_with_ort_values(fetched, values, options)]
+
+
+def _tensor(value: Any) -> Any:
+    """An onnxruntime tensor (CPU) as numpy; bfloat16 as ml_dtypes' type, from its bytes."""
+    if value.data_type() != "tensor(bfloat16)":
+        return value.numpy()
+    import ctypes
+
+    import numpy as np
+
+    data = ctypes.string_at(value.data_ptr(), value.tensor_size_in_bytes()) if value.tensor_size_in_bytes() else b""
+    return np.frombuffer(data, np.uint16).view(_numpy_dtype("bfloat16")).reshape(value.shape())
 
 
 def _feed(value: Any) -> Any:
@@ -144,7 +169,8 @@ def _spill(values: dict[str, Any], folder: str, threshold: int) -> dict[str, Any
     are not in memory at once."""
     import numpy as np
 
-    arrays = {k: v for k, v in values.items() if isinstance(v, np.ndarray) and v.dtype != object}
+    # Types of numpy's own only: np.save writes ml_dtypes' bfloat16 as raw bytes (|V2).
+    arrays = {k: v for k, v in values.items() if isinstance(v, np.ndarray) and v.dtype.kind in "biufc"}
     if not folder or sum(v.nbytes for v in arrays.values()) <= threshold:
         return values
     result = dict(values)
