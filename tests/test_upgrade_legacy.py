@@ -237,3 +237,26 @@ def test_backend_case_after_optimize_gives_its_expected_outputs(case: pathlib.Pa
             np.testing.assert_allclose(g, e, rtol=1e-3, atol=1e-5, equal_nan=True)
         else:
             np.testing.assert_array_equal(g, e)
+
+
+def test_an_opset_1_model_loses_consumed_inputs_and_its_reshape_attribute() -> None:
+    """Opsets 1-5: ``consumed_inputs`` was an in-place hint; Reshape-1 took its shape as an attribute."""
+    x = _array((2, 12))
+    scale, bias, mean, var = _array(3), _array(3), _array(3), np.abs(_array(3)) + 0.5
+    nodes = [helper.make_node("Reshape", ["x"], ["r"], shape=[2, 3, 4], consumed_inputs=[1]),
+             helper.make_node("Relu", ["r"], ["a"], consumed_inputs=[1]),
+             helper.make_node("BatchNormalization", ["a", "s", "b", "m", "v"], ["n"], is_test=1, epsilon=1e-3,
+                              consumed_inputs=[0, 0, 0, 1, 1]),
+             helper.make_node("Add", ["n", "b"], ["y"], broadcast=1, axis=1, consumed_inputs=[0, 0])]  # fmt: skip
+    inits = [onnx.numpy_helper.from_array(a, n) for a, n in ((scale, "s"), (bias, "b"), (mean, "m"), (var, "v"))]
+    model = _model(nodes, [_io("x", [2, 12])], [_io("y", [2, 3, 4])], inits, opset=1)
+    model.ir_version = 4
+    model.graph.value_info.append(_io("n", [2, 3, 4]))  # onnx infers no shape through Reshape-1
+    out = _upgrade(model)
+    assert _ops(out) == ["Reshape", "Relu", "BatchNormalization", "Add"]
+    assert not {"consumed_inputs", "shape", "is_test", "broadcast", "axis"} & {
+        a.name for n in out.graph.node for a in n.attribute}
+    c = (slice(None), None)
+    a = np.maximum(x.reshape(2, 3, 4), 0)
+    expected = (a - mean[c]) / np.sqrt(var[c] + 1e-3) * scale[c] + bias[c] + bias[c]
+    np.testing.assert_allclose(ort_run(out, {"x": x})[0], expected, rtol=1e-5, atol=1e-5)

@@ -23,6 +23,8 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+import onnx
+import onnx.defs
 import onnx_ir as ir
 
 from passes.upgrade.attributes import AttributeToInput, as_adapters, int_attr, string_attr, typed_scalar
@@ -516,6 +518,45 @@ def _repeat_per_channel(node: ir.Node, rw: ScopeRewriter, groups: int, channels:
         wide = rw.add_node("Expand", [col.outputs[0], repeats], base_name=f"{base}_{name}_wide", before=node)
         per_channel = rw.add_node("Reshape", [wide.outputs[0], flat], base_name=f"{base}_{name}_c", before=node)
         node.replace_input_with(index, per_channel.outputs[0])
+
+
+# --- opsets 5 and 6: the in-place hint consumed_inputs goes ------------------------------------
+
+
+def _drop_consumed_inputs(draft: Draft, ctx: PlanContext) -> str | None:
+    """``consumed_inputs`` (opsets 1-5) told a runtime which inputs it may overwrite: no meaning."""
+    draft.attributes.pop("consumed_inputs", None)
+    return None
+
+
+_RESHAPE_SHAPE = AttributeToInput(("Reshape",), 5, "shape", 1, required=True)
+
+
+@_register("Reshape", 5, "shape attribute -> input")
+def _reshape_5(draft: Draft, ctx: PlanContext) -> str | None:
+    _drop_consumed_inputs(draft, ctx)
+    return _RESHAPE_SHAPE.move(draft, ctx)
+
+
+def _steps_dropping(attribute: str) -> list[tuple[str, int]]:
+    """The default-domain steps (op, since) whose schema no longer has ``attribute``."""
+    history: dict[str, list[onnx.defs.OpSchema]] = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if schema.domain == "":
+            history.setdefault(schema.name, []).append(schema)
+    steps = []
+    for op_type, versions in sorted(history.items()):
+        versions.sort(key=lambda schema: schema.since_version)
+        for old, new in zip(versions, versions[1:]):
+            if attribute in old.attributes and attribute not in new.attributes:
+                steps.append((op_type, new.since_version))
+    return steps
+
+
+# Registered last: a step with an adapter of its own (Reshape-5) drops the hint there.
+for _op_type, _since in _steps_dropping("consumed_inputs"):
+    if (_op_type, _since) not in ADAPTERS:
+        _add(Adapter(_op_type, _since, "drop consumed_inputs", _drop_consumed_inputs))
 
 
 # --- the changes of meaning ------------------------------------------------------------------
