@@ -420,7 +420,7 @@ def matmul_add_float16():
 
 def _pad_conv(pads, opset: int = 18, value=None, mode: str | None = None, axes=None, conv_pads=None,
               kernel=(3, 3), group: int = 1, channels: int = 4, pads_input: bool = False,
-              x_channels: int | None = None) -> onnx.ModelProto:
+              x_channels: int | None = None, **conv_extra) -> onnx.ModelProto:
     """x -> Pad -> Conv (random weights, a bias) -> y; ``pads_input``: the pads are a graph input."""
     net = Net()
     attrs = {} if mode is None else {"mode": mode}
@@ -441,7 +441,7 @@ def _pad_conv(pads, opset: int = 18, value=None, mode: str | None = None, axes=N
         inputs.pop()
     padded = net.node("Pad", inputs, ["padded"], **attrs)
     weight = net.weight("w", net.random((4, channels // group, *kernel)) / np.sqrt(channels * np.prod(kernel)))
-    conv_attrs = {"group": group} if group != 1 else {}
+    conv_attrs = ({"group": group} if group != 1 else {}) | conv_extra
     if conv_pads is not None:
         conv_attrs["pads"] = conv_pads
     net.node("Conv", [padded, weight, net.weight("b", net.random(4))], ["y"], **conv_attrs)
@@ -474,6 +474,11 @@ def pad_conv_depthwise():
 @case("Pad", rule="pad_into_conv")
 def pad_conv1d():
     return _pad_conv([0, 0, 3, 0, 0, 1], kernel=(3,), conv_pads=[1, 1])
+
+
+@case("Pad", rule="pad_into_conv")
+def pad_conv_auto_pad_valid():  # EfficientNet's TensorFlow-style "same" padding before a stride-2 Conv
+    return _pad_conv([0, 0, 0, 0, 0, 0, 1, 1], group=4, auto_pad="VALID", strides=[2, 2])
 
 
 @case("Pad", rule="pad_into_conv")
@@ -1051,6 +1056,15 @@ def test_a_pad_before_a_conv_with_auto_pad_stays(caplog) -> None:
     conv = next(n for n in original.graph.node if n.op_type == "Conv")
     conv.attribute.append(helper.make_attribute("auto_pad", "SAME_UPPER"))
     _refused(original, "Pad", "auto_pad is SAME_UPPER", caplog)
+
+
+def test_a_pad_before_a_conv_with_auto_pad_valid_becomes_its_pads() -> None:
+    original = pad_conv_auto_pad_valid()
+    result, stats = _simplify(original)
+    assert _ops(result) == ["Conv"] and stats["rewrites"] == {"fusions/pad_into_conv": 1}, stats
+    conv = {a.name: helper.get_attribute_value(a) for a in result.graph.node[0].attribute}
+    assert "auto_pad" not in conv and conv["pads"] == [0, 0, 1, 1] and conv["strides"] == [2, 2]
+    _identical(original, result)
 
 
 def test_a_pad_with_another_user_stays(caplog) -> None:

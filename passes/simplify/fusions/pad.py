@@ -16,12 +16,19 @@ __all__: list[str] = []
 
 @rule("Conv", family="fuse")
 def pad_into_conv(node: ir.Node, ctx: Context) -> Outcome:
-    """``Conv(Pad(x, pads), W, b)`` -> ``Conv(x, W, b)`` with the Pad's spatial pads added to the Conv's."""
+    """``Conv(Pad(x, pads), W, b)`` -> ``Conv(x, W, b)`` with the Pad's spatial pads added to the Conv's.
+
+    A Conv with ``auto_pad=VALID`` pads nothing, so it takes the Pad's pads as its own
+    (TensorFlow-style "same" padding exported as an asymmetric Pad before a stride-2 Conv).
+    """
     pad = fusable_producer(node, ctx, node.inputs[0] if node.inputs else None, "Pad")
     if isinstance(pad, str):
         return pad
-    if node.attributes.get_string("auto_pad", "NOTSET") != "NOTSET":
-        return f"the Conv's auto_pad is {node.attributes.get_string('auto_pad')} (its pads are computed)"
+    auto_pad = node.attributes.get_string("auto_pad", "NOTSET")
+    if auto_pad not in ("NOTSET", "VALID"):
+        return f"the Conv's auto_pad is {auto_pad} (its pads are computed from the input's size)"
+    if auto_pad == "VALID" and "pads" in node.attributes:
+        return "the Conv has both auto_pad=VALID and pads"
     weight = node.inputs[1] if len(node.inputs) > 1 else None
     weight_dims = ctx.dims(weight)
     if weight_dims is None:
@@ -37,6 +44,8 @@ def pad_into_conv(node: ir.Node, ctx: Context) -> Outcome:
     source = pad.inputs[0]
 
     def rewrite() -> None:
+        if "auto_pad" in node.attributes:
+            del node.attributes["auto_pad"]  # VALID is no padding: the pads say it from now on
         node.attributes["pads"] = ir.AttrInt64s("pads", combined)
         node.replace_input_with(0, source)
 
