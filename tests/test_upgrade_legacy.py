@@ -260,3 +260,46 @@ def test_an_opset_1_model_loses_consumed_inputs_and_its_reshape_attribute() -> N
     a = np.maximum(x.reshape(2, 3, 4), 0)
     expected = (a - mean[c]) / np.sqrt(var[c] + 1e-3) * scale[c] + bias[c] + bias[c]
     np.testing.assert_allclose(ort_run(out, {"x": x})[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_pad_1_paddings_become_pads() -> None:
+    x = _array((2, 3))
+    model = _model([helper.make_node("Pad", ["x"], ["y"], paddings=[0, 1, 1, 2], value=0.5)],
+                   [_io("x", [2, 3])], [_io("y", [3, 6])], opset=1)  # fmt: skip
+    out = _upgrade(model)
+    np.testing.assert_array_equal(ort_run(out, {"x": x})[0], np.pad(x, [(0, 1), (1, 2)], constant_values=0.5))
+
+
+def test_dropout_6_in_test_mode_copies_and_training_mode_is_refused() -> None:
+    x = _array((2, 3))
+    model = _model([helper.make_node("Dropout", ["x"], ["y"], is_test=1, ratio=0.3)], [_io("x", [2, 3])],
+                   [_io("y", [2, 3])])  # fmt: skip
+    np.testing.assert_array_equal(ort_run(_upgrade(model), {"x": x})[0], x)
+    model.graph.node[0].attribute[0].i = 0
+    with pytest.raises(UpgradeError, match="Dropout-7: is_test=0 .a random dropout."):
+        _upgrade(model)
+
+
+@pytest.mark.parametrize("op_type", ["RNN", "GRU", "LSTM"])
+def test_recurrent_ops_lose_output_sequence(op_type: str) -> None:
+    """The upgraded opset-1/3 node computes what the same node written at opset 7 computes."""
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op_type]
+    hidden, size = 4, 3
+    x = _array((5, 2, size))
+    w, r = _array((1, gates * hidden, size)) * 0.5, _array((1, gates * hidden, hidden)) * 0.5
+    inits = [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(r, "r")]
+    outputs = ["y", "y_h"] + (["y_c"] if op_type == "LSTM" else [])
+    infos = [_io("y", [5, 1, 2, hidden])] + [_io(name, [1, 2, hidden]) for name in outputs[1:]]
+
+    def build(opset: int, **extra) -> onnx.ModelProto:
+        node = helper.make_node(op_type, ["x", "w", "r"], outputs, hidden_size=hidden, **extra)
+        built = _model([node], [_io("x", [5, 2, size])], infos, inits, opset=opset)
+        built.ir_version = 4
+        return built
+
+    old = build(3 if op_type == "GRU" else 1, output_sequence=1)
+    reference = build(7)
+    got, want = ort_run(_upgrade(old), {"x": x}), ort_run(reference, {"x": x})
+    assert "output_sequence" not in {a.name for n in _upgrade(old).graph.node for a in n.attribute}
+    for g, e in zip(got, want):
+        np.testing.assert_array_equal(g, e)

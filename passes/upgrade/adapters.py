@@ -520,6 +520,39 @@ def _repeat_per_channel(node: ir.Node, rw: ScopeRewriter, groups: int, channels:
         node.replace_input_with(index, per_channel.outputs[0])
 
 
+# --- opsets 2 and 7: renamed and implied attributes -------------------------------------------
+
+
+@_register("Pad", 2, "paddings -> pads")
+def _pad_2(draft: Draft, ctx: PlanContext) -> str | None:
+    """Pad-1's ``paddings`` is Pad-2's ``pads``: same layout (all begins, then all ends)."""
+    paddings = draft.attributes.pop("paddings", None)
+    if paddings is not None:
+        if paddings.is_ref():
+            return "attribute 'paddings' is a reference"
+        draft.attributes["pads"] = ir.AttrInt64s("pads", list(paddings.as_ints()))
+    return None
+
+
+@_register(("RNN", "GRU", "LSTM"), 7, "drop output_sequence")
+def _recurrent_7(draft: Draft, ctx: PlanContext) -> str | None:
+    """``output_sequence=0`` only made the Y output optional; from opset 7 every output is."""
+    draft.attributes.pop("output_sequence", None)
+    return None
+
+
+@_register("Dropout", 7, "drop is_test=1")
+def _dropout_7(draft: Draft, ctx: PlanContext) -> str | None:
+    """Dropout-6 with ``is_test=1`` copies its input, as Dropout-7 does at inference."""
+    is_test = int_attr(draft, "is_test", 0)
+    if is_test is None:
+        return "attribute 'is_test' is a reference"
+    if not is_test:
+        return "is_test=0 (a random dropout) has no equivalent at inference"
+    draft.attributes.pop("is_test", None)
+    return None
+
+
 # --- opsets 5 and 6: the in-place hint consumed_inputs goes ------------------------------------
 
 
