@@ -261,3 +261,33 @@ def test_bfloat16_outputs_are_fetched_and_compared() -> None:
     # 1.5x is far beyond bfloat16's tolerance (rtol 2e-2): the check must see it.
     far = passes.check(_bfloat16_output_model(2.0), _bfloat16_output_model(3.0))
     assert not far.ok and not far.skipped and far.outputs[0].max_abs_error > 0.1, far
+
+
+def _cache_model(mask_dim: str) -> onnx.ModelProto:
+    """y = Concat(past, x) + mask: runs only when the mask's length is past + seq (a KV cache and its mask)."""
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"]),
+              helper.make_tensor_value_info("past", TensorProto.FLOAT, ["batch", "past_len"]),
+              helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", mask_dim])]  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["past", "x"], ["all"], axis=1), helper.make_node("Add", ["all", "mask"], ["y"])],
+        "cache", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", None])])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+def test_a_cache_is_empty_in_the_first_tries_so_its_mask_fits(tmp_path: pathlib.Path, capsys) -> None:
+    code, data, _ = _run(tmp_path, _cache_model("total"))
+    assert code == 0, capsys.readouterr().err
+    assert data["check"]["checked"] is True and data["check"]["ok"] is True, data["check"]
+    dims = data["check"]["inputs"]["dims"]
+    assert dims["past_len"] == 0 and dims["total"] == dims["seq"], dims
+
+
+def test_a_dim_named_by_an_expression_is_computed_from_the_others() -> None:
+    specs = plan.input_specs(_cache_model("past_len + seq"))
+    tries, _ = plan.size_tries(specs, dims={"past_len": 3})
+    assert tries and all(t["dims"]["past_len + seq"] == 3 + t["dims"]["seq"] for t in tries), tries
+    assert tries[0]["inputs"]["mask"]["shape"] == [1, 3 + tries[0]["dims"]["seq"]]
+    # Not an expression of known names: a size of its own role.
+    other = plan.size_tries(plan.input_specs(_cache_model("len + unknown")))[0]
+    assert other[0]["dims"]["len + unknown"] == plan.LADDERS["sequence"][0]
+    assert plan._expression("__import__('os')", {"os"}) is None and plan._expression("a ** b", {"a", "b"}) is None

@@ -6,7 +6,10 @@
   table (``Gather`` of a constant with N rows along the axis) the range [0, N).
 * :func:`size_tries`: up to :data:`~passes.verify.result.MAX_TRIES` sets of
   sizes, small first: the check runs the original on each until one runs.
-  A named dimension has one size everywhere it appears.
+  A named dimension has one size everywhere it appears; a name that is an
+  expression of others (``past_sequence_length + 1``, dynamo's ``s0 + s1``)
+  is computed from theirs. A key/value cache (``past``, ``cache``) is empty
+  in the first tries, so that a mask of length ``past + sequence`` fits.
 * :func:`float_dependencies`: for every value, the lowest-precision float type
   it depends on (walking back through the graph, into subgraphs and their
   references to outer values), which chooses its tolerance.
@@ -14,6 +17,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping
@@ -67,12 +71,14 @@ _ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1,
 #: Sizes tried for a dynamic dimension, per role: try k uses entry k.
 LADDERS: dict[str, tuple[int, ...]] = {
     "batch": (1, 1, 1, 2),
+    "past": (0, 0, 16, 32),  # an empty cache first: the first step of generation
     "sequence": (16, 32, 64, 128),
     "image": (32, 64, 128, 224),
     "other": (4, 16, 32, 64),
 }
 
 _BATCH = re.compile(r"batch|^(n|b|bs|bsz|num_images)$")
+_PAST = re.compile(r"past|cache")
 _SEQUENCE = re.compile(
     r"seq|len|time|frame|token|step|word|sent|position|past|total|sample|audio|^(t|l|s|sl|tgt|src)$"
 )
@@ -215,7 +221,7 @@ def _position_role(position: int, rank: int, spatial: bool, is_int: bool) -> str
 
 def _name_role(name: str) -> str | None:
     lowered = name.lower()
-    for role, pattern in (("batch", _BATCH), ("image", _IMAGE), ("sequence", _SEQUENCE)):
+    for role, pattern in (("batch", _BATCH), ("past", _PAST), ("image", _IMAGE), ("sequence", _SEQUENCE)):
         if pattern.search(lowered):
             return role
     return None
@@ -302,10 +308,17 @@ def size_tries(
             if isinstance(d, str):
                 named = _name_role(d)
                 name_roles.setdefault(d, named or role)
+    named = {d for spec in specs for d in spec.dims if isinstance(d, str)}
+    expressions = {d: tree for d in named if d not in fixed and (tree := _expression(d, named)) is not None}
     result: list[dict[str, Any]] = []
     dropped: list[str] = []
     for k in range(tries):
         sizes: dict[str, int] = {}
+        for d in sorted(named - expressions.keys()):  # the plain names first: expressions use them
+            sizes[d] = fixed[d] if d in fixed else _rung(LADDERS[name_roles[d]], k)
+        for d, tree in expressions.items():
+            value = _evaluate(tree, sizes)
+            sizes[d] = value if value is not None and value >= 0 else _rung(LADDERS[name_roles[d]], k)
         inputs: dict[str, dict[str, Any]] = {}
         total = 0
         for spec in specs:
@@ -315,15 +328,10 @@ def size_tries(
             for d, role in zip(spec.dims, spec.roles):
                 if isinstance(d, int):
                     shape.append(d)
-                elif isinstance(d, str) and d in fixed:
-                    shape.append(fixed[d])
-                    sizes[d] = fixed[d]
+                elif isinstance(d, str):
+                    shape.append(sizes[d])
                 else:
-                    ladder = LADDERS[name_roles.get(d, role) if isinstance(d, str) else role]
-                    size = ladder[min(k, len(ladder) - 1)]
-                    shape.append(size)
-                    if isinstance(d, str):
-                        sizes[d] = size
+                    shape.append(_rung(LADDERS[role], k))
             total += _nbytes(spec.dtype or "", shape)
             inputs[spec.name] = {"dtype": spec.dtype, "shape": shape, "low": spec.low, "high": spec.high}
         entry = {"dims": sizes, "inputs": inputs}
@@ -335,6 +343,47 @@ def size_tries(
             continue
         result.append(entry)
     return result, dropped
+
+
+def _rung(ladder: tuple[int, ...], k: int) -> int:
+    return ladder[min(k, len(ladder) - 1)]
+
+
+_ARITHMETIC = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+               ast.FloorDiv: lambda a, b: a // b if b else None}  # fmt: skip
+
+
+def _expression(name: str, names: set[str]) -> ast.expr | None:
+    """``name`` parsed as integer arithmetic of other dim names (``past + 1``, ``s0 + s1``), or None."""
+    if name.isidentifier():
+        return None
+    try:
+        tree = ast.parse(name, mode="eval").body
+    except (SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            if node.id not in names:
+                return None
+        elif isinstance(node, ast.BinOp):
+            if type(node.op) not in _ARITHMETIC:
+                return None
+        elif isinstance(node, ast.Constant):
+            if not isinstance(node.value, int) or isinstance(node.value, bool):
+                return None
+        elif not isinstance(node, (ast.operator, ast.expr_context)):
+            return None
+    return tree
+
+
+def _evaluate(tree: ast.expr, sizes: Mapping[str, int]) -> int | None:
+    if isinstance(tree, ast.Constant):
+        return tree.value
+    if isinstance(tree, ast.Name):
+        return sizes.get(tree.id)
+    assert isinstance(tree, ast.BinOp)
+    a, b = _evaluate(tree.left, sizes), _evaluate(tree.right, sizes)
+    return None if a is None or b is None else _ARITHMETIC[type(tree.op)](a, b)
 
 
 def declared_output_shapes(model: onnx.ModelProto) -> dict[str, list[int | str | None]]:
