@@ -291,3 +291,16 @@ def test_a_dim_named_by_an_expression_is_computed_from_the_others() -> None:
     other = plan.size_tries(plan.input_specs(_cache_model("len + unknown")))[0]
     assert other[0]["dims"]["len + unknown"] == plan.LADDERS["sequence"][0]
     assert plan._expression("__import__('os')", {"os"}) is None and plan._expression("a ** b", {"a", "b"}) is None
+
+
+def test_not_checked_quotes_the_first_sizes_error_and_the_last(tmp_path: pathlib.Path, capsys) -> None:
+    model = _cache_model("total")
+    model.graph.input[1].type.tensor_type.shape.dim[1].dim_param = "kv"  # not named as a cache: never empty
+    code, data, _ = _run(tmp_path, model)
+    assert code == 0 and data["check"]["checked"] is False
+    reason = data["check"]["skipped"]
+    tries = reason.count("(batch=")
+    assert tries >= 2 and "at the last sizes:" in reason, reason
+    first, last = reason.split("at the last sizes:")
+    seq, kv = plan.LADDERS["sequence"], plan.LADDERS["other"]  # the mask (total = seq) against kv + seq
+    assert f"{seq[0]} by {seq[0] + kv[0]}" in first and f"{seq[-1]} by {seq[-1] + kv[-1]}" in last, reason

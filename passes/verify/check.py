@@ -269,9 +269,13 @@ class Checker:
             return CheckResult(True, inputs_rejected=True,
                                skipped=f"the original model does not run in onnxruntime on the given inputs: {error}")
         if stage == "run":
+            attempts = prepared.get("attempts", [])
+            first = attempts[0].get("error", "") if attempts else ""
+            if first and first != error:  # the smallest sizes' error is the telling one; the last may be a limit
+                error = f"{first} (at the last sizes: {error})"
             return CheckResult(
                 True, skipped=f"the original model does not run in onnxruntime on generated inputs"
-                f"{_tries_text(prepared.get('attempts', []))}: {error}", hint=_hint_for_sizes(specs),
+                f"{_tries_text(attempts)}: {error}", hint=_hint_for_sizes(specs),
             )  # fmt: skip
         return CheckResult(True, skipped=f"the check did not run: {error}", hint=_hint_for_sizes(specs))
 
