@@ -291,6 +291,10 @@ def test_a_dim_named_by_an_expression_is_computed_from_the_others() -> None:
     other = plan.size_tries(plan.input_specs(_cache_model("len + unknown")))[0]
     assert other[0]["dims"]["len + unknown"] == plan.LADDERS["sequence"][0]
     assert plan._expression("__import__('os')", {"os"}) is None and plan._expression("a ** b", {"a", "b"}) is None
+    # A hostile name is not parsed deeply: too long, or nested past the parser's limits.
+    assert plan._expression("+".join(["a"] * 150), {"a"}) is None
+    assert plan._evaluate(plan._expression("(" * 90 + "a" + ")" * 90, {"a"}), {"a": 5}) == 5
+    assert plan._expression("-".join(["a", "1"]), {"a"}) is not None
 
 
 def test_not_checked_quotes_the_first_sizes_error_and_the_last(tmp_path: pathlib.Path, capsys) -> None:

@@ -353,13 +353,17 @@ _ARITHMETIC = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mul
                ast.FloorDiv: lambda a, b: a // b if b else None}  # fmt: skip
 
 
+#: Longest dim name read as an expression (a model's dim names are not trusted: no deep parse).
+_MAX_EXPRESSION = 200
+
+
 def _expression(name: str, names: set[str]) -> ast.expr | None:
     """``name`` parsed as integer arithmetic of other dim names (``past + 1``, ``s0 + s1``), or None."""
-    if name.isidentifier():
+    if name.isidentifier() or len(name) > _MAX_EXPRESSION:
         return None
     try:
         tree = ast.parse(name, mode="eval").body
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
