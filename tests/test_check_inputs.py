@@ -146,6 +146,7 @@ def test_a_model_no_sizes_fit_is_not_checked_and_fails_under_require_check(tmp_p
     assert "optimize: warning: NOT CHECKED" in err and "--dim NAME=SIZE" in err and "features" in err
     assert "--inputs FILE.npz" in err
     assert data["check"]["checked"] is False and len(data["check"]["skipped"]) > 0
+    assert data["check"]["ok"] is None  # not "ok": true, for a reader of that field alone
     pathlib.Path(out).unlink()
     code, data, out = _run(tmp_path, model, "--require-check")
     err = capsys.readouterr().err

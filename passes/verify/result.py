@@ -222,7 +222,9 @@ class CheckResult:
     """The outcome of :func:`passes.check`.
 
     Attributes:
-        ok: True when every output matched (or the check did not run: see ``checked``).
+        ok: True when every output matched (or the check did not run: see ``checked``;
+            the JSON form says ``null`` then, so that a reader of ``ok`` alone is not told
+            that an unchecked model passed).
         skipped: Why the check could not run (the original model does not run in
             onnxruntime on any inputs tried, crashed or timed out, or inputs cannot
             be generated); None when it ran.
@@ -274,7 +276,7 @@ class CheckResult:
 
     def to_json(self) -> dict[str, Any]:
         return json_safe({
-            "ok": self.ok,
+            "ok": self.ok if self.checked else None,
             "checked": self.checked,
             "skipped": self.skipped,
             "hint": self.hint or None,
