@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping
@@ -25,6 +24,8 @@ from typing import Any
 
 import onnx
 
+from passes.verify.dim_expressions import evaluate as _evaluate
+from passes.verify.dim_expressions import expression as _expression
 from passes.verify.result import MAX_GENERATED_BYTES, MAX_TRIES, PRECISION_ORDER
 
 __all__ = [
@@ -347,47 +348,6 @@ def size_tries(
 
 def _rung(ladder: tuple[int, ...], k: int) -> int:
     return ladder[min(k, len(ladder) - 1)]
-
-
-_ARITHMETIC = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-               ast.FloorDiv: lambda a, b: a // b if b else None}  # fmt: skip
-
-
-#: Longest dim name read as an expression (a model's dim names are not trusted: no deep parse).
-_MAX_EXPRESSION = 200
-
-
-def _expression(name: str, names: set[str]) -> ast.expr | None:
-    """``name`` parsed as integer arithmetic of other dim names (``past + 1``, ``s0 + s1``), or None."""
-    if name.isidentifier() or len(name) > _MAX_EXPRESSION:
-        return None
-    try:
-        tree = ast.parse(name, mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            if node.id not in names:
-                return None
-        elif isinstance(node, ast.BinOp):
-            if type(node.op) not in _ARITHMETIC:
-                return None
-        elif isinstance(node, ast.Constant):
-            if not isinstance(node.value, int) or isinstance(node.value, bool):
-                return None
-        elif not isinstance(node, (ast.operator, ast.expr_context)):
-            return None
-    return tree
-
-
-def _evaluate(tree: ast.expr, sizes: Mapping[str, int]) -> int | None:
-    if isinstance(tree, ast.Constant):
-        return tree.value
-    if isinstance(tree, ast.Name):
-        return sizes.get(tree.id)
-    assert isinstance(tree, ast.BinOp)
-    a, b = _evaluate(tree.left, sizes), _evaluate(tree.right, sizes)
-    return None if a is None or b is None else _ARITHMETIC[type(tree.op)](a, b)
 
 
 def declared_output_shapes(model: onnx.ModelProto) -> dict[str, list[int | str | None]]:
