@@ -299,7 +299,7 @@ class _Sweep:
                     counter = self.stats.unsupported if e.unsupported else self.stats.failed
                 counter[node.op_type] += 1
                 return
-            reason = policy.result_too_large(candidate, outputs)
+            reason = policy.result_too_large(candidate, outputs) or policy.fails_downstream(candidate, outputs)
         if reason is not None:
             self.refuse(node, reason)
             return

@@ -14,7 +14,10 @@ Every output is sized before evaluation (``size.estimate_outputs``): an exact
 size that breaks the policy is refused there, and whatever the estimate, no
 evaluation may produce more than :data:`EVALUATION_BYTES` beyond what the
 policy would keep. After evaluation, :func:`result_too_large` applies the
-policy to the actual results.
+policy to the actual results, and :func:`fails_downstream` keeps a result
+that a user would always reject (a Reshape target of -2) as it is computed:
+as a constant it would make the model statically invalid, where the
+original only fails when it runs.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import onnx_ir as ir
 
 import refimpl
 from passes.fold import cost, size
+from passes.ir import checked_inputs
 from passes.ir.schemas import is_deterministic
 from passes.ir.tensors import is_file_backed, read_array, tensor_nbytes
 
@@ -38,6 +42,7 @@ __all__ = [
     "GUARDS",
     "Candidate",
     "category",
+    "fails_downstream",
     "refusal",
     "result_too_large",
 ]
@@ -281,4 +286,18 @@ def result_too_large(candidate: Candidate, outputs: Sequence[np.ndarray | None])
     nbytes = sum(a.nbytes for a in outputs if a is not None)
     if candidate.grows_model(nbytes):
         return f"too large: {nbytes} bytes would grow the model"
+    return None
+
+
+
+def fails_downstream(candidate: Candidate, outputs: Sequence[np.ndarray | None]) -> str | None:
+    """Why a result must stay computed: a default-domain user always rejects it, or None."""
+    for value, array in zip(candidate.node.outputs, outputs):
+        if array is None:
+            continue
+        for use in value.uses():
+            if use.node.domain not in ("", "ai.onnx"):
+                continue
+            if (why := checked_inputs.rejected(use.node.op_type, use.idx, array)) is not None:
+                return f"fails downstream: {use.node.op_type} node {use.node.name!r} would always reject {why}"
     return None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from passes.ir import checked_inputs
 from passes.ir.inference import shape_slice
 from passes.simplify.rules import Context, Dim, Outcome, rule
 from passes.simplify.shape_values import DimOf, shape_value
@@ -183,6 +184,8 @@ def constant_reshape_target(node: ir.Node, ctx: Context) -> Outcome:
             return "-1 would be ambiguous for an empty input"
         entries[unknown[0]] = -1
     array = np.array(entries, dtype=np.int64)
+    if (why := checked_inputs.rejected("Reshape", 1, array)) is not None:
+        return f"the Reshape always fails on {why}"  # as a constant it would make the model invalid
 
     def rewrite() -> None:
         value = ctx.new_constant(array, f"{node.name or 'reshape'}_target", before=node)
