@@ -19,6 +19,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "PASSES": "passes.pipeline",
+    "PassSpec": "passes.declarations",
+    "RunSpec": "passes.pipeline",
     "CheckOptions": "passes.pipeline",
     "Option": "passes.options",
     "Pass": "passes.base",

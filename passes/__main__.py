@@ -2,9 +2,8 @@
 
 Start-up imports only what the run needs: ``--help`` and an early error (a
 missing file, a bad flag) import neither numpy nor onnx nor onnx_ir (the
-parser reads the passes' declarations from the cache of
-:mod:`passes.registry`), a run imports the passes it runs (refimpl with
-``fold``) and onnxruntime only to check. Those imports still take a second or
+parser reads the passes' declarations from :mod:`passes.declarations`), a run
+imports the passes it runs (refimpl with ``fold``) and onnxruntime only to check. Those imports still take a second or
 more; a SIGINT or SIGTERM in that time must end in one line and no traceback,
 so a minimal handler goes in first and the CLI is imported after; nothing has
 been written yet, so it can exit at once.
@@ -32,9 +31,6 @@ def main() -> NoReturn:
     """
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, _interrupted_during_start_up)
-    from passes import registry
-
-    registry.use_cache()
     from passes.cli.command import run
 
     run()

@@ -1,11 +1,14 @@
 """The base class of this project's passes: a name, a description, options and statistics.
 
 Every pass is an ``onnx_ir.passes.InPlacePass``. On top of that a :class:`Pass`
-declares, as class attributes, what the pipeline, the CLI and the report need:
+carries what the pipeline, the CLI and the report need, from its
+:class:`~passes.declarations.PassSpec` (``class FoldPass(Pass, spec=FOLD)``) or,
+for a pass declared on its own class, from class attributes:
 
 * ``NAME``: the name used by ``--passes``/``--skip`` and in the report;
 * ``DESCRIPTION``: one line for ``--help``;
 * ``OPTIONS``: its :class:`~passes.options.Option` declarations;
+* ``REPEATS``: whether it repeats with its neighbours until none changes the model;
 
 and after each call it holds ``stats``, a JSON-serialisable dict of counters
 (ints, and dicts of ints by op type or rule name), the one shape of statistics
@@ -19,6 +22,7 @@ from typing import Any, ClassVar
 
 import onnx_ir as ir
 
+from passes.declarations import PassSpec
 from passes.options import Option
 
 __all__ = ["Pass"]
@@ -30,8 +34,14 @@ class Pass(ir.passes.InPlacePass):
     NAME: ClassVar[str] = ""
     DESCRIPTION: ClassVar[str] = ""
     OPTIONS: ClassVar[tuple[Option, ...]] = ()
+    REPEATS: ClassVar[bool] = False
 
     stats: dict[str, Any]
+
+    def __init_subclass__(cls, spec: PassSpec | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if spec is not None:
+            cls.NAME, cls.DESCRIPTION, cls.OPTIONS, cls.REPEATS = spec.name, spec.description, spec.options, spec.repeats
 
     @classmethod
     def from_options(cls, values: Mapping[str, Any]) -> Pass:

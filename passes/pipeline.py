@@ -1,59 +1,69 @@
-"""The pass registry and the one optimisation pipeline every route goes through.
+"""The one optimisation pipeline every route goes through.
 
-* :data:`PASSES`: the CLI names of the passes, in their default order, built
-  from each pass class's own declarations (``NAME``, ``DESCRIPTION``,
-  ``OPTIONS``; see :mod:`passes.base`). Adding a pass is one line in
-  :data:`_PASS_CLASSES`.
-* :func:`optimize_model`: runs the passes (then the clean-up) on an IR model,
-  with the rules every route shares (the opset is never lowered).
+Data flows one way: the command or the API describes the run once
+(:class:`RunSpec`: the passes, their options, validated), this module runs
+the passes (:mod:`passes.loop`), saves, and asks the gate
+(:mod:`passes.verify.gate`) for a verdict; on a mismatch it looks for the pass
+that brought it by rerunning the pipeline with fewer passes. Nothing below
+calls back up.
+
+* :data:`PASSES`: the passes by CLI name, in their default order (their
+  declarations, :mod:`passes.declarations`).
+* :func:`optimize_model`: runs the passes (then the clean-up) on an IR model.
+* :func:`build_pass_manager`: the same loop as an ``onnx_ir`` pass manager.
 * :func:`optimize_file`: load (validated), optimise, save atomically, check
   with the ONNX checker and onnxruntime, report. The ``optimize`` command and
   ``passes.optimize(path, output=...)`` both call it.
 * :func:`optimize`: the Python API for a path, a ``ModelProto`` or an
   ``onnx_ir.Model``, with the same validation and the same check.
+
+Every route refuses the same requests with the same message: an unknown pass
+or option, a value an option's declaration refuses, an option of a pass that
+does not run, a target opset below the model's (the upgrade pass refuses it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pathlib
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-# Only light modules at the top: ``--help`` and early errors need no more (see passes.registry).
+# Only light modules at the top: ``--help`` and early errors need no more.
 # onnx, onnx_ir, the passes and the report are imported where they are used.
 from passes import modelio  # light: it imports onnx and onnx_ir on first use
-from passes.errors import CheckFailedError, InputError, first_line
+from passes.declarations import DEFAULT_FOLD_SIZE_LIMIT, DEFAULT_TARGET_OPSET, PASSES, PassSpec
+from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
 from passes.lazy import lazy_module
 from passes.options import Option
 from passes.phases import Phases
-from passes.registry import PassSpec, Registry
 from passes.verify.gate import CheckOptions  # light: onnx on first use, onnxruntime in a child
 
 if TYPE_CHECKING:
     import onnx
     import onnx_ir as ir
 
-    from passes.modelio import validate as _validate
     from passes.report import PassRun, Report
+    from passes.verify.gate import Gate
 else:
     onnx = lazy_module("onnx")
     ir = lazy_module("onnx_ir")
-    _validate = lazy_module("passes.modelio.validate")
 _report = lazy_module("passes.report")
 _walk = lazy_module("passes.ir.walk")
 _destinations = lazy_module("passes.modelio.destinations")
 _gate = lazy_module("passes.verify.gate")
-_fixpoint = lazy_module("passes.fixpoint")
+_loop = lazy_module("passes.loop")
 
 __all__ = [
     "DEFAULT_FOLD_SIZE_LIMIT",
     "DEFAULT_TARGET_OPSET",
     "PASSES",
     "CheckOptions",
-    "PassRun",
     "PassSpec",
+    "RunSpec",
     "build_pass_manager",
     "optimize",
     "optimize_file",
@@ -64,33 +74,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# The passes in their default order, as "module:Class". One line per pass.
-_PASS_CLASSES: tuple[str, ...] = (
-    "passes.upgrade:UpgradeOpsetPass",
-    "passes.fold:ConstantFoldingPass",
-    "passes.simplify:SimplifyPass",
-    "passes.decompose:DecomposeLogSumExpPass",
-)
-
-PASSES: MutableMapping[str, PassSpec] = Registry(_PASS_CLASSES)
-
-
-def __getattr__(name: str) -> Any:
-    """The constants and names that come from the passes, imported on first use."""
-    if name == "DEFAULT_TARGET_OPSET":
-        from passes.upgrade import MIN_TARGET_OPSET
-
-        return MIN_TARGET_OPSET
-    if name == "DEFAULT_FOLD_SIZE_LIMIT":
-        from passes.fold import DEFAULT_SIZE_LIMIT
-
-        return DEFAULT_SIZE_LIMIT
-    if name == "PassRun":
-        from passes.report import PassRun
-
-        return PassRun
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 def pass_options() -> list[Option]:
     """Every option the registered passes declare, once each, in pass order."""
@@ -99,26 +82,6 @@ def pass_options() -> list[Option]:
         for option in spec.options:
             seen.setdefault(option.name, option)
     return list(seen.values())
-
-
-def _option_values(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The declared options with ``values`` applied, validated.
-
-    Raises:
-        InputError: an unknown option or a value its declaration refuses.
-    """
-    declared = {o.name: o for o in pass_options()}
-    unknown = sorted(set(values) - set(declared))
-    if unknown:
-        raise InputError(f"unknown option {unknown[0]!r} (options: {', '.join(declared) or 'none'})")
-    result = {name: option.default for name, option in declared.items()}
-    for name, value in values.items():
-        option = declared[name]
-        reason = option.check(value) if option.check is not None and value is not None else None
-        if reason:
-            raise InputError(f"{option.flag} {value}: {reason}")
-        result[name] = value
-    return result
 
 
 def select_passes(passes: Iterable[str] | None = None, skip: Iterable[str] = ()) -> list[str]:
@@ -136,30 +99,81 @@ def select_passes(passes: Iterable[str] | None = None, skip: Iterable[str] = ())
     return [n for n in names if n not in skip]
 
 
-def _build(names: Sequence[str], values: Mapping[str, Any], cleanup: bool) -> list[tuple[str, ir.passes.PassBase]]:
-    steps = [(name, PASSES[name].build(values)) for name in names]
-    if cleanup:
-        from passes.cleanup import CleanupPass
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One validated description of which passes run, with which option values.
 
-        steps.append(("cleanup", CleanupPass()))
-    return steps
+    Built once, by the command or the API, with :meth:`build`; everything
+    after it takes the values as they are.
+
+    Attributes:
+        passes: The passes to run, in order.
+        options: Every declared option's value (defaults filled in).
+        cleanup: Whether the clean-up runs after the passes.
+    """
+
+    passes: tuple[str, ...]
+    options: Mapping[str, Any]
+    cleanup: bool = True
+
+    @classmethod
+    def build(cls, passes: Iterable[str] | None = None, skip: Iterable[str] = (), *, cleanup: bool = True,
+              **options: Any) -> RunSpec:  # fmt: skip
+        """Validates the pass names and option values.
+
+        Raises:
+            InputError: an unknown pass or option, a value an option's declaration refuses, or
+                an option set (to other than its default) for a pass that does not run.
+        """
+        names = select_passes(passes, skip)
+        declared = {o.name: o for o in pass_options()}
+        unknown = sorted(set(options) - set(declared))
+        if unknown:
+            raise InputError(f"unknown option {unknown[0]!r} (options: {', '.join(declared) or 'none'})")
+        values = {name: option.default for name, option in declared.items()}
+        for name, value in options.items():
+            option = declared[name]
+            reason = option.check(value) if option.check is not None and value is not None else None
+            if reason:
+                raise InputError(f"{option.flag} {value}: {reason}")
+            values[name] = value
+        running = {option.name for name in names for option in PASSES[name].options}
+        for name, spec in PASSES.items():
+            for option in spec.options:
+                if option.name not in running and values[option.name] != option.default:
+                    raise InputError(f"{option.flag} is an option of {name}, which does not run")
+        return cls(tuple(names), values, cleanup)
+
+    def without(self, keep: int, cleanup: bool) -> RunSpec:
+        """The same run with only the first ``keep`` passes (and the clean-up or not)."""
+        kept = self.passes[:keep]
+        running = {option.name for name in kept for option in PASSES[name].options}
+        declared = {o.name: o for o in pass_options()}
+        values = {k: (v if k in running else declared[k].default) for k, v in self.options.items()}
+        return RunSpec(kept, values, cleanup)
+
+    def manager(self, record: Any = None) -> ir.passes.PassManager:
+        """The pass loop of this run (see :mod:`passes.loop`), recording into ``record``."""
+        steps = [(name, PASSES[name].build(self.options), PASSES[name].repeats) for name in self.passes]
+        if self.cleanup:
+            from passes.cleanup import CleanupPass
+
+            steps.append(("cleanup", CleanupPass(), False))
+        return _loop.build(steps, record if record is not None else _loop.Record())
+
+    def run(self, model: ir.Model, progress: Callable[[str], None] | None = None) -> list[PassRun]:
+        """Runs the passes on ``model`` in place; what each pass did, in order."""
+        record = _loop.Record(progress)
+        _loop.run(self.manager(record), model)
+        return record.runs
 
 
 def build_pass_manager(
     passes: Iterable[str] | None = None, *, cleanup: bool = True, **options: Any
 ) -> ir.passes.PassManager:
-    """An ``onnx_ir`` pass manager running the named passes, for composing with other passes."""
-    steps = _build(select_passes(passes), _option_values(options), cleanup)
-    return ir.passes.PassManager([p for _, p in steps], steps=1)
-
-
-def _refuse_lower_target(model: ir.Model, names: Sequence[str], values: Mapping[str, Any]) -> None:
-    target = values.get("target_opset")
-    opset = _walk.default_opset(model.opset_imports)
-    if "upgrade" in names and target is not None and opset is not None and target < opset:
-        raise InputError(
-            f"--target-opset {target} is lower than the model's opset {opset}; this tool never lowers an opset"
-        )
+    """An ``onnx_ir`` pass manager running the named passes in the one pass loop, for composing
+    with other passes; it refuses what the command refuses."""
+    return RunSpec.build(passes, cleanup=cleanup, **options).manager()
 
 
 def optimize_model(
@@ -183,13 +197,11 @@ def optimize_model(
         What each pass did, in order.
 
     Raises:
-        InputError: an unknown pass or option, or a target opset below the model's.
-        OptimizeError: a pass refused the model (for example an upgrade without an adapter).
+        InputError: an unknown pass or option, or an option of a pass that does not run.
+        OptimizeError: a pass refused the model (a target opset below the model's, an upgrade
+            without an adapter...).
     """
-    names = select_passes(passes)
-    values = _option_values(options)
-    _refuse_lower_target(model, names, values)
-    return _fixpoint.run(_build(names, values, cleanup), model, progress)
+    return RunSpec.build(passes, cleanup=cleanup, **options).run(model, progress)
 
 
 def optimize_file(
@@ -237,24 +249,21 @@ def optimize_file(
         OptimizeError: a pass refused the model.
         CheckFailedError: the result is invalid or differs (``error.report`` holds the report).
     """
+    run = RunSpec.build(passes, skip, **options)
     check = check or CheckOptions()
-    names = select_passes(passes, skip)
-    values = _option_values(options)
     worker = _gate.start_worker(check)  # its imports overlap with the passes
     try:
-        return _optimize_file(source, output, names, values, check, force, report_path, progress, warn,
-                              on_commit, replace_data, worker)  # fmt: skip
+        return _optimize_file(pathlib.Path(source), pathlib.Path(output), run, check, force, report_path,
+                              progress, warn, on_commit, replace_data, worker)  # fmt: skip
     finally:
         if worker is not None:
             worker.close()
 
 
-def _optimize_file(source: str | os.PathLike[str], output: str | os.PathLike[str], names: list[str],
-                   values: dict[str, Any], check: CheckOptions, force: bool,
+def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: CheckOptions, force: bool,
                    report_path: str | os.PathLike[str] | None, progress: Callable[[str], None] | None,
                    warn: Callable[[str], None], on_commit: Callable[[bool], None] | None,
                    replace_data: bool, worker: Any) -> Report:  # fmt: skip
-    src, dst = pathlib.Path(source), pathlib.Path(output)
     phases = Phases(progress)
     with phases.phase("load", f"loading {src}"):
         model = modelio.load_model(src)
@@ -262,13 +271,8 @@ def _optimize_file(source: str | os.PathLike[str], output: str | os.PathLike[str
     report = _report.Report(str(src), str(dst), _report.summarize(model))
     report.phases = phases.seconds
     with phases.phase("passes", None):
-        report.passes = optimize_model(model, names, progress=progress, **values)
+        report.passes = run.run(model, progress)
     report.after = _report.summarize(model)
-
-    def rebuild(kept: Sequence[str], cleanup: bool) -> ir.Model:
-        fresh = modelio.load_model(src)
-        optimize_model(fresh, kept, cleanup=cleanup, **values)
-        return fresh
 
     with modelio.staged_output(dst, replace_data=replace_data) as staged:
         with phases.phase("save", f"saving {dst}", modelio.weights_nbytes(model) or None, "B") as advance:
@@ -276,7 +280,12 @@ def _optimize_file(source: str | os.PathLike[str], output: str | os.PathLike[str
         _release(model)
         del model
         with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):
-            failure = _gate.verify(src, staged_path, check, report, warn, rebuild=rebuild, names=names, worker=worker)
+            with _gate.Gate(src, check, warn, worker) as gate:
+                verdict = gate.verify(staged_path)
+                _blame(gate, verdict, run, lambda: modelio.load_model(src))
+        report.notes.extend(verdict.notes)
+        report.check = verdict.result
+        failure = verdict.failure
         commit = failure is None or force
         if report_path is not None:
             # Staged with the output and renamed in the same commit, so that a report that
@@ -295,6 +304,46 @@ def _optimize_file(source: str | os.PathLike[str], output: str | os.PathLike[str
         error.report = report  # type: ignore[attr-defined]
         raise error
     return report
+
+
+def _blame(gate: Gate, verdict: Any, run: RunSpec, fresh: Callable[[], ir.Model]) -> None:
+    """After a mismatch, the pass whose addition brings it: reruns the pipeline from a fresh load
+    with one pass less at a time (from the end), then without the clean-up, until the check passes.
+
+    Sets the first difference's ``pass_name`` (or "") and ``pipelines`` (each rerun and its verdict),
+    and the verdict's failure to the result's summary, which names the pass.
+    """
+    if not (verdict.differs and verdict.result.first_difference is not None):
+        return
+    start = time.perf_counter()
+    found = verdict.result.first_difference
+    pipelines: list[dict[str, Any]] = []
+    culprit = ""
+    names = run.passes
+    candidates = [(run.without(k, True), names[k]) for k in range(len(names) - 1, -1, -1)]
+    candidates.append((run.without(0, False), "cleanup"))
+    for fewer, suspect in candidates:
+        label = [*fewer.passes, "cleanup"] if fewer.cleanup else ["(load and save only)"]
+        try:
+            model = fresh()
+            fewer.run(model)
+            folder = gate.folder / f"bisect-{len(pipelines)}"
+            folder.mkdir()
+            modelio.save_model(model, folder / "model.onnx")
+        except OptimizeError as e:
+            pipelines.append({"passes": label, "ok": False, "error": first_line(e)})
+            break
+        ok = gate.recheck(folder / "model.onnx")
+        pipelines.append({"passes": label, "ok": bool(ok)})
+        if ok is None:
+            break
+        if ok:
+            culprit = suspect
+            break
+    found.pass_name, found.pipelines = culprit, pipelines
+    found.seconds = round(found.seconds + time.perf_counter() - start, 3)
+    verdict.result.seconds["locate"] = found.seconds
+    verdict.failure = verdict.result.summary()  # now naming the pass
 
 
 def _release(model: ir.Model) -> None:
@@ -353,12 +402,11 @@ def optimize(
         OptimizeError: a pass refused the model.
         CheckFailedError: the optimised model is invalid or computes something else.
     """
-    names = select_passes(passes, skip)
-    values = _option_values(options)
+    run = RunSpec.build(passes, skip, **options)
     checking = _check_options(check)
     if isinstance(model, (str, os.PathLike)):
         if output is not None:
-            optimize_file(model, output, passes=names, check=checking, **values)
+            optimize_file(model, output, passes=run.passes, check=checking, **run.options)
             return pathlib.Path(output)
         ir_model = modelio.load_model(model)
         original: Any = pathlib.Path(model)
@@ -381,35 +429,33 @@ def optimize(
         raise TypeError("optimize(): output= is only for a path input")
     worker = _gate.start_worker(checking)  # its imports overlap with the passes
     try:
-        return _optimize_in_memory(model, original, ir_model, names, values, checking, worker)
+        return _optimize_in_memory(model, original, ir_model, run, checking, worker)
     finally:
         if worker is not None:
             worker.close()
 
 
-def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, names: list[str], values: dict[str, Any],
-                        checking: CheckOptions, worker: Any) -> Any:  # fmt: skip
-    optimize_model(ir_model, names, **values)
+def _fresh(original: Any) -> ir.Model:
+    """A new IR model of ``original`` (a path, bytes or a ``ModelProto``), as first loaded."""
+    if isinstance(original, pathlib.Path):
+        return modelio.load_model(original)
+    source = modelio.proto_from_bytes(original) if isinstance(original, bytes) else original
+    copy = onnx.ModelProto()
+    copy.CopyFrom(source)
+    return modelio.model_from_proto(copy)
+
+
+def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, run: RunSpec, checking: CheckOptions,
+                        worker: Any) -> Any:  # fmt: skip
+    run.run(ir_model)
     proto = modelio.model_to_proto(ir_model)
-
-    def rebuild(kept: Sequence[str], cleanup: bool) -> ir.Model:
-        if isinstance(original, pathlib.Path):
-            fresh = modelio.load_model(original)
-        else:
-            source = modelio.proto_from_bytes(original) if isinstance(original, bytes) else original
-            copy = onnx.ModelProto()
-            copy.CopyFrom(source)
-            fresh = modelio.model_from_proto(copy)
-        optimize_model(fresh, kept, cleanup=cleanup, **values)
-        return fresh
-
-    report = _report.Report("", None, _report.summarize(ir_model))
-    failure = _gate.verify(original, proto, checking, report, logger.warning, rebuild=rebuild, names=names,
-                      worker=worker)  # fmt: skip
-    for note in [*report.notes, *(report.check.notes if report.check else [])]:
+    with _gate.Gate(original, checking, logger.warning, worker) as gate:
+        verdict = gate.verify(proto)
+        _blame(gate, verdict, run, lambda: _fresh(original))
+    for note in [*verdict.notes, *(verdict.result.notes if verdict.result else [])]:
         logger.warning("%s", note)
-    if failure is not None:
-        raise CheckFailedError(failure)
+    if verdict.failure is not None:
+        raise CheckFailedError(verdict.failure)
     if isinstance(original, bytes):
         return proto.SerializeToString()
     if isinstance(model, onnx.ModelProto):

@@ -37,8 +37,6 @@ NET_PEAK_RATIO = 1.45
 
 _CHILD = r"""
 import json, sys
-from passes import registry
-registry.use_cache()
 from passes.cli.command import main
 code = main(sys.argv[1:])
 with open("/proc/self/status") as f:

@@ -20,8 +20,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 HEAVY = ("numpy", "onnx", "onnx_ir", "ml_dtypes", "sympy", "onnxruntime", "refimpl")
 
 
-def _cli(*args: str, cache: pathlib.Path | str, importtime: bool = False) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, ONNX_OPTIMIZE_CACHE_DIR=str(cache))
+def _cli(*args: str, importtime: bool = False) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     flags = ["-X", "importtime"] if importtime else []
     return subprocess.run([sys.executable, *flags, "-m", "passes", *args], capture_output=True, text=True,
@@ -36,32 +36,34 @@ def _imported(stderr: str) -> set[str]:
 # --- 1. start-up ----------------------------------------------------------------------------------
 
 
-def test_help_from_the_cache_imports_nothing_heavy_and_reads_the_same(tmp_path: pathlib.Path) -> None:
-    first = _cli("--help", cache=tmp_path)  # reads the classes, writes the cache
-    assert first.returncode == 0, first.stderr
-    assert (tmp_path / "declarations.json").is_file()
-    second = _cli("--help", cache=tmp_path, importtime=True)
-    assert second.returncode == 0
-    assert second.stdout == first.stdout
-    assert not _imported(second.stderr) & set(HEAVY), sorted(_imported(second.stderr) & set(HEAVY))
+def test_help_imports_nothing_heavy_and_writes_nothing(tmp_path: pathlib.Path) -> None:
+    """The declarations are light modules: no cache, nothing written under HOME or XDG_CACHE_HOME."""
+    env_home = dict(HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "passes", "--help"], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO), **env_home))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "fold" in proc.stdout and "--fold-size-limit" in proc.stdout
+    assert not _imported(proc.stderr) & set(HEAVY), sorted(_imported(proc.stderr) & set(HEAVY))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_file_fails_without_importing_onnx(tmp_path: pathlib.Path) -> None:
-    _cli("--help", cache=tmp_path)
-    proc = _cli(str(tmp_path / "nope.onnx"), "-o", str(tmp_path / "out.onnx"), cache=tmp_path, importtime=True)
+    proc = _cli(str(tmp_path / "nope.onnx"), "-o", str(tmp_path / "out.onnx"), importtime=True)
     assert proc.returncode == 2
     assert f"optimize: error: {tmp_path / 'nope.onnx'}: no such file" in proc.stderr
     assert not _imported(proc.stderr) & set(HEAVY)
 
 
-def test_a_stale_or_broken_cache_is_read_from_the_classes_again(tmp_path: pathlib.Path) -> None:
-    expected = _cli("--help", cache="").stdout  # no cache at all
-    cache = tmp_path / "declarations.json"
-    for text in ("not json", json.dumps({"key": "old", "passes": []})):
-        cache.write_text(text)
-        proc = _cli("--help", cache=tmp_path)
-        assert proc.returncode == 0 and proc.stdout == expected
-        assert json.loads(cache.read_text())["key"] != "old"
+def test_a_cache_folder_changes_nothing(tmp_path: pathlib.Path) -> None:
+    """What the old declaration cache read (a JSON file, a FIFO) is not read: defaults stay the defaults."""
+    cache = tmp_path / "cache" / "onnx-optimize"
+    cache.mkdir(parents=True)
+    os.mkfifo(cache / "declarations.json")  # a reader would hang
+    env = dict(os.environ, PYTHONPATH=str(REPO), XDG_CACHE_HOME=str(tmp_path / "cache"),
+               ONNX_OPTIMIZE_CACHE_DIR=str(cache))  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "passes", "--help"], capture_output=True, text=True, env=env,
+                          timeout=60)  # fmt: skip
+    assert proc.returncode == 0 and "default: 18" in proc.stdout
 
 
 def _small_model(path: pathlib.Path) -> pathlib.Path:
@@ -75,21 +77,20 @@ def _small_model(path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def test_a_run_from_the_cache_imports_only_the_passes_it_runs(tmp_path: pathlib.Path) -> None:
+def test_a_run_imports_only_the_passes_it_runs(tmp_path: pathlib.Path) -> None:
     src = _small_model(tmp_path / "m.onnx")
-    _cli("--help", cache=tmp_path)
     out = tmp_path / "out.onnx"
-    proc = _cli(str(src), "-o", str(out), "--passes", "upgrade", "--no-check", cache=tmp_path, importtime=True)
+    proc = _cli(str(src), "-o", str(out), "--passes", "upgrade", "--no-check", importtime=True)
     assert proc.returncode == 0, proc.stderr
     imported = _imported(proc.stderr)
     assert "refimpl" not in imported and "onnxruntime" not in imported
     assert onnx.load(str(out)).opset_import[0].version == 18
-    # --fold-size-limit is parsed by the fold class's own parser, fetched on use.
-    bad = _cli(str(src), "-o", str(out), "--fold-size-limit", "lots", cache=tmp_path)
+    # --fold-size-limit is parsed by its declaration's parser, without importing the pass.
+    bad = _cli(str(src), "-o", str(out), "--fold-size-limit", "lots")
     assert bad.returncode == 2 and "invalid size 'lots'" in bad.stderr
 
 
-def test_the_library_reads_the_classes_not_the_cache() -> None:
+def test_the_classes_carry_their_declarations() -> None:
     from passes import fold, pipeline
     from passes.options import parse_size
 
@@ -420,11 +421,11 @@ def test_the_checker_runs_once_on_the_way_in_and_once_on_the_way_out(
 # --- 4. progress on a terminal, nothing extra on a pipe; phase times in the report --------------------
 
 
-def _run_with_stderr_on_a_pty(args: list[str], cache: pathlib.Path) -> tuple[int, str, str]:
+def _run_with_stderr_on_a_pty(args: list[str]) -> tuple[int, str, str]:
     import pty
 
     master, slave = pty.openpty()
-    env = dict(os.environ, ONNX_OPTIMIZE_CACHE_DIR=str(cache), COLUMNS="200")
+    env = dict(os.environ, COLUMNS="200")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen([sys.executable, "-m", "passes", *args], stdout=subprocess.PIPE, stderr=slave,
                             text=True, env=env)  # fmt: skip
@@ -448,7 +449,7 @@ def test_progress_shows_on_a_terminal_only(tmp_path: pathlib.Path) -> None:
     src = _external_model(tmp_path / "in", SIZES)
     report = tmp_path / "r.json"
     args = [str(src), "-o", str(tmp_path / "out.onnx"), "--no-check", "--report", str(report)]
-    code, out, err = _run_with_stderr_on_a_pty(args, tmp_path)
+    code, out, err = _run_with_stderr_on_a_pty(args)
     assert code == 0, err
     # Each line is redrawn in place ("\r", erase to the end): what stays is the last drawing.
     lines = [line.rstrip("\r").rsplit("\r", 1)[-1].replace("\x1b[K", "") for line in err.split("\n")]
@@ -462,9 +463,9 @@ def test_progress_shows_on_a_terminal_only(tmp_path: pathlib.Path) -> None:
     phases = json.loads(report.read_text())["phases"]
     assert list(phases) == ["load", "passes", "save", "check"] and all(v >= 0 for v in phases.values())
     # -q: nothing at all; a pipe: no progress (the report on stdout as before).
-    quiet = _run_with_stderr_on_a_pty([*args, "-q"], tmp_path)
+    quiet = _run_with_stderr_on_a_pty([*args, "-q"])
     assert quiet[0] == 0 and quiet[2] == "" and quiet[1] == ""
-    piped = _cli(*args, cache=tmp_path)
+    piped = _cli(*args)
     assert piped.returncode == 0 and piped.stderr == "" and "op type" in piped.stdout
 
 

@@ -118,20 +118,9 @@ def _terminate(signum: int, frame: Any) -> NoReturn:
     raise _Interrupted(signum)
 
 
-def _refuse_idle_options(args: argparse.Namespace) -> None:
-    """A pass option set for a pass that does not run would do nothing: say so instead."""
-    names = pipeline.select_passes(args.passes, args.skip)
-    running = {option.name for name in names for option in pipeline.PASSES[name].options}
-    for name, spec in pipeline.PASSES.items():
-        for option in spec.options:
-            if option.name not in running and getattr(args, option.name) != option.default:
-                raise InputError(f"{option.flag} is an option of {name}, which does not run")
-
-
 def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) -> int:
     if args.no_check and args.require_check:
         raise InputError("--no-check and --require-check contradict each other")
-    _refuse_idle_options(args)
     check = pipeline.CheckOptions(
         enabled=not args.no_check, inputs_file=_inputs_file(args.inputs) if args.inputs else None,
         inputs_source=args.inputs or "", dims=dict(args.dim), seed=args.seed, rtol=args.rtol,

@@ -53,6 +53,7 @@ import onnx.defs
 import onnx_ir as ir
 
 from passes.base import Pass
+from passes.declarations import DECOMPOSE
 from passes.ir import inference
 from passes.ir.build import Builder, axes_are_input
 from passes.ir.inference import is_static
@@ -268,7 +269,7 @@ def _unsupported(dtype: ir.DataType, opset: int | None) -> str | None:
     return None
 
 
-class DecomposeLogSumExpPass(Pass):
+class DecomposeLogSumExpPass(Pass, spec=DECOMPOSE):
     """Rewrites every ReduceLogSumExp into ReduceMax, Clip, Sub, Exp, ReduceSum, Log, Add.
 
     Rewrite rule (T in {float, double}; float16 and bfloat16 are cast to float
@@ -306,9 +307,6 @@ class DecomposeLogSumExpPass(Pass):
             reason: ``skipped_integer``, ``skipped_unknown_type`` and
             ``skipped_unsupported`` (opset, element type or function opset).
     """
-
-    NAME = "decompose"
-    DESCRIPTION = "rewrite ReduceLogSumExp into max-shifted primitive ops (no float64)"
 
     def __init__(self) -> None:
         super().__init__()

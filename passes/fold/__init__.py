@@ -75,18 +75,18 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.base import Pass
+from passes.declarations import DEFAULT_FOLD_SIZE_LIMIT, FOLD
 from passes.fold import evaluate, policy
 from passes.fold.rules import RULES
 from passes.fold.surgery import Rewriter, subgraphs_of
 from passes.ir import inference
 from passes.ir.tensors import attribute_values
 from passes.ir.walk import iter_nodes, normalize_domain, opset_of
-from passes.options import Option, parse_size
 from passes.phases import node_done
 
 __all__ = ["DEFAULT_SIZE_LIMIT", "ConstantFoldingPass"]
 
-DEFAULT_SIZE_LIMIT = 1 << 20
+DEFAULT_SIZE_LIMIT = DEFAULT_FOLD_SIZE_LIMIT
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class _Scope:
         return self.initializers or self.opset("") is not None
 
 
-class ConstantFoldingPass(Pass):
+class ConstantFoldingPass(Pass, spec=FOLD):
     """Folds constant subexpressions, static shapes and constant-condition Ifs.
 
     See the module docstring for the rewrite rules. ``stats`` describes the
@@ -146,13 +146,6 @@ class ConstantFoldingPass(Pass):
             are at least as large (the model does not grow). The evaluation
             and compute bounds are described in the module docstring.
     """
-
-    NAME = "fold"
-    DESCRIPTION = "constant folding: evaluate nodes with constant inputs with refimpl"
-    OPTIONS = (
-        Option("fold_size_limit", DEFAULT_SIZE_LIMIT, "largest constant folding may add (default: 1M)",
-               parse=parse_size, metavar="BYTES", argument="size_limit"),
-    )
 
     def __init__(self, size_limit: int = DEFAULT_SIZE_LIMIT) -> None:
         super().__init__()

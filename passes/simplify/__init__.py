@@ -63,10 +63,10 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from passes.base import Pass
+from passes.declarations import SIMPLIFY
 from passes.ir import inference
 from passes.ir.names import Names
 from passes.ir.walk import iter_scopes
-from passes.options import Option
 from passes.phases import node_done
 from passes.simplify import algebra, chains, constants, cse, fusions, noops, shapes  # noqa: F401  (registers rules)
 from passes.simplify.dims import SymbolicDims, derive
@@ -79,7 +79,7 @@ logger = logging.getLogger(__name__)
 _MAX_ROUNDS = 8
 
 
-class SimplifyPass(Pass):
+class SimplifyPass(Pass, spec=SIMPLIFY):
     """Applies the simplification rules (see the module docstring) until nothing changes.
 
     ``stats`` after a call: ``rewrites`` (count per rule name), ``rounds``,
@@ -95,16 +95,6 @@ class SimplifyPass(Pass):
             them defaults a caller may override; onnxruntime treats them as constants below
             IR 4. Counted as ``constants/frozen_input``; the IR version becomes at least 4.
     """
-
-    NAME = "simplify"
-    DESCRIPTION = "constants as initializers, common subexpressions, no-ops, chains, partial shapes, fusions"
-    OPTIONS = (
-        Option("fuse", True, "do not fuse BatchNormalization or per-channel Mul/Add into Conv/Gemm, "
-               "nor MatMul+Add into Gemm (the only simplifications that change float results, by rounding)"),
-        Option("freeze_initializer_inputs", False, "treat initializers that are also graph inputs "
-               "(every initializer of an IR 3 model) as constants that fold and fuse, and remove them "
-               "from the inputs: callers can no longer override them"),
-    )
 
     def __init__(self, fuse: bool = True, freeze_initializer_inputs: bool = False) -> None:
         super().__init__()

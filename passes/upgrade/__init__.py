@@ -29,16 +29,16 @@ inference mask, GroupNormalization-18 in float16: see the adapters).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from typing import NoReturn
 
 import onnx
 import onnx_ir as ir
 
 from passes.base import Pass
-from passes.errors import UpgradeError
+from passes.errors import InputError, UpgradeError
 from passes.ir import walk
 from passes.ir.names import Names
-from passes.options import Option
+from passes.declarations import DEFAULT_TARGET_OPSET, UPGRADE
 from passes.upgrade.adapters import ADAPTERS, SEMANTIC_CHANGES
 from passes.upgrade.plan import Stats, plan_scopes
 from passes.upgrade.rewrite import ScopeRewriter
@@ -61,7 +61,14 @@ def _highest_target() -> int:
     return max_supported_opset()
 
 
-class UpgradeOpsetPass(Pass):
+def _refuse_target(target: int) -> NoReturn:
+    raise UpgradeError(
+        f"target opset {target} is not supported: choose {MIN_TARGET_OPSET} to"
+        f" {_highest_target()} (the highest both onnx and onnxruntime support)"
+    )
+
+
+class UpgradeOpsetPass(Pass, spec=UPGRADE):
     """Upgrades the default-domain opset of a model, its subgraphs and its functions.
 
     Rewrite rule: every default-domain node of a scope importing opset ``s <
@@ -81,43 +88,39 @@ class UpgradeOpsetPass(Pass):
     Args:
         target_opset: The default-domain opset to reach (18 up to
             :func:`passes.verify.probe.max_supported_opset`; only a target above
-            21 needs that probe, which imports onnxruntime).
+            21 needs that probe, which imports onnxruntime). None: 18, and a model
+            already above it is left at its opset.
 
     Raises:
-        UpgradeError: For an unsupported target; from ``call``, for a node
-            that cannot be converted exactly (the model is then left untouched).
-            A model or function already at or above the target is left as it is.
+        UpgradeError: For an unsupported target; from ``call``, for a node that cannot be
+            converted exactly (the model is then left untouched). A function already at or
+            above the target is left as it is.
+        InputError: From ``call``, for a model whose opset is above a target given
+            explicitly (an opset is never lowered); the model is left untouched.
     """
 
-    NAME = "upgrade"
-    DESCRIPTION = "convert the default-domain opset to --target-opset (Reduce axes become inputs)"
-    OPTIONS = (
-        Option("target_opset", None,
-               f"opset the upgrade converts to (default: {MIN_TARGET_OPSET}; a model already at or above "
-               "it is left at its opset; asking for a lower opset than the model's is an error)",
-               parse=int, check=lambda n: None if n >= 1 else "must be a positive opset version", metavar="N"),
-    )
-
-    @classmethod
-    def from_options(cls, values: Mapping[str, object]) -> UpgradeOpsetPass:
-        target = values.get("target_opset")
-        return cls(MIN_TARGET_OPSET if target is None else int(target))  # type: ignore[call-overload]
-
-    def __init__(self, target_opset: int = MIN_TARGET_OPSET) -> None:
+    def __init__(self, target_opset: int | None = None) -> None:
         super().__init__()
+        #: Asked for explicitly: a model above it is refused (never lowered), not left as it is.
+        self.explicit = target_opset is not None
+        target_opset = DEFAULT_TARGET_OPSET if target_opset is None else int(target_opset)
         too_high = target_opset > onnx.defs.onnx_opset_version() or (
             target_opset > _ALWAYS_SUPPORTED and target_opset > _highest_target()
         )
-        if target_opset < MIN_TARGET_OPSET or too_high:
-            raise UpgradeError(
-                f"target opset {target_opset} is not supported: choose {MIN_TARGET_OPSET} to"
-                f" {_highest_target()} (the highest both onnx and onnxruntime support)"
-            )
+        if too_high:
+            _refuse_target(target_opset)
         self.target_opset = target_opset
         self.stats: dict[str, object] = {}
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         target = self.target_opset
+        current = walk.default_opset(model.opset_imports)
+        if self.explicit and current is not None and current > target:
+            raise InputError(
+                f"--target-opset {target} is lower than the model's opset {current}; this tool never lowers an opset"
+            )
+        if target < MIN_TARGET_OPSET:  # after the refusal above, which says more to its users
+            _refuse_target(target)
         all_scopes = list(walk.iter_scopes(model))
         scopes = [s for s in all_scopes if s.opset("") is not None]
         for scope in scopes:

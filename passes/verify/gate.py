@@ -1,10 +1,12 @@
 """The verification gate every route passes: the ONNX checker's verdict, then the onnxruntime check.
 
 * :class:`CheckOptions`: how the optimised model is checked.
-* :func:`verify`: why the optimised model is refused (invalid, or different
-  from the original in onnxruntime), or None; a model that fails the checker
-  only where the original already did is not blamed on the passes; on a
-  mismatch the passes are bisected to say which one brought it.
+* :class:`Gate`: its ``verify`` says whether the optimised model is refused
+  (invalid, or different from the original in onnxruntime) in a :class:`Verdict`;
+  a model that fails the checker only where the original already did is not
+  blamed on the passes; after a mismatch the first differing node is located,
+  and ``recheck`` compares further candidates (the pipeline uses it to find the
+  pass that brought the difference). It knows nothing of passes or reports.
 * :func:`start_worker`: the check's child process, started early.
 
 Importing this module is cheap: onnx is imported on first use, onnxruntime
@@ -13,34 +15,32 @@ only in the check's child process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import pathlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from passes import modelio  # light: it imports onnx and onnx_ir on first use
-from passes.errors import InputError, OptimizeError, first_line
+from passes.errors import InputError, first_line
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_LIMIT
 from passes.verify.result import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
     import onnx
-    import onnx_ir as ir
 
     from passes.modelio import validate as _validate
-    from passes.report import Report
 else:
     onnx = lazy_module("onnx")
     _validate = lazy_module("passes.modelio.validate")
-_report = lazy_module("passes.report")
 _declared = lazy_module("passes.modelio.declared")
 _detach = lazy_module("passes.modelio.detach")
 
-__all__ = ["CheckOptions", "start_worker", "verify"]
+__all__ = ["CheckOptions", "Gate", "Verdict", "start_worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -196,80 +196,98 @@ def _checker_verdict(original: Any, staged: Any, notes: list[str]) -> str | None
     return None
 
 
-#: Rebuilds the optimised model from a fresh load with the given passes (and the clean-up or not).
-Rebuild = Callable[[Sequence[str], bool], "ir.Model"]
+@dataclasses.dataclass
+class Verdict:
+    """What the gate says of an optimised model.
 
-
-def _bisect(checker: Any, rebuild: Rebuild, names: Sequence[str]) -> tuple[str, list[dict[str, Any]]]:
-    """The pass whose addition brings the mismatch: reruns the pipeline with one pass less at a
-    time (from the end) until the check passes."""
-    pipelines: list[dict[str, Any]] = []
-    steps = [(list(names[:k]), True) for k in range(len(names) - 1, -1, -1)] + [([], False)]
-    culprits = [*reversed(names), "cleanup"]
-    for (kept, cleanup), culprit in zip(steps, culprits):
-        label = [*kept, "cleanup"] if cleanup else ["(load and save only)"]
-        try:
-            model = rebuild(kept, cleanup)
-            folder = checker.folder / f"bisect-{len(pipelines)}"
-            folder.mkdir()
-            modelio.save_model(model, folder / "model.onnx")
-        except OptimizeError as e:
-            pipelines.append({"passes": label, "ok": False, "error": first_line(e)})
-            return "", pipelines
-        result = checker.recheck(folder / "model.onnx")
-        pipelines.append({"passes": label, "ok": result.checked and result.ok})
-        if not result.checked:
-            return "", pipelines
-        if result.ok:
-            return culprit, pipelines
-    return "", pipelines
-
-
-def verify(
-    original: Any,
-    staged: Any,
-    check: CheckOptions,
-    report: Report,
-    warn: Callable[[str], None],
-    *,
-    rebuild: Rebuild | None = None,
-    names: Sequence[str] = (),
-    worker: Any = None,
-) -> str | None:
-    """The ONNX checker, then the onnxruntime comparison; why the result is refused, or None.
-
-    After a mismatch, the first differing node is located and, given
-    ``rebuild`` and the pass ``names``, the pass that brings it.
+    Attributes:
+        failure: Why it is refused (invalid, different in onnxruntime, or a required check
+            that could not run), or None.
+        notes: What the caller should know although the model is accepted (a checker failure
+            the original shares, a declared shape the original already contradicts).
+        result: The onnxruntime check's result (None when it did not run).
     """
-    failure = _checker_verdict(original, staged, report.notes)
-    if failure is not None or not check.enabled:
-        return failure
-    from passes.verify import check as check_module  # the child process only when checking
 
-    with check_module.Checker(
-        original, inputs=check.inputs, inputs_file=check.inputs_file, dims=dict(check.dims),
-        rtol=check.rtol, atol=check.atol, seed=check.seed, timeout=check.timeout,
-        memory_limit=check.memory_limit, worker=worker,
-    ) as checker:  # fmt: skip
-        result = checker.check(staged)
+    failure: str | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+    result: Any = None
+
+    @property
+    def differs(self) -> bool:
+        """The check ran and found a difference (the caller may look for the pass that brought it)."""
+        return self.result is not None and self.result.checked and not self.result.ok
+
+
+class Gate:
+    """The ONNX checker and the onnxruntime check of optimised models against one original.
+
+    A context manager: the check's process and the original's outputs are kept
+    until it closes, so that :meth:`recheck` can compare more candidates (the
+    pipeline's search for the pass that brought a difference) without running
+    the original again.
+    """
+
+    def __init__(self, original: Any, check: CheckOptions, warn: Callable[[str], None], worker: Any = None) -> None:
+        self.original, self.check, self.warn, self.worker = original, check, warn, worker
+        self._checker: Any = None
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> Gate:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.close()
+
+    @property
+    def folder(self) -> pathlib.Path:
+        """A private temporary folder, removed when the gate closes (only once the check has run)."""
+        assert self._checker is not None and self._checker.folder is not None
+        return pathlib.Path(self._checker.folder)
+
+    def verify(self, staged: Any) -> Verdict:
+        """The ONNX checker, then (if enabled) the onnxruntime comparison; after a mismatch, the
+        first differing node is located.
+
+        Raises:
+            InputError: the given ``--inputs`` do not fit the model.
+        """
+        verdict = Verdict()
+        verdict.failure = _checker_verdict(self.original, staged, verdict.notes)
+        check = self.check
+        if verdict.failure is not None or not check.enabled:
+            return verdict
+        from passes.verify import check as check_module  # the child process only when checking
+
+        self._checker = self._stack.enter_context(check_module.Checker(
+            self.original, inputs=check.inputs, inputs_file=check.inputs_file, dims=dict(check.dims),
+            rtol=check.rtol, atol=check.atol, seed=check.seed, timeout=check.timeout,
+            memory_limit=check.memory_limit, worker=self.worker,
+        ))  # fmt: skip
+        result = verdict.result = self._checker.check(staged)
         if check.locate and result.checked and not result.ok:
             start = time.perf_counter()
-            found = checker.locate(staged) if not result.error else check_module.FirstDifference()
-            if rebuild is not None:
-                found.pass_name, found.pipelines = _bisect(checker, rebuild, names)
+            found = self._checker.locate(staged) if not result.error else check_module.FirstDifference()
             found.seconds = round(time.perf_counter() - start, 3)
             result.first_difference = found
             result.seconds["locate"] = found.seconds
-    report.check = result
-    if result.inputs_rejected:
-        source = check.inputs_source or (str(check.inputs_file) if check.inputs_file else "(given)")
-        raise InputError(f"--inputs {source}: {result.skipped}")
-    if not result.checked:
-        if check.required:
-            return f"{result.summary()} (--require-check)"
-        warn(result.summary())
-        return None
-    return None if result.ok else result.summary()
+        if result.inputs_rejected:
+            source = check.inputs_source or (str(check.inputs_file) if check.inputs_file else "(given)")
+            raise InputError(f"--inputs {source}: {result.skipped}")
+        if not result.checked:
+            if check.required:
+                verdict.failure = f"{result.summary()} (--require-check)"
+            else:
+                self.warn(result.summary())
+            return verdict
+        if not result.ok:
+            verdict.failure = result.summary()
+        return verdict
+
+    def recheck(self, candidate: Any) -> bool | None:
+        """Whether ``candidate`` computes what the original does (None: the check could not say)."""
+        assert self._checker is not None, "recheck follows a verify that ran the check"
+        result = self._checker.recheck(candidate)
+        return result.ok if result.checked else None
 
 
 def start_worker(check: CheckOptions) -> Any:

@@ -1,0 +1,131 @@
+"""What each pass is, declared once, readable without importing it.
+
+A :class:`PassSpec` says what the pipeline, the CLI, ``--help`` and the
+report need of a pass: its name, one line of description, its options
+(:class:`~passes.options.Option`), whether it repeats with its neighbours
+(the fold ⇄ simplify ⇄ decompose loop), and how to build it. This module
+imports neither onnx, onnx_ir nor numpy, so ``optimize --help`` and an early
+error (a missing file, a bad flag) cost no more than Python's start-up; a
+pass's module is imported only when a run builds it.
+
+Adding a pass is its module (a :class:`passes.base.Pass` whose class names
+its spec) and one line in :data:`PASSES`. A pass declared on its own class
+(a test's toy pass, a user's) is registered with ``PASSES[name] = PassSpec.of(Class)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from passes.options import Option, parse_int, parse_size
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from passes.base import Pass
+
+__all__ = [
+    "DEFAULT_FOLD_SIZE_LIMIT",
+    "DEFAULT_TARGET_OPSET",
+    "PASSES",
+    "PassSpec",
+    "implementation",
+]
+
+#: The opset the upgrade converts to by default: the first with Reduce ``axes`` as an input for every Reduce op.
+DEFAULT_TARGET_OPSET = 18
+#: The largest constant folding adds by default (bytes).
+DEFAULT_FOLD_SIZE_LIMIT = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class PassSpec:
+    """A pass the pipeline can run.
+
+    Attributes:
+        name: Its name in ``--passes``/``--skip`` and in the report.
+        description: One line for ``--help``.
+        build: Makes the pass from the values of the declared options (every one present).
+        options: Its options; their names are the API keywords and, dashed, the CLI flags.
+        repeats: Whether it is repeated with the consecutive passes that also repeat until none
+            of them changes the model (a pass that makes work for another, or finds work after it).
+    """
+
+    name: str
+    description: str
+    build: Callable[[Mapping[str, Any]], ir.passes.PassBase]
+    options: tuple[Option, ...] = ()
+    repeats: bool = False
+
+    @classmethod
+    def of(cls, pass_class: type[Pass]) -> PassSpec:
+        """The spec a :class:`passes.base.Pass` subclass declares on itself."""
+        return cls(pass_class.NAME, pass_class.DESCRIPTION, pass_class.from_options, pass_class.OPTIONS,
+                   pass_class.REPEATS)  # fmt: skip
+
+
+def implementation(locator: str) -> Callable[[Mapping[str, Any]], ir.passes.PassBase]:
+    """``build`` for the pass class at ``"module:Class"``, imported when a run first builds it."""
+    module, _, name = locator.partition(":")
+
+    def build(values: Mapping[str, Any]) -> ir.passes.PassBase:
+        pass_class: type[Pass] = getattr(importlib.import_module(module), name)
+        return pass_class.from_options(values)
+
+    build.__qualname__ = f"implementation({locator!r})"
+    return build
+
+
+def _positive_opset(version: int) -> str | None:
+    return None if version >= 1 else "must be a positive opset version"
+
+
+UPGRADE = PassSpec(
+    "upgrade",
+    "convert the default-domain opset to --target-opset (Reduce axes become inputs)",
+    implementation("passes.upgrade:UpgradeOpsetPass"),
+    (
+        Option("target_opset", None,
+               f"opset the upgrade converts to (default: {DEFAULT_TARGET_OPSET}; a model already at or above "
+               "it is left at its opset; asking for a lower opset than the model's is an error)",
+               parse=parse_int, check=_positive_opset, metavar="N"),
+    ),  # fmt: skip
+)
+
+FOLD = PassSpec(
+    "fold",
+    "constant folding: evaluate nodes with constant inputs with refimpl",
+    implementation("passes.fold:ConstantFoldingPass"),
+    (
+        Option("fold_size_limit", DEFAULT_FOLD_SIZE_LIMIT, "largest constant folding may add (default: 1M)",
+               parse=parse_size, metavar="BYTES", argument="size_limit"),
+    ),
+    repeats=True,
+)
+
+SIMPLIFY = PassSpec(
+    "simplify",
+    "constants as initializers, common subexpressions, no-ops, chains, partial shapes, fusions",
+    implementation("passes.simplify:SimplifyPass"),
+    (
+        Option("fuse", True, "do not fuse BatchNormalization or per-channel Mul/Add into Conv/Gemm, "
+               "nor MatMul+Add into Gemm (the only simplifications that change float results, by rounding)"),
+        Option("freeze_initializer_inputs", False, "treat initializers that are also graph inputs "
+               "(every initializer of an IR 3 model) as constants that fold and fuse, and remove them "
+               "from the inputs: callers can no longer override them"),
+    ),  # fmt: skip
+    repeats=True,
+)
+
+DECOMPOSE = PassSpec(
+    "decompose",
+    "rewrite ReduceLogSumExp into max-shifted primitive ops (no float64)",
+    implementation("passes.decompose:DecomposeLogSumExpPass"),
+    repeats=True,
+)
+
+#: The passes by name, in their default order. One line per pass.
+PASSES: dict[str, PassSpec] = {spec.name: spec for spec in (UPGRADE, FOLD, SIMPLIFY, DECOMPOSE)}

@@ -1,0 +1,130 @@
+"""The one pass loop: every route (the command, ``passes.optimize``, ``build_pass_manager``) runs this.
+
+The passes run in order as an ``onnx_ir`` pass manager. Consecutive passes
+whose spec ``repeats`` (fold, simplify and decompose feed each other: a
+folded shape lets a Reshape chain go, a removed no-op lets a constant fold,
+decompose leaves shape arithmetic behind) form a nested manager that repeats
+them until a whole round changes nothing, at most :data:`MAX_ROUNDS` rounds.
+
+Each pass is wrapped so that its runs are recorded in one :class:`Record`:
+a repeated pass's runs merge into one :class:`~passes.report.PassRun` (times
+and counters summed, ``rounds`` counted), and the progress display is told
+which pass and round is running.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import onnx_ir as ir
+
+from passes.errors import OptimizeError
+from passes.phases import counting_nodes
+from passes.report import PassRun
+
+__all__ = ["MAX_ROUNDS", "Record", "build", "run"]
+
+logger = logging.getLogger("passes.pipeline")
+
+MAX_ROUNDS = 8
+
+
+class Record:
+    """What the passes of one loop did, one :class:`PassRun` per step, in first-run order."""
+
+    def __init__(self, progress: Callable[[str], None] | None = None) -> None:
+        self.progress = progress
+        self.runs: list[PassRun] = []
+        self._by_step: dict[int, PassRun] = {}
+        self._calls: dict[int, int] = {}
+
+    def call(self, step: int, name: str, pass_: ir.passes.PassBase, model: ir.Model) -> ir.passes.PassResult:
+        rounds = self._calls[step] = self._calls.get(step, 0) + 1
+        start = time.perf_counter()
+        with counting_nodes(self.progress, f"running {name}" + (f" (round {rounds})" if rounds > 1 else "")):
+            result = pass_(model)
+        seconds = time.perf_counter() - start
+        logger.info("pass %s: %.3f s, modified=%s", name, seconds, result.modified)
+        self._add(step, PassRun(name, seconds, bool(result.modified), dict(getattr(pass_, "stats", None) or {})),
+                  rounds)  # fmt: skip
+        return result
+
+    def _add(self, step: int, run: PassRun, rounds: int) -> None:
+        previous = self._by_step.get(step)
+        if previous is None:
+            self._by_step[step] = run
+            self.runs.append(run)
+            return
+        previous.seconds += run.seconds
+        previous.modified |= run.modified
+        previous.stats = _add_stats(previous.stats, run.stats)
+        previous.stats["rounds"] = rounds
+
+
+class _Recorded(ir.passes.InPlacePass):
+    """A pass whose runs go into a :class:`Record`."""
+
+    def __init__(self, name: str, inner: ir.passes.PassBase, record: Record) -> None:
+        super().__init__()
+        self.name, self.inner, self.record = name, inner, record
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        return self.record.call(id(self), self.name, self.inner, model)
+
+    def __repr__(self) -> str:
+        return f"{self.name}: {self.inner!r}"
+
+
+def build(steps: Sequence[tuple[str, ir.passes.PassBase, bool]], record: Record) -> ir.passes.PassManager:
+    """The pass manager running ``steps`` (name, pass, repeats) in order, repeating consecutive repeaters."""
+    groups: list[list[tuple[str, ir.passes.PassBase, bool]]] = []
+    for step in steps:
+        if groups and step[2] and groups[-1][-1][2]:
+            groups[-1].append(step)
+        else:
+            groups.append([step])
+    managed: list[ir.passes.PassBase] = []
+    for group in groups:
+        wrapped = [_Recorded(name, pass_, record) for name, pass_, _ in group]
+        if len(group) > 1:
+            managed.append(ir.passes.PassManager(wrapped, steps=MAX_ROUNDS, early_stop=True))
+        else:
+            managed.extend(wrapped)
+    return ir.passes.PassManager(managed, steps=1)
+
+
+def run(manager: ir.passes.PassManager, model: ir.Model) -> ir.passes.PassResult:
+    """Runs ``manager`` on ``model``; what a pass raised is raised as itself, not wrapped in the
+    managers' PassErrors (a pass's :class:`OptimizeError` is the user's one-line error)."""
+    try:
+        return manager(model)
+    except ir.passes.PassError as e:
+        cause = _root_cause(e)
+        if cause is not e:
+            raise cause from e
+        raise
+
+
+def _add_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    result = dict(a)
+    for key, value in b.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = _add_stats(result[key], value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(result.get(key), (int, float)):
+            result[key] = result[key] + value
+        else:
+            result.setdefault(key, value)
+    return result
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """What a pass raised, behind onnx_ir's PassError wrapping (plain ``PassError``s, ``raise ... from``)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if type(seen) is not ir.passes.PassError or isinstance(seen, OptimizeError):
+            return seen
+        seen = seen.__cause__
+    return error

@@ -1,0 +1,165 @@
+"""The house: a new pass is one module plus one registration line; every route refuses alike.
+
+* A toy pass declared in this module (its class, one option) and registered
+  with one line gets its CLI flag, ``--help`` entry, API keyword and report
+  stats from that alone, and joins the one pass loop where it says it repeats.
+* ``build_pass_manager``, ``passes.optimize`` and the command refuse the same
+  bad requests with the same message.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any, ClassVar
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+import helpers
+import passes
+from passes import pipeline
+from passes.base import Pass
+from passes.cli import command as cli
+from passes.declarations import PassSpec
+from passes.options import Option, parse_int
+
+DEMO = pathlib.Path(__file__).resolve().parent.parent / "models" / "demo.onnx"
+X = {"x": np.random.default_rng(7).standard_normal((3, 4, 8)).astype(np.float32)}
+
+
+class RenameNodesPass(Pass):
+    """A toy pass: prefixes every main-graph node name (computes nothing new), counting the names."""
+
+    NAME: ClassVar[str] = "rename"
+    DESCRIPTION: ClassVar[str] = "prefix node names (a test's toy pass)"
+    OPTIONS: ClassVar[tuple[Option, ...]] = (
+        Option("rename_limit", 1000, "rename at most this many nodes", parse=parse_int, metavar="N",
+               check=lambda n: None if n >= 0 else "must be >= 0"),
+    )  # fmt: skip
+
+    def __init__(self, rename_limit: int = 1000) -> None:
+        super().__init__()
+        self.rename_limit = rename_limit
+        self.stats: dict[str, Any] = {}
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        renamed = 0
+        for node in list(model.graph)[: self.rename_limit]:
+            if node.name and not node.name.startswith("toy_"):
+                node.name = f"toy_{node.name}"
+                renamed += 1
+        self.stats = {"applied": {"rename": renamed}}
+        return ir.passes.PassResult(model, modified=bool(renamed))
+
+
+@pytest.fixture
+def toy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(pipeline.PASSES, "rename", PassSpec.of(RenameNodesPass))  # the one registration line
+
+
+def test_a_toy_pass_gets_its_flag_help_keyword_and_stats(toy: None, tmp_path: pathlib.Path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    help_text = capsys.readouterr().out
+    assert "rename     prefix node names (a test's toy pass)" in help_text
+    assert "--rename-limit N" in help_text and "rename at most this many nodes" in help_text
+
+    out, report = tmp_path / "o.onnx", tmp_path / "r.json"
+    code = cli.main([str(DEMO), "-o", str(out), "--passes", "upgrade,rename", "--rename-limit", "2",
+                     "--report", str(report), "-q"])  # fmt: skip
+    assert code == 0
+    runs = {r["name"]: r for r in json.loads(report.read_text())["passes"]}
+    assert runs["rename"]["stats"] == {"applied": {"rename": 2}} and runs["rename"]["modified"] is True
+    names = [n.name for n in onnx.load(str(out)).graph.node]
+    assert sum(name.startswith("toy_") for name in names) == 2
+
+    result = passes.optimize(onnx.load(str(DEMO)), passes=["rename"], rename_limit=1)  # the API keyword
+    assert sum(n.name.startswith("toy_") for n in result.graph.node) == 1
+    for expected, actual in zip(helpers.ort_run(str(DEMO), X), helpers.ort_run(result, X)):
+        np.testing.assert_array_equal(actual, expected)
+
+    assert cli.main([str(DEMO), "-o", str(out), "--passes", "rename", "--rename-limit", "-1", "-q"]) == 2
+    assert "--rename-limit -1: must be >= 0" in capsys.readouterr().err
+
+
+def test_a_repeating_toy_pass_joins_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Declared ``REPEATS``, it runs in the fold/simplify loop until a round changes nothing."""
+
+    class Repeating(RenameNodesPass):
+        REPEATS = True
+
+    monkeypatch.setitem(pipeline.PASSES, "rename", PassSpec.of(Repeating))
+    model = ir.load(DEMO)
+    runs = {r.name: r for r in pipeline.optimize_model(model, ["fold", "rename", "simplify"])}
+    # Round 1 renames; round 2 finds nothing to do in either pass, so the loop stops.
+    assert runs["rename"].stats["rounds"] == 2 and runs["fold"].stats["rounds"] == 2
+    assert runs["rename"].stats["applied"]["rename"] >= len(model.graph) > 0  # counters summed over rounds
+    assert all(n.name.startswith("toy_") for n in model.graph)
+
+
+def _opset(version: int) -> onnx.ModelProto:
+    model = onnx.load(str(DEMO))
+    return passes.optimize(model, passes=["upgrade"], target_opset=version)
+
+
+BAD_REQUESTS = {
+    "target below the model's": (dict(passes=["upgrade"], target_opset=18), "--target-opset 18 is lower than the "
+                                 "model's opset 19; this tool never lowers an opset"),
+    "option of a pass that does not run": (dict(passes=["fold"], fuse=False),
+                                           "--no-fuse is an option of simplify, which does not run"),
+    "unknown pass": (dict(passes=["fold", "nope"]), "unknown pass 'nope'"),
+    "refused value": (dict(passes=["upgrade"], target_opset=0), "--target-opset 0: must be a positive opset"),
+}
+
+
+def _cli_args(request: dict[str, Any]) -> list[str]:
+    args = ["--passes", ",".join(request["passes"])]
+    if "target_opset" in request:
+        args += ["--target-opset", str(request["target_opset"])]
+    if request.get("fuse") is False:
+        args.append("--no-fuse")
+    return args
+
+
+@pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
+def test_every_route_refuses_alike(case: str, tmp_path: pathlib.Path, capsys) -> None:
+    request, message = BAD_REQUESTS[case]
+    model = _opset(19)
+    src = tmp_path / "m.onnx"
+    onnx.save_model(model, str(src))
+    before = src.read_bytes()
+
+    with pytest.raises(passes.InputError) as api:
+        passes.optimize(model, **request)
+    assert message in str(api.value)
+
+    assert message in _refusal_of_manager(request, model)
+
+    out = tmp_path / "out.onnx"
+    assert cli.main([str(src), "-o", str(out), *_cli_args(request)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"optimize: error: {str(api.value)}"]
+    assert not out.exists() and src.read_bytes() == before
+
+
+def test_the_default_target_never_lowers_and_an_explicit_one_never_silently() -> None:
+    model = _opset(20)
+    assert passes.optimize(model, passes=["upgrade"]).opset_import[0].version == 20  # default: left as it is
+    assert "never lowers" in _refusal_of_manager(dict(passes=["upgrade"], target_opset=19), model)
+
+
+def _refusal_of_manager(request: dict[str, Any], model: onnx.ModelProto) -> str:
+    """The InputError building or running ``build_pass_manager(**request)`` raises (onnx_ir's
+    managers wrap what a pass raises in PassErrors: the InputError is their cause)."""
+    try:
+        passes.build_pass_manager(**request)(ir.from_proto(model))
+    except Exception as e:  # noqa: BLE001  looked into below
+        seen: BaseException | None = e
+        while seen is not None and not isinstance(seen, passes.InputError):
+            seen = seen.__cause__
+        assert seen is not None, repr(e)
+        return str(seen)
+    raise AssertionError("not refused")
