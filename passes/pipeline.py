@@ -35,12 +35,19 @@ from typing import TYPE_CHECKING, Any
 # Only light modules at the top: ``--help`` and early errors need no more.
 # onnx, onnx_ir, the passes and the report are imported where they are used.
 from passes import modelio  # light: it imports onnx and onnx_ir on first use
-from passes.declarations import DEFAULT_FOLD_SIZE_LIMIT, DEFAULT_TARGET_OPSET, PASSES, PassSpec
+from passes.declarations import (
+    DEFAULT_FOLD_SIZE_LIMIT,
+    DEFAULT_TARGET_OPSET,
+    PASSES,
+    PassSpec,
+)
 from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
 from passes.lazy import lazy_module
 from passes.options import Option
 from passes.phases import Phases
-from passes.verify.gate import CheckOptions  # light: onnx on first use, onnxruntime in a child
+from passes.verify.gate import (
+    CheckOptions,  # light: onnx on first use, onnxruntime in a child
+)
 
 if TYPE_CHECKING:
     import onnx

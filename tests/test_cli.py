@@ -278,7 +278,10 @@ def test_unknown_pass(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
 
 
 def test_lower_target_opset(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    _expect_refusal(demo, tmp_path / "out.onnx", "--target-opset", "11", needle="lower")
+    at_19 = tmp_path / "m19.onnx"
+    assert cli.main([str(demo), "-o", str(at_19), "--passes", "upgrade", "--target-opset", "19", "-q"]) == 0
+    _expect_refusal(at_19, tmp_path / "out.onnx", "--target-opset", "18", needle="lower than the model's opset 19")
+    _expect_refusal(demo, tmp_path / "out.onnx", "--target-opset", "11", needle="not supported")
 
 
 def test_bad_usage(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
@@ -400,7 +403,7 @@ def test_failure_while_saving_leaves_nothing(
         pathlib.Path(path).write_bytes(pathlib.Path(path).read_bytes()[:50])  # a partial file...
         raise OSError(28, "No space left on device")  # ...and then the disk fills up
 
-    monkeypatch.setattr(modelio, "save_model", failing_save)
+    monkeypatch.setattr(modelio.save, "save_model", failing_save)
     out = tmp_path / "out.onnx"
     before = demo.read_bytes()
     code = cli.main([str(demo), "-o", str(out)])

@@ -192,7 +192,7 @@ def test_data_file_refused_at_the_commit_when_the_output_grows_external(
     out_dir.mkdir()
     (out_dir / "o.onnx.data").write_bytes(b"another model's weights")
     real = modelio.save_model
-    monkeypatch.setattr(modelio, "save_model", lambda model, path, **kw: real(model, path, external_data=True))
+    monkeypatch.setattr(modelio.save, "save_model", lambda model, path, **kw: real(model, path, external_data=True))
     _refused(capfd, [str(src), "-o", str(out_dir / "o.onnx"), "-q"], "--replace-data", tmp_path, out_dir)
 
 
@@ -299,14 +299,14 @@ def test_report_after_a_failed_check_is_strict_json(
     """An infinite error (the optimised model gives inf where the original gives a number)."""
     from passes.verify.result import CheckResult, OutputComparison
 
-    def failing(original, staged, check, report, warn, **kwargs):  # noqa: ANN001
-        report.check = CheckResult(ok=False, outputs=[OutputComparison(
-            "y", False, "float32", (4,), max_abs_error=math.inf, max_rel_error=math.nan, mismatches=4)])
-        return "the check found a difference"
-
     from passes.verify import gate
 
-    monkeypatch.setattr(gate, "verify", failing)
+    def failing(self, staged):  # noqa: ANN001
+        result = CheckResult(ok=False, outputs=[OutputComparison(
+            "y", False, "float32", (4,), max_abs_error=math.inf, max_rel_error=math.nan, mismatches=4)])
+        return gate.Verdict("the check found a difference", result=result)
+
+    monkeypatch.setattr(gate.Gate, "verify", failing)
     src = tmp_path / "model.onnx"
     src.write_bytes(DEMO.read_bytes())
     code = cli.main([str(src), "-o", str(tmp_path / "o.onnx"), "--report", str(tmp_path / "r.json"), "-q"])
@@ -382,7 +382,7 @@ def test_a_signal_as_the_clean_up_begins_still_removes_the_staging_folder(
 
     with pytest.raises(KeyboardInterrupt), modelio.staged_output(tmp_path / "out.onnx") as staged:
         (staged.folder / "part").write_bytes(b"x")
-        monkeypatch.setattr(modelio, "_signals_deferred", interrupted_on_entry)
+        monkeypatch.setattr(modelio.save, "_signals_deferred", interrupted_on_entry)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -523,7 +523,7 @@ def test_data_file_swapped_after_validation_is_refused(
         _swap_after(monkeypatch, importlib.import_module("passes.modelio.validate"), "check_validity",
                     lambda: SWAPS[how](folder))
     else:
-        _swap_after(monkeypatch, pipeline, "optimize_model", lambda: SWAPS[how](folder))
+        _swap_after(monkeypatch, pipeline.RunSpec, "run", lambda: SWAPS[how](folder))
     out = tmp_path / "o.onnx"
     code = cli.main([str(folder / "model.onnx"), "-o", str(out), "-q"])
     line = one_error_line(capfd.readouterr().err)

@@ -13,12 +13,12 @@ import json
 import pathlib
 from typing import Any, ClassVar
 
+import helpers
 import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
 
-import helpers
 import passes
 from passes import pipeline
 from passes.base import Pass
@@ -141,7 +141,7 @@ def test_every_route_refuses_alike(case: str, tmp_path: pathlib.Path, capsys) ->
     out = tmp_path / "out.onnx"
     assert cli.main([str(src), "-o", str(out), *_cli_args(request)]) == 2
     err = capsys.readouterr().err
-    assert err.strip().splitlines() == [f"optimize: error: {str(api.value)}"]
+    assert err.strip().splitlines() == [f"optimize: error: {api.value!s}"]
     assert not out.exists() and src.read_bytes() == before
 
 

@@ -554,7 +554,7 @@ def test_a_full_disk_is_a_clear_error(
         pathlib.Path(path).write_bytes(b"partial")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(modelio, "save_model", full_disk)
+    monkeypatch.setattr(modelio.save, "save_model", full_disk)
     line = expect_refusal(capfd, src, out=tmp_path / "out.onnx", needle="No space left on device")
     assert "cannot write" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
@@ -845,7 +845,7 @@ def test_signal_during_the_commit_lets_it_complete(
     """The commit renames OUTPUT.data then OUTPUT: an interrupt between them must not split them."""
     src, before = _small_external(tmp_path)
     modelio_os = types.SimpleNamespace(**vars(os))  # modelio's own view of os, so onnx_ir's renames are untouched
-    monkeypatch.setattr(modelio, "os", modelio_os)
+    monkeypatch.setattr(modelio.save, "os", modelio_os)
     _raise_signal_during(monkeypatch, modelio_os, "replace", signal.SIGTERM, after=True)
     out = tmp_path / "out.onnx"
     code = cli.main([str(src), "-o", str(out), "-q"])

@@ -19,9 +19,10 @@ import onnx_ir as ir
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-from passes.errors import UpgradeError
+from passes.errors import InputError, UpgradeError
 from passes.upgrade import UpgradeOpsetPass
-from passes.upgrade.adapters import ADAPTERS, REFUSED_CHANGES, SEMANTIC_CHANGES
+from passes.upgrade import SEMANTIC_CHANGES
+from passes.upgrade.registry import ADAPTERS, REFUSED_CHANGES
 from passes.upgrade.schemas import reduce_ops_by_axes_version
 from passes.verify.probe import max_supported_opset
 from helpers import ort_run
@@ -92,7 +93,7 @@ def _type_outputs_from_a_run(model: onnx.ModelProto, feeds: Mapping[str, np.ndar
 
 
 def upgrade(
-    model: onnx.ModelProto, target: int = 18
+    model: onnx.ModelProto, target: int | None = 18
 ) -> tuple[onnx.ModelProto, ir.passes.PassResult, UpgradeOpsetPass]:
     upgrade_pass = UpgradeOpsetPass(target)
     result = upgrade_pass(ir.from_proto(copy.deepcopy(model)))
@@ -647,9 +648,14 @@ def test_used_outputs_that_disappear_are_refused() -> None:
 def test_a_model_above_the_target_is_left_as_it_is() -> None:
     model = make_model([oh.make_node("ReduceMean", ["x", "ax"], ["y"])], {"x": X}, ["y"], opset=19,
                        initializers={"ax": np.array([1], np.int64)})
-    after, result, upgrade_pass = upgrade(model)
+    after, result, upgrade_pass = upgrade(model, target=None)  # the default target: 18, never lowering
     assert not result.modified and opset(after) == 19
     assert upgrade_pass.stats["converted"] == {}
+    reference = ir.to_proto(ir.from_proto(model)).SerializeToString()
+    ir_model = ir.from_proto(copy.deepcopy(model))
+    with pytest.raises(InputError, match="--target-opset 18 is lower than the model's opset 19"):
+        UpgradeOpsetPass(18)(ir_model)  # asked for explicitly: refused, never silently left
+    assert ir.to_proto(ir_model).SerializeToString() == reference
 
 
 @pytest.mark.parametrize("target", [17, 7, max_supported_opset() + 1])

@@ -35,16 +35,22 @@ import onnx
 import onnx_ir as ir
 
 from passes.base import Pass
+from passes.declarations import DEFAULT_TARGET_OPSET, UPGRADE
 from passes.errors import InputError, UpgradeError
 from passes.ir import walk
 from passes.ir.names import Names
-from passes.declarations import DEFAULT_TARGET_OPSET, UPGRADE
-from passes.upgrade.adapters import ADAPTERS, SEMANTIC_CHANGES
+from passes.upgrade import adapters, legacy  # noqa: F401  (register their adapters, in this order)
 from passes.upgrade.plan import Stats, plan_scopes
+from passes.upgrade.registry import ADAPTERS, semantic_changes
 from passes.upgrade.rewrite import ScopeRewriter
 from passes.upgrade.schemas import MIN_TARGET_OPSET, min_ir_version
 
-__all__ = ["UpgradeOpsetPass"]
+__all__ = ["SEMANTIC_CHANGES", "UpgradeOpsetPass"]
+
+#: The changes of meaning the schemas do not show, by step (see :func:`registry.semantic_changes`):
+#: read only when a step has no adapter, which is then refused with this description. Built once,
+#: so a step whose adapter is removed at run time is still refused, never bumped as if nothing changed.
+SEMANTIC_CHANGES = semantic_changes()
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +113,7 @@ class UpgradeOpsetPass(Pass, spec=UPGRADE):
         too_high = target_opset > onnx.defs.onnx_opset_version() or (
             target_opset > _ALWAYS_SUPPORTED and target_opset > _highest_target()
         )
-        if too_high:
+        if target_opset < MIN_TARGET_OPSET or too_high:
             _refuse_target(target_opset)
         self.target_opset = target_opset
         self.stats: dict[str, object] = {}
@@ -119,8 +125,6 @@ class UpgradeOpsetPass(Pass, spec=UPGRADE):
             raise InputError(
                 f"--target-opset {target} is lower than the model's opset {current}; this tool never lowers an opset"
             )
-        if target < MIN_TARGET_OPSET:  # after the refusal above, which says more to its users
-            _refuse_target(target)
         all_scopes = list(walk.iter_scopes(model))
         scopes = [s for s in all_scopes if s.opset("") is not None]
         for scope in scopes:

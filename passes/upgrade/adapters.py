@@ -8,8 +8,8 @@ Adapters never touch the graph while planning. They edit a
 outputs) and may queue *hooks*, small graph edits run only once every node of
 the model has been planned; a plan that fails leaves the model untouched.
 An adapter whose step changes a meaning that the schemas do not show carries
-the description of that change (``change``); REFUSED_CHANGES lists the few
-such changes that have no adapter, and SEMANTIC_CHANGES indexes both.
+the description of that change (``change``); :mod:`passes.upgrade.registry`
+holds them, with the few such changes that have no adapter.
 
 The adapters cover the breaking steps of onnx's own C++ converter
 (``onnx/version_converter/convert.h``) that exporters emit, with the
@@ -19,63 +19,22 @@ Upsample nearest rounding, BatchNormalization training mode, Hardmax-13).
 
 from __future__ import annotations
 
-import types
-from collections.abc import Callable, Mapping, Sequence
-
 import numpy as np
 import onnx_ir as ir
 
-from passes.upgrade.attributes import AttributeToInput, as_adapters, int_attr, string_attr, typed_scalar
-from passes.upgrade.plan import Adapter, ConstInput, Draft, DraftInput, PlanContext
+from passes.upgrade.attributes import (
+    AttributeToInput,
+    as_adapters,
+    int_attr,
+    string_attr,
+    typed_scalar,
+)
+from passes.upgrade.plan import Draft, PlanContext
+from passes.upgrade.registry import add, constant_array, register
 from passes.upgrade.rewrite import ScopeRewriter
 from passes.upgrade.schemas import dtype_of, reduce_ops_by_axes_version
 
-__all__ = ["ADAPTERS", "ATTRIBUTE_TO_INPUT", "REFUSED_CHANGES", "SEMANTIC_CHANGES"]
-
-#: Changes of meaning that the schemas do not show and that no adapter handles:
-#: the upgrade refuses such a step with this description. (The changes that
-#: adapters handle are described by the adapters, see SEMANTIC_CHANGES.)
-REFUSED_CHANGES: Mapping[tuple[str, int], str] = {
-    ("Scan", 9): "the batch axis and the sequence_lens input were removed",
-}
-
-ADAPTERS: dict[tuple[str, int], Adapter] = {}
-
-
-def _add(adapter: Adapter) -> None:
-    key = (adapter.op_type, adapter.since)
-    if key in ADAPTERS:
-        raise ValueError(f"two adapters for {key[0]}-{key[1]}")
-    ADAPTERS[key] = adapter
-
-
-def _register(op_types: str | Sequence[str], since: int, name: str, *, change: str | None = None):
-    def decorate(plan: Callable[[Draft, PlanContext], str | None]):
-        for op_type in (op_types,) if isinstance(op_types, str) else op_types:
-            _add(Adapter(op_type, since, name, plan, change))
-        return plan
-
-    return decorate
-
-
-# --- helpers ---------------------------------------------------------------------------------
-
-
-def constant_array(value: DraftInput) -> np.ndarray | None:
-    """The value of an input known at conversion time, or None."""
-    if isinstance(value, ConstInput):
-        return None if value.ref is not None else value.array
-    if value is None:
-        return None
-    if value.const_value is not None and not value.is_graph_input():
-        return value.const_value.numpy()
-    producer = value.producer()
-    if producer is not None and producer.op_type == "Constant" and producer.domain == "":
-        attr = producer.attributes.get("value")
-        if attr is not None and not attr.is_ref() and attr.type == ir.AttributeType.TENSOR:
-            return attr.as_tensor().numpy()
-    return None
-
+__all__ = ["ATTRIBUTE_TO_INPUT"]
 
 def _is_used(value: ir.Value) -> bool:
     return bool(value.uses()) or value.is_graph_output()
@@ -112,13 +71,13 @@ ATTRIBUTE_TO_INPUT: tuple[AttributeToInput, ...] = (
 
 
 for _adapter in as_adapters(ATTRIBUTE_TO_INPUT):
-    _add(_adapter)
+    add(_adapter)
 
 
 # --- other changes of inputs, attributes and outputs -----------------------------------------
 
 
-@_register("Split", 18, "num_outputs from the outputs",
+@register("Split", 18, "num_outputs from the outputs",
            change="without a 'split' input the 'num_outputs' attribute is required")
 def _split_18(draft: Draft, ctx: PlanContext) -> str | None:
     if draft.input(1) is None and "num_outputs" not in draft.attributes:
@@ -129,7 +88,7 @@ def _split_18(draft: Draft, ctx: PlanContext) -> str | None:
 _PADS = AttributeToInput(("Pad",), 11, "pads", 1, required=True)
 
 
-@_register("Pad", 11, "pads/value attributes -> inputs")
+@register("Pad", 11, "pads/value attributes -> inputs")
 def _pad_11(draft: Draft, ctx: PlanContext) -> str | None:
     if reason := _PADS.move(draft, ctx):
         return reason
@@ -146,7 +105,7 @@ def _pad_11(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("Clip", 11, "min/max attributes -> inputs")
+@register("Clip", 11, "min/max attributes -> inputs")
 def _clip_11(draft: Draft, ctx: PlanContext) -> str | None:
     for index, name in ((1, "min"), (2, "max")):
         attr = draft.attributes.pop(name, None)
@@ -159,7 +118,7 @@ def _clip_11(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("Dropout", 10, "drop the unused mask output", change="the 'mask' output became tensor(bool)")
+@register("Dropout", 10, "drop the unused mask output", change="the 'mask' output became tensor(bool)")
 def _dropout_10(draft: Draft, ctx: PlanContext) -> str | None:
     if draft.num_outputs > 1:
         if _is_used(draft.outputs[1]):
@@ -171,7 +130,7 @@ def _dropout_10(draft: Draft, ctx: PlanContext) -> str | None:
 # --- renamed / deprecated ops ----------------------------------------------------------------
 
 
-@_register("Upsample", 10, "Upsample -> Resize", change="Upsample is deprecated in favour of Resize")
+@register("Upsample", 10, "Upsample -> Resize", change="Upsample is deprecated in favour of Resize")
 def _upsample_10(draft: Draft, ctx: PlanContext) -> str | None:
     # Upsample-9 and Resize-10 have the same inputs and attributes; the Resize-11
     # step then pins Upsample's coordinate rules.
@@ -180,13 +139,13 @@ def _upsample_10(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("Scatter", 11, "Scatter -> ScatterElements", change="Scatter is deprecated in favour of ScatterElements")
+@register("Scatter", 11, "Scatter -> ScatterElements", change="Scatter is deprecated in favour of ScatterElements")
 def _scatter_11(draft: Draft, ctx: PlanContext) -> str | None:
     draft.op_type = "ScatterElements"
     return None
 
 
-@_register("Resize", 11, "pin Resize-10 coordinates",
+@register("Resize", 11, "pin Resize-10 coordinates",
            change="Resize-10 used asymmetric coordinates; the new default is half_pixel")
 def _resize_11(draft: Draft, ctx: PlanContext) -> str | None:
     """Resize-10 (and Upsample) map output x to input x / scale (asymmetric).
@@ -221,7 +180,7 @@ def _resize_11(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("Resize", 13, "check removed modes",
+@register("Resize", 13, "check removed modes",
            change="coordinate_transformation_mode 'tf_half_pixel_for_nn' was removed")
 def _resize_13(draft: Draft, ctx: PlanContext) -> str | None:
     if string_attr(draft, "coordinate_transformation_mode", "half_pixel") in (None, "tf_half_pixel_for_nn"):
@@ -229,7 +188,7 @@ def _resize_13(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("RoiAlign", 16, "pin output_half_pixel",
+@register("RoiAlign", 16, "pin output_half_pixel",
            change="the new default coordinate_transformation_mode 'half_pixel' shifts every sample")
 def _roialign_16(draft: Draft, ctx: PlanContext) -> str | None:
     if "coordinate_transformation_mode" not in draft.attributes:
@@ -239,7 +198,7 @@ def _roialign_16(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("GridSample", 20, "rename modes", change="modes 'bilinear'/'bicubic' were renamed 'linear'/'cubic'")
+@register("GridSample", 20, "rename modes", change="modes 'bilinear'/'bicubic' were renamed 'linear'/'cubic'")
 def _gridsample_20(draft: Draft, ctx: PlanContext) -> str | None:
     mode = string_attr(draft, "mode", "bilinear")
     if mode is None:
@@ -253,7 +212,7 @@ def _gridsample_20(draft: Draft, ctx: PlanContext) -> str | None:
 # --- BatchNormalization ----------------------------------------------------------------------
 
 
-@_register("BatchNormalization", 9, "drop spatial=1")
+@register("BatchNormalization", 9, "drop spatial=1")
 def _batchnorm_9(draft: Draft, ctx: PlanContext) -> str | None:
     spatial = int_attr(draft, "spatial", 1)
     if spatial != 1:
@@ -262,7 +221,7 @@ def _batchnorm_9(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("BatchNormalization", 14, "training outputs -> training_mode",
+@register("BatchNormalization", 14, "training outputs -> training_mode",
            change="training mode is set by 'training_mode' instead of the number of outputs")
 def _batchnorm_14(draft: Draft, ctx: PlanContext) -> str | None:
     """Opset 9-13 runs in training mode when it has more than one output.
@@ -292,7 +251,7 @@ def _name_outputs(node: ir.Node, rw: ScopeRewriter) -> None:
 # --- Softmax family --------------------------------------------------------------------------
 
 
-@_register(("Softmax", "LogSoftmax", "Hardmax"), 13, "2-D coercion -> one axis (Flatten/Reshape unless it is the last)",
+@register(("Softmax", "LogSoftmax", "Hardmax"), 13, "2-D coercion -> one axis (Flatten/Reshape unless it is the last)",
            change="'axis' no longer flattens the input to 2-D")
 def _softmax_13(draft: Draft, ctx: PlanContext) -> str | None:
     """Up to opset 12 the op flattens the input to 2-D at ``axis`` and works on rows.
@@ -342,7 +301,7 @@ def _wrap_in_flatten(node: ir.Node, rw: ScopeRewriter, axis: int) -> None:
 # --- GroupNormalization ----------------------------------------------------------------------
 
 
-@_register("GroupNormalization", 21, "per-group scale/bias -> per-channel",
+@register("GroupNormalization", 21, "per-group scale/bias -> per-channel",
            change="scale and bias are per channel instead of per group")
 def _groupnorm_21(draft: Draft, ctx: PlanContext) -> str | None:
     """Opset 18 scale/bias have one value per group, opset 21 one per channel.
@@ -403,21 +362,3 @@ def _repeat_per_channel(node: ir.Node, rw: ScopeRewriter, groups: int, channels:
         wide = rw.add_node("Expand", [col.outputs[0], repeats], base_name=f"{base}_{name}_wide", before=node)
         per_channel = rw.add_node("Reshape", [wide.outputs[0], flat], base_name=f"{base}_{name}_c", before=node)
         node.replace_input_with(index, per_channel.outputs[0])
-
-
-# --- opsets 1-6 (passes.upgrade.legacy registers them here, after every adapter above) --------
-
-from passes.upgrade import legacy  # noqa: E402, F401  (registers the adapters of opsets 1-7)
-
-
-# --- the changes of meaning ------------------------------------------------------------------
-
-#: Every change of meaning that the schemas do not show (a new attribute whose
-#: default differs from the old behaviour, a reinterpreted attribute, a renamed
-#: enum value...), by step: those the adapters handle (their ``change``) and
-#: REFUSED_CHANGES. Read only when a step has no adapter: the step is then
-#: refused with this description. Built once, so a step whose adapter is
-#: removed at run time is still refused, never bumped as if nothing changed.
-SEMANTIC_CHANGES: Mapping[tuple[str, int], str] = types.MappingProxyType(
-    {key: a.change for key, a in ADAPTERS.items() if a.change is not None} | dict(REFUSED_CHANGES)
-)

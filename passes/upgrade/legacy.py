@@ -1,7 +1,7 @@
 """Adapters of the steps out of opsets 1-6: legacy broadcasting, renamed and meaningless attributes.
 
-Registered into :data:`passes.upgrade.adapters.ADAPTERS` when that module has
-registered its own (it imports this one last), so the steps that only drop
+Registered into :data:`passes.upgrade.registry.ADAPTERS` after the adapters of
+:mod:`passes.upgrade.adapters` (:mod:`passes.upgrade` imports this one last), so the steps that only drop
 ``consumed_inputs`` are found among those no other adapter handles. onnxruntime
 runs no opset-6 op, so ``tests/test_upgrade_legacy.py`` compares with numpy, with
 the same node written at opset 7 and with the outputs onnx ships with its
@@ -14,9 +14,9 @@ import numpy as np
 import onnx.defs
 import onnx_ir as ir
 
-from passes.upgrade.adapters import ADAPTERS, _add, _register, constant_array
 from passes.upgrade.attributes import AttributeToInput, int_attr
 from passes.upgrade.plan import Adapter, ConstInput, Draft, PlanContext
+from passes.upgrade.registry import ADAPTERS, add, constant_array, register
 from passes.upgrade.rewrite import ScopeRewriter
 
 __all__: list[str] = []
@@ -28,7 +28,7 @@ __all__: list[str] = []
 _LEGACY_BROADCAST = ("Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less")
 
 
-@_register(_LEGACY_BROADCAST, 7, "legacy broadcast -> numpy broadcast",
+@register(_LEGACY_BROADCAST, 7, "legacy broadcast -> numpy broadcast",
            change="B is broadcast by numpy's rules instead of 'broadcast'/'axis'")
 def _broadcast_7(draft: Draft, ctx: PlanContext) -> str | None:
     """Up to opset 6, ``broadcast=1`` broadcasts B to A's shape with B's dims at A's ``axis``.
@@ -85,7 +85,7 @@ def _pad_rank(draft: Draft, array: np.ndarray | None, trailing: int) -> None:
     draft.hooks.append(reshape)
 
 
-@_register("PRelu", 7, "per-channel slope -> numpy broadcast",
+@register("PRelu", 7, "per-channel slope -> numpy broadcast",
            change="a slope of C values applies along axis 1 up to opset 6, by numpy's rule from opset 7")
 def _prelu_7(draft: Draft, ctx: PlanContext) -> str | None:
     """Up to opset 6 a slope of several values is per channel (axis 1); from 7 it broadcasts.
@@ -110,7 +110,7 @@ def _prelu_7(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register("Gemm", 7, "drop broadcast")
+@register("Gemm", 7, "drop broadcast")
 def _gemm_7(draft: Draft, ctx: PlanContext) -> str | None:
     """Gemm-6 broadcast C to (M, N) only with ``broadcast=1``; otherwise C was (M, N) already.
 
@@ -133,7 +133,7 @@ def _drop_is_test(draft: Draft, test_mode: bool, refusal: str) -> str | None:
     return None
 
 
-@_register("BatchNormalization", 7, "drop is_test")
+@register("BatchNormalization", 7, "drop is_test")
 def _batchnorm_7(draft: Draft, ctx: PlanContext) -> str | None:
     """Opset 6 set test mode with ``is_test=1``; opset 7 by having only the output Y."""
     return _drop_is_test(draft, draft.num_outputs == 1,
@@ -143,7 +143,7 @@ def _batchnorm_7(draft: Draft, ctx: PlanContext) -> str | None:
 # --- opsets 2 and 7: renamed and implied attributes -------------------------------------------
 
 
-@_register("Pad", 2, "paddings -> pads")
+@register("Pad", 2, "paddings -> pads")
 def _pad_2(draft: Draft, ctx: PlanContext) -> str | None:
     """Pad-1's ``paddings`` is Pad-2's ``pads``: same layout (all begins, then all ends)."""
     paddings = draft.attributes.pop("paddings", None)
@@ -154,14 +154,14 @@ def _pad_2(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-@_register(("RNN", "GRU", "LSTM"), 7, "drop output_sequence")
+@register(("RNN", "GRU", "LSTM"), 7, "drop output_sequence")
 def _recurrent_7(draft: Draft, ctx: PlanContext) -> str | None:
     """``output_sequence=0`` only made the Y output optional; from opset 7 every output is."""
     draft.attributes.pop("output_sequence", None)
     return None
 
 
-@_register("Dropout", 7, "drop is_test=1")
+@register("Dropout", 7, "drop is_test=1")
 def _dropout_7(draft: Draft, ctx: PlanContext) -> str | None:
     """Dropout-6 with ``is_test=1`` copies its input, as Dropout-7 does at inference."""
     return _drop_is_test(draft, True, "is_test=0 (a random dropout) has no equivalent at inference")
@@ -179,7 +179,7 @@ def _drop_consumed_inputs(draft: Draft, ctx: PlanContext) -> str | None:
 _RESHAPE_SHAPE = AttributeToInput(("Reshape",), 5, "shape", 1, required=True)
 
 
-@_register("Reshape", 5, "shape attribute -> input")
+@register("Reshape", 5, "shape attribute -> input")
 def _reshape_5(draft: Draft, ctx: PlanContext) -> str | None:
     _drop_consumed_inputs(draft, ctx)
     return _RESHAPE_SHAPE.move(draft, ctx)
@@ -203,4 +203,4 @@ def _steps_dropping(attribute: str) -> list[tuple[str, int]]:
 # Registered last: a step with an adapter of its own (Reshape-5) drops the hint there.
 for _op_type, _since in _steps_dropping("consumed_inputs"):
     if (_op_type, _since) not in ADAPTERS:
-        _add(Adapter(_op_type, _since, "drop consumed_inputs", _drop_consumed_inputs))
+        add(Adapter(_op_type, _since, "drop consumed_inputs", _drop_consumed_inputs))

@@ -235,7 +235,7 @@ class Gate:
     def __enter__(self) -> Gate:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
     @property
@@ -256,7 +256,9 @@ class Gate:
         check = self.check
         if verdict.failure is not None or not check.enabled:
             return verdict
-        from passes.verify import check as check_module  # the child process only when checking
+        from passes.verify import (
+            check as check_module,  # the child process only when checking
+        )
 
         self._checker = self._stack.enter_context(check_module.Checker(
             self.original, inputs=check.inputs, inputs_file=check.inputs_file, dims=dict(check.dims),
