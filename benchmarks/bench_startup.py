@@ -1,11 +1,11 @@
 """Start-up: ``optimize --help`` and an error on a missing file, against a bare interpreter.
 
-Each command runs in a fresh process; the runs of the three commands
-alternate and the median wall time of ``--repeat`` runs is reported, with its
-ratio to ``python -c pass``. The passes' declarations are cached (see
-``passes/registry.py``) in a temporary folder that one untimed ``--help`` fills
-first, as any earlier run of the command would have; ``cold --help`` is the
-first run with an empty cache (it imports the passes), measured once per repeat.
+Each command runs in a fresh process; the runs alternate and the median wall
+time of ``--repeat`` runs is reported, with its ratio to ``python -c pass``.
+The passes' declarations are a light module (``passes/declarations.py``):
+nothing is cached, so the first run is like any other. To show that another
+install of the package changes nothing, the same commands also run from a
+second copy of the package in a temporary folder, alternating with this one.
 
 Usage:
     python benchmarks/bench_startup.py [--quick] [--repeat N] [--json FILE]
@@ -41,29 +41,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=pathlib.Path, default=None, help="where to save the measurements")
     args = parser.parse_args(argv)
     repeat = args.repeat or (3 if args.quick else 9)
-    cache = pathlib.Path(tempfile.mkdtemp(prefix="bench_startup."))
-    env = dict(os.environ, ONNX_OPTIMIZE_CACHE_DIR=str(cache))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="bench_startup."))
+    second = folder / "second-install"
+    for package in ("passes", "refimpl"):
+        shutil.copytree(REPO / package, second / package, ignore=shutil.ignore_patterns("__pycache__"))
+    envs = {
+        "": dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])),
+        " (2nd install)": dict(os.environ, PYTHONPATH=os.pathsep.join([str(second), os.environ.get("PYTHONPATH", "")])),
+    }
     cli = [sys.executable, "-m", "passes"]
     commands = {
-        "python -c pass": [sys.executable, "-c", "pass"],
         "--help": [*cli, "--help"],
-        "missing file": [*cli, str(cache / "missing.onnx"), "-o", str(cache / "out.onnx")],
+        "missing file": [*cli, str(folder / "missing.onnx"), "-o", str(folder / "out.onnx")],
     }
-    times: dict[str, list[float]] = {name: [] for name in [*commands, "cold --help"]}
+    times: dict[str, list[float]] = {"python -c pass": []}
+    times.update({f"{name}{suffix}": [] for suffix in envs for name in commands})
     try:
         for _ in range(repeat):
-            (cache / "declarations.json").unlink(missing_ok=True)
-            times["cold --help"].append(_time(commands["--help"], env))
-            for name, command in commands.items():
-                times[name].append(_time(command, env))
+            times["python -c pass"].append(_time([sys.executable, "-c", "pass"], envs[""]))
+            for suffix, env in envs.items():
+                for name, command in commands.items():
+                    times[f"{name}{suffix}"].append(_time(command, env))
     finally:
-        shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
     medians = {name: statistics.median(t) for name, t in times.items()}
     base = medians["python -c pass"]
-    print(f"{'command':<16} {'median s':>9} {'x python':>9}")
+    print(f"{'command':<28} {'median s':>9} {'x python':>9}")
     for name, m in medians.items():
-        print(f"{name:<16} {m:>9.3f} {m / base:>9.2f}")
+        print(f"{name:<28} {m:>9.3f} {m / base:>9.2f}")
     if args.json:
         args.json.write_text(json.dumps({"meta": {"repeat": repeat}, "medians": medians, "runs": times}, indent=2) + "\n")
     return 0

@@ -163,3 +163,74 @@ def _refusal_of_manager(request: dict[str, Any], model: onnx.ModelProto) -> str:
         assert seen is not None, repr(e)
         return str(seen)
     raise AssertionError("not refused")
+
+
+# --- the floors: data flows down, never back up ----------------------------------------------------
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+_PASSES = {"upgrade", "fold", "simplify", "decompose", "cleanup"}
+_LEAVES = {"errors", "options", "limits", "lazy", "phases"}
+#: What each room of the house may import (see docs/architecture.md). Rooms are the packages and
+#: top-level modules of passes/, and refimpl/.
+MAY_IMPORT: dict[str, set[str]] = {
+    "__main__": {"cli"},
+    "cli": {"pipeline", "report", "verify", "declarations", *_LEAVES},
+    "pipeline": {"loop", "report", "verify", "modelio", "ir", "declarations", "cleanup", *_LEAVES},
+    "loop": {"report", *_LEAVES},
+    "report": {"verify", "ir", *_LEAVES},
+    **{name: {"base", "declarations", "ir", "refimpl", *_LEAVES} for name in _PASSES},
+    "verify": {"modelio", "ir", "declarations", *_LEAVES},
+    "modelio": {"ir", *_LEAVES},
+    "ir": set(_LEAVES),
+    "base": {"declarations", "options"},
+    "declarations": {"options"},
+    "refimpl": set(),
+    **{leaf: set() for leaf in _LEAVES},
+}
+#: The exceptions, each with its reason.
+EXCEPTIONS = {
+    ("upgrade", "verify"): "verify.probe: the highest opset onnxruntime runs bounds --target-opset",
+}
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "refimpl":
+        return "refimpl"
+    return parts[1] if len(parts) > 1 else "passes"
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """Every module ``path`` imports (at the top, in functions, or through ``lazy_module``), but
+    not under ``if TYPE_CHECKING``."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(block.test) for n in ast.walk(block)}  # fmt: skip
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif (isinstance(node, ast.Call) and ast.unparse(node.func) in ("lazy_module", "importlib.import_module")
+              and node.args and isinstance(node.args[0], ast.Constant)):  # fmt: skip
+            found.add(node.args[0].value)
+    return {m for m in found if m.split(".")[0] in ("passes", "refimpl") and m != "passes.__version__"}
+
+
+def test_every_room_imports_only_the_floors_below_it() -> None:
+    wrong = []
+    for path in sorted([*REPO.glob("passes/**/*.py"), *REPO.glob("refimpl/**/*.py")]):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        room = _room(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+        if room == "passes":  # the package's face (passes/__init__.py) names everything, lazily
+            continue
+        for module in _imports(path):
+            target = _room(module)
+            if target not in (room, "passes") and target not in MAY_IMPORT[room] and (room, target) not in EXCEPTIONS:
+                wrong.append(f"{path.relative_to(REPO)} imports {module}")
+    assert wrong == []

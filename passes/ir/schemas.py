@@ -17,11 +17,16 @@ import onnx_ir as ir
 
 from passes.ir.types import dtype_of_type_string
 
-__all__ = ["expected_dtypes", "input_since", "is_deterministic", "schema_at"]
+__all__ = ["expected_dtypes", "input_since", "is_deterministic", "min_ir_version", "schema_at"]
 
 _RANDOM_OPS = frozenset(
     {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 )
+
+
+def min_ir_version(opset: int) -> int:
+    """The lowest IR version that allows default-domain ``opset`` (``onnx.helper.VERSION_TABLE``)."""
+    return onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", opset)])
 
 
 @functools.lru_cache(maxsize=4096)

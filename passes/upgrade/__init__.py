@@ -43,7 +43,8 @@ from passes.upgrade import adapters, legacy  # noqa: F401  (register their adapt
 from passes.upgrade.plan import Stats, plan_scopes
 from passes.upgrade.registry import ADAPTERS, semantic_changes
 from passes.upgrade.rewrite import ScopeRewriter
-from passes.upgrade.schemas import MIN_TARGET_OPSET, min_ir_version
+from passes.ir.schemas import min_ir_version
+from passes.upgrade.schemas import MIN_TARGET_OPSET
 
 __all__ = ["SEMANTIC_CHANGES", "UpgradeOpsetPass"]
 

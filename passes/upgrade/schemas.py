@@ -9,7 +9,6 @@
   a valid node of the new schema.
 * :func:`reduce_ops_by_axes_version`: which Reduce ops moved ``axes`` from an
   attribute to an input, and at which version.
-* :func:`min_ir_version`: the IR version an opset needs.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 import onnx
 import onnx_ir as ir
 
+from passes.declarations import DEFAULT_TARGET_OPSET
 from passes.ir.schemas import input_since
 from passes.ir.types import type_string
 
@@ -39,18 +39,12 @@ __all__ = [
     "check_meaning",
     "check_valid",
     "dtype_of",
-    "min_ir_version",
     "op_schema",
     "reduce_ops_by_axes_version",
 ]
 
 #: The lowest target opset: the first at which every Reduce op takes ``axes`` as an input.
-MIN_TARGET_OPSET = 18
-
-
-def min_ir_version(opset: int) -> int:
-    """The lowest IR version that allows default-domain ``opset`` (``onnx.helper.VERSION_TABLE``)."""
-    return onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", opset)])
+MIN_TARGET_OPSET = DEFAULT_TARGET_OPSET
 
 
 @functools.cache

@@ -14,7 +14,8 @@ import logging
 import onnx
 import onnxruntime as ort
 
-from passes.upgrade.schemas import MIN_TARGET_OPSET, min_ir_version
+from passes.declarations import DEFAULT_TARGET_OPSET as MIN_TARGET_OPSET
+from passes.ir.schemas import min_ir_version
 
 __all__ = ["max_supported_opset", "ort_loads"]
 
@@ -52,7 +53,7 @@ def max_supported_opset() -> int:
     """The highest default-domain opset that both onnx and onnxruntime support (probed once).
 
     The probe goes down from onnx's newest opset to the upgrade's lowest target
-    (:data:`passes.upgrade.schemas.MIN_TARGET_OPSET`); one below it when
+    (:data:`passes.declarations.DEFAULT_TARGET_OPSET`); one below it when
     onnxruntime runs none of them.
     """
     for opset in range(onnx.defs.onnx_opset_version(), MIN_TARGET_OPSET - 1, -1):
