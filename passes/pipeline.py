@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 # Only light modules at the top: ``--help`` and early errors need no more (see passes.registry).
 # onnx, onnx_ir, the passes and the report are imported where they are used.
 from passes import modelio  # light: it imports onnx and onnx_ir on first use
+from passes.dim_names import refuse_unknown_dims  # light
 from passes.errors import CheckFailedError, InputError, first_line
 from passes.lazy import lazy_module
 from passes.options import Option
@@ -258,6 +259,7 @@ def _optimize_file(source: str | os.PathLike[str], output: str | os.PathLike[str
     phases = Phases(progress)
     with phases.phase("load", f"loading {src}"):
         model = modelio.load_model(src)
+    refuse_unknown_dims(model, check.dims)
     _destinations.check_destinations(src, dst, report_path, model, replace_data)
     report = _report.Report(str(src), str(dst), _report.summarize(model))
     report.phases = phases.seconds
@@ -379,6 +381,7 @@ def optimize(
         )
     if output is not None:
         raise TypeError("optimize(): output= is only for a path input")
+    refuse_unknown_dims(ir_model, checking.dims)
     worker = _gate.start_worker(checking)  # its imports overlap with the passes
     try:
         return _optimize_in_memory(model, original, ir_model, names, values, checking, worker)
