@@ -310,6 +310,6 @@ def check_hint(report: Report) -> list[str]:
         hints.append(f"hint: --skip {blamed} optimises without that pass; a pass that changes a result is a bug: "
                      "please report it with the model (or its --report FILE.json)")
     elif not hints:
-        hints.append("hint: --force writes the output anyway; please report it with the model "
-                     "(or its --report FILE.json)")
+        hints.append("hint: " + ("" if report.written else "--force writes the output anyway; ")
+                     + "please report it with the model (or its --report FILE.json)")
     return hints

@@ -19,17 +19,17 @@ PROG = "optimize"
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """One line, as every other error (argparse's default adds a usage block of ~9 lines)."""
-        self.exit(EXIT_ERROR, f"{PROG}: error: {_suggest(message)}; see {PROG} --help\n")
+        self.exit(EXIT_ERROR, f"{PROG}: error: {self._suggest(message)}; see {PROG} --help\n")
 
-
-def _suggest(message: str) -> str:
-    """``--target_opset`` (onnxsim's spelling) -> "did you mean --target-opset?" when that flag exists."""
-    prefix = "unrecognized arguments: "
-    if message.startswith(prefix):
-        for word in message[len(prefix):].split():
-            if word.startswith("--") and "_" in word:
-                return f"{message} (did you mean {word.replace('_', '-')}?)"
-    return message
+    def _suggest(self, message: str) -> str:
+        """``--target_opset`` (onnxsim's spelling) -> "did you mean --target-opset?" when that flag exists."""
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            for word in message[len(prefix):].split():
+                flag = word.split("=", 1)[0].replace("_", "-")
+                if word.startswith("--") and "_" in word and flag in self._option_string_actions:
+                    return f"{message} (did you mean {flag}?)"
+        return message
 
 
 def resolve_output(parser_: argparse.ArgumentParser, args: argparse.Namespace) -> None:

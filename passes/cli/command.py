@@ -159,13 +159,11 @@ def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) ->
         report = getattr(e, "report", None)
         if report is not None:
             console.out(_summary(report, args))
-        raise _CheckFailed(_failure_text(e, report, summary_shown=not console.quiet)) from e
+        failed = CheckFailedError(_failure_text(e, report, summary_shown=not console.quiet))
+        failed.report = report  # type: ignore[attr-defined]
+        raise failed from e
     console.out(_summary(report, args))
     return EXIT_OK
-
-
-class _CheckFailed(CheckFailedError):
-    """The check's failure as the command says it: once, with the way out (see :func:`_failure_text`)."""
 
 
 def _summary(report: Report, args: argparse.Namespace) -> str:
