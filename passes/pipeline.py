@@ -41,6 +41,7 @@ from passes.declarations import (
     PASSES,
     PassSpec,
 )
+from passes.dim_names import refuse_unknown_dims  # light
 from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
 from passes.lazy import lazy_module
 from passes.options import Option
@@ -274,6 +275,7 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
     phases = Phases(progress)
     with phases.phase("load", f"loading {src}"):
         model = modelio.load_model(src)
+    refuse_unknown_dims(model, check.dims)
     _destinations.check_destinations(src, dst, report_path, model, replace_data)
     report = _report.Report(str(src), str(dst), _report.summarize(model))
     report.phases = phases.seconds
@@ -434,6 +436,7 @@ def optimize(
         )
     if output is not None:
         raise TypeError("optimize(): output= is only for a path input")
+    refuse_unknown_dims(ir_model, checking.dims)
     worker = _gate.start_worker(checking)  # its imports overlap with the passes
     try:
         return _optimize_in_memory(model, original, ir_model, run, checking, worker)

@@ -16,9 +16,9 @@ import onnx_ir as ir
 
 from passes.errors import InputError
 from passes.ir.walk import default_opset, iter_scopes
-from passes.verify.result import CheckResult
+from passes.verify.result import TOLERANCES, CheckResult
 
-__all__ = ["ModelSummary", "PassRun", "Report", "summarize"]
+__all__ = ["ModelSummary", "PassRun", "Report", "check_hint", "summarize"]
 
 
 @dataclasses.dataclass
@@ -41,7 +41,7 @@ class ModelSummary:
     initializer_bytes: int
     opset: dict[str, int]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -90,10 +90,29 @@ def summarize(model: ir.Model) -> ModelSummary:
     )
 
 
-def _format_stats(stats: dict[str, Any], limit: int = 6) -> tuple[str, list[str]]:
-    """Scalars on the pass's line; each mapping on a line of its own (summarised if long)."""
+#: Counters of what a pass did not do (why a rule or a fold did not apply): in ``-v`` and ``--report`` only.
+_DETAIL_KEYS = frozenset({"not_applied", "refused", "unsupported", "declined"})
+
+#: Why a pass makes the model larger, said on its line when it did (``--skip`` keeps the op).
+_GROWTH = {
+    "decompose": ("decomposed", "ReduceLogSumExp → primitive ops (ReduceMax, Clip, Sub, Exp, ReduceSum, Log, Add) "
+                                "for runtimes without it; --skip decompose keeps it"),
+}
+
+
+def _is_zero(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0) or value in ({}, [])
+
+
+def _format_stats(stats: dict[str, Any], limit: int = 6, *, verbose: bool = True) -> tuple[str, list[str]]:
+    """Scalars on the pass's line; each mapping on a line of its own (summarised if long).
+
+    Without ``verbose``, zero counters and the counters of what did not apply are left out.
+    """
     inline, nested = [], []
     for key, value in stats.items():
+        if not verbose and (_is_zero(value) or key in _DETAIL_KEYS):
+            continue
         if isinstance(value, dict):
             if not value:
                 continue
@@ -123,21 +142,26 @@ class Report:
     #: Facts about the original found on the way (what the ONNX checker refuses in it too...).
     notes: list[str] = dataclasses.field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """The report as a dict (what ``--report`` writes, before non-finite floats become strings)."""
         return {
             "input": self.input,
             "output": self.output,
             "written": self.written,
-            "before": self.before.to_json(),
-            "after": self.after.to_json() if self.after else None,
+            "before": self.before.to_dict(),
+            "after": self.after.to_dict() if self.after else None,
             "passes": [dataclasses.asdict(p) for p in self.passes],
             "check": self.check.to_json() if self.check else None,
             "phases": dict(self.phases),
             "notes": list(self.notes),
         }
 
+    def to_json(self) -> str:
+        """The report as strict JSON text (what ``--report`` writes; see :meth:`write_json`)."""
+        return json.dumps(_strict(self.to_dict()), indent=2, default=str, allow_nan=False) + "\n"
+
     def write_json(self, path: str | os.PathLike[str] | IO[str]) -> None:
-        """Writes :meth:`to_json` as strict JSON to ``path``, or to an open text file.
+        """Writes :meth:`to_json` to ``path``, or to an open text file.
 
         Strict: a non-finite float (an infinite error after a failed check)
         is written as the string ``"inf"``, ``"-inf"`` or ``"nan"``, never as
@@ -147,7 +171,7 @@ class Report:
         Raises:
             InputError: the file cannot be written.
         """
-        text = json.dumps(_strict(self.to_json()), indent=2, default=str, allow_nan=False) + "\n"
+        text = self.to_json()
         if not isinstance(path, (str, os.PathLike)):
             path.write(text)
             return
@@ -169,8 +193,14 @@ class Report:
             if tmp is not None:
                 tmp.unlink(missing_ok=True)
 
-    def format(self) -> str:
-        """A plain-text table: op counts before and after, totals, passes and the check."""
+    def format(self, verbose: bool = False) -> str:
+        """A plain-text table: op counts before and after, totals, passes and the check.
+
+        Without ``verbose``, a pass's zero counters and its counters of what did not
+        apply are left out (the JSON report has them all); a pass that makes the
+        model larger says why. On a failed check, the first difference is left to
+        the error message (see :func:`check_hint`), so that it is said once.
+        """
         after = self.after or self.before
         ops = sorted(set(self.before.op_counts) | set(after.op_counts))
         width = max([len("initializer bytes"), *(len(o) for o in ops)])
@@ -192,8 +222,12 @@ class Report:
             lines.append("")
             lines.append(f"{'pass':<12}{'time (s)':>10}  {'changed':<8} details")
             for run in self.passes:
-                inline, nested = _format_stats(run.stats)
-                lines.append(f"{run.name:<12}{run.seconds:>10.3f}  {'yes' if run.modified else 'no':<8} {inline}")
+                inline, nested = _format_stats(run.stats, verbose=verbose)
+                key, why = _GROWTH.get(run.name, ("", ""))
+                if key and run.stats.get(key):
+                    inline = f"{inline}: {why}" if inline else why
+                line = f"{run.name:<12}{run.seconds:>10.3f}  {'yes' if run.modified else 'no':<8} {inline}"
+                lines.append(line.rstrip())
                 lines.extend(f"{'':<32}{line}" for line in nested)
         if self.check is not None:
             lines.append("")
@@ -203,15 +237,79 @@ class Report:
 
 
 def _check_lines(check: CheckResult) -> list[str]:
-    """The check's summary, the inputs it used, each output with its tolerance, its notes."""
-    lines = check.summary().splitlines()
+    """The check's status, the inputs it used, each output with its tolerance, its notes.
+
+    A mismatch's sentence is said here once, on each output's line; the first
+    difference and the way out belong to the error (see :func:`check_hint`).
+    """
+    failures = check.failures if check.checked and not check.error else []
+    if failures:
+        lines = [f"check failed: {len(failures)} of {len(check.outputs)} output(s) differ"]
+    elif check.first_difference is not None:
+        lines = check.summary().split("\n")[:1]
+    else:
+        lines = check.summary().splitlines()
     if check.inputs is not None:
         lines.append(f"  inputs: {check.inputs.text()}")
     for out in check.outputs:
         status = "ok" if out.ok else "MISMATCH"
+        why = ""
+        if not out.ok:
+            why = f"  ({_differing(out)})" if out.mismatches and out.shape is not None else (
+                f"  ({out.message})" if out.message else "")
         lines.append(
             f"  {out.name}: {status}  max abs {out.max_abs_error:.3g}  max rel {out.max_rel_error:.3g}"
-            f"  ({out.tolerance_text()})" + (f"  ({out.message})" if out.message and not out.ok else "")
+            f"  ({out.tolerance_text()})" + why
         )
     lines.extend(f"note: {note}" for note in check.notes)
     return lines
+
+
+def _differing(out: Any) -> str:
+    total = math.prod(out.shape)
+    return f"{out.mismatches} of {total} element(s) differ beyond the tolerance"
+
+
+def _near_tolerance(out: Any) -> bool:
+    """A float difference of rounding size: within 10x the default tolerance of its dtype."""
+    default = TOLERANCES.get(out.tolerance_dtype or out.dtype)
+    if default is None or not (math.isfinite(out.max_abs_error) and math.isfinite(out.max_rel_error)):
+        return False
+    rtol, atol = default
+    return out.max_abs_error <= 10 * atol or out.max_rel_error <= 10 * rtol
+
+
+def check_hint(report: Report) -> list[str]:
+    """The way out of a failed check, fitted to its cause (one line each; empty if none fits).
+
+    * the pass blamed is ``simplify`` and it fused nodes: ``--no-fuse``;
+    * every differing output is off by a rounding-size amount: ``--rtol/--atol``;
+    * another pass blamed: ``--skip PASS``, and how to report it.
+    """
+    check = report.check
+    if check is None or not check.checked or check.ok:
+        return []
+    found = check.first_difference
+    blamed = found.pass_name if found is not None else ""
+    runs = {run.name: run for run in report.passes}
+    fused = runs["simplify"].stats.get("fused", 0) if "simplify" in runs else 0
+    failures = check.failures if not check.error else []
+    hints = []
+    if blamed == "simplify" and fused:
+        hints.append(f"hint: simplify's fusions (fused={fused}) change float rounding; "
+                     "--no-fuse keeps those ops as they are")
+    if failures and all(_near_tolerance(o) for o in failures):
+        worst_abs = max(o.max_abs_error for o in failures)
+        worst_rel = max(o.max_rel_error for o in failures)
+        dtype = failures[0].tolerance_dtype or failures[0].dtype
+        rtol, atol = TOLERANCES[dtype]
+        hints.append(f"hint: the differences are rounding-sized (max abs {worst_abs:.3g}, max rel {worst_rel:.3g}); "
+                     f"if your outputs allow that, set --rtol/--atol (default for {dtype}: "
+                     f"--rtol {rtol:g} --atol {atol:g})")
+    if blamed and blamed != "cleanup" and not (blamed == "simplify" and fused):
+        hints.append(f"hint: --skip {blamed} optimises without that pass; a pass that changes a result is a bug: "
+                     "please report it with the model (or its --report FILE.json)")
+    elif not hints:
+        hints.append("hint: " + ("" if report.written else "--force writes the output anyway; ")
+                     + "please report it with the model (or its --report FILE.json)")
+    return hints

@@ -372,9 +372,14 @@ def test_check_fails_on_a_dropped_output(
     _with_pass(monkeypatch, "drop", lambda o: _DropOutputPass())
     out = tmp_path / "out.onnx"
     assert cli.main([str(demo), "-o", str(out), "--passes", "drop"]) == 1
-    err = capsys.readouterr().err
-    assert "log_sum" in err and "missing" in err
+    captured = capsys.readouterr()
+    # Said once: why on the output's line of the summary, the output's name in the error.
+    assert "log_sum" in captured.err and "missing" in captured.out and "missing" not in captured.err
     assert not out.exists()
+    # With -q there is no summary: the error says it all.
+    assert cli.main([str(demo), "-o", str(out), "--passes", "drop", "-q"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "log_sum" in captured.err and "missing" in captured.err
 
 
 def test_inputs_file_is_used(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
@@ -572,3 +577,111 @@ def test_model_onnx_cannot_infer_strictly_inside_a_function_body_is_accepted(tmp
     proc = run_cli(str(src), "-o", str(tmp_path / "out.onnx"))
     assert proc.returncode == 0, proc.stderr
     assert "check passed" in proc.stdout
+
+
+# --- a newcomer's habits (issue #26) --------------------------------------------------------------
+
+
+def test_positional_output_as_onnxsim_and_onnxslim_take_it(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "pos.onnx"
+    assert cli.main([str(demo), str(out), "-q"]) == 0 and out.exists()
+    # The same path both ways is fine.
+    same = tmp_path / "same.onnx"
+    assert cli.main([str(demo), str(same), "-o", str(same), "-q"]) == 0 and same.exists()
+
+
+def test_two_different_outputs_or_none_are_one_line_usage_errors(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    line = assert_one_line_error(run_cli(str(demo), str(a), "-o", str(b)))
+    assert "two outputs" in line and line.endswith("see optimize --help")
+    assert not a.exists() and not b.exists()
+    line = assert_one_line_error(run_cli(str(demo)))
+    assert "no output" in line and line.endswith("see optimize --help")
+
+
+def test_usage_errors_are_one_line_without_the_usage_block(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    proc = run_cli(str(demo), str(tmp_path / "o.onnx"), "--target_opset", "19")
+    line = assert_one_line_error(proc)
+    assert len(proc.stderr.splitlines()) == 1 and "usage:" not in proc.stderr
+    assert "did you mean --target-opset?" in line and line.endswith("; see optimize --help")
+    proc = run_cli(str(demo), str(tmp_path / "o.onnx"), "--seed", "x")
+    assert len(proc.stderr.splitlines()) == 1 and "--seed" in assert_one_line_error(proc)
+
+
+def test_version_comes_from_the_package() -> None:
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"optimize {passes.__version__}"
+
+
+def test_no_check_says_the_result_was_not_checked(demo: pathlib.Path, tmp_path: pathlib.Path, capsys) -> None:
+    assert cli.main([str(demo), str(tmp_path / "o.onnx"), "--no-check"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("not checked (--no-check)")
+
+
+def test_a_dim_the_model_does_not_have_is_refused(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "o.onnx"
+    before = demo.read_bytes()
+    line = assert_one_line_error(run_cli(str(demo), str(out), "--dim", "sequence=20"))
+    assert "no dim named 'sequence'" in line and "its dim names: 'batch'" in line
+    assert not out.exists() and demo.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["demo.onnx"]  # nothing written, not even a temporary
+    # The API refuses it too.
+    with pytest.raises(passes.InputError, match="no dim named 'sequence'"):
+        passes.optimize(str(demo), check=passes.CheckOptions(dims={"sequence": 20}))
+
+
+def test_report_to_json_is_text_and_to_dict_the_dict(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    report = pipeline.optimize_file(demo, tmp_path / "o.onnx", check=passes.CheckOptions(enabled=False))
+    text = report.to_json()
+    assert isinstance(text, str) and json.loads(text) == json.loads(json.dumps(report.to_dict()))
+    assert report.to_dict()["after"]["nodes"] == report.after.nodes
+
+
+def test_default_summary_leaves_out_zero_counters_and_what_did_not_apply(
+    demo: pathlib.Path, tmp_path: pathlib.Path, capsys
+) -> None:
+    assert cli.main([str(demo), str(tmp_path / "o.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "not_applied" not in out and "=0 " not in out and not any(line.endswith("=0") for line in out.splitlines())
+    # The pass that grows the model says why, and how to keep the op.
+    decompose = next(line for line in out.splitlines() if line.startswith("decompose"))
+    assert "ReduceLogSumExp → primitive ops" in decompose and "--skip decompose keeps it" in decompose
+    # -v has every counter.
+    assert cli.main([str(demo), str(tmp_path / "v.onnx"), "-v"]) == 0
+    captured = capsys.readouterr()
+    assert "not_applied" in captured.out and "skipped_integer=0" in captured.out
+
+
+def test_v_is_our_detail_and_vv_adds_other_libraries_debug_lines(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    one = run_cli(str(demo), str(tmp_path / "a.onnx"), "-v", "--no-check")
+    two = run_cli(str(demo), str(tmp_path / "b.onnx"), "-vv", "--no-check")
+    assert one.returncode == 0 and two.returncode == 0
+    assert "DEBUG: passes." in one.stderr and "DEBUG: onnx_ir" not in one.stderr
+    assert "DEBUG: onnx_ir" in two.stderr
+
+
+def test_a_check_failure_is_said_once_with_the_fusion_hint(tmp_path: pathlib.Path, capsys) -> None:
+    """Conv+BatchNormalization at a zero tolerance: the fusion's rounding is blamed, --no-fuse is the way out."""
+    src = REPO / "models" / "real" / "small_cnn_opset11_nofold.onnx"
+    out = tmp_path / "o.onnx"
+    assert cli.main([str(src), str(out), "--rtol", "0", "--atol", "0"]) == 1
+    captured = capsys.readouterr()
+    both = captured.out + captured.err
+    assert both.count("differ beyond") == 2  # once per differing output, on its line
+    assert both.count("first difference:") == 1 and both.count("introduced by pass 'simplify'") == 1
+    assert "first difference:" in captured.err
+    assert "hint: simplify's fusions (fused=4) change float rounding; --no-fuse" in captured.err
+    assert "set --rtol/--atol" in captured.err  # a 1e-7 difference is rounding-sized
+    assert "--skip simplify" not in captured.err
+    assert not out.exists()
+    assert cli.main([str(src), str(out), "--rtol", "0", "--atol", "0", "--no-fuse", "-q"]) == 0
+
+
+def test_a_pass_blamed_for_a_large_difference_gets_the_skip_hint(
+    demo: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    _with_pass(monkeypatch, "nudge", lambda o: _NudgeInitializerPass(0.05))
+    assert cli.main([str(demo), str(tmp_path / "o.onnx"), "--passes", "nudge"]) == 1
+    err = capsys.readouterr().err
+    assert "hint: --skip nudge optimises without that pass" in err and "please report it" in err
+    assert "--rtol/--atol" not in err and "--no-fuse" not in err

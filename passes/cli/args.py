@@ -4,23 +4,46 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from typing import Any, NoReturn
 
-from passes import pipeline
+from passes import __version__, pipeline
 from passes.errors import EXIT_ERROR
 from passes.options import Option, parse_int, parse_nonnegative_int, parse_size, short
 from passes.verify.result import DEFAULT_TIMEOUT
 
-__all__ = ["PROG", "option_values", "parser"]
+__all__ = ["PROG", "option_values", "parser", "resolve_output"]
 
 PROG = "optimize"
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_ERROR, f"{PROG}: error: {message}\n")
+        """One line, as every other error (argparse's default adds a usage block of ~9 lines)."""
+        self.exit(EXIT_ERROR, f"{PROG}: error: {self._suggest(message)}; see {PROG} --help\n")
+
+    def _suggest(self, message: str) -> str:
+        """``--target_opset`` (onnxsim's spelling) -> "did you mean --target-opset?" when that flag exists."""
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            for word in message[len(prefix):].split():
+                flag = word.split("=", 1)[0].replace("_", "-")
+                if word.startswith("--") and "_" in word and flag in self._option_string_actions:
+                    return f"{message} (did you mean {flag}?)"
+        return message
+
+
+def resolve_output(parser_: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``optimize IN OUT`` (onnxsim's and onnxslim's form) and ``optimize IN -o OUT`` alike.
+
+    Both given and different, or neither: a usage error (exit 2).
+    """
+    positional = args.output_path
+    if positional is not None and args.output is not None and positional != args.output:
+        parser_.error(f"two outputs: {short(positional)} and -o {short(args.output)} (give one)")
+    args.output = args.output if args.output is not None else positional
+    if args.output is None:
+        parser_.error("no output: give it as OUTPUT or -o OUTPUT")
+    del args.output_path
 
 
 def _typed(option: Option) -> Any:
@@ -110,7 +133,9 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     result.add_argument("input", help="the .onnx model to optimise (never modified)")
-    result.add_argument("-o", "--output", required=True, help="where to write the optimised model")
+    result.add_argument("output_path", nargs="?", metavar="OUTPUT",
+                        help="where to write the optimised model (or -o OUTPUT)")
+    result.add_argument("-o", "--output", metavar="OUTPUT", help="where to write the optimised model")
     result.add_argument("--passes", type=_names, default=None, metavar="NAME,...",
                         help="passes to run, in order (default: all)")
     result.add_argument("--skip", type=_names, default=[], metavar="NAME,...", help="passes not to run")
@@ -146,7 +171,10 @@ def parser() -> argparse.ArgumentParser:
                              "file (by default that is refused: it may hold another model's weights)")
     verbosity = result.add_mutually_exclusive_group()
     verbosity.add_argument("-q", "--quiet", action="store_true", help="print only errors")
-    verbosity.add_argument("-v", "--verbose", action="store_true", help="log details and show tracebacks")
+    verbosity.add_argument("-v", "--verbose", action="count", default=0,
+                           help="every counter of every pass, this tool's log and tracebacks; "
+                                "-vv adds other libraries' debug lines")
+    result.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     return result
 
 

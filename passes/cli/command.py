@@ -20,12 +20,15 @@ import traceback
 import warnings
 import zipfile
 from collections.abc import Iterator, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from passes import pipeline
-from passes.cli.args import PROG, option_values, parser
+from passes.cli.args import PROG, option_values, parser, resolve_output
 from passes.cli.progress import TerminalProgress
 from passes.errors import EXIT_CHECK, EXIT_ERROR, EXIT_OK, CheckFailedError, InputError, OptimizeError, first_line
+
+if TYPE_CHECKING:
+    from passes.report import Report  # numpy and onnx_ir: not at start-up
 
 __all__ = ["main", "run"]
 
@@ -61,18 +64,22 @@ class _Console:
 class _OwnRecordsOnly(logging.Filter):
     """Without ``-v``, only this tool's records: libraries (onnx_ir's "cannot be found in
     any scope", "contains invalid UTF-8"...) log about models the tool then refuses in
-    its one error line, and their lines would come before it."""
+    its one error line, and their lines would come before it. With ``-v``, this tool's
+    detail and the libraries' records of INFO and above; their DEBUG lines (onnx_ir's
+    "ValueInfoProto not found", one per node) only with ``-vv``."""
 
-    def __init__(self, verbose: bool) -> None:
+    def __init__(self, verbose: int) -> None:
         super().__init__()
         self.verbose = verbose
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.verbose or record.name == "passes" or record.name.startswith("passes.")
+        if record.name == "passes" or record.name.startswith("passes."):
+            return True
+        return self.verbose >= 2 or (self.verbose == 1 and record.levelno >= logging.INFO)
 
 
 @contextlib.contextmanager
-def _logging(verbose: bool, quiet: bool) -> Iterator[None]:
+def _logging(verbose: int, quiet: bool) -> Iterator[None]:
     """A stderr handler on the root logger for the duration of a run (removed after, for embedded use)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(name)s: %(message)s"))
@@ -140,10 +147,37 @@ def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) ->
     except CheckFailedError as e:
         report = getattr(e, "report", None)
         if report is not None:
-            console.out(report.format())
-        raise
-    console.out(report.format())
+            console.out(_summary(report, args))
+        failed = CheckFailedError(_failure_text(e, report, summary_shown=not console.quiet))
+        failed.report = report  # type: ignore[attr-defined]
+        raise failed from e
+    console.out(_summary(report, args))
     return EXIT_OK
+
+
+def _summary(report: Report, args: argparse.Namespace) -> str:
+    text = report.format(verbose=bool(args.verbose))
+    return text + "\n\nnot checked (--no-check)" if args.no_check else text
+
+
+def _failure_text(error: CheckFailedError, report: Report | None, *, summary_shown: bool) -> str:
+    """The error line, the first difference, then a hint that fits the cause.
+
+    When the summary above already gave each output's difference, the error's
+    first line names the outputs instead of repeating their sentences.
+    """
+    first, *rest = str(error).split("\n")
+    check = report.check if report is not None else None
+    if report is None or check is None:
+        return str(error)
+    failures = check.failures if check.checked and not check.error else []
+    if summary_shown and failures:
+        names = ", ".join(repr(o.name) for o in failures)
+        first = (f"check failed: {len(failures)} of {len(check.outputs)} output(s) differ ({names}; see above)"
+                 + ("" if report.written else f"; {report.output} not written"))
+    from passes.report import check_hint  # loaded by the run already
+
+    return "\n".join([first, *rest, *check_hint(report)])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -203,7 +237,9 @@ def _interrupted(error: KeyboardInterrupt, state: dict[str, bool]) -> int:
 def _main(argv: Sequence[str] | None, state: dict[str, bool]) -> int:
     verbose = False
     try:
-        args = parser().parse_args(argv)
+        parser_ = parser()
+        args = parser_.parse_args(argv)
+        resolve_output(parser_, args)
         verbose = args.verbose
         console = _Console(args.quiet)
         try:
