@@ -829,7 +829,7 @@ def _small_external(tmp_path: pathlib.Path) -> tuple[pathlib.Path, dict[str, byt
 def test_signal_while_saving(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
                              capfd: pytest.CaptureFixture[str], signum: int) -> None:
     src, before = _small_external(tmp_path)
-    _raise_signal_during(monkeypatch, modelio, "save_model", signum, after=True)
+    _raise_signal_during(monkeypatch, modelio.save, "save_model", signum, after=True)
     out = tmp_path / "out.onnx"
     code = cli.main([str(src), "-o", str(out), "-q"])
     assert code == 128 + signum
@@ -860,7 +860,7 @@ def test_a_second_signal_does_not_interrupt_the_clean_up(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     src, before = _small_external(tmp_path)
-    _raise_signal_during(monkeypatch, modelio, "save_model", signal.SIGINT, after=True)
+    _raise_signal_during(monkeypatch, modelio.save, "save_model", signal.SIGINT, after=True)
     _raise_signal_during(monkeypatch, modelio.StagedOutput, "discard", signal.SIGTERM, times=2)
     code = cli.main([str(src), "-o", str(tmp_path / "out.onnx"), "-q"])
     assert code == 128 + signal.SIGINT
