@@ -1265,3 +1265,33 @@ def test_a_reshape_target_the_reshape_always_rejects_stays_computed(target, tmp_
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
     onnx.save(model, src)
     assert cli.main([str(src), "-o", str(dst), "-q"]) == 0 and dst.exists()  # NOT CHECKED: the original fails too
+
+
+@pytest.mark.parametrize(("op", "axes", "folds"), [
+    ("ReduceSum", [-1, 8], False),  # 8 is out of range for the rank-3 input
+    ("ReduceMean", [1, -2], False),  # the same axis twice
+    ("Unsqueeze", [0, 5], False),  # the output's rank is 5: axis 5 is out of range
+    ("Squeeze", [3, 0], False),
+    ("ReduceSum", [-1, 1], True),  # valid axes still fold
+    ("Unsqueeze", [0, 3], True),
+])  # fmt: skip
+def test_axes_the_op_always_rejects_stay_computed(op, axes, folds, tmp_path) -> None:
+    """Found by the fuzzer: demo.onnx's Reshape turned into a ReduceSum whose computed axes are
+    ``[-1, 8]``. Folded, the axes make the model invalid; computed, it fails only when run, as the
+    original does (the data's rank comes from inference: the input here declares none)."""
+    import passes
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8])
+    nodes = [helper.make_node("Constant", [], ["a"], value_ints=[axes[0]]),
+             *([helper.make_node("Constant", [], ["b"], value_ints=[axes[1]])] if len(axes) > 1 else []),
+             helper.make_node("Concat", ["a", "b"] if len(axes) > 1 else ["a"], ["t"], axis=0),
+             helper.make_node("Abs", ["x"], ["h"]),
+             helper.make_node(op, ["h", "t"], ["y"])]  # fmt: skip
+    rank = 3 + len(axes) if op == "Unsqueeze" else 3 - len(axes) if op == "Squeeze" else 3
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [f"d{i}" for i in range(rank)])
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 18)],
+                              ir_version=9)  # fmt: skip
+    onnx.checker.check_model(model, full_check=True)
+    out = passes.optimize(model, check=False)
+    onnx.checker.check_model(out, full_check=True)
+    assert ("Concat" not in [n.op_type for n in out.graph.node]) == folds

@@ -79,7 +79,7 @@ from passes.declarations import DEFAULT_FOLD_SIZE_LIMIT, FOLD
 from passes.fold import evaluate, policy
 from passes.fold.rules import RULES
 from passes.fold.surgery import Rewriter, subgraphs_of
-from passes.ir import inference
+from passes.ir import checked_inputs, inference
 from passes.ir.tensors import attribute_values
 from passes.ir.walk import iter_nodes, normalize_domain, opset_of
 from passes.phases import node_done
@@ -181,10 +181,13 @@ class _Sweep:
         self.known: dict[ir.Value, ir.TensorProtocol] = {}
         self.rewriter = Rewriter(model)
         self._inferred: dict[ir.Value, tuple[int, ...]] = {}
+        self._ranks: dict[ir.Value, int] = {}
         self._dims: dict[ir.Value, tuple[int, ...]] = {}
 
     def run(self) -> None:
-        self._inferred = inference.infer_static_shapes(self.model, self._unknown_shapes())
+        found = inference.infer_types(self.model, [*self._unknown_shapes(), *self._unknown_ranks()])
+        self._inferred = {v: tuple(int(d) for d in s) for v, (_, s) in found.items() if inference.is_static(s)}
+        self._ranks = {v: len(s) for v, (_, s) in found.items() if s is not None}
         main = _Scope(self.model.opset_imports, initializers=self.model.ir_version >= 4)
         self.sweep(list(self.model.graph), main)
         for function in self.model.functions.values():
@@ -256,6 +259,26 @@ class _Sweep:
             return value.const_value
         return None
 
+    def _unknown_ranks(self) -> list[ir.Value]:
+        """Data inputs of nodes with an ``axes`` input whose rank the model does not declare (a folded
+        ``axes`` out of their range must stay computed: see ``policy.fails_downstream``)."""
+        values = []
+        for node, _ in iter_nodes(self.model, functions=False):
+            if normalize_domain(node.domain) != "" or not node.inputs or node.inputs[0] is None:
+                continue
+            if node.inputs[0].shape is None and any((node.op_type, i) in checked_inputs.AXES_INPUTS
+                                                    for i in range(1, len(node.inputs))):  # fmt: skip
+                values.append(node.inputs[0])
+        return values
+
+    def rank(self, value: ir.Value | None) -> int | None:
+        """The rank of ``value`` if the model declares it or inference found it."""
+        if value is None:
+            return None
+        if value.shape is not None:
+            return len(value.shape)
+        return self._ranks.get(value)
+
     def static_dims(self, value: ir.Value) -> tuple[int, ...] | None:
         tensor = self.constant(value)
         if tensor is not None:
@@ -292,7 +315,7 @@ class _Sweep:
                     counter = self.stats.unsupported if e.unsupported else self.stats.failed
                 counter[node.op_type] += 1
                 return
-            reason = policy.result_too_large(candidate, outputs) or policy.fails_downstream(candidate, outputs)
+            reason = policy.result_too_large(candidate, outputs) or policy.fails_downstream(candidate, outputs, self.rank)
         if reason is not None:
             self.refuse(node, reason)
             return

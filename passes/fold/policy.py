@@ -290,14 +290,20 @@ def result_too_large(candidate: Candidate, outputs: Sequence[np.ndarray | None])
 
 
 
-def fails_downstream(candidate: Candidate, outputs: Sequence[np.ndarray | None]) -> str | None:
-    """Why a result must stay computed: a default-domain user always rejects it, or None."""
+def fails_downstream(candidate: Candidate, outputs: Sequence[np.ndarray | None],
+                     rank: Callable[[ir.Value | None], int | None] = lambda value: None) -> str | None:  # fmt: skip
+    """Why a result must stay computed: a default-domain user always rejects it, or None.
+
+    ``rank`` gives the rank of a value when known (the data input of a user whose ``axes``
+    the result would become).
+    """
     for value, array in zip(candidate.node.outputs, outputs):
         if array is None:
             continue
         for use in value.uses():
             if use.node.domain not in ("", "ai.onnx"):
                 continue
-            if (why := checked_inputs.rejected(use.node.op_type, use.idx, array)) is not None:
+            data_rank = rank(use.node.inputs[0]) if use.node.inputs else None
+            if (why := checked_inputs.rejected(use.node.op_type, use.idx, array, data_rank)) is not None:
                 return f"fails downstream: {use.node.op_type} node {use.node.name!r} would always reject {why}"
     return None

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-__all__ = ["rejected"]
+__all__ = ["AXES_INPUTS", "rejected"]
 
 
 def _reshape_target(target: np.ndarray) -> str | None:
@@ -30,8 +30,41 @@ _CHECKS: Mapping[tuple[str, int], Callable[[np.ndarray], str | None]] = {
     ("Reshape", 1): _reshape_target,
 }
 
+_REDUCE_OPS = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
+               "ReduceProd", "ReduceSum", "ReduceSumSquare")  # fmt: skip
+#: By (default-domain op type, input index) of an ``axes`` input: how much the output's rank adds
+#: to the data's (Unsqueeze's axes index the output, whose rank is the data's plus len(axes)).
+AXES_INPUTS: Mapping[tuple[str, int], bool] = {
+    **{(op, 1): False for op in _REDUCE_OPS},
+    ("Squeeze", 1): False,
+    ("Unsqueeze", 1): True,
+    ("Slice", 3): False,
+}
 
-def rejected(op_type: str, index: int, array: np.ndarray) -> str | None:
-    """Why a default-domain ``op_type`` node always rejects ``array`` as input ``index``, or None."""
+
+def _axes(array: np.ndarray, rank: int, adds_rank: bool) -> str | None:
+    """Axes out of ``[-r, r-1]`` (``r`` the rank they index) or repeated: shape inference rejects them."""
+    flat = array.reshape(-1)
+    if array.ndim > 1 or array.dtype.kind not in "iu":
+        return f"axes of shape {list(array.shape)} and type {array.dtype}"
+    r = rank + (flat.size if adds_rank else 0)
+    if np.any(flat < -r) or np.any(flat >= r):
+        return f"the axes {flat.tolist()[:8]} for rank {r}"
+    if len(set((flat % max(r, 1)).tolist())) != flat.size:
+        return f"the repeated axes {flat.tolist()[:8]}"
+    return None
+
+
+def rejected(op_type: str, index: int, array: np.ndarray, data_rank: int | None = None) -> str | None:
+    """Why a default-domain ``op_type`` node always rejects ``array`` as input ``index``, or None.
+
+    ``data_rank``: the rank of the node's first input, when known, against which ``axes``
+    inputs are checked.
+    """
     check = _CHECKS.get((op_type, index))
-    return None if check is None else check(array)
+    if check is not None:
+        return check(array)
+    adds_rank = AXES_INPUTS.get((op_type, index))
+    if adds_rank is not None and data_rank is not None:
+        return _axes(array, data_rank, adds_rank)
+    return None
