@@ -24,12 +24,11 @@ does not run, a target opset below the model's (the upgrade pass refuses it).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import pathlib
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 # Only light modules at the top: ``--help`` and early errors need no more.
@@ -44,7 +43,7 @@ from passes.declarations import (
 from passes.dim_names import refuse_unknown_dims  # light
 from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
 from passes.lazy import lazy_module
-from passes.options import Option
+from passes.runspec import RunSpec, pass_options, select_passes
 from passes.phases import Phases
 from passes.verify.gate import (
     CheckOptions,  # light: onnx on first use, onnxruntime in a child
@@ -63,7 +62,6 @@ _report = lazy_module("passes.report")
 _walk = lazy_module("passes.ir.walk")
 _destinations = lazy_module("passes.modelio.destinations")
 _gate = lazy_module("passes.verify.gate")
-_loop = lazy_module("passes.loop")
 
 __all__ = [
     "DEFAULT_FOLD_SIZE_LIMIT",
@@ -81,99 +79,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-def pass_options() -> list[Option]:
-    """Every option the registered passes declare, once each, in pass order."""
-    seen: dict[str, Option] = {}
-    for spec in PASSES.values():
-        for option in spec.options:
-            seen.setdefault(option.name, option)
-    return list(seen.values())
-
-
-def select_passes(passes: Iterable[str] | None = None, skip: Iterable[str] = ()) -> list[str]:
-    """Validates pass names; returns the ones to run in the order given (default: all).
-
-    Raises:
-        InputError: an unknown pass name.
-    """
-    names = list(PASSES) if passes is None else [p for p in passes if p]
-    skip = [s for s in skip if s]
-    for name in [*names, *skip]:
-        if name not in PASSES:
-            known = ", ".join(PASSES) or "none"
-            raise InputError(f"unknown pass {name!r} (available: {known})")
-    return [n for n in names if n not in skip]
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSpec:
-    """One validated description of which passes run, with which option values.
-
-    Built once, by the command or the API, with :meth:`build`; everything
-    after it takes the values as they are.
-
-    Attributes:
-        passes: The passes to run, in order.
-        options: Every declared option's value (defaults filled in).
-        cleanup: Whether the clean-up runs after the passes.
-    """
-
-    passes: tuple[str, ...]
-    options: Mapping[str, Any]
-    cleanup: bool = True
-
-    @classmethod
-    def build(cls, passes: Iterable[str] | None = None, skip: Iterable[str] = (), *, cleanup: bool = True,
-              **options: Any) -> RunSpec:  # fmt: skip
-        """Validates the pass names and option values.
-
-        Raises:
-            InputError: an unknown pass or option, a value an option's declaration refuses, or
-                an option set (to other than its default) for a pass that does not run.
-        """
-        names = select_passes(passes, skip)
-        declared = {o.name: o for o in pass_options()}
-        unknown = sorted(set(options) - set(declared))
-        if unknown:
-            raise InputError(f"unknown option {unknown[0]!r} (options: {', '.join(declared) or 'none'})")
-        values = {name: option.default for name, option in declared.items()}
-        for name, value in options.items():
-            option = declared[name]
-            reason = option.check(value) if option.check is not None and value is not None else None
-            if reason:
-                raise InputError(f"{option.flag} {value}: {reason}")
-            values[name] = value
-        running = {option.name for name in names for option in PASSES[name].options}
-        for name, spec in PASSES.items():
-            for option in spec.options:
-                if option.name not in running and values[option.name] != option.default:
-                    raise InputError(f"{option.flag} is an option of {name}, which does not run")
-        return cls(tuple(names), values, cleanup)
-
-    def without(self, keep: int, cleanup: bool) -> RunSpec:
-        """The same run with only the first ``keep`` passes (and the clean-up or not)."""
-        kept = self.passes[:keep]
-        running = {option.name for name in kept for option in PASSES[name].options}
-        declared = {o.name: o for o in pass_options()}
-        values = {k: (v if k in running else declared[k].default) for k, v in self.options.items()}
-        return RunSpec(kept, values, cleanup)
-
-    def manager(self, record: Any = None) -> ir.passes.PassManager:
-        """The pass loop of this run (see :mod:`passes.loop`), recording into ``record``."""
-        steps = [(name, PASSES[name].build(self.options), PASSES[name].repeats) for name in self.passes]
-        if self.cleanup:
-            from passes.cleanup import CleanupPass
-
-            steps.append(("cleanup", CleanupPass(), False))
-        return _loop.build(steps, record if record is not None else _loop.Record())
-
-    def run(self, model: ir.Model, progress: Callable[[str], None] | None = None) -> list[PassRun]:
-        """Runs the passes on ``model`` in place; what each pass did, in order."""
-        record = _loop.Record(progress)
-        _loop.run(self.manager(record), model)
-        return record.runs
 
 
 def build_pass_manager(

@@ -175,7 +175,8 @@ _LEAVES = {"errors", "options", "limits", "lazy", "phases"}
 MAY_IMPORT: dict[str, set[str]] = {
     "__main__": {"cli"},
     "cli": {"pipeline", "report", "verify", "declarations", *_LEAVES},
-    "pipeline": {"loop", "report", "verify", "modelio", "ir", "declarations", "cleanup", "dim_names", *_LEAVES},
+    "pipeline": {"runspec", "report", "verify", "modelio", "ir", "declarations", "dim_names", *_LEAVES},
+    "runspec": {"loop", "cleanup", "report", "declarations", *_LEAVES},
     "loop": {"report", *_LEAVES},
     "report": {"verify", "ir", *_LEAVES},
     **{name: {"base", "declarations", "ir", "refimpl", *_LEAVES} for name in _PASSES},

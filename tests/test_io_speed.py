@@ -286,7 +286,7 @@ def test_holes_of_the_input_stay_holes_and_read_the_same(tmp_path: pathlib.Path,
 
 
 def test_segments_cover_the_range_and_every_written_byte(tmp_path: pathlib.Path) -> None:
-    from passes.modelio.copy import _segments
+    from passes.modelio.copy import segments
 
     path = tmp_path / "f"
     with open(path, "wb") as f:
@@ -296,7 +296,7 @@ def test_segments_cover_the_range_and_every_written_byte(tmp_path: pathlib.Path)
     try:
         for offset, length in ((0, 4 << 20), (1 << 20, 4096), ((1 << 20) + 100, 10), (5, (2 << 20) - 5),
                                ((3 << 20), 1 << 20)):  # fmt: skip
-            runs = list(_segments(fd, offset, length))
+            runs = list(segments(fd, offset, length))
             assert runs[0][0] == offset and sum(size for _, size, _ in runs) == length
             assert all(a[0] + a[1] == b[0] for a, b in zip(runs, runs[1:]))
             written = range(max(offset, 1 << 20), min(offset + length, (1 << 20) + 4096))

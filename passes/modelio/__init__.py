@@ -47,6 +47,7 @@ __all__ = [
     "load_model",
     "model_from_proto",
     "model_to_proto",
+    "model_to_proto_with_markers",
     "proto_from_bytes",
     "read_graph",
     "read_weights_in_file",

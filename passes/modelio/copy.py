@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, BinaryIO
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-__all__ = ["ALIGN_LARGE", "ALIGN_SMALL", "ALIGN_THRESHOLD", "Copier", "Placement", "plan", "write_external_data"]
+__all__ = ["ALIGN_LARGE", "ALIGN_SMALL", "ALIGN_THRESHOLD", "Copier", "Placement", "plan", "segments", "write_external_data"]
 
 ALIGN_SMALL = 16
 ALIGN_LARGE = 64 << 10
@@ -113,7 +113,7 @@ class Copier:
         if "reflink" not in self._broken and self._reflink(src, src_offset, dst, dst_offset, length):
             self._count("reflink", length)
             return
-        for start, size, data in _segments(src, src_offset, length):
+        for start, size, data in segments(src, src_offset, length):
             at = dst_offset + start - src_offset
             if not data:
                 self._count("hole", size)
@@ -180,7 +180,7 @@ class Copier:
         return len(data)
 
 
-def _segments(fd: int, offset: int, length: int) -> Iterator[tuple[int, int, bool]]:
+def segments(fd: int, offset: int, length: int) -> Iterator[tuple[int, int, bool]]:
     """The ``(start, size, is_data)`` runs of ``fd``'s range, its holes found by ``SEEK_DATA``/``SEEK_HOLE``.
 
     Where the file system cannot tell (no ``SEEK_DATA``, or EINVAL), the whole range is data.

@@ -1,0 +1,121 @@
+"""The run, described once: which passes run, in which order, with which option values.
+
+The command and the API both build a :class:`RunSpec` (:meth:`RunSpec.build`),
+so both refuse the same requests with the same message; everything after it
+takes the values as they are. Like :mod:`passes.declarations` this imports
+neither onnx, onnx_ir nor numpy: a bad request fails before any of them loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from passes.declarations import PASSES
+from passes.errors import InputError
+from passes.options import Option
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from passes.report import PassRun
+
+__all__ = ["RunSpec", "pass_options", "select_passes"]
+
+
+def pass_options() -> list[Option]:
+    """Every option the registered passes declare, once each, in pass order."""
+    seen: dict[str, Option] = {}
+    for spec in PASSES.values():
+        for option in spec.options:
+            seen.setdefault(option.name, option)
+    return list(seen.values())
+
+
+def select_passes(passes: Iterable[str] | None = None, skip: Iterable[str] = ()) -> list[str]:
+    """Validates pass names; returns the ones to run in the order given (default: all).
+
+    Raises:
+        InputError: an unknown pass name.
+    """
+    names = list(PASSES) if passes is None else [p for p in passes if p]
+    skip = [s for s in skip if s]
+    for name in [*names, *skip]:
+        if name not in PASSES:
+            known = ", ".join(PASSES) or "none"
+            raise InputError(f"unknown pass {name!r} (available: {known})")
+    return [n for n in names if n not in skip]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One validated description of which passes run, with which option values.
+
+    Built once, by the command or the API, with :meth:`build`; everything
+    after it takes the values as they are.
+
+    Attributes:
+        passes: The passes to run, in order.
+        options: Every declared option's value (defaults filled in).
+        cleanup: Whether the clean-up runs after the passes.
+    """
+
+    passes: tuple[str, ...]
+    options: Mapping[str, Any]
+    cleanup: bool = True
+
+    @classmethod
+    def build(cls, passes: Iterable[str] | None = None, skip: Iterable[str] = (), *, cleanup: bool = True,
+              **options: Any) -> RunSpec:  # fmt: skip
+        """Validates the pass names and option values.
+
+        Raises:
+            InputError: an unknown pass or option, a value an option's declaration refuses, or
+                an option set (to other than its default) for a pass that does not run.
+        """
+        names = select_passes(passes, skip)
+        declared = {o.name: o for o in pass_options()}
+        unknown = sorted(set(options) - set(declared))
+        if unknown:
+            raise InputError(f"unknown option {unknown[0]!r} (options: {', '.join(declared) or 'none'})")
+        values = {name: option.default for name, option in declared.items()}
+        for name, value in options.items():
+            option = declared[name]
+            reason = option.check(value) if option.check is not None and value is not None else None
+            if reason:
+                raise InputError(f"{option.flag} {value}: {reason}")
+            values[name] = value
+        running = {option.name for name in names for option in PASSES[name].options}
+        for name, spec in PASSES.items():
+            for option in spec.options:
+                if option.name not in running and values[option.name] != option.default:
+                    raise InputError(f"{option.flag} is an option of {name}, which does not run")
+        return cls(tuple(names), values, cleanup)
+
+    def without(self, keep: int, cleanup: bool) -> RunSpec:
+        """The same run with only the first ``keep`` passes (and the clean-up or not)."""
+        kept = self.passes[:keep]
+        running = {option.name for name in kept for option in PASSES[name].options}
+        declared = {o.name: o for o in pass_options()}
+        values = {k: (v if k in running else declared[k].default) for k, v in self.options.items()}
+        return RunSpec(kept, values, cleanup)
+
+    def manager(self, record: Any = None) -> ir.passes.PassManager:
+        """The pass loop of this run (see :mod:`passes.loop`), recording into ``record``."""
+        steps = [(name, PASSES[name].build(self.options), PASSES[name].repeats) for name in self.passes]
+        if self.cleanup:
+            from passes.cleanup import CleanupPass
+
+            steps.append(("cleanup", CleanupPass(), False))
+        from passes import loop
+
+        return loop.build(steps, record if record is not None else loop.Record())
+
+    def run(self, model: ir.Model, progress: Callable[[str], None] | None = None) -> list[PassRun]:
+        """Runs the passes on ``model`` in place; what each pass did, in order."""
+        from passes import loop
+
+        record = loop.Record(progress)
+        loop.run(self.manager(record), model)
+        return record.runs
