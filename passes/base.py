@@ -10,9 +10,9 @@ for a pass declared on its own class, from class attributes:
 * ``OPTIONS``: its :class:`~passes.options.Option` declarations;
 * ``REPEATS``: whether it repeats with its neighbours until none changes the model;
 
-and after each call it holds ``stats``, a JSON-serialisable dict of counters
-(ints, and dicts of ints by op type or rule name), the one shape of statistics
-the report reads.
+and after each call it holds ``stats``, a JSON-serialisable dict in one shape
+for every pass (:func:`pass_stats`): ``applied`` (what it did, by rule or op),
+``declined`` (what it looked at and left, by reason), then its own details.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import onnx_ir as ir
 from passes.declarations import PassSpec
 from passes.options import Option
 
-__all__ = ["Pass"]
+__all__ = ["Pass", "pass_stats"]
 
 
 class Pass(ir.passes.InPlacePass):
@@ -47,3 +47,13 @@ class Pass(ir.passes.InPlacePass):
     def from_options(cls, values: Mapping[str, Any]) -> Pass:
         """The pass built with the values of its declared options (defaults where absent)."""
         return cls(**{o.keyword: values.get(o.name, o.default) for o in cls.OPTIONS})
+
+
+def pass_stats(applied: Mapping[str, int], declined: Mapping[str, int], **details: Any) -> dict[str, Any]:
+    """The one shape of a pass's ``stats``: ``applied`` by rule (or op), ``declined`` by reason
+    (zero counts left out, keys sorted), then the pass's own details."""
+    return {
+        "applied": {k: v for k, v in sorted(applied.items()) if v},
+        "declined": {k: v for k, v in sorted(declined.items()) if v},
+        **details,
+    }

@@ -91,11 +91,11 @@ def summarize(model: ir.Model) -> ModelSummary:
 
 
 #: Counters of what a pass did not do (why a rule or a fold did not apply): in ``-v`` and ``--report`` only.
-_DETAIL_KEYS = frozenset({"not_applied", "refused", "unsupported", "declined"})
+_DETAIL_KEYS = frozenset({"unsupported", "declined"})
 
 #: Why a pass makes the model larger, said on its line when it did (``--skip`` keeps the op).
 _GROWTH = {
-    "decompose": ("decomposed", "ReduceLogSumExp → primitive ops (ReduceMax, Clip, Sub, Exp, ReduceSum, Log, Add) "
+    "decompose": ("applied", "ReduceLogSumExp → primitive ops (ReduceMax, Clip, Sub, Exp, ReduceSum, Log, Add) "
                                 "for runtimes without it; --skip decompose keeps it"),
 }
 

@@ -642,14 +642,14 @@ def test_default_summary_leaves_out_zero_counters_and_what_did_not_apply(
 ) -> None:
     assert cli.main([str(demo), str(tmp_path / "o.onnx")]) == 0
     out = capsys.readouterr().out
-    assert "not_applied" not in out and "=0 " not in out and not any(line.endswith("=0") for line in out.splitlines())
+    assert "declined" not in out and "=0 " not in out and not any(line.endswith("=0") for line in out.splitlines())
     # The pass that grows the model says why, and how to keep the op.
     decompose = next(line for line in out.splitlines() if line.startswith("decompose"))
     assert "ReduceLogSumExp → primitive ops" in decompose and "--skip decompose keeps it" in decompose
     # -v has every counter.
     assert cli.main([str(demo), str(tmp_path / "v.onnx"), "-v"]) == 0
     captured = capsys.readouterr()
-    assert "not_applied" in captured.out and "skipped_integer=0" in captured.out
+    assert "declined: " in captured.out and "if_inlined=0" in captured.out
 
 
 def test_v_is_our_detail_and_vv_adds_other_libraries_debug_lines(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:

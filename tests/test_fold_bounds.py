@@ -321,7 +321,7 @@ def test_blow_up_is_refused_before_evaluation(op: str, reports) -> None:
     report = reports[f"blow_up_{op}"]
     assert_bounded(report)
     assert report["op_types"] == [op, "ReduceMax"]
-    assert report["stats"]["refused"] == {"too large": 1}
+    assert report["stats"]["declined"] == {"too large": 1}
     assert report["stats"]["skipped_too_large"] == 1
 
 
@@ -331,7 +331,7 @@ def test_range_whose_length_overflows_is_refused_not_a_crash(k: int, reports) ->
     report = reports[f"range_overflow_{k}"]
     assert_bounded(report)
     assert report["op_types"] == ["Range", "ReduceMax"]
-    assert report["stats"]["refused"] == {"output size unknown": 1}
+    assert report["stats"]["declined"] == {"output size unknown": 1}
 
 
 # --- what the estimates still let fold (in this process) -----------------------------------------------
@@ -416,7 +416,7 @@ def _initializer(model: onnx.ModelProto, name: str) -> np.ndarray:
 def test_ops_sized_before_evaluation_still_fold(node, inits, elem, expected) -> None:
     model = make_model([node], [], [vi("r", elem, list(expected.shape))], inits)
     out, stats = _fold_here(model)
-    assert [n.op_type for n in out.graph.node] == [] and stats["refused"] == {}
+    assert [n.op_type for n in out.graph.node] == [] and stats["declined"] == {}
     result = _initializer(out, "r")
     assert result.dtype == expected.dtype
     np.testing.assert_array_equal(result, expected)
@@ -452,7 +452,7 @@ def test_contraction_over_its_compute_budget_is_not_evaluated(name: str, reports
     report = reports[name]
     assert_bounded(report)
     assert report["op_types"][0] in ("Einsum", "MatMul") and len(report["op_types"]) == 2
-    assert report["stats"]["refused"] == {"over compute budget": 1}
+    assert report["stats"]["declined"] == {"over compute budget": 1}
 
 
 @pytest.mark.parametrize(
@@ -485,7 +485,7 @@ def test_contractions_within_budget_still_fold(node, shapes, dtype) -> None:
         expected = arrays[0] @ arrays[1]
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     out, stats = _fold_here(make_model([node], [], [vi("r", elem, list(expected.shape))], inits))
-    assert stats["refused"] == {} and [n.op_type for n in out.graph.node] == []
+    assert stats["declined"] == {} and [n.op_type for n in out.graph.node] == []
     np.testing.assert_allclose(_initializer(out, "r"), expected, rtol=1e-5, atol=1e-3)
 
 
@@ -540,7 +540,7 @@ def test_external_weights_used_only_in_a_branch_stay_external_initializers(tmp_p
 
     [report] = fold_in_child([{"model": str(src), "save_to": str(dst)}], tmp_path)
     assert_bounded(report)
-    assert report["stats"]["refused"] == {"too large": 1, "initializer kept": 1}
+    assert report["stats"]["declined"] == {"too large": 1, "initializer kept": 1}
     assert report["stats"]["folded"] == 1  # the Identity feeding Add now reads w_add directly
 
     out = onnx.load(dst, load_external_data=False)

@@ -108,7 +108,7 @@ def test_zero_initial_state_batch_first() -> None:
 
     original = _lstm(layout=1, direction="bidirectional")
     result, stats = _simplify(original)
-    assert stats["rewrites"].get("noops/zero_initial_state") and "ConstantOfShape" not in _ops(result)
+    assert stats["applied"].get("noops/zero_initial_state") and "ConstantOfShape" not in _ops(result)
     x = np.random.default_rng(2).standard_normal((3, 2, 5)).astype(np.float32)
     expected, = ReferenceEvaluator(original).run(None, {"x": x})
     got, = ReferenceEvaluator(result).run(None, {"x": x})
@@ -237,11 +237,11 @@ def test_rule_in_the_main_graph(name: str) -> None:
     build, rule, gone = CASES[name]
     original = build()
     result, stats = _simplify(original)
-    assert stats["rewrites"].get(rule), stats
+    assert stats["applied"].get(rule), stats
     assert _ops(result).count(gone) < _ops(original).count(gone), (_ops(original), _ops(result))
     _run(original, result)
     again, stats_again = _simplify(result)
-    assert _ops(again) == _ops(result) and not stats_again["rewrites"].get(rule)  # idempotent
+    assert _ops(again) == _ops(result) and not stats_again["applied"].get(rule)  # idempotent
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -374,7 +374,7 @@ def test_a_concat_that_is_not_the_whole_shape_in_order_stays(order, dims) -> Non
     feeds = {"x": np.zeros([sizes.get(d, d) for d in dims], np.float32), "v": np.ones([1] * len(order), np.float32)}
     original = _shape_rebuilt(order, dims)
     result, stats = _simplify(original)
-    assert not stats["rewrites"].get("shapes/whole_shape"), stats
+    assert not stats["applied"].get("shapes/whole_shape"), stats
     assert "Shape" in _ops(result)  # the output is still built from x's dims, not from Shape(x) whole
     _run(original, result, feeds)
 
@@ -422,7 +422,7 @@ def test_reshape_around_elementwise_leaves_only_the_elementwise_ops() -> None:
 def test_reshape_around_elementwise_that_is_not_the_identity_stays(variant) -> None:
     original = _gelu_between_reshapes(**variant)
     result, stats = _simplify(original, full_check=False)
-    assert not stats["rewrites"].get("chains/reshape_around_elementwise"), stats
+    assert not stats["applied"].get("chains/reshape_around_elementwise"), stats
     _run(original, result)
 
 
@@ -460,7 +460,7 @@ def test_reshape_around_elementwise_property(x_shape, middle, target, minus, ops
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError):
         return  # a single element of a higher rank than the target: not a valid model
     result, stats = _simplify(original, full_check=False)
-    applied = stats["rewrites"].get("chains/reshape_around_elementwise", 0)
+    applied = stats["applied"].get("chains/reshape_around_elementwise", 0)
     event("applied" if applied else "left")
     uses_single = any(op in ("Mul", "Add") for op in ops)
     assert not applied or (tuple(target) == tuple(x_shape) and "AddRow" not in ops
@@ -472,7 +472,7 @@ def test_row_op_through_flatten_before_opset_13_is_one_op_whatever_the_dims() ->
     """Before opset 13 the op flattens the same way itself (the wrappers above build opset-18 branches)."""
     original = _row_op_flattened("LogSoftmax", ("n", 2, 3), opset=11, row_axis=1)
     result, stats = _simplify(original)
-    assert _ops(result) == ["LogSoftmax"] and stats["rewrites"]["chains/row_op_through_flatten"] == 1
+    assert _ops(result) == ["LogSoftmax"] and stats["applied"]["chains/row_op_through_flatten"] == 1
     _run(original, result)
 
 
@@ -485,7 +485,7 @@ def test_row_op_through_flatten_before_opset_13_is_one_op_whatever_the_dims() ->
 def test_row_op_through_flatten_that_is_not_one_op_stays(variant) -> None:
     original = _row_op_flattened(**variant)
     result, stats = _simplify(original)
-    assert not stats["rewrites"].get("chains/row_op_through_flatten"), stats
+    assert not stats["applied"].get("chains/row_op_through_flatten"), stats
     _run(original, result)
 
 

@@ -238,7 +238,7 @@ def test_reducesum_13_forms_are_kept() -> None:
     after, upgrade_pass = convert(model, feeds={"x": X, "ax_input": np.array([0, 2], np.int64)})
     assert [list(n.input) for n in after.graph.node] == [list(n.input) for n in model.graph.node]
     assert [attrs(n) for n in after.graph.node] == [attrs(n) for n in model.graph.node]
-    assert upgrade_pass.stats["adapters"] == {}
+    assert upgrade_pass.stats["applied"] == {}
     assert set(inits(after.graph)) == {"ax_init", "ax_empty"}
 
 
@@ -790,7 +790,7 @@ def test_batchnorm_9_inference() -> None:
     model = make_model([_batchnorm(1)], {"x": X4}, ["y"], opset=9, initializers=BN_PARAMS)
     after, upgrade_pass = convert(model, feeds={"x": X4})
     assert attrs(after.graph.node[0]) == {}
-    assert upgrade_pass.stats["adapters"] == {}
+    assert upgrade_pass.stats["applied"] == {}
 
 
 def test_batchnorm_9_training_outputs_unused_are_dropped() -> None:

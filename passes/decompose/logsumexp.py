@@ -43,16 +43,18 @@ counted in ``stats``.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import onnx.defs
 import onnx_ir as ir
 
-from passes.base import Pass
+from passes.base import Pass, pass_stats
 from passes.declarations import DECOMPOSE
 from passes.ir import inference
 from passes.ir.build import Builder, axes_are_input
@@ -82,7 +84,8 @@ _MIN_OPSET = 7
 # Reductions of at least this many terms are summed in two levels.
 _BLOCK_MIN = 64
 
-_STAT_KEYS = ("decomposed", "skipped_integer", "skipped_unknown_type", "skipped_unsupported")
+#: Why a node is left in place, as counted in ``stats["declined"]``.
+INTEGER, UNKNOWN_TYPE, UNSUPPORTED = "integer input", "unknown element type", "unsupported opset or type"
 
 
 @dataclasses.dataclass
@@ -303,17 +306,19 @@ class DecomposeLogSumExpPass(Pass, spec=DECOMPOSE):
     both to resolve every op of a function alike).
 
     Attributes:
-        stats: After each call: ``decomposed``, and the nodes left in place by
-            reason: ``skipped_integer``, ``skipped_unknown_type`` and
-            ``skipped_unsupported`` (opset, element type or function opset).
+        stats: After each call (:func:`passes.base.pass_stats`): ``applied``
+            (``{"ReduceLogSumExp": n}``) and ``declined``, the nodes left in place by
+            reason: :data:`INTEGER`, :data:`UNKNOWN_TYPE` and :data:`UNSUPPORTED`
+            (opset, element type or function opset).
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self.stats: dict[str, int] = dict.fromkeys(_STAT_KEYS, 0)
+        self.stats: dict[str, Any] = pass_stats({}, {})
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        stats = dict.fromkeys(_STAT_KEYS, 0)
+        applied: collections.Counter[str] = collections.Counter()
+        declined: collections.Counter[str] = collections.Counter()
         names: Names | None = None
         model_opset = default_opset(model.opset_imports)
         targets = [
@@ -335,15 +340,15 @@ class DecomposeLogSumExpPass(Pass, spec=DECOMPOSE):
                 nodes, y = _build(node, scope, names, inferred)
                 reason = _function_conflict(nodes, node, scope, model_opset)
             if reason is not None:
-                stats[reason] += 1
+                declined[reason] += 1
                 continue
             ir.convenience.replace_nodes_and_values(scope.body, node, [node], nodes, [node.outputs[0]], [y])
             logger.debug("decomposed %s %r into %s nodes", _OP, node.name, len(nodes))
-            stats["decomposed"] += 1
-        self.stats = stats
-        if stats["decomposed"]:
-            logger.info("decomposed %s %s node(s); stats %s", stats["decomposed"], _OP, stats)
-        return ir.passes.PassResult(model, modified=stats["decomposed"] > 0)
+            applied[_OP] += 1
+        self.stats = pass_stats(applied, declined)
+        if applied:
+            logger.info("decomposed %s %s node(s); stats %s", applied[_OP], _OP, self.stats)
+        return ir.passes.PassResult(model, modified=bool(applied))
 
 
 def _skip_reason(node: ir.Node, scope: Scope, inferred: Inferred) -> str | None:
@@ -351,21 +356,21 @@ def _skip_reason(node: ir.Node, scope: Scope, inferred: Inferred) -> str | None:
     dtype = _element_type(node, inferred)
     if dtype is None:
         logger.warning("%s %r: element type unknown, left in place", _OP, node.name)
-        return "skipped_unknown_type"
+        return UNKNOWN_TYPE
     if dtype.is_integer():
         logger.info("%s %r: integer input (%s) left in place", _OP, node.name, dtype.name)
-        return "skipped_integer"
+        return INTEGER
     why = _unsupported(dtype, scope.opset(""))
     if why is not None:
         logger.warning("%s %r: left in place: %s", _OP, node.name, why)
-        return "skipped_unsupported"
+        return UNSUPPORTED
     return None
 
 
 def _function_conflict(
     nodes: list[ir.Node], node: ir.Node, scope: Scope, model_opset: int | None
 ) -> str | None:
-    """``skipped_unsupported`` if a new op in a function has another schema at the model's opset."""
+    """:data:`UNSUPPORTED` if a new op in a function has another schema at the model's opset."""
     opset = scope.opset("")
     if not scope.in_function or model_opset is None or opset == model_opset:
         return None
@@ -378,7 +383,7 @@ def _function_conflict(
                 "the model opset %s where it is version %s",
                 _OP, node.name, opset, op_type, here, model_opset, there,
             )  # fmt: skip
-            return "skipped_unsupported"
+            return UNSUPPORTED
     return None
 
 

@@ -30,7 +30,7 @@ minutes, while real models fold as before:
   rules for the blow-up, elementwise and rearranging ops, onnx's shape
   inference of the one node for the rest, an upper bound for NonZero and
   Compress). A node whose output size cannot be bounded is not evaluated
-  (``refused["output size unknown"]``). A result above ``size_limit`` is kept
+  (``declined["output size unknown"]``). A result above ``size_limit`` is kept
   only as a main-graph initializer that frees at least as many bytes of
   inputs (a weight transform: Transpose, Mul, Cast of a weight used once),
   so it is refused before evaluation when its size is known, and no
@@ -41,7 +41,7 @@ minutes, while real models fold as before:
 * Compute. MatMul, Gemm, Einsum and Conv get a multiply-add budget of about
   a second each (``cost``): 2^33 for MatMul/Gemm on floats (BLAS), 2^27 on
   integers (numpy's own loop), 2^30 for Einsum (numpy without ``optimize``)
-  and Conv (``refused["over compute budget"]``). Transposing a transformer's
+  and Conv (``declined["over compute budget"]``). Transposing a transformer's
   weights costs no multiply-adds; a float MatMul of two 2048x2048 constants
   is within budget.
 * Rewrites are linear in the inputs and outputs they touch (``surgery``): a
@@ -51,7 +51,7 @@ minutes, while real models fold as before:
 
 The pieces: ``rules`` (Constant, Shape, Size, Identity, If), ``policy`` (the
 guards a node with constant inputs must pass, each giving a reason that is
-logged and counted in ``stats["refused"]``), ``size`` and ``cost`` (the
+logged and counted in ``stats["declined"]``), ``size`` and ``cost`` (the
 estimates), ``evaluate`` (inputs, kernel, result checks), ``surgery`` (graph
 changes and garbage collection).
 
@@ -74,7 +74,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from passes.base import Pass
+from passes.base import Pass, pass_stats
 from passes.declarations import DEFAULT_FOLD_SIZE_LIMIT, FOLD
 from passes.fold import evaluate, policy
 from passes.fold.rules import RULES
@@ -97,21 +97,28 @@ _SHAPE_OPS = frozenset({"Shape", "Size"})
 class FoldStats:
     """What one run of the pass did; ``as_dict`` is JSON-serialisable."""
 
-    folded: int = 0
+    #: Nodes folded, by op type.
+    applied: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    #: Nodes with constant inputs left alone, by reason (see ``passes.fold.policy``).
+    declined: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     if_inlined: int = 0
     skipped_too_large: int = 0
     removed_nodes: int = 0
     removed_initializers: int = 0
     unsupported: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     failed: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
-    refused: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     kernel_bugs: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
+    @property
+    def folded(self) -> int:
+        return sum(self.applied.values())
+
     def as_dict(self) -> dict[str, Any]:
-        result = dataclasses.asdict(self)
-        for key in ("unsupported", "failed", "refused", "kernel_bugs"):
-            result[key] = dict(sorted(getattr(self, key).items()))
-        return result
+        details = dataclasses.asdict(self)
+        del details["applied"], details["declined"]
+        for key in ("unsupported", "failed", "kernel_bugs"):
+            details[key] = dict(sorted(getattr(self, key).items()))
+        return pass_stats(self.applied, self.declined, folded=self.folded, **details)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,11 +141,12 @@ class ConstantFoldingPass(Pass, spec=FOLD):
     """Folds constant subexpressions, static shapes and constant-condition Ifs.
 
     See the module docstring for the rewrite rules. ``stats`` describes the
-    last run: ``folded``, ``if_inlined``, ``skipped_too_large``,
-    ``removed_nodes``, ``removed_initializers``, ``unsupported`` / ``failed``
-    counts by op type (a kernel that rejects its inputs counts as failed and
-    the node stays), and ``refused``: the nodes with constant inputs left
-    alone, by reason (see ``passes.fold.policy``).
+    last run (:func:`passes.base.pass_stats`): ``applied`` (nodes folded, by op
+    type), ``declined`` (the nodes with constant inputs left alone, by reason:
+    see ``passes.fold.policy``), then ``folded`` (their total), ``if_inlined``,
+    ``skipped_too_large``, ``removed_nodes``, ``removed_initializers``, and
+    ``unsupported`` / ``failed`` counts by op type (a kernel that rejects its
+    inputs counts as failed and the node stays).
 
     Attributes:
         size_limit: A folded result larger than this many bytes is kept only
@@ -325,7 +333,7 @@ class _Sweep:
         """Logs and counts why ``node`` is left alone (see ``policy``)."""
         logger.debug("Not folding %s node %r: %s", node.op_type, node.name, reason)
         key = policy.category(reason)
-        self.stats.refused[key] += 1
+        self.stats.declined[key] += 1
         counter = policy.COUNTERS.get(key)
         if counter == "unsupported":
             self.stats.unsupported[node.op_type] += 1
@@ -338,5 +346,5 @@ class _Sweep:
             node, arrays, use_initializers=scope.initializers
         )
         self.known.update(made)
-        self.stats.folded += 1
+        self.stats.applied[node.op_type] += 1
         logger.debug("Folded %s node %r", node.op_type, node.name)

@@ -4,7 +4,7 @@ Every node whose inputs are all constant is a :class:`Candidate`. The guards
 in :data:`GUARDS` run in order before anything is evaluated; the first that
 returns a reason wins, and the sweep logs it (debug level) and counts it under
 the reason's category, the text before the first colon, in
-``stats["refused"]``. Some categories also feed the older counters
+``stats["declined"]``. Some categories also feed the older counters
 (:data:`COUNTERS`): ``unsupported`` (by op type) and ``skipped_too_large``.
 
 The size policy: a result larger than ``size_limit`` is kept only as an

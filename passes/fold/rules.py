@@ -88,7 +88,7 @@ def _identity(sweep: _Sweep, node: ir.Node, scope: _Scope) -> bool:
         return False  # folding moves the bytes under y's name without growth
     sweep.rewriter.redirect({y: x})
     sweep.rewriter.drop(node)
-    sweep.stats.folded += 1
+    sweep.stats.applied[node.op_type] += 1
     logger.debug("Folded Identity node %r into its constant input %r", node.name, x.name)
     return True
 

@@ -62,7 +62,7 @@ from typing import Any
 import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
-from passes.base import Pass
+from passes.base import Pass, pass_stats
 from passes.declarations import SIMPLIFY
 from passes.ir import inference
 from passes.ir.names import Names
@@ -96,10 +96,10 @@ def _ordered(rules: list[Rule]) -> list[Rule]:
 class SimplifyPass(Pass, spec=SIMPLIFY):
     """Applies the simplification rules (see the module docstring) until nothing changes.
 
-    ``stats`` after a call: ``rewrites`` (count per rule name), ``rounds``,
-    ``fused`` (how many rewrites changed float rounding: the fusions), and
-    ``not_applied`` (per rule, how often it matched an op but its check said
-    no; the reasons are logged at debug level, ``-v``).
+    ``stats`` after a call (:func:`passes.base.pass_stats`): ``applied`` (count per
+    rule name), ``declined`` (per rule, how often it matched an op but its check
+    said no; the reasons are logged at debug level, ``-v``), ``rounds`` and
+    ``fused`` (how many rewrites changed float rounding: the fusions).
 
     Attributes:
         fuse: Apply the fusions (they change float results by rounding).
@@ -144,12 +144,8 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         dedup = common_passes.DeduplicateInitializersPass()(model).modified
         if dedup:
             applied["constants/shared_initializer"] += 1
-        self.stats = {
-            "rounds": rounds,
-            "rewrites": dict(sorted(applied.items())),
-            "fused": sum(n for name, n in applied.items() if name.startswith("fusions/")),
-            "not_applied": dict(sorted(refused.items())),
-        }
+        self.stats = pass_stats(applied, refused, rounds=rounds,
+                                fused=sum(n for name, n in applied.items() if name.startswith("fusions/")))
         return ir.passes.PassResult(model, modified=bool(applied))
 
     def _round(self, model: ir.Model, rules: dict[str, list[Rule]], applied: collections.Counter[str],

@@ -34,7 +34,7 @@ from typing import NoReturn
 import onnx
 import onnx_ir as ir
 
-from passes.base import Pass
+from passes.base import Pass, pass_stats
 from passes.declarations import DEFAULT_TARGET_OPSET, UPGRADE
 from passes.errors import InputError, UpgradeError
 from passes.ir import walk
@@ -86,10 +86,11 @@ class UpgradeOpsetPass(Pass, spec=UPGRADE):
     requires. Custom-domain nodes, their opset imports, names, value_info,
     metadata and doc strings are kept.
 
-    After :meth:`call`, ``stats`` holds a JSON-serialisable summary: ``target_opset``,
+    After :meth:`call`, ``stats`` (:func:`passes.base.pass_stats`) holds ``applied``
+    (nodes rewritten by an adapter, per "Op-version: adapter"), ``declined``
+    (empty: a node the upgrade cannot convert is refused), ``target_opset``,
     ``source_opsets`` (of the scopes upgraded), ``ir_version`` ([before, after]),
-    ``converted`` (nodes carried to the target, per op type), ``adapters`` (nodes
-    rewritten, per "Op-version: adapter"), ``initializers_added``,
+    ``converted`` (nodes carried to the target, per op type), ``initializers_added``,
     ``constants_added`` (Constant nodes, in functions) and ``nodes_added``.
 
     Args:
@@ -154,16 +155,16 @@ class UpgradeOpsetPass(Pass, spec=UPGRADE):
         old_ir = model.ir_version
         if modified:
             model.ir_version = max(model.ir_version, min_ir_version(target))
-        self.stats = {
-            "target_opset": target,
-            "source_opsets": source_opsets,
-            "ir_version": [old_ir, model.ir_version],
-            "converted": dict(sorted(stats.converted.items())),
-            "adapters": dict(sorted(stats.adapters.items())),
-            "initializers_added": stats.initializers_added,
-            "constants_added": stats.constants_added,
-            "nodes_added": stats.nodes_added,
-        }
+        self.stats = pass_stats(
+            stats.adapters, {},
+            target_opset=target,
+            source_opsets=source_opsets,
+            ir_version=[old_ir, model.ir_version],
+            converted=dict(sorted(stats.converted.items())),
+            initializers_added=stats.initializers_added,
+            constants_added=stats.constants_added,
+            nodes_added=stats.nodes_added,
+        )
         logger.info(
             "upgraded %s nodes to opset %s (%s adapted)",
             sum(stats.converted.values()),
