@@ -17,7 +17,8 @@ Numerics (the contract the tests check):
     (UndefinedResultError, the node is not folded): Max/Min of +0 and -0 keep the second input
     when both are one element and decline otherwise (onnxruntime's vector loop and its scalar
     tail break the tie differently); Clip keeps x on a tie with a bound (-0 stays) and, without
-    a bound, clips to the type's finite range as onnxruntime does (inf -> float max); integer
+    a bound, clips to the type's finite range as onnxruntime does (inf -> float max); Where
+    declines a selected -0 (onnxruntime turns it into +0 on some paths); integer
     Pow declines a result beyond 2**53 (onnxruntime computes in double: inexact, then INT_MIN).
   * Div, Pow and Mod silence numpy's floating-point warnings (inf and NaN results are
     intended). Add, Sub, Mul and the comparisons do not: silencing costs about a microsecond
@@ -417,9 +418,14 @@ def _where_kernel(types: DTypes) -> Kernel:
         if dtype not in allowed:
             raise disallowed(dtype)
         try:
-            return (as_dtype(np.where(cond, x, y), dtype),)
+            result = as_dtype(np.where(cond, x, y), dtype)
         except ValueError as e:
             raise broadcast_failure((cond, x, y)) or e
+        if dtype.kind in "fV" and np.any(np.signbit(result) & (result == 0)):
+            # onnxruntime's Where gives +0 for a selected -0 on some paths (Where([True], [-0], [1])
+            # is +0, Where(True, [-0], [1]) is -0): the sign is its choice, so refimpl declines.
+            raise UndefinedResultError("Where selecting -0: onnxruntime's sign depends on its path")
+        return (result,)
 
     return kernel
 
