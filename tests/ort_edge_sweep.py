@@ -258,6 +258,14 @@ def _clip(rng: np.random.Generator) -> tuple[list[Any], dict[str, Any]]:
     return [x, lo, hi], {}
 
 
+def _where(rng: np.random.Generator) -> tuple[list[Any], dict[str, Any]]:
+    dtype = _dtype(rng)
+    shape = _shape(rng)
+    cond = rng.random(_sub_shape(rng, shape)) < 0.5
+    return [np.asarray(cond), draw_array(rng, dtype, _sub_shape(rng, shape)),
+            draw_array(rng, dtype, _sub_shape(rng, shape))], {}  # fmt: skip
+
+
 def _cast(rng: np.random.Generator) -> tuple[list[Any], dict[str, Any]]:
     src = _float_dtype(rng)
     to = int(rng.choice([onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT32,
@@ -304,6 +312,7 @@ CASES: list[Case] = [
     Case("Einsum", _einsum, 13),
     Case("Pow", _pow, 15),
     Case("Clip", _clip, 13),
+    Case("Where", _where, 16, lambda inputs: [inputs[1].dtype]),
     Case("Cast", _cast, 21, lambda inputs: []),
 ]
 
