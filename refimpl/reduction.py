@@ -15,32 +15,36 @@ Each op is one *reducer* built by ``_reducer(on_float, on_int)``: a function
 
 Numerics:
   * float16, bfloat16 and float32 are evaluated in float64 (float64 input as is) and rounded
-    once to the input type, so the result is the float64 result correctly rounded. (float32
-    accumulation, which the brief suggested for float16, can be hundreds of ulps off after
-    cancellation, e.g. the sum of [65504, 2**-14, -65504].)
-  * Except where the op's definition holds an intermediate tensor in the input type and that
-    tensor overflows there: the sum of squares of ReduceL2, the sum of ReduceLogSum and
-    ReduceMean, the shifted sum of exps of ReduceLogSumExp. Where such an intermediate rounds
-    to +-inf in the input type (its magnitude reaches ``limit``, the largest finite value plus
-    half an ulp) the result is what +-inf gives: float32 ReduceL2 of [3e19, 4e19] is inf, as in
-    onnxruntime, the onnx reference and the schema's function body, not 5e19. (onnxruntime
-    accumulates float16 in float32, so its float16 ReduceL2 of [200, 300] is 360.5; the function
-    body and the onnx reference give inf, as refimpl does.) Partial sums are not intermediates
-    of the definition: ReduceSum of float32 [3e38, 3e38, -3e38] is 3e38 (onnxruntime: inf).
-  * NaN propagates through every reduction, ReduceMax/ReduceMin included (as the elementwise
-    Max/Min do; onnxruntime's ReduceMax/Min drop a NaN that is not the first element).
-  * ReduceLogSumExp shifts by the slice maximum (by 0 where that is not finite): a slice of
-    only -inf gives -inf, a +inf entry gives +inf, NaN propagates, and 3e38 in float32 does
-    not overflow.
+    once to the input type, so the result is the float64 result correctly rounded.
+  * Except where the op's definition holds an intermediate tensor and that tensor overflows:
+    the sum of squares of ReduceL2, the sum of ReduceLogSum and ReduceMean, the shifted sum of
+    exps of ReduceLogSumExp. onnxruntime holds it in the input type, float32 for float16 and
+    bfloat16 (the spec does not fix it; the schema's function body would use float16), and so
+    does refimpl: where it rounds to +-inf there (its magnitude reaches ``limit``, the largest
+    finite value plus half an ulp) the result is what +-inf gives: float32 ReduceL2 of
+    [3e19, 4e19] is inf, not 5e19; float16 ReduceL2 of [200, 300] is 360.5.
+  * Where onnxruntime's answer depends on its code path or order, and the spec leaves it open,
+    the kernel raises UndefinedResultError (the node is not folded) instead of guessing:
+    float ReduceMax/Min over NaN, or over +0 and -0 at a zero extreme; a float sum of only -0;
+    a float sum with mixed signs whose partial sums may overflow (3e38 + 3e38 - 3e38 is inf in
+    onnxruntime), or that cancels within onnxruntime's rounding error (unless every partial sum
+    is exact); a product whose partial products may leave the normal range; a square below the
+    normal range (onnxruntime squares in float32: ReduceL2([1e-38]) is 0 there); float16
+    ReduceLogSum (onnxruntime adds in float16 there); ReduceLogSumExp over NaN with an inf,
+    over -inf with values below -60 (onnxruntime does not shift there) and float16 beyond +-11.
+  * Otherwise NaN propagates, and ReduceLogSumExp shifts by the slice maximum (by 0 where that
+    is not finite): a slice of only -inf gives -inf, a +inf entry +inf, and 3e38 in float32
+    does not overflow.
   * Integer reductions are exact: they run in the input type when a bound on the result
     (from the largest magnitude and the count) shows that nothing can overflow, and in int64 or
-    Python ints otherwise. A sum, sum of squares, L1 norm or product that does not fit
-    the input type raises: the spec does not define the overflow and runtimes disagree
-    (onnxruntime saturates, numpy and the onnx reference wrap around): UndefinedResultError.
-    Integer ReduceMean,
-    ReduceL2, ReduceLogSum and ReduceLogSumExp return the exact real result truncated toward
-    zero (as Cast converts a real to an integer). onnxruntime agrees except for
-    ReduceLogSumExp, whose integer exp terms it truncates before summing.
+    Python ints otherwise. A sum, sum of squares, L1 norm or product that does not fit the input
+    type raises UndefinedResultError: the spec does not define the overflow and runtimes
+    disagree (onnxruntime saturates, numpy and the onnx reference wrap around). So does an
+    integer sum whose partial sums may saturate, and a 64-bit sum or product beyond 2**53
+    (onnxruntime accumulates 64-bit integers in double). Integer ReduceMean, ReduceL2,
+    ReduceLogSum and ReduceLogSumExp return the exact real result truncated toward zero (as Cast
+    converts a real to an integer). onnxruntime agrees except for ReduceLogSumExp, whose integer
+    exp terms it truncates before summing.
   * Empty reductions give the schema's value: 0 for sums and norms, 1 for ReduceProd, -inf for
     ReduceLogSum/LogSumExp, -inf (or the dtype's minimum, False for bool) for ReduceMax and
     +inf (or the maximum, True) for ReduceMin. Where the schema says "undefined" (ReduceMean;
