@@ -582,14 +582,24 @@ def test_bfloat16_elementwise_ops(data: st.DataObject) -> None:
         ("Neg", -a32), ("Floor", np.floor(a32)), ("Ceil", np.ceil(a32)),
     ]:
         inputs = [a] if op in ("Abs", "Neg", "Floor", "Ceil") else [a, b]
+        zero_tie = (a32 == 0) & (b32 == 0) & (np.signbit(a32) != np.signbit(b32))
+        if op in ("Max", "Min") and a.size > 1 and zero_tie.any():
+            with pytest.raises(UndefinedResultError, match=op):  # onnxruntime's choice, by position
+                refimpl.run(op, inputs, opset=22)
+            continue
         (out,) = refimpl.run(op, inputs, opset=22)
         assert out.dtype == BF16, op
         # float32 holds these results exactly or rounds them innocuously (24 >= 2*8 + 2).
         np.testing.assert_array_equal(out.view(np.int16), want.astype(BF16).view(np.int16), err_msg=op)
     (less,) = refimpl.run("Less", [a, b], opset=22)
     np.testing.assert_array_equal(less, a32 < b32)
-    (where,) = refimpl.run("Where", [less, a, b], opset=22)
-    np.testing.assert_array_equal(where.view(np.int16), np.where(a32 < b32, a, b).view(np.int16))
+    selected = np.where(a32 < b32, a32, b32)
+    if np.any((selected == 0) & np.signbit(selected)):
+        with pytest.raises(UndefinedResultError, match="Where"):  # onnxruntime may give +0
+            refimpl.run("Where", [less, a, b], opset=22)
+    else:
+        (where,) = refimpl.run("Where", [less, a, b], opset=22)
+        np.testing.assert_array_equal(where.view(np.int16), np.where(a32 < b32, a, b).view(np.int16))
     lo, hi = np.array(-5, BF16), np.array(5, BF16)
     (clipped,) = refimpl.run("Clip", [a, lo, hi], opset=22)
     np.testing.assert_array_equal(clipped.astype(np.float32), np.clip(a32, -5, 5))
@@ -874,7 +884,12 @@ def test_where_matches_ort(data: st.DataObject) -> None:
     sc, sx, sy = data.draw(hnp.mutually_broadcastable_shapes(num_shapes=3, max_side=3)).input_shapes
     c = data.draw(arrays(BOOL, sc))
     x, y = data.draw(arrays(dtype, sx)), data.draw(arrays(dtype, sy))
-    (actual,) = refimpl.run("Where", [c, x, y], opset=16)
+    try:
+        (actual,) = refimpl.run("Where", [c, x, y], opset=16)
+    except UndefinedResultError:
+        selected = np.where(c, x, y)
+        assert np.any((selected == 0) & np.signbit(selected))  # a -0: onnxruntime may give +0
+        return
     assert_same(actual, ort_eval("Where", [c, x, y], {}, 16, [dtype])[0])
 
 
