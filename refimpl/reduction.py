@@ -215,12 +215,14 @@ def _check_partial_sums(x: Array, axes: Axes, limit: float) -> None:
 
 
 def _check_cancellation(x: Array, axes: Axes) -> None:
-    """Declines a float sum that cancels below the rounding error of onnxruntime's accumulation.
+    """Declines a float sum that cancels to the last bits of its terms.
 
-    onnxruntime adds in the accumulator type (float32 for float16) in an order of its own; where
-    ``|sum| <= n * eps * sum|x|`` its rounding errors can decide the result's sign, or make it 0
-    where the exact sum is not (float16 ReduceMean of [65504, -65504, -6e-8, ...] is +0 there,
-    -0 exactly). Such a slice declines unless its sum is exact in every order: every element is
+    onnxruntime adds in an order of its own; where ``|sum| <= eps * sum|x|`` (eps of the
+    accumulator type) its rounding errors can decide the result's sign, or make it 0 where the
+    exact sum is not (float16 ReduceMean of [65504, -65504, -6e-8, ...] is +0 there, -0
+    exactly; then -inf/inf behind a Log or Reciprocal). (The worst-case bound is ``n`` times
+    larger; it would decline most long random sums.) Such a slice declines unless its sum is
+    exact in every order: every element is
     a multiple of the smallest element's ulp ``q`` and ``sum|x| < 2**p * q`` (p: the
     accumulator's precision), so that no partial sum rounds.
     """
@@ -234,8 +236,7 @@ def _check_cancellation(x: Array, axes: Axes) -> None:
     with np.errstate(all="ignore"):
         total = np.add.reduce(values, axes)
         magnitude = np.add.reduce(np.abs(values), axes)
-        count = _count(x, axes)
-        doubtful = np.abs(total) <= count * float(accumulator.eps) * magnitude
+        doubtful = np.abs(total) <= float(accumulator.eps) * magnitude
         doubtful &= np.logical_and.reduce(finite, axes) & (magnitude > 0)
         if not np.any(doubtful):
             return
