@@ -31,7 +31,7 @@ from helpers import ort_run
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
-from ort_edge_sweep import edge_pool, same_bits
+from ort_edge_sweep import edge_pool, same_bits, sweep
 
 import passes
 
@@ -265,6 +265,12 @@ def test_edge_case_in_if_branch_matches_original(name: str) -> None:
         assert first not in ops_of(optimized)
     elif case.folds is False:
         assert first in ops_of(optimized)
+
+
+def test_kernel_sweep_agrees_with_ort() -> None:
+    """Every swept kernel (tests/ort_edge_sweep.py) agrees with onnxruntime or declines."""
+    found = sweep(examples=25, seed=2026)
+    assert not found, "\n".join(f"{op}: {problems[0]}" for op, problems in found.items())
 
 
 # --- the property ---------------------------------------------------------------------------------
