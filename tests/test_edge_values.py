@@ -163,8 +163,6 @@ def _one(op: str, *inputs: Any, opset: int = 21, folds: bool | None = None, **at
     return Case((Step(op, inputs, attrs),), opset, folds, skip)
 
 
-_MAX_POOL = np.array([[1, 2, 3], [4, 5, 6]], np.int64)
-
 CASES: dict[str, Case] = {
     # ArgMax/ArgMin over NaN: onnxruntime's index depends on its code path; refimpl declines.
     "argmax_nan": _one("ArgMax", _f(1, NAN, 3, NAN), keepdims=0, folds=False),
