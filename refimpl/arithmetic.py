@@ -8,10 +8,18 @@ multidirectionally (PRelu's slope unidirectionally).
 Numerics (the contract the tests check):
   * Outputs have exactly the schema's dtype; numpy scalar promotion never leaks (int8 Add wraps
     around, float16 stays float16).
-  * +, -, *, /, comparisons, Mod, Max and Min run in the input type (float32 for bfloat16 and
-    float8; see ``refimpl._dtypes``). Sum, Mean and Pow evaluate floats in float64 and round once.
+  * +, -, *, /, comparisons, Mod, Max, Min, Sum and Mean run in the input type (float32 for
+    bfloat16 and float8; see ``refimpl._dtypes``); Mean multiplies the sum by 1/n as
+    onnxruntime does. Pow evaluates floats in float64 and rounds once.
   * Integer division (Div, Mod) by zero is undefined in ONNX: the kernels raise
     UndefinedResultError.
+  * Where the spec leaves a choice, onnxruntime decides or the kernel declines
+    (UndefinedResultError, the node is not folded): Max/Min of +0 and -0 keep the second input
+    when both are one element and decline otherwise (onnxruntime's vector loop and its scalar
+    tail break the tie differently); Clip keeps x on a tie with a bound (-0 stays) and, without
+    a bound, clips to the type's finite range as onnxruntime does (inf -> float max); Where
+    declines a selected -0 (onnxruntime turns it into +0 on some paths); integer
+    Pow declines a result beyond 2**53 (onnxruntime computes in double: inexact, then INT_MIN).
   * Div, Pow and Mod silence numpy's floating-point warnings (inf and NaN results are
     intended). Add, Sub, Mul and the comparisons do not: silencing costs about a microsecond
     per call, so a genuine overflow to inf there still warns.
@@ -22,11 +30,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from refimpl._common import Attrs, Inputs, as_array, broadcast_failure, same_dtype
 from refimpl._dtypes import (
     DTypes,
+    accumulator_type,
     as_bool,
     as_dtype,
     checked,
@@ -176,6 +186,9 @@ for _op, _since, _ufn in (
 # --- Pow -----------------------------------------------------------------------------------
 
 
+_EXACT_IN_DOUBLE = 2.0**53
+
+
 def _int_power(base: Array, exponent: Array) -> Array:
     """Integer ``base ** exponent`` with wraparound; negative exponents truncate toward zero."""
     if exponent.dtype == np.uint64 and np.any(exponent > np.iinfo(np.int64).max):
@@ -185,7 +198,14 @@ def _int_power(base: Array, exponent: Array) -> Array:
     negative = e < 0
     if np.any(negative & (b == 0)):
         raise UndefinedResultError("0 raised to a negative power is undefined")
-    result = np.power(b, np.where(negative, 0, e).astype(b.dtype))
+    positive = np.where(negative, 0, e)
+    with np.errstate(all="ignore"):
+        magnitude = np.power(np.abs(b.astype(np.float64)), positive.astype(np.float64))
+    limit = min(_EXACT_IN_DOUBLE, float(np.iinfo(base.dtype).max))
+    if magnitude.size and float(np.max(magnitude)) > limit:
+        # onnxruntime computes in double: inexact beyond 2**53, INT_MIN beyond the type.
+        raise UndefinedResultError("an integer power beyond 2**53 (onnxruntime computes it in double)")
+    result = np.power(b, positive.astype(b.dtype))
     if np.any(negative):
         # 1/b**n truncates to 0 unless |b| == 1.
         odd = (e % 2) == 1
@@ -194,13 +214,27 @@ def _int_power(base: Array, exponent: Array) -> Array:
     return result.astype(base.dtype)
 
 
+def _c_power(x: Array, y: Array) -> Array:
+    """float64 ``pow`` with C99's special cases (onnxruntime calls ``std::pow``).
+
+    numpy computes ``x ** 0.5`` as ``sqrt(x)``, so (-0) ** 0.5 is -0 and (-inf) ** 0.5 NaN
+    there; C gives +0 and +inf.
+    """
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    result = np.power(x, y)
+    half = (y == 0.5) & ((x == 0) | (x == -np.inf))
+    if np.any(half):
+        result = np.where(half, np.abs(x), result)
+    return result
+
+
 @quiet
 def _pow(x: Array, y: Array) -> Array:
     if x.dtype.kind in "iu":
         if y.dtype.kind in "iu":
             return _int_power(x, y)
-        return float_to_int(np.power(x.astype(np.float64), y.astype(np.float64)), x.dtype)
-    return as_dtype(np.power(x.astype(np.float64), y.astype(np.float64)), x.dtype)
+        return float_to_int(_c_power(x, y), x.dtype)
+    return as_dtype(_c_power(x, y), x.dtype)
 
 
 def _pow_kernel(types: DTypes) -> Kernel:
@@ -226,7 +260,29 @@ register("Pow", 7)(Typed(_pow_kernel))
 # --- variadic ------------------------------------------------------------------------------
 
 
-def _variadic(op: str, fn: np.ufunc, *, mean: bool = False, wide: bool = False) -> Typed:
+def _zero_tie(op: str, left: Array, right: Array, result: Array) -> Array:
+    """Max/Min where +0 meets -0: the second input if both are one element, else declines.
+
+    onnxruntime keeps the second of two one-element inputs; otherwise which zero it keeps
+    depends on the position in its vector loop.
+    """
+    tie = (left == 0) & (right == 0) & (np.signbit(left) != np.signbit(right))
+    if not np.any(tie):
+        return result
+    if left.size == 1 and right.size == 1:
+        return right.reshape(result.shape).copy()
+    raise UndefinedResultError(f"{op} of +0 and -0: onnxruntime's choice depends on the position")
+
+
+def _variadic(
+    op: str,
+    fn: np.ufunc,
+    *,
+    mean: bool = False,
+    wide: bool = False,
+    extreme: bool = False,
+    sum_like: bool = False,
+) -> Typed:
     """Sum/Mean/Max/Min over one or more inputs with multidirectional broadcasting.
 
     Args:
@@ -234,10 +290,15 @@ def _variadic(op: str, fn: np.ufunc, *, mean: bool = False, wide: bool = False) 
         fn: the pairwise combination.
         mean: divide by the number of inputs at the end.
         wide: accumulate floats in float64 and round once at the end.
+        extreme: Max/Min (see ``_zero_tie``).
+        sum_like: add in the accumulator type (float32 for float16 and bfloat16), as
+            onnxruntime's Sum and Mean do.
     """
 
     def make(types: DTypes) -> Kernel:
-        work_of = work_types(types["T"], wide=wide)
+        work_of = (
+            {dt: accumulator_type(dt) for dt in types["T"]} if sum_like else work_types(types["T"], wide=wide)
+        )
 
         def kernel(inputs: Inputs, attrs: Attrs) -> tuple[Array]:
             arrays = [as_array(v) for v in inputs]
@@ -249,11 +310,15 @@ def _variadic(op: str, fn: np.ufunc, *, mean: bool = False, wide: bool = False) 
             with np.errstate(all="ignore"):
                 try:
                     for other in arrays[1:]:
-                        result = fn(result, other.astype(work, copy=False))
+                        right = other.astype(work, copy=False)
+                        combined = fn(result, right)
+                        if extreme and work.kind == "f":
+                            combined = _zero_tie(op, result, right, combined)
+                        result = combined
                 except ValueError as e:
                     raise broadcast_failure(arrays) or e
-                if mean:
-                    result = result / len(arrays)
+                if mean:  # onnxruntime multiplies by 1/n in the input type
+                    result = result * (np.asarray(1, work) / np.asarray(len(arrays), work))
             return (as_dtype(result, dtype),)
 
         return kernel
@@ -262,10 +327,12 @@ def _variadic(op: str, fn: np.ufunc, *, mean: bool = False, wide: bool = False) 
 
 
 # Versions 6 took equally shaped inputs only, which broadcasting handles alike.
-register("Sum", 6)(_variadic("Sum", np.add, wide=True))
-register("Mean", 6)(_variadic("Mean", np.add, mean=True, wide=True))
-register("Max", 6)(_variadic("Max", np.maximum))
-register("Min", 6)(_variadic("Min", np.minimum))
+# Sum and Mean add in the input type, pairwise in input order, as onnxruntime does: a float64
+# sum would differ from it in rounding and where a partial sum overflows (3e38 + 3e38 - 3e38).
+register("Sum", 6)(_variadic("Sum", np.add, sum_like=True))
+register("Mean", 6)(_variadic("Mean", np.add, mean=True, sum_like=True))
+register("Max", 6)(_variadic("Max", np.maximum, extreme=True))
+register("Min", 6)(_variadic("Min", np.minimum, extreme=True))
 
 
 # --- Clip and Where ------------------------------------------------------------------------
@@ -293,16 +360,25 @@ def _bounds_of_attributes(inputs: Inputs, attrs: Attrs, dtype: np.dtype) -> tupl
 
 
 def _bounds_of_inputs(inputs: Inputs, attrs: Attrs, dtype: np.dtype) -> tuple[Any, Any]:
-    """Clip-11+: optional scalar ``min``/``max`` inputs; omitted means unbounded."""
+    """Clip-11+: optional scalar ``min``/``max`` inputs.
+
+    The spec calls an omitted bound unbounded; onnxruntime uses the type's lowest and largest
+    finite values, so a float +-inf becomes -+max. The kernel does the same.
+    """
     lo = _bound(inputs[1] if len(inputs) > 1 else None, dtype, "min")
     hi = _bound(inputs[2] if len(inputs) > 2 else None, dtype, "max")
+    if dtype.kind in "fV":
+        info = ml_dtypes.finfo(dtype)
+        lo = as_dtype(np.asarray(info.min), dtype) if lo is None else lo
+        hi = as_dtype(np.asarray(info.max), dtype) if hi is None else hi
     return lo, hi
 
 
 def _clip(bounds: Bounds) -> Typed:
-    """Clip, ``Min(max, Max(x, min))``, with min and max read by ``bounds`` (None: unbounded).
+    """Clip, ``t = x < min ? min : x; t > max ? max : t`` (bounds read by ``bounds``, None: none).
 
-    When min > max every element becomes max; NaN propagates.
+    When min > max every element becomes max; a NaN x stays NaN, a NaN bound is ignored, and
+    x is kept on a tie (Clip(-0, min=0) is -0), as in onnxruntime.
     """
 
     def make(types: DTypes) -> Kernel:
@@ -314,9 +390,11 @@ def _clip(bounds: Bounds) -> Typed:
             work = exact_type(x.dtype)
             result = x.astype(work)  # a copy: outputs never alias inputs
             if lo is not None:
-                result = np.maximum(result, np.asarray(lo).astype(work))
+                low = np.asarray(lo).astype(work)
+                result = np.where(result < low, low, result)
             if hi is not None:
-                result = np.minimum(result, np.asarray(hi).astype(work))
+                high = np.asarray(hi).astype(work)
+                result = np.where(high < result, high, result)
             return (as_dtype(result, x.dtype),)
 
         return kernel
@@ -340,9 +418,14 @@ def _where_kernel(types: DTypes) -> Kernel:
         if dtype not in allowed:
             raise disallowed(dtype)
         try:
-            return (as_dtype(np.where(cond, x, y), dtype),)
+            result = as_dtype(np.where(cond, x, y), dtype)
         except ValueError as e:
             raise broadcast_failure((cond, x, y)) or e
+        if dtype.kind in "fV" and np.any(np.signbit(result) & (result == 0)):
+            # onnxruntime's Where gives +0 for a selected -0 on some paths (Where([True], [-0], [1])
+            # is +0, Where(True, [-0], [1]) is -0): the sign is its choice, so refimpl declines.
+            raise UndefinedResultError("Where selecting -0: onnxruntime's sign depends on its path")
+        return (result,)
 
     return kernel
 

@@ -4,9 +4,11 @@ Rules (the contract the tests check):
   * Float to float rounds once to nearest even; values beyond the target's range become
     +-inf, except for float8 targets with ``saturate=1``, which clip to the largest finite value.
     float8e8m0 (a bare power of two) rounds by ``round_mode`` as the ONNX definition does.
-  * Float to integer truncates toward zero. NaN, infinities and values whose truncation is out
-    of the target's range are undefined by the spec: the kernel raises UndefinedResultError
-    instead of inventing a value (onnxruntime gives INT_MIN or wraps around, numpy wraps around).
+  * Float to integer truncates toward zero, except to int4/uint4/int2/uint2, which round half
+    away from zero as onnxruntime does (the spec leaves it open; 1.5 -> 2). NaN, infinities and
+    values whose conversion is out of the target's range are undefined by the spec: the kernel
+    raises UndefinedResultError instead of inventing a value (onnxruntime gives 0 for int8 and
+    uint8, INT_MIN for int32 and wraps int4 around; numpy wraps around).
   * Integer to integer keeps the low bits (two's complement), int4/int2 included.
   * Anything to bool is ``x != 0``.
   * Strings (``bytes`` or ``str`` items, UTF-8) to numbers read the text as onnxruntime does
@@ -91,6 +93,25 @@ def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
     else:
         result = np.where(special, 0xFF, rounded)
     return result.astype(np.uint8).view(_E8M0)
+
+
+def _float_to_narrow_int(x: np.ndarray, to: np.dtype) -> np.ndarray:
+    """float -> int4/uint4/int2/uint2: rounded half away from zero, as onnxruntime does.
+
+    The spec only says that out-of-range values are undefined; onnxruntime rounds (1.5 -> 2,
+    2.5 -> 3, -0.5 -> -1) where it truncates for wider integers. A rounded value out of the
+    target's range (onnxruntime wraps it: int4 7.5 -> -8), NaN or inf raises
+    UndefinedResultError.
+    """
+    wide = x.astype(F32).astype(F64) if x.dtype.kind == "V" else x.astype(F64)
+    with np.errstate(invalid="ignore"):
+        rounded = np.copysign(np.floor(np.abs(wide) + 0.5), wide)
+    low, high = int_range(to)
+    if rounded.size and not (np.all(np.isfinite(rounded)) and rounded.min() >= low and rounded.max() <= high):
+        raise UndefinedResultError(
+            f"converting values in [{wide.min()}, {wide.max()}] to {to} is undefined (NaN, inf or out of range)"
+        )
+    return rounded.astype(np.int64).astype(to)
 
 
 # --- strings ---------------------------------------------------------------------------------
@@ -200,7 +221,9 @@ def cast(
     src = x.dtype
     if to == src:
         return x.copy()
-    if src in FLOATS and (to.kind in "iu" or to in NARROW_INTS):  # the common case first
+    if src in FLOATS and to in NARROW_INTS:
+        return _float_to_narrow_int(x, to)
+    if src in FLOATS and to.kind in "iu":  # the common case first
         return float_to_int(x, to)
     if to == STRING:
         return _to_string(x)

@@ -12,6 +12,11 @@ Numerics (the contract the tests check):
   * Transcendental functions (exp, log, tanh, erf, ...) on float16, bfloat16 and float32 are
     evaluated in float64 and rounded once to the input type, with numpy's floating-point
     warnings silenced (inf and NaN results are intended).
+  * Where the spec leaves the sign of a zero or NaN's fate open, onnxruntime decides: Relu keeps
+    -0 (``max(x, 0)`` keeps x on a tie); float16 Sign maps NaN to 0; Selu and Celu of -0 are +0
+    (their ``alpha * exp(x) - alpha`` branch). Elu, Selu and Celu of a tiny negative x, where
+    onnxruntime's ``exp(x) - 1`` cancels to +0 but ``expm1`` does not, decline
+    (UndefinedResultError): the node is not folded.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from collections.abc import Callable
 import numpy as np
 
 from refimpl._common import Attrs, Inputs, as_array
-from refimpl._dtypes import DTypes, as_bool, as_dtype, disallowed, work_types
+from refimpl._dtypes import F16, DTypes, as_bool, as_dtype, disallowed, work_types
+from refimpl._errors import UndefinedResultError
 from refimpl._registry import Kernel, Typed, register
 
 __all__ = ["UnaryFn", "unary"]
@@ -88,11 +94,37 @@ def _gelu(x: Array, attrs: Attrs) -> Array:
 
 
 def _sign(x: Array, attrs: Attrs) -> Array:
+    """Sign; float16 NaN gives 0 as in onnxruntime (float and double keep NaN there too)."""
+    if x.dtype == F16:
+        return np.where(np.isnan(x), np.zeros((), x.dtype), np.sign(x)).astype(x.dtype, copy=False)
     return np.sign(x).astype(x.dtype, copy=False)
 
 
 def _relu(x: Array, attrs: Attrs) -> Array:
-    return np.maximum(x, np.zeros((), x.dtype))
+    """``x < 0 ? 0 : x``: -0 and NaN stay, as in onnxruntime."""
+    return np.where(x < 0, np.zeros((), x.dtype), x)
+
+
+_TINY = 2.0**-20
+
+
+def _exp_branch(negative: Callable[[Array, Attrs], Array], *, positive_zero: bool) -> UnaryFn:
+    """An activation whose negative branch is ``alpha * (exp(x) - 1)`` (Elu, Selu, Celu).
+
+    ``negative(x, attrs)`` is the whole activation, evaluated with expm1 (float64). Where the
+    input type's ``exp(x)`` rounds to 1 for a negative x, onnxruntime's result is +0 and expm1's
+    is not: the kernel declines for ``-2**-20 < x < 0`` (a margin over float32's 2**-25; float16
+    runs in float32 in onnxruntime, float64's own threshold is smaller).
+    With ``positive_zero`` -0 maps to +0.
+    """
+
+    def fn(x: Array, attrs: Attrs) -> Array:
+        if x.dtype.kind == "f" and x.size and np.any((x < 0) & (x > -_TINY)):
+            raise UndefinedResultError("exp(x) - 1 of a tiny negative x: onnxruntime gives +0")
+        out = negative(x, attrs)
+        return out + 0.0 if positive_zero and x.dtype.kind == "f" else out
+
+    return fn
 
 
 _UNARY: dict[str, tuple[int, UnaryFn, bool]] = {
@@ -134,16 +166,26 @@ _UNARY: dict[str, tuple[int, UnaryFn, bool]] = {
         False,
     ),
     "HardSwish": (14, lambda x, a: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0), False),
-    "Elu": (6, lambda x, a: np.where(x >= 0, x, _f32(a, "alpha") * np.expm1(x)), False),
+    "Elu": (
+        6,
+        _exp_branch(lambda x, a: np.where(x >= 0, x, _f32(a, "alpha") * np.expm1(x)), positive_zero=False),
+        False,
+    ),
     "Selu": (
         6,
-        lambda x, a: _f32(a, "gamma") * np.where(x > 0, x, _f32(a, "alpha") * np.expm1(x)),
+        _exp_branch(
+            lambda x, a: _f32(a, "gamma") * np.where(x > 0, x, _f32(a, "alpha") * np.expm1(x)),
+            positive_zero=True,
+        ),
         False,
     ),
     "Celu": (
         12,
-        lambda x, a: np.maximum(x, 0.0)
-        + np.minimum(0.0, _f32(a, "alpha") * np.expm1(x / _f32(a, "alpha"))),
+        _exp_branch(
+            lambda x, a: np.maximum(x, 0.0)
+            + np.minimum(0.0, _f32(a, "alpha") * np.expm1(x / _f32(a, "alpha"))),
+            positive_zero=True,
+        ),
         False,
     ),
     "ThresholdedRelu": (10, lambda x, a: np.where(x > _f32(a, "alpha"), x, 0.0), False),

@@ -247,8 +247,11 @@ def _nonzero(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
 def _arg_reduce(fn: Callable[..., np.ndarray], op: str, allow_negative: bool) -> Kernel:
     """ArgMax/ArgMin; the first extreme index, or the last with ``select_last_index`` (12+).
 
-    NaN counts as the extreme value (numpy and onnx's reference evaluator);
-    onnxruntime skips NaN instead. The spec does not say.
+    The spec does not say what NaN does. onnxruntime's answer depends on the code path: its
+    element loop keeps a NaN in the first place and skips later ones, while its whole-tensor
+    reduction (Eigen's vectorised ``maxCoeff``) may return a NaN's index anywhere (float64
+    ``ArgMax([-inf, -0, nan, inf, 1])`` is 2). There is no rule to match, so a float input
+    holding NaN raises UndefinedResultError (the node is not folded).
     """
 
     def kernel(inputs: Inputs, attrs: Attrs) -> tuple[np.ndarray]:
@@ -257,6 +260,8 @@ def _arg_reduce(fn: Callable[..., np.ndarray], op: str, allow_negative: bool) ->
         n = x.shape[axis]
         if n == 0:
             raise RefImplError(f"{op}: empty axis {axis}")
+        if x.dtype.kind in "fV" and np.isnan(x.astype(np.float32) if x.dtype.kind == "V" else x).any():
+            raise UndefinedResultError(f"{op} over NaN: onnxruntime's index depends on its code path")
         if attrs.get("select_last_index", 0):
             result = n - 1 - fn(np.flip(x, axis), axis=axis)
         else:

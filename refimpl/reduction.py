@@ -15,32 +15,36 @@ Each op is one *reducer* built by ``_reducer(on_float, on_int)``: a function
 
 Numerics:
   * float16, bfloat16 and float32 are evaluated in float64 (float64 input as is) and rounded
-    once to the input type, so the result is the float64 result correctly rounded. (float32
-    accumulation, which the brief suggested for float16, can be hundreds of ulps off after
-    cancellation, e.g. the sum of [65504, 2**-14, -65504].)
-  * Except where the op's definition holds an intermediate tensor in the input type and that
-    tensor overflows there: the sum of squares of ReduceL2, the sum of ReduceLogSum and
-    ReduceMean, the shifted sum of exps of ReduceLogSumExp. Where such an intermediate rounds
-    to +-inf in the input type (its magnitude reaches ``limit``, the largest finite value plus
-    half an ulp) the result is what +-inf gives: float32 ReduceL2 of [3e19, 4e19] is inf, as in
-    onnxruntime, the onnx reference and the schema's function body, not 5e19. (onnxruntime
-    accumulates float16 in float32, so its float16 ReduceL2 of [200, 300] is 360.5; the function
-    body and the onnx reference give inf, as refimpl does.) Partial sums are not intermediates
-    of the definition: ReduceSum of float32 [3e38, 3e38, -3e38] is 3e38 (onnxruntime: inf).
-  * NaN propagates through every reduction, ReduceMax/ReduceMin included (as the elementwise
-    Max/Min do; onnxruntime's ReduceMax/Min drop a NaN that is not the first element).
-  * ReduceLogSumExp shifts by the slice maximum (by 0 where that is not finite): a slice of
-    only -inf gives -inf, a +inf entry gives +inf, NaN propagates, and 3e38 in float32 does
-    not overflow.
+    once to the input type, so the result is the float64 result correctly rounded.
+  * Except where the op's definition holds an intermediate tensor and that tensor overflows:
+    the sum of squares of ReduceL2, the sum of ReduceLogSum and ReduceMean, the shifted sum of
+    exps of ReduceLogSumExp. onnxruntime holds it in the input type, float32 for float16 and
+    bfloat16 (the spec does not fix it; the schema's function body would use float16), and so
+    does refimpl: where it rounds to +-inf there (its magnitude reaches ``limit``, the largest
+    finite value plus half an ulp) the result is what +-inf gives: float32 ReduceL2 of
+    [3e19, 4e19] is inf, not 5e19; float16 ReduceL2 of [200, 300] is 360.5.
+  * Where onnxruntime's answer depends on its code path or order, and the spec leaves it open,
+    the kernel raises UndefinedResultError (the node is not folded) instead of guessing:
+    float ReduceMax/Min over NaN, or over +0 and -0 at a zero extreme; a float sum of only -0;
+    a float sum with mixed signs whose partial sums may overflow (3e38 + 3e38 - 3e38 is inf in
+    onnxruntime), or that cancels within onnxruntime's rounding error (unless every partial sum
+    is exact); a product whose partial products may leave the normal range; a square below the
+    normal range (onnxruntime squares in float32: ReduceL2([1e-38]) is 0 there); float16
+    ReduceLogSum (onnxruntime adds in float16 there); ReduceLogSumExp over NaN with an inf,
+    over -inf with values below -60 (onnxruntime does not shift there) and float16 beyond +-11.
+  * Otherwise NaN propagates, and ReduceLogSumExp shifts by the slice maximum (by 0 where that
+    is not finite): a slice of only -inf gives -inf, a +inf entry +inf, and 3e38 in float32
+    does not overflow.
   * Integer reductions are exact: they run in the input type when a bound on the result
     (from the largest magnitude and the count) shows that nothing can overflow, and in int64 or
-    Python ints otherwise. A sum, sum of squares, L1 norm or product that does not fit
-    the input type raises: the spec does not define the overflow and runtimes disagree
-    (onnxruntime saturates, numpy and the onnx reference wrap around): UndefinedResultError.
-    Integer ReduceMean,
-    ReduceL2, ReduceLogSum and ReduceLogSumExp return the exact real result truncated toward
-    zero (as Cast converts a real to an integer). onnxruntime agrees except for
-    ReduceLogSumExp, whose integer exp terms it truncates before summing.
+    Python ints otherwise. A sum, sum of squares, L1 norm or product that does not fit the input
+    type raises UndefinedResultError: the spec does not define the overflow and runtimes
+    disagree (onnxruntime saturates, numpy and the onnx reference wrap around). So does an
+    integer sum whose partial sums may saturate, and a 64-bit sum or product beyond 2**53
+    (onnxruntime accumulates 64-bit integers in double). Integer ReduceMean, ReduceL2,
+    ReduceLogSum and ReduceLogSumExp return the exact real result truncated toward zero (as Cast
+    converts a real to an integer). onnxruntime agrees except for ReduceLogSumExp, whose integer
+    exp terms it truncates before summing.
   * Empty reductions give the schema's value: 0 for sums and norms, 1 for ReduceProd, -inf for
     ReduceLogSum/LogSumExp, -inf (or the dtype's minimum, False for bool) for ReduceMax and
     +inf (or the maximum, True) for ReduceMin. Where the schema says "undefined" (ReduceMean;
@@ -50,14 +54,25 @@ Numerics:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from refimpl._common import Attrs, Inputs, int_extent, normalize_axes
-from refimpl._dtypes import F32, F64, DTypes, as_dtype, checked, int_range, overflow_limit
+from refimpl._dtypes import (
+    F32,
+    F64,
+    DTypes,
+    accumulator_type,
+    as_dtype,
+    checked,
+    int_range,
+    overflow_limit,
+)
 from refimpl._errors import UndefinedResultError
 from refimpl._registry import Kernel, Typed, register
 
@@ -120,6 +135,7 @@ def _reducer(
     exact: bool = False,
     quiet: bool = False,
     held: bool = False,
+    check: Callable[[Array, Axes], None] | None = None,
 ) -> Reducer:
     """Builds a reducer: floats go to ``on_float``, integers and bool to ``on_int``.
 
@@ -130,20 +146,24 @@ def _reducer(
             (float32 for ml_dtypes floats).
         quiet: silence numpy's floating-point warnings (log(0) = -inf is intended).
         held: ``on_float`` is a HeldReducer: it also receives the input type's overflow limit.
+        check: called with float data in its own type first; raises to decline.
     """
 
     def reduce(data: Array, axes: Axes, keepdims: int) -> Array:
         kind = data.dtype.kind
         if kind in "iub":
             return on_int(data, axes, keepdims)
+        if check is not None:
+            with np.errstate(all="ignore"):
+                check(data.astype(F32) if kind == "V" else data, axes)
         if exact:
             return on_float(data.astype(F32) if kind == "V" else data, axes, keepdims)
         wide = data if data.dtype == F64 else data.astype(F64)
         if not (held or quiet):  # sums and products: the common call pays for nothing else
             return on_float(wide, axes, keepdims)
         args: tuple[Any, ...] = (wide, axes, keepdims)
-        if held:
-            args += (overflow_limit(data.dtype),)
+        if held:  # onnxruntime holds float16 intermediates in float32
+            args += (overflow_limit(accumulator_type(data.dtype)),)
         if quiet:
             with np.errstate(all="ignore"):
                 return on_float(*args)
@@ -156,7 +176,15 @@ def _reducer(
 
 
 def _sum(x: Array, axes: Axes, keepdims: int) -> Array:
-    total = np.add.reduce(x, axes, None, None, keepdims)
+    if x.dtype.kind == "f" and x.size:
+        # -0 is the identity of IEEE addition: the sum of only -0 is -0. onnxruntime gives -0
+        # or +0 there depending on its code path (a whole-tensor sum keeps -0, a sum over a
+        # size-1 axis does not), so such a sum declines.
+        total = np.add.reduce(x, axes, None, None, keepdims, -0.0)
+        if np.any((total == 0) & np.signbit(total)):
+            raise UndefinedResultError("a sum of only -0: onnxruntime's sign depends on its code path")
+    else:
+        total = np.add.reduce(x, axes, None, None, keepdims)
     # A reduction to one element returns a numpy scalar (a bare Python int for object arrays).
     return total if isinstance(total, np.ndarray) else np.asarray(total, dtype=x.dtype)
 
@@ -167,6 +195,108 @@ def _sum_square(x: Array, axes: Axes, keepdims: int) -> Array:
 
 def _sum_abs(x: Array, axes: Axes, keepdims: int) -> Array:
     return _sum(np.asarray(np.abs(x), dtype=x.dtype), axes, keepdims)
+
+
+def _check_partial_sums(x: Array, axes: Axes, limit: float) -> None:
+    """Declines a float sum whose partial sums might round to +-inf in the accumulator type.
+
+    onnxruntime adds in float32 in its own order, so 3e38 + 3e38 - 3e38 is inf there; the exact
+    sum is not. Safe when the finite magnitudes add up to less than ``limit``, or when they all
+    have one sign (partial sums then grow monotonically towards the result).
+    """
+    if not x.size:
+        return
+    if limit == math.inf:  # float64: the sum itself is in float64, in another order
+        limit = float(np.finfo(F64).max)
+    finite = np.where(np.isfinite(x), x, 0.0)
+    mixed = np.logical_or.reduce(x > 0, axes) & np.logical_or.reduce(x < 0, axes)  # infinities too
+    if np.any(mixed & (np.add.reduce(np.abs(finite), axes) >= limit)):
+        raise UndefinedResultError("partial sums may overflow: onnxruntime's result depends on its order")
+
+
+def _check_cancellation(x: Array, axes: Axes) -> None:
+    """Declines a float sum that cancels to the last bits of its terms.
+
+    onnxruntime adds in an order of its own; where ``|sum| <= eps * sum|x|`` (eps of the
+    accumulator type) its rounding errors can decide the result's sign, or make it 0 where the
+    exact sum is not (float16 ReduceMean of [65504, -65504, -6e-8, ...] is +0 there, -0
+    exactly; then -inf/inf behind a Log or Reciprocal). (The worst-case bound is ``n`` times
+    larger; it would decline most long random sums.) Such a slice declines unless its sum is
+    exact in every order: every element is
+    a multiple of the smallest element's ulp ``q`` and ``sum|x| < 2**p * q`` (p: the
+    accumulator's precision), so that no partial sum rounds.
+    """
+    if x.dtype.kind != "f" or not x.size:
+        return
+    precision = np.finfo(x.dtype).nmant + 1
+    accumulator = np.finfo(accumulator_type(x.dtype))
+    wide = x.astype(F64)
+    finite = np.isfinite(wide)
+    values = np.where(finite, wide, 0.0)
+    with np.errstate(all="ignore"):
+        total = np.add.reduce(values, axes)
+        magnitude = np.add.reduce(np.abs(values), axes)
+        doubtful = np.abs(total) <= float(accumulator.eps) * magnitude
+        doubtful &= np.logical_and.reduce(finite, axes) & (magnitude > 0)
+        if not np.any(doubtful):
+            return
+        _, exponent = np.frexp(np.where(values != 0, values, np.inf))  # inf: no ulp (largest)
+        ulp = np.where(values != 0, exponent.astype(np.float64) - precision, np.inf)
+        smallest = np.minimum.reduce(ulp, axes)
+        exact = magnitude < np.exp2(smallest + accumulator.nmant + 1)
+    if np.any(doubtful & ~exact):
+        raise UndefinedResultError("a sum that cancels within rounding error: onnxruntime's order decides")
+
+
+def _check_partial_products(x: Array, axes: Axes) -> None:
+    """Declines a float product whose partial products might leave the normal range of ``dtype``.
+
+    onnxruntime multiplies in float32 in its own order: a partial product may overflow to inf
+    (inf * 0 = NaN) or underflow to 0 where the exact product does not. Safe when the product
+    of the factors below 1 stays normal and that of those above 1 stays finite.
+    """
+    if not x.size:
+        return
+    info = ml_dtypes.finfo(accumulator_type(x.dtype))
+    with np.errstate(divide="ignore"):
+        logs = np.log2(np.abs(np.where(np.isfinite(x) & (x != 0), x, 1.0)))
+    shrink = np.add.reduce(np.minimum(logs, 0.0), axes)
+    grow = np.add.reduce(np.maximum(logs, 0.0), axes)
+    if np.any(shrink < math.log2(float(info.tiny)) + 1) or np.any(grow > math.log2(float(info.max)) - 1):
+        raise UndefinedResultError("partial products may leave the type's range: onnxruntime's order decides")
+
+
+def _check_squares(x: Array, axes: Axes) -> None:
+    """Declines a sum of squares with a square below the normal range of the accumulator type.
+
+    onnxruntime squares in float32 (float16 too), so float32 ReduceL2([1e-38]) is 0 there.
+    """
+    tiny = float(ml_dtypes.finfo(accumulator_type(x.dtype)).tiny)
+    magnitude = np.abs(x.astype(F64))
+    if np.any((magnitude > 0) & (magnitude * magnitude < tiny)):
+        raise UndefinedResultError("a square below the normal range: onnxruntime's float32 square underflows")
+
+
+def _check_log_sum_exp(x: Array, axes: Axes) -> None:
+    """Declines float ReduceLogSumExp where onnxruntime's paths disagree with the shifted sum.
+
+    onnxruntime shifts by the slice maximum, except where a slice holds -inf (along an axis),
+    where ``exp`` underflows unshifted (float64 ``[-inf, -800]`` gives -inf, not -800); its
+    float16 kernel overflows (``[65504]`` gives inf) and its whole-tensor path may skip a NaN
+    behind an inf (``[inf, nan]`` gives inf, float64 ``[-inf, nan]`` -inf). Such slices decline:
+    NaN with an inf, -inf with a
+    largest finite value below -60, float16 with a finite value beyond +-11.
+    """
+    if not x.size:
+        return
+    present = functools.partial(np.logical_or.reduce, axis=axes)
+    if np.any(present(np.isnan(x)) & present(np.isinf(x))):
+        raise UndefinedResultError("ReduceLogSumExp over NaN and inf: onnxruntime's result depends on its path")
+    top = np.maximum.reduce(np.where(np.isfinite(x), x, -np.inf).astype(F64), axes, initial=-np.inf)
+    if np.any(present(np.isneginf(x)) & np.isfinite(top) & (top < -60)):
+        raise UndefinedResultError("ReduceLogSumExp of -inf and values below -60: onnxruntime's exp underflows")
+    if x.dtype.itemsize <= 2 and np.any(np.isfinite(x) & (np.abs(x.astype(F32)) > 11)):
+        raise UndefinedResultError("float16 ReduceLogSumExp beyond +-11: onnxruntime's exp overflows")
 
 
 def _prod(x: Array, axes: Axes, keepdims: int) -> Array:
@@ -202,24 +332,66 @@ def _fit(total: Array, dtype: np.dtype) -> Array:
     return total.astype(dtype)
 
 
+def _check_double(x: Array, axes: Axes, power: int) -> None:
+    """Declines a 64-bit integer sum whose terms add up beyond 2**53 (|x|**power per term).
+
+    onnxruntime accumulates 64-bit integer sums in double, which is inexact beyond 2**53
+    (ReduceSum([2**53 + 1, 0]) is 2**53 there) and saturates when converting back.
+    """
+    magnitudes = np.asarray(np.abs(x.astype(object)) ** power, dtype=object)
+    if x.size and int(np.max(_sum(magnitudes, axes, False))) > 2**53:
+        raise UndefinedResultError("a 64-bit integer sum beyond 2**53: onnxruntime adds in double")
+
+
 def _exact_int(op: Reducer, *, power: int) -> Reducer:
     """An integer reduction computed exactly; ``power`` bounds its growth (|x|**power per term).
 
     ``power=0`` marks a product, whose growth is |x|**n. When the bound shows that no partial
     result can overflow the input type, ``op`` runs in that type; otherwise it runs in int64
     (or exact Python ints beyond 2**62) and the result must fit the input type.
+
+    onnxruntime saturates partial sums, so a sum whose magnitudes add up beyond the type
+    declines even when the exact result fits; it multiplies 64-bit integers through double, so
+    a 64-bit product with a factor or result beyond 2**53 declines.
     """
+    high = 2**53
 
     def reduce(x: Array, axes: Axes, keepdims: int) -> Array:
         count = _count(x, axes)
         peak = _log2_peak(x)
         growth = count * peak if power == 0 else power * peak + math.log2(count + 1)
+        if power == 0 and x.dtype.itemsize == 8 and peak > 53:
+            raise UndefinedResultError("a 64-bit product beyond 2**53: onnxruntime multiplies in double")
+        if power and x.dtype.itemsize == 8 and growth >= 53:
+            _check_double(x, axes, power)
         if growth < int_range(x.dtype)[1].bit_length() - 1:
             return op(x, axes, keepdims)
         wide = x.astype(np.int64) if growth < 62 else x.astype(object)
-        return _drop(_fit(op(wide, axes, True), x.dtype), axes, keepdims)
+        if power == 1 and x.dtype.kind == "i":
+            _fit(_sum(np.abs(x.astype(object)), axes, True), x.dtype)  # partial sums saturate
+        total = _fit(op(wide, axes, True), x.dtype)
+        if power == 0 and x.dtype.itemsize == 8 and total.size and int(np.max(np.abs(total.astype(object)))) > high:
+            raise UndefinedResultError("a 64-bit product beyond 2**53: onnxruntime multiplies in double")
+        return _drop(total, axes, keepdims)
 
     return reduce
+
+
+def _check_extreme(x: Array, axes: Axes, keepdims: int, out: Array) -> None:
+    """Declines a float ReduceMax/Min over NaN, or over +0 and -0 when the extreme is a zero.
+
+    onnxruntime's loop drops a NaN that is not first and keeps the first of equal values, but
+    its vectorised whole-tensor path does neither reliably: there is no rule to match.
+    """
+    if np.isnan(out).any() or np.isnan(x).any():
+        raise UndefinedResultError("ReduceMax/Min over NaN: onnxruntime's result depends on its code path")
+    if not np.any(out == 0):
+        return
+    zero = x == 0
+    negative = np.logical_or.reduce(zero & np.signbit(x), axes, keepdims=keepdims)
+    positive = np.logical_or.reduce(zero & ~np.signbit(x), axes, keepdims=keepdims)
+    if np.any(negative & positive & (out == 0)):
+        raise UndefinedResultError("ReduceMax/Min over +0 and -0: onnxruntime's zero depends on its code path")
 
 
 def _identity(dtype: np.dtype, *, largest: bool) -> Any:
@@ -245,7 +417,10 @@ def _extreme(ufunc: np.ufunc, *, largest: bool) -> Reducer:
 
     def reduce(x: Array, axes: Axes, keepdims: int) -> Array:
         if x.size:  # then no reduced set is empty
-            return ufunc.reduce(x, axes, None, None, keepdims)
+            out = ufunc.reduce(x, axes, None, None, keepdims)
+            if x.dtype.kind == "f":
+                _check_extreme(x, axes, keepdims, out)
+            return out
         initial = _IDENTITIES[(x.dtype.type, largest)]
         return ufunc.reduce(x, axes, None, None, keepdims, initial)
 
@@ -260,13 +435,21 @@ def _check_defined(x: Array, axes: Axes, what: str) -> int:
     return count
 
 
+def _float_sum(x: Array, axes: Axes, keepdims: int, limit: float) -> Array:
+    _check_partial_sums(x, axes, limit)
+    return _sum(x, axes, keepdims)
+
+
 def _float_mean(x: Array, axes: Axes, keepdims: int, limit: float) -> Array:
     count = _check_defined(x, axes, "the mean")
+    _check_partial_sums(x, axes, limit)
     return _held(_sum(x, axes, keepdims), limit) / max(count, 1)
 
 
 def _int_mean(x: Array, axes: Axes, keepdims: int) -> Array:
     count = max(_check_defined(x, axes, "the mean"), 1)
+    if x.dtype.itemsize == 8:
+        _check_double(x, axes, 1)
     exact = _sum(x.astype(object), axes, True)
     # Exact Python-int sums; the mean of values of a type always fits the type.
     quotient = [_trunc_div(int(s), count) for s in exact.ravel()]
@@ -288,7 +471,20 @@ def _int_l2(x: Array, axes: Axes, keepdims: int) -> Array:
     return _drop(_fit(roots.reshape(squares.shape), x.dtype), axes, keepdims)
 
 
+def _check_log_sum(x: Array, axes: Axes) -> None:
+    """Declines float16 ReduceLogSum: onnxruntime adds float16 in float16 there (its ReduceSum
+    adds in float32), so a cancelling sum such as [-1, -3, 2, 6e-8, 6e-8, 2] is 0 (log: -inf)."""
+    if x.dtype == np.float16:
+        raise UndefinedResultError("float16 ReduceLogSum: onnxruntime adds in float16")
+
+
+def _check_log_sum_inputs(x: Array, axes: Axes) -> None:
+    _check_log_sum(x, axes)
+    _check_cancellation(x, axes)
+
+
 def _float_log_sum(x: Array, axes: Axes, keepdims: int, limit: float) -> Array:
+    _check_partial_sums(x, axes, limit)
     return np.log(_held(_sum(x, axes, keepdims), limit))
 
 
@@ -315,7 +511,11 @@ def _float_log_sum_exp(x: Array, axes: Axes, keepdims: int, limit: float) -> Arr
         shift = np.where(finite, shift, 0.0)
         with np.errstate(all="ignore"):
             log_total = np.log(_shifted_sum(x, shift, axes, keepdims, limit))
-    return log_total + (shift if keepdims else shift.reshape(log_total.shape))
+    result = log_total + (shift if keepdims else shift.reshape(log_total.shape))
+    if np.any((result != 0) & (np.abs(result) < 2.0**-20)):
+        # log(exp(m)) of a tiny m: the unshifted path gives log(1) = 0, the shifted one m.
+        raise UndefinedResultError("ReduceLogSumExp near 0: onnxruntime's paths round it differently")
+    return result
 
 
 def _shifted_sum(x: Array, shift: Array, axes: Axes, keepdims: int, limit: float) -> Array:
@@ -346,16 +546,20 @@ def _int_log_sum_exp(x: Array, axes: Axes, keepdims: int) -> Array:
 # ReduceSumSquare, ReduceL1 and ReduceSum need no limit: their result is the intermediate, and
 # rounding it to the input type overflows by itself.
 _REDUCERS: dict[str, Reducer] = {
-    "ReduceSum": _reducer(_sum, _exact_int(_sum, power=1)),
-    "ReduceSumSquare": _reducer(_sum_square, _exact_int(_sum_square, power=2)),
+    "ReduceSum": _reducer(_float_sum, _exact_int(_sum, power=1), held=True, check=_check_cancellation),
+    "ReduceSumSquare": _reducer(_sum_square, _exact_int(_sum_square, power=2), check=_check_squares),
     "ReduceL1": _reducer(_sum_abs, _exact_int(_sum_abs, power=1)),
-    "ReduceL2": _reducer(_float_l2, _int_l2, held=True),
-    "ReduceMean": _reducer(_float_mean, _int_mean, quiet=True, held=True),
-    "ReduceProd": _reducer(_prod, _exact_int(_prod, power=0)),
+    "ReduceL2": _reducer(_float_l2, _int_l2, held=True, check=_check_squares),
+    "ReduceMean": _reducer(_float_mean, _int_mean, quiet=True, held=True, check=_check_cancellation),
+    "ReduceProd": _reducer(_prod, _exact_int(_prod, power=0), check=_check_partial_products),
     "ReduceMax": _reducer(*[_extreme(np.maximum, largest=True)] * 2, exact=True),
     "ReduceMin": _reducer(*[_extreme(np.minimum, largest=False)] * 2, exact=True),
-    "ReduceLogSum": _reducer(_float_log_sum, _int_log_sum, quiet=True, held=True),
-    "ReduceLogSumExp": _reducer(_float_log_sum_exp, _int_log_sum_exp, held=True),
+    "ReduceLogSum": _reducer(
+        _float_log_sum, _int_log_sum, quiet=True, held=True, check=_check_log_sum_inputs
+    ),
+    "ReduceLogSumExp": _reducer(
+        _float_log_sum_exp, _int_log_sum_exp, held=True, check=_check_log_sum_exp
+    ),
 }
 
 # op: (the last schema version with the axes attribute, the first with the axes input).

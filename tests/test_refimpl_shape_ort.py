@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import refimpl
 from helpers import node_model, ort_run
-from refimpl import RefImplError, UnsupportedOpError
+from refimpl import RefImplError, UndefinedResultError, UnsupportedOpError
 
 # A quarter of the profile's examples: 25 by default, more under HYPOTHESIS_PROFILE=long.
 _SETTINGS = settings(max_examples=max(25, settings.default.max_examples // 4), deadline=None)
@@ -1010,15 +1010,14 @@ def test_arg_reduce_matches_ort(x: np.ndarray, op: str, data: st.DataObject) -> 
     )
 
 
-def test_argmax_nan_is_the_maximum() -> None:
-    # The spec is silent; like numpy and onnx's reference evaluator NaN wins
-    # (onnxruntime skips NaN and returns 2 here).
+def test_argmax_over_nan_declines() -> None:
+    # The spec is silent; onnxruntime's loop skips a NaN that is not first (2 here) but its
+    # vectorised whole-tensor path does not: there is no rule to match, so refimpl declines.
     x = np.array([1, np.nan, 3, np.nan], np.float32)
-    assert refimpl.run("ArgMax", [x], {"keepdims": 0}, opset=13)[0].tolist() == 1
-    assert (
-        refimpl.run("ArgMax", [x], {"keepdims": 0, "select_last_index": 1}, opset=13)[0].tolist()
-        == 3
-    )
+    for attrs in ({"keepdims": 0}, {"keepdims": 0, "select_last_index": 1}):
+        for op in ("ArgMax", "ArgMin"):
+            with pytest.raises(UndefinedResultError, match=op):
+                refimpl.run(op, [x], attrs, opset=13)
 
 
 @_SETTINGS
@@ -1109,7 +1108,11 @@ def test_matmul_integer_valued_matches_ort_exactly(
     # Small integers: every product and partial sum is exact in every type and order.
     a = data.draw(_small_values(dtype, shapes[0], -8, 8))
     b = data.draw(_small_values(dtype, shapes[1], -8, 8))
-    _check_exact("MatMul", [("a", a), ("b", b)], opset=13)
+    try:
+        _check_exact("MatMul", [("a", a), ("b", b)], opset=13)
+    except UndefinedResultError:
+        # floats: an output whose products are all -0 (-1 * 0) has the runtime's sign
+        assert np.dtype(dtype).kind == "f"
 
 
 _FLOATS = st.floats(-100, 100, width=32, allow_subnormal=False)
@@ -1123,7 +1126,10 @@ def test_matmul_float32_matches_ort_within_k_ulps(
     # Bound: K ulps (float32) of sum_k |a_ik * b_kj|, K the inner dimension.
     a = data.draw(hnp.arrays(np.float32, tuple(shapes[0]), elements=_FLOATS))
     b = data.draw(hnp.arrays(np.float32, tuple(shapes[1]), elements=_FLOATS))
-    (ours,), (theirs,) = _both("MatMul", [("a", a), ("b", b)], [("y", np.float32)], opset=13)
+    try:
+        (ours,), (theirs,) = _both("MatMul", [("a", a), ("b", b)], [("y", np.float32)], opset=13)
+    except UndefinedResultError:
+        return  # all -0 products, or a cancellation within rounding error: declined
     k = a.shape[-1]
     scale = np.matmul(np.abs(a).astype(np.float64), np.abs(b).astype(np.float64))
     _assert_within(ours, theirs, k * _ulp(scale, np.float32))
@@ -1163,9 +1169,12 @@ def test_gemm_matches_ort_within_k_ulps(
     }[c_kind]
     c = None if c_shape is None else data.draw(hnp.arrays(np.float32, c_shape, elements=_FLOATS))
     attrs = {"transA": int(trans[0]), "transB": int(trans[1]), "alpha": alpha, "beta": beta}
-    (ours,), (theirs,) = _both(
-        "Gemm", [("a", a), ("b", b), ("c", c)], [("y", np.float32)], attrs, opset=13
-    )
+    try:
+        (ours,), (theirs,) = _both(
+            "Gemm", [("a", a), ("b", b), ("c", c)], [("y", np.float32)], attrs, opset=13
+        )
+    except UndefinedResultError:
+        return  # all -0 products, alpha = 0 with a zero, or a cancellation: declined
     a64, b64 = (np.abs(v.T if t else v).astype(np.float64) for v, t in zip((a, b), trans))
     scale = abs(alpha) * (a64 @ b64) + (
         0 if c is None else abs(beta) * np.abs(c.astype(np.float64))
@@ -1212,9 +1221,12 @@ def test_einsum_matches_ort(case: tuple[str, list[tuple[int, ...]]], data: st.Da
         (f"x{i}", data.draw(hnp.arrays(np.float32, s, elements=_FLOATS)))
         for i, s in enumerate(shapes)
     ]
-    (ours,), (theirs,) = _both(
-        "Einsum", floats, [("y", np.float32)], {"equation": equation}, opset=12
-    )
+    try:
+        (ours,), (theirs,) = _both(
+            "Einsum", floats, [("y", np.float32)], {"equation": equation}, opset=12
+        )
+    except UndefinedResultError:
+        return  # all -0 products or a cancellation within rounding error: declined
     # Bound: 8 ulps (float32) of the same contraction over absolute values.
     scale = np.einsum(equation.replace(" ", ""), *(np.abs(x).astype(np.float64) for _, x in floats))
     _assert_within(ours, theirs, 8 * _ulp(scale, np.float32))
