@@ -80,3 +80,22 @@ def test_an_infinite_error_is_strict_json() -> None:
     assert json.loads(text, parse_constant=refuse)["outputs"][0]["max_rel_error"] == "inf"
     assert json_safe([float("nan"), -float("inf"), 1.5]) == ["nan", "-inf", 1.5]
     assert OutputComparison.from_json(result.to_json()).shape == (4,)
+
+
+def test_the_sign_of_zero_must_match_where_both_are_zero() -> None:
+    """-0 and +0 are different results (behind a Reciprocal: -inf and +inf), within a tolerance or not."""
+    import ml_dtypes
+
+    for dtype in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
+        e = np.array([0.0, -0.0, 1.0, np.nan] * 4, dtype)
+        assert compare("y", e, e.copy(), 1e-4, 1e-5).ok and compare("y", e, e.copy(), None, None).ok
+        a = e.copy()
+        a[5] = 0.0  # -0 became +0
+        for rtol, atol in ((1e-4, 1e-5), (None, None)):
+            result = compare("y", e, a, rtol, atol)
+            assert not result.ok and result.mismatches == 1, (dtype, result)
+            assert "sign of zero" in result.message and result.max_abs_error == 0
+    # A NaN's sign bit is not a difference.
+    e = np.array([np.nan, 1.0], np.float32)
+    assert compare("y", e, -e, 1e-4, 1e-5).ok is False  # 1 vs -1 differs
+    assert compare("y", e[:1], -e[:1], 1e-4, 1e-5).ok and compare("y", e[:1], -e[:1], None, None).ok

@@ -1,10 +1,13 @@
 """Comparing one output of the two models, in bounded memory (numpy only: the check's child imports it).
 
-Exact types (integers, booleans, strings) are compared in their own dtype.
-Floats are compared chunk by chunk: a chunk that is bit-for-bit equal in the
-output's own dtype (NaN in the same places) is skipped, and only the other
-chunks are widened to float64 for the tolerance test, so the extra memory is a
-few chunks, not several float64 copies of the whole output.
+Exact types (integers, booleans, strings) are compared in their own dtype, bit
+for bit. Floats must have NaN in the same places, the same infinities (with
+their sign) and, where both values are zero, the same sign of zero (behind a
+Reciprocal, -0 and +0 are -inf and +inf); the other values must be within the
+tolerance. They are compared chunk by chunk: a chunk that is equal in the
+output's own dtype (NaN in the same places, zeros of the same sign) is skipped,
+and only the other chunks are widened to float64 for the tolerance test, so the
+extra memory is a few chunks, not several float64 copies of the whole output.
 """
 
 from __future__ import annotations
@@ -72,15 +75,27 @@ def compare(
     return result
 
 
+def _zero_sign_differs(e: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Where both values are zero but of different signs (-0 against +0)."""
+    both = (e == 0) & (a == 0)
+    if not both.any():
+        return both
+    both[both] = np.signbit(e[both]) != np.signbit(a[both])
+    return both
+
+
 def _compare_exact(result: OutputComparison, e_flat: np.ndarray, a_flat: np.ndarray) -> None:
     numeric = e_flat.dtype.kind in "iub"
     floats = _is_float(e_flat.dtype)
+    signs = 0
     for start in range(0, e_flat.size, CHUNK):
         e, a = e_flat[start : start + CHUNK], a_flat[start : start + CHUNK]
         if e.dtype == object or e.dtype.kind in "USO":
             diff = np.asarray(e != a, dtype=bool)
         elif floats:
-            diff = ~((e == a) | (np.isnan(e) & np.isnan(a)))
+            zeros = _zero_sign_differs(e, a)
+            signs += int(np.count_nonzero(zeros))
+            diff = ~((e == a) | (np.isnan(e) & np.isnan(a))) | zeros
         else:
             diff = e != a
         count = int(np.count_nonzero(diff))
@@ -92,20 +107,27 @@ def _compare_exact(result: OutputComparison, e_flat: np.ndarray, a_flat: np.ndar
             result.max_abs_error = max(result.max_abs_error, float(delta.max()))
     if result.mismatches:
         result.ok = False
-        result.message = f"{result.mismatches} element(s) differ (exact comparison)"
+        result.message = f"{result.mismatches} element(s) differ (exact comparison{_signs_text(signs)})"
+
+
+def _signs_text(signs: int) -> str:
+    return f"; {signs} only in the sign of zero" if signs else ""
 
 
 def _compare_close(result: OutputComparison, e_flat: np.ndarray, a_flat: np.ndarray, rtol: float,
                    atol: float) -> None:  # fmt: skip
     tiny = np.finfo(np.float64).tiny
+    signs = 0
     for start in range(0, e_flat.size, CHUNK):
         e_own, a_own = e_flat[start : start + CHUNK], a_flat[start : start + CHUNK]
-        if np.array_equal(e_own, a_own, equal_nan=True):
+        zeros = _zero_sign_differs(e_own, a_own)
+        if np.array_equal(e_own, a_own, equal_nan=True) and not zeros.any():
             continue  # exact in the output's own dtype: nothing to widen
+        signs += int(np.count_nonzero(zeros))
         e, a = e_own.astype(np.float64), a_own.astype(np.float64)
         e_nan, a_nan = np.isnan(e), np.isnan(a)
         finite = np.isfinite(e) & np.isfinite(a)
-        bad = (e_nan != a_nan) | (~finite & ~e_nan & ~a_nan & (e != a))
+        bad = (e_nan != a_nan) | (~finite & ~e_nan & ~a_nan & (e != a)) | zeros
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, x / tiny: masked or meant
             delta = np.where(finite, np.abs(e - a), 0.0)
             rel = np.where(finite, delta / np.maximum(np.abs(e), tiny), 0.0)
@@ -119,7 +141,7 @@ def _compare_close(result: OutputComparison, e_flat: np.ndarray, a_flat: np.ndar
         result.message = (
             f"{result.mismatches} of {e_flat.size} element(s) differ beyond rtol={rtol:g}, atol={atol:g} "
             f"(max abs error {result.max_abs_error:.3g}, max rel error {result.max_rel_error:.3g}; "
-            "NaN/inf placement must match)"
+            f"NaN/inf placement and the sign of zero must match{_signs_text(signs)})"
         )
 
 
