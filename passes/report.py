@@ -16,7 +16,7 @@ import onnx_ir as ir
 
 from passes.errors import InputError
 from passes.ir.walk import default_opset, iter_scopes
-from passes.verify.result import CheckResult
+from passes.verify.result import CheckResult, name_text
 
 __all__ = ["ModelSummary", "PassRun", "Report", "summarize"]
 
@@ -210,7 +210,7 @@ def _check_lines(check: CheckResult) -> list[str]:
     for out in check.outputs:
         status = "ok" if out.ok else "MISMATCH"
         lines.append(
-            f"  {out.name}: {status}  max abs {out.max_abs_error:.3g}  max rel {out.max_rel_error:.3g}"
+            f"  {name_text(out.name)}: {status}  max abs {out.max_abs_error:.3g}  max rel {out.max_rel_error:.3g}"
             f"  ({out.tolerance_text()})" + (f"  ({out.message})" if out.message and not out.ok else "")
         )
     lines.extend(f"note: {note}" for note in check.notes)

@@ -41,14 +41,13 @@ from passes.verify.compare import compare as _compare  # noqa: F401  the compari
 from passes.verify.result import (
     DEFAULT_DIM,
     DEFAULT_TIMEOUT,
-    QUOTE_LIMIT,
     TOLERANCES,
     CheckResult,
     FirstDifference,
     InputsUsed,
     OutputComparison,
+    name_text,
     shown,
-    shown_names,
 )
 
 __all__ = [
@@ -76,18 +75,16 @@ LOCATE_BUDGET = 1 << 28
 def _hint_for_sizes(specs: list[plan.InputSpec]) -> str:
     names = sorted({d for s in specs for d in s.dims if isinstance(d, str)})
     if names:
-        return f"pass --dim NAME=SIZE (its dynamic dimensions: {shown_names(names)}) or --inputs FILE.npz"
+        listed = ", ".join(name_text(n) for n in names[:10])
+        listed += f" and {len(names) - 10} more" if len(names) > 10 else ""
+        return f"pass --dim NAME=SIZE (its dynamic dimensions: {listed}) or --inputs FILE.npz"
     return "pass --inputs FILE.npz"
-
-
-def _dim(name: str) -> str:
-    """A dim name as the messages show it: as is, unless it is long (then quoted and cut)."""
-    return name if len(name) <= QUOTE_LIMIT else shown(name)
 
 
 def _tries_text(attempts: list[dict[str, Any]]) -> str:
     """`` (sizes tried: (batch=1, height=32) (batch=1, height=64))``, or "" without named sizes."""
-    sizes = ["(" + ", ".join(f"{_dim(k)}={v}" for k, v in a["dims"].items()) + ")" for a in attempts if a.get("dims")]
+    sizes = ["(" + ", ".join(f"{name_text(k)}={v}" for k, v in a["dims"].items()) + ")"
+             for a in attempts if a.get("dims")]  # fmt: skip
     return f" (sizes tried: {' '.join(sizes)})" if sizes else ""
 
 
@@ -236,7 +233,7 @@ class Checker:
         chosen = tries[prepared["try"] - 1]
         self._prepare["tries"] = [chosen]  # a restarted child makes the same inputs at once
         try:
-            self._records = self._run_sets(self._plan_sets(specs, given), prepared, deadline)
+            self._records = self._run_sets(self._plan_sets(specs, given, chosen), prepared, deadline)
         except WorkerError as e:
             return self._not_run(e, specs)
         result = self._compare(optimized, deadline)
@@ -251,12 +248,19 @@ class Checker:
 
     # --- the sets of inputs after the chosen one ---------------------------------------------
 
-    def _plan_sets(self, specs: list[plan.InputSpec], given: dict[str, Any] | None) -> list[tuple[dict[str, Any], str]]:
-        """Each set after the chosen one: its description, and why it cannot be made ("" if it can)."""
+    def _plan_sets(self, specs: list[plan.InputSpec], given: dict[str, Any] | None,
+                   chosen: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:  # fmt: skip
+        """Each set after the chosen one: its description, and why it cannot be made ("" if it can).
+        The 0-sized-dims set has a second form (``then``), tried when the original does not run
+        the first: only the first dynamic dimension 0, the others as chosen."""
         keep = sorted(s.name for s in specs if s.index)
         values = [s for s in specs if not s.index and s.dtype is not None and s.dtype != "bool"]
         floats = [s for s in values if s.dtype in plan.FLOAT_TYPES.values()]
-        zero = plan.zero_sizes(specs, dims=self.dims, given=given["shapes"] if given else None)
+        shapes = given["shapes"] if given else None
+        zero = plan.zero_sizes(specs, dims=self.dims, given=shapes)
+        first = plan.zero_sizes(specs, dims=self.dims, given=shapes, base=chosen)
+        if zero is not None and first is not None and first["inputs"] != zero["inputs"]:
+            zero["then"] = {"name": "zero-dims", "label": "0-sized-dimension", "kind": "sizes", **first}
         return [
             ({"name": "edge", "label": "edge-value", "kind": "edge", "keep": keep},
              "" if values else "no input takes edge values (each is an index, a shape, a size or a bool)"),
@@ -281,7 +285,7 @@ class Checker:
         budget = time.monotonic() + self.timeout * EXTRA_SETS_SHARE
         for description, reason in plans:
             record = {"name": description["name"], "label": description["label"], "tried": not reason,
-                      "ran": False, "ok": None, "note": reason}  # fmt: skip
+                      "ran": False, "ok": None, "note": reason, "dims": None}  # fmt: skip
             records.append(record)
             if reason:
                 continue
@@ -291,23 +295,40 @@ class Checker:
                                   f"more sets {self.timeout * EXTRA_SETS_SHARE:g} s of --check-timeout")  # fmt: skip
                 continue
             limit = min(deadline, now + max(10.0, 10 * seconds))
-            try:
-                answer = self.worker.request({"op": "add_set", "set": description}, limit)
-            except WorkerTimeout as e:
-                record["note"] = f"the original did not finish on it within {limit - now:.3g} s ({e.phase})"
-                self._restore(deadline)
-                continue
-            except WorkerCrashed as e:
-                record["note"] = f"the original does not run on it: {e}"
-                self._restore(deadline)
-                continue
-            if answer.get("ok"):
-                record["ran"] = True
-                self._kept.append(description)
-            else:
-                record["note"] = f"the original does not run on it: {answer.get('error', '')}"
+            errors = []
+            for form in (description, description.get("then")):
+                if form is None:
+                    break
+                form = {k: v for k, v in form.items() if k != "then"}
+                error = self._add_set(form, limit, deadline, now)
+                if error is None:
+                    record["ran"], record["dims"] = True, form.get("dims")
+                    break
+                errors.append(error)
+            if errors:
+                record["note"] = "the original does not run on it: " + errors[0]
+            if len(errors) == 2:
+                record["note"] += f"; nor with only the first dynamic dimension 0: {errors[1]}"
+            elif errors and record["ran"]:
+                record["note"] += "; it runs with only the first dynamic dimension 0, which was used"
         self._last_sets = [dict(r) for r in records]
         return records
+
+    def _add_set(self, description: dict[str, Any], limit: float, deadline: float, now: float) -> str | None:
+        """Runs the original on one more set; why it does not run, or None (the set is kept)."""
+        assert self.worker is not None
+        try:
+            answer = self.worker.request({"op": "add_set", "set": description}, limit)
+        except WorkerTimeout as e:
+            self._restore(deadline)
+            return f"it did not finish within {limit - now:.3g} s ({e.phase})"
+        except WorkerCrashed as e:
+            self._restore(deadline)
+            return str(e)
+        if not answer.get("ok"):
+            return str(answer.get("error", ""))
+        self._kept.append(description)
+        return None
 
     def _restore(self, deadline: float) -> None:
         """A new child with the chosen inputs and the sets kept so far (after a crash or a timeout).

@@ -103,12 +103,14 @@ def inspect(
                     header_bytes = stream.tell()
             except (ValueError, OSError, EOFError, zipfile.BadZipFile, SyntaxError) as e:
                 why = " ".join(str(e).split())[:200] or type(e).__name__  # numpy's header errors span lines
-                raise ValueError(f"cannot read inputs (member {shown(name)} is not a readable .npy array: {why})") from e
+                raise ValueError(
+                    f"cannot read inputs (member {shown(name)} is not a readable .npy array: {why})") from e
             if any(d < 0 for d in shape):
                 raise ValueError(f"cannot read inputs (member {shown(name)} declares the shape {list(shape)}: "
                                  "a negative dimension)")  # fmt: skip
             if dtype.hasobject:
-                raise ValueError(f"cannot read inputs (member {shown(name)} holds Python objects; only arrays are read)")
+                raise ValueError(
+                    f"cannot read inputs (member {shown(name)} holds Python objects; only arrays are read)")
             nbytes = math.prod(shape) * dtype.itemsize
             if header_bytes + nbytes > info.file_size:
                 raise ValueError(

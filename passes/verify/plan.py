@@ -208,16 +208,28 @@ def _subgraph_names(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-def _index_use(name: str, uses: Mapping[str, list[tuple[onnx.NodeProto, int]]], inner: set[str]) -> str:
-    """Why ``name`` is an index, a shape or a size (``""``: a value)."""
+#: Index inputs of ai.onnx.ml ops (its other inputs are features, keys or labels: values).
+_ML_INDEX_INPUTS: dict[str, frozenset[int]] = {"ArrayFeatureExtractor": frozenset({1})}
+
+
+def _index_use(name: str, uses: Mapping[str, list[tuple[onnx.NodeProto, int]]], inner: set[str],
+               integer: bool) -> str:  # fmt: skip
+    """Why ``name`` is an index, a shape or a size (``""``: a value). An integer input that reaches
+    an op of another domain than ai.onnx and ai.onnx.ml is taken for one: its meaning is unknown."""
     if name in inner:
         return "read inside a subgraph"
     seen = {name}
     for node, index in _reaches(name, uses, _TO_INDEX):
         seen.update(node.output)
         label = node.name or (node.output[0] if node.output else "")
+        if node.domain == "ai.onnx.ml":
+            if index in _ML_INDEX_INPUTS.get(node.op_type, frozenset()):
+                return f"input {index} of ai.onnx.ml::{node.op_type} {_shown(label)}"
+            continue
         if node.domain not in ("", "ai.onnx"):
-            return f"feeds {node.domain}::{node.op_type} {_shown(label)}"
+            if integer:
+                return f"feeds {node.domain}::{node.op_type} {_shown(label)}"
+            continue
         positions = INDEX_INPUTS.get(node.op_type, frozenset())
         if positions is None or index in positions:
             return f"input {index} of {node.op_type} {_shown(label)}"
@@ -323,7 +335,7 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
                 named = _name_role(d) if d else None
                 roles.append(named or _position_role(position, len(dims), spatial, is_int))
         spec = InputSpec(info.name, dtype, _type_text(type_proto), dims, roles)
-        spec.index = _index_use(info.name, uses, inner)
+        spec.index = _index_use(info.name, uses, inner, is_int)
         if is_int:
             bound = _index_bound(info.name, graph, uses, shapes)
             if bound is not None:
@@ -425,15 +437,36 @@ def zero_sizes(
     *,
     dims: Mapping[str, int] | None = None,
     given: Mapping[str, tuple[int, ...]] | None = None,
+    base: Mapping[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """One more set of sizes: every dynamic dimension 0 unless the caller fixed it (``--dim``, a
-    given input's shape); None when no generated input would have a 0-sized dimension.
+    given input's shape); with ``base`` (a try that ran), only the first such dimension 0 and
+    the others as in ``base``. None when no generated input would have a 0-sized dimension.
 
     Returns:
         Like one try of :func:`size_tries`.
     """
     fixed, _, named, expressions = _names(specs, dims, given)
-    sizes = {d: fixed.get(d, 0) for d in sorted(named - expressions.keys())}
+    first: Any = None  # a dim name, or (input, position) of an unnamed dim
+    if base is not None:
+        for spec in specs:
+            if given and spec.name in given:
+                continue
+            for position, d in enumerate(spec.dims):
+                if d is None or (isinstance(d, str) and d not in fixed and d not in expressions):
+                    first = d if d is not None else (spec.name, position)
+                    break
+            if first is not None:
+                break
+        if first is None:
+            return None
+
+    def plain(d: str) -> int:
+        if d in fixed:
+            return fixed[d]
+        return 0 if base is None or d == first else int(base["dims"].get(d, 0))
+
+    sizes = {d: plain(d) for d in sorted(named - expressions.keys())}
     for d, tree in expressions.items():
         value = _evaluate(tree, sizes)
         sizes[d] = value if value is not None and value >= 0 else 0
@@ -442,7 +475,16 @@ def zero_sizes(
     for spec in specs:
         if given and spec.name in given:
             continue
-        shape = [d if isinstance(d, int) else sizes[d] if isinstance(d, str) else 0 for d in spec.dims]
+        shape = []
+        for position, d in enumerate(spec.dims):
+            if isinstance(d, int):
+                shape.append(d)
+            elif isinstance(d, str):
+                shape.append(sizes[d])
+            elif base is None or first == (spec.name, position):
+                shape.append(0)
+            else:
+                shape.append(int(base["inputs"][spec.name]["shape"][position]))
         inputs[spec.name] = {"dtype": spec.dtype, "shape": shape, "low": spec.low, "high": spec.high}
         zeroed |= any(not isinstance(d, int) and size == 0 for d, size in zip(spec.dims, shape))
     if not zeroed:

@@ -23,6 +23,7 @@ __all__ = [
     "InputsUsed",
     "OutputComparison",
     "json_safe",
+    "name_text",
     "shown",
     "shown_names",
 ]
@@ -47,6 +48,11 @@ QUOTE_LIMIT = 100
 def shown(text: Any) -> str:
     """``repr(text)`` cut to about :data:`QUOTE_LIMIT` characters, for a message."""
     return short(str(text), QUOTE_LIMIT)
+
+
+def name_text(name: str) -> str:
+    """A name as is, unless it is long (then quoted and cut)."""
+    return name if len(name) <= QUOTE_LIMIT else shown(name)
 
 
 def shown_names(names: list[str], limit: int = 5) -> str:
@@ -173,16 +179,16 @@ class InputsUsed:
     def sizes_text(self) -> str:
         """``batch=1, height=64`` (named dims), else the generated inputs' shapes."""
         if self.dims:
-            return ", ".join(f"{k}={v}" for k, v in self.dims.items())
+            return ", ".join(f"{name_text(k)}={v}" for k, v in self.dims.items())
         shapes = {k: v for k, v in self.shapes.items() if k in self.generated}
-        return ", ".join(f"{k}{list(v)}" for k, v in shapes.items()) or "static shapes"
+        return ", ".join(f"{name_text(k)}{list(v)}" for k, v in shapes.items()) or "static shapes"
 
     def text(self) -> str:
         parts = []
         if self.generated:
             parts.append(f"generated (seed {self.seed}): {self.sizes_text()}")
         if self.given:
-            parts.append("given: " + ", ".join(self.given))
+            parts.append("given: " + ", ".join(name_text(n) for n in self.given))
         if self.tries > 1:
             parts.append(f"try {self.tries}; earlier sizes did not run: {self.attempts[0].get('error', '')}")
         if self.sets_text():

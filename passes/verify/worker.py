@@ -283,8 +283,9 @@ def _add_set(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001  onnxruntime's exceptions share no base class
         return {"ok": False, "error": _first_line(e)}
     seconds = time.perf_counter() - start
-    expected = _spill(dict(zip(state.names, outputs)), state.prepare.get("spill_dir", ""),
-                      int(state.prepare.get("spill_bytes", 1 << 28)) // 4, f"{description['name']}-{len(state.sets)}")  # fmt: skip
+    threshold = int(state.prepare.get("spill_bytes", 1 << 28)) // 4  # several sets' outputs wait together
+    expected = _spill(dict(zip(state.names, outputs)), state.prepare.get("spill_dir", ""), threshold,
+                      f"{description['name']}-{len(state.sets)}")  # fmt: skip
     state.sets.append({"set": description, "expected": expected})
     return {"ok": True, "seconds": seconds, "shapes": {k: list(np.shape(v)) for k, v in feeds.items()}}
 
