@@ -310,3 +310,82 @@ def test_inputs_with_a_bad_npy_header_are_exit_2_in_one_line(tmp_path: pathlib.P
     assert len(lines) == 1 and "NOT CHECKED" not in err, err
     assert ("negative" in err) if case == "negative" else ("not a readable .npy array" in err), err
     assert len(lines[0]) < 600, lines[0]
+
+
+# --- through the command: a wrong rewrite is refused (exit 1), a right one passes -------------------
+
+
+def test_a_wrong_fold_behind_where_above_100_fails_the_command(tmp_path: pathlib.Path, monkeypatch,
+                                                                capsys) -> None:  # fmt: skip
+    """refimpl made wrong on purpose: Reciprocal(-0) folds to +inf instead of -inf. The folded
+    constant is used only where x > 100, which no standard-normal input reaches."""
+    import refimpl
+
+    real = refimpl.run
+    calls = []
+
+    def wrong(op_type: str, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if op_type == "Reciprocal":
+            calls.append(op_type)
+            return [np.reciprocal(np.abs(inputs[0]))]
+        return real(op_type, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(refimpl, "run", wrong)
+    src, out, report = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "r.json"
+    onnx.save_model(_where_over_100(-0.0), str(src))
+    code = cli.main([str(src), "-o", str(out), "--report", str(report), "-q"])
+    err = capsys.readouterr().err
+    assert calls, "the fold did not evaluate the Reciprocal: the test injects nothing"
+    assert code == 1 and not out.exists(), err
+    assert "on the edge-value inputs" in err and "introduced by pass 'fold'" in err, err
+    check = json.loads(report.read_text())["check"]
+    assert {s["name"]: s["ok"] for s in check["inputs"]["sets"]}["normal"] is True
+    # Without the injected bug the same model is optimised and passes.
+    monkeypatch.setattr(refimpl, "run", real)
+    assert cli.main([str(src), "-o", str(out), "-q"]) == 0, capsys.readouterr().err
+
+
+def _ort(path: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("case", ["softmax11-non-last-axis", "conv-times-zero"])
+def test_exit_0_means_the_same_results_at_edge_values_and_0_sized_dims(tmp_path: pathlib.Path, case: str,
+                                                                       capsys) -> None:  # fmt: skip
+    """Rewrites the issue found wrong at -0 or a 0-sized dim (the upgrade's Softmax-11 reshape without
+    allowzero; a Conv fused with a per-channel Mul by 0, which turns -0 into +0): whatever the passes
+    do, the command either refuses the result (exit 1, found by the check) or writes one that gives
+    the same bits there."""
+    rng = np.random.default_rng(0)
+    if case == "softmax11-non-last-axis":
+        model = helper.make_model(helper.make_graph(
+            [helper.make_node("Softmax", ["x"], ["y"], axis=1)], "g", [_float("x", ["batch", 4, "width"])],
+            [_float("y", ["batch", 4, "width"])]), opset_imports=[helper.make_opsetid("", 11)], ir_version=6)
+        feeds = {"x": np.zeros((0, 4, 0), np.float32)}
+    else:
+        model = _model(
+            [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Mul", ["c", "k"], ["y"])],
+            [_float("x", [1, 3, 8, 8])], [_float("y", [1, 2, 6, 6])],
+            [numpy_helper.from_array(rng.standard_normal((2, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([0.0, 2.0], np.float32).reshape(1, 2, 1, 1), "k")],
+        )  # fmt: skip
+        feeds = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save_model(model, str(src))
+    code = cli.main([str(src), "-o", str(out), "-q"])
+    err = capsys.readouterr().err
+    if code == 1:  # refused: the check found the difference
+        assert not out.exists() and "check failed" in err, err
+        assert ("0-sized-dimension" in err) if case.startswith("softmax") else ("sign of zero" in err), err
+        return
+    assert code == 0, err
+    (expected,), (actual,) = _ort(src, feeds), _ort(out, feeds)
+    assert _same_bits(expected, actual)
