@@ -3,9 +3,10 @@
 Runs the original and the optimised model in onnxruntime (CPU, every graph
 optimisation disabled so that onnxruntime's own rewrites cannot hide a bug) on
 the same inputs and compares every output by name: same dtype and shape,
-integers and booleans exactly equal, floats equal within the tolerance of the
-lowest-precision float type the output depends on, with NaN in the same places
-and infinities equal.
+integers, booleans and strings exactly equal, floats equal within the
+tolerance of the lowest-precision float type the output depends on, with NaN in
+the same places, infinities equal and, where both are zero, the same sign of
+zero.
 
 The sessions run in a child process (:mod:`passes.verify.worker`), with a time
 limit and a memory bound, so that a crash or a hang in onnxruntime becomes a
@@ -15,6 +16,15 @@ not run says so (``CheckResult.checked`` is False) and why.
 Generated inputs get sizes that make the original run: for each dynamic
 dimension a short list of plausible sizes (by its name or position, see
 :mod:`passes.verify.plan`) is tried, smallest first.
+
+Both models are then also compared on more sets of inputs, which
+standard-normal values never reach (:attr:`InputsUsed.sets`): edge values of
+each input's type (:mod:`passes.verify.edges`), the same with NaN and
+infinities, and every dynamic dimension 0 (else only the first). Index, shape
+and size inputs keep the values that ran. The original runs on each first, in
+its own request to the child: a set it cannot run (an error, a crash, no time
+left in :data:`EXTRA_SETS_SHARE` of the time limit) is skipped with a note,
+never a failure. An output is reported on the first set where it differs.
 
 After a mismatch, :meth:`Checker.locate` finds the first node of the original
 whose output differs (:mod:`passes.verify.locate`).

@@ -311,28 +311,6 @@ def _compare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     by_name = dict(zip(names, actual))
     del actual
     tolerances = request.get("tolerances", {})
-    sets = []
-    for kept in state.sets:
-        label = kept["set"].get("label", kept["set"]["name"])
-        feeds = _set_feeds(state, kept["set"])
-        _phase(f"running the optimised model on the {label} inputs")
-        try:
-            values = dict(zip(names, _run(session, feeds)))
-        except Exception as e:  # noqa: BLE001
-            sets.append({"name": kept["set"]["name"], "ok": False, "error": _first_line(e), "outputs": []})
-            continue
-        del feeds
-        _phase(f"comparing the outputs on the {label} inputs")
-        differ = []
-        for name in state.names:
-            if name in values:
-                rtol, atol = _tolerance(tolerances, name)
-                found = compare(name, kept["expected"][name], values.pop(name), rtol, atol)
-                if not found.ok:
-                    differ.append(found.to_json())
-        sets.append({"name": kept["set"]["name"], "ok": not differ, "outputs": differ})
-        del values
-    del session
     comparisons = []
     for name in state.names:
         if name not in by_name:
@@ -343,7 +321,33 @@ def _compare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     for name in names:
         if name not in state.names:
             comparisons.append({"name": name, "ok": False, "message": "not an output of the original model"})
+    del by_name
+    sets = [_compare_set(state, kept, session, names, tolerances) for kept in state.sets]
     return {"ok": True, "outputs": comparisons, "sets": sets}
+
+
+def _compare_set(state: _State, kept: dict[str, Any], session: Any, names: list[str],
+                 tolerances: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """Runs the optimised model on one more set and compares: the outputs that differ (only)."""
+    from passes.verify.compare import compare
+
+    label = kept["set"].get("label", kept["set"]["name"])
+    feeds = _set_feeds(state, kept["set"])
+    _phase(f"running the optimised model on the {label} inputs")
+    try:
+        values = dict(zip(names, _run(session, feeds)))
+    except Exception as e:  # noqa: BLE001
+        return {"name": kept["set"]["name"], "ok": False, "error": _first_line(e), "outputs": []}
+    del feeds
+    _phase(f"comparing the outputs on the {label} inputs")
+    differ = []
+    for name in state.names:
+        if name in values:
+            rtol, atol = _tolerance(tolerances, name)
+            found = compare(name, kept["expected"][name], values.pop(name), rtol, atol)
+            if not found.ok:
+                differ.append(found.to_json())
+    return {"name": kept["set"]["name"], "ok": not differ, "outputs": differ}
 
 
 def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
