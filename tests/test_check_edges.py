@@ -273,7 +273,8 @@ def test_a_float16_input_gets_edge_values_it_holds() -> None:
 # --- messages ----------------------------------------------------------------------------------
 
 
-def test_a_check_failure_on_an_output_with_a_huge_name_quotes_it_cut() -> None:
+def test_a_check_failure_on_an_output_with_a_huge_name_quotes_it_cut(tmp_path: pathlib.Path, monkeypatch,
+                                                                      capsys) -> None:  # fmt: skip
     name = "y" * 2_000_000
     original = _model([helper.make_node("Reciprocal", ["x"], [name])], [_float("x", ["n"])], [_float(name, ["n"])])
     wrong = _model([helper.make_node("Neg", ["x"], [name])], [_float("x", ["n"])], [_float(name, ["n"])])
@@ -282,6 +283,21 @@ def test_a_check_failure_on_an_output_with_a_huge_name_quotes_it_cut() -> None:
     for line in result.summary().splitlines():
         assert len(line) < 3 * QUOTE_LIMIT + 400, len(line)
     assert result.failures[0].name == name  # the data keeps it whole
+    # Through the command (a wrong fold, as above): every line printed is short.
+    import refimpl
+
+    real = refimpl.run
+    monkeypatch.setattr(refimpl, "run", lambda op, inputs, *a, **k: [np.reciprocal(np.abs(inputs[0]))]
+                        if op == "Reciprocal" else real(op, inputs, *a, **k))  # fmt: skip
+    model = _where_over_100(-0.0)
+    model.graph.node[2].output[0] = model.graph.output[0].name = name
+    src = tmp_path / "m.onnx"
+    onnx.save_model(model, str(src))
+    assert cli.main([str(src), "-o", str(tmp_path / "o.onnx")]) == 1
+    captured = capsys.readouterr()
+    lines = (captured.out + captured.err).splitlines()
+    assert any("check failed: output 'yyy" in line for line in lines), captured.err
+    assert max(len(line) for line in lines) < 3 * QUOTE_LIMIT + 400
 
 
 def _npy_header(shape_text: str) -> bytes:
