@@ -405,3 +405,15 @@ def test_exit_0_means_the_same_results_at_edge_values_and_0_sized_dims(tmp_path:
     assert code == 0, err
     (expected,), (actual,) = _ort(src, feeds), _ort(out, feeds)
     assert _same_bits(expected, actual)
+
+
+def test_the_sets_after_the_first_get_a_bounded_share_of_the_time(monkeypatch) -> None:
+    from passes.verify import check as check_module
+
+    monkeypatch.setattr(check_module, "EXTRA_SETS_SHARE", 0.0)
+    model = _where_over_100(-0.0)
+    result = passes.check(model, _where_over_100(0.0))
+    assert result.checked and result.ok, result.summary()  # only the normal set: the difference is not seen
+    sets = _sets(result)
+    assert all(not s["ran"] and "no time left" in s["note"] for n, s in sets.items() if n != "normal"), sets
+    assert sum("no time left" in n for n in result.notes) == 3, result.notes
