@@ -417,3 +417,22 @@ def test_the_sets_after_the_first_get_a_bounded_share_of_the_time(monkeypatch) -
     sets = _sets(result)
     assert all(not s["ran"] and "no time left" in s["note"] for n, s in sets.items() if n != "normal"), sets
     assert sum("no time left" in n for n in result.notes) == 3, result.notes
+
+
+def test_a_finite_difference_above_100_is_found_where_the_output_stays_in_range() -> None:
+    """Where(x > 100, c, Tanh(x)) with c 1 against 2: a finite difference, found by the edge set
+    (the output's largest magnitude is 2: the edge sets' scale-relative tolerance does not hide it)."""
+
+    def model(c: float) -> onnx.ModelProto:
+        return _model(
+            [helper.make_node("Greater", ["x", "limit"], ["above"]), helper.make_node("Tanh", ["x"], ["t"]),
+             helper.make_node("Where", ["above", "c", "t"], ["y"])],
+            [_float("x", ["batch", 8])], [_float("y", ["batch", 8])],
+            [numpy_helper.from_array(np.array(100.0, np.float32), "limit"),
+             numpy_helper.from_array(np.array(c, np.float32), "c")],
+        )  # fmt: skip
+
+    assert passes.check(model(1.0), model(1.0)).ok
+    result = passes.check(model(1.0), model(2.0))
+    assert not result.ok and result.failures[0].input_set == "edge", result.summary()
+    assert _sets(result)["normal"]["ok"] is True

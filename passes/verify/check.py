@@ -448,6 +448,8 @@ class Checker:
         for found in sets:
             record = records.get(found["name"], {"label": found["name"]})
             record["ok"] = bool(found["ok"])
+            if found.get("within_scale"):
+                record["within_scale"] = found["within_scale"]
             if not found["ok"] and self._failing_set is None:
                 self._failing_set = found["name"]
             if found.get("error"):

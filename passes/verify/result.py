@@ -97,7 +97,10 @@ class OutputComparison:
     lowest-precision one the output depends on) and ``tolerance_value`` the
     value of the original graph that has it; both empty for an exact comparison.
     ``input_set`` names the set of inputs compared (see :class:`InputsUsed`):
-    the first one where the output differs, else the first set.
+    the first one where the output differs, else the first set. ``within_scale``
+    counts the elements of the edge-value sets that are beyond the tolerance of
+    their own value but within that of the output's largest magnitude (rounding
+    of sums of huge terms where they cancel).
     """
 
     name: str
@@ -113,6 +116,7 @@ class OutputComparison:
     tolerance_dtype: str = ""
     tolerance_value: str = ""
     input_set: str = "normal"
+    within_scale: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -151,8 +155,11 @@ class InputsUsed:
             of each input's type, without and with NaN and infinities; ``zero-dims``: every
             dynamic dimension 0), ``label``, ``tried`` (False: the set does not apply, e.g.
             no dynamic dimension), ``ran`` (the original ran on it, so both models were
-            compared on it), ``ok`` (None until compared) and ``note`` (why it was skipped;
-            a set tried and skipped is also one of the result's ``notes``).
+            compared on it), ``ok`` (None until compared), ``note`` (why it was skipped;
+            a set tried and skipped is also one of the result's ``notes``), ``dims`` (the
+            0-sized set's sizes) and, for the edge-value sets, ``within_scale``: per output,
+            how many elements matched only within the tolerance of the output's largest
+            magnitude (see :attr:`OutputComparison.within_scale`).
     """
 
     given: list[str] = dataclasses.field(default_factory=list)

@@ -340,14 +340,17 @@ def _compare_set(state: _State, kept: dict[str, Any], session: Any, names: list[
         return {"name": kept["set"]["name"], "ok": False, "error": _first_line(e), "outputs": []}
     del feeds
     _phase(f"comparing the outputs on the {label} inputs")
-    differ = []
+    differ, within_scale = [], {}
+    normwise = kept["set"]["kind"] in ("edge", "nonfinite")
     for name in state.names:
         if name in values:
             rtol, atol = _tolerance(tolerances, name)
-            found = compare(name, kept["expected"][name], values.pop(name), rtol, atol)
+            found = compare(name, kept["expected"][name], values.pop(name), rtol, atol, normwise=normwise)
             if not found.ok:
                 differ.append(found.to_json())
-    return {"name": kept["set"]["name"], "ok": not differ, "outputs": differ}
+            elif found.within_scale:
+                within_scale[name] = found.within_scale
+    return {"name": kept["set"]["name"], "ok": not differ, "outputs": differ, "within_scale": within_scale}
 
 
 def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
@@ -357,6 +360,7 @@ def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     state.session = None
     chosen = [kept["set"] for kept in state.sets if kept["set"]["name"] == request.get("set")]
     feeds = _set_feeds(state, chosen[0] if chosen else None)
+    normwise = bool(chosen) and chosen[0]["kind"] in ("edge", "nonfinite")
     _phase("loading the models with extra outputs")
     try:
         original = _session(request["original"])
@@ -384,7 +388,7 @@ def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         size = 0
         for name, e_value, a_value in zip(part, expected, actual):
             rtol, atol = _tolerance(tolerances, name)
-            result = compare(name, e_value, a_value, rtol, atol)
+            result = compare(name, e_value, a_value, rtol, atol, normwise=normwise)
             size += getattr(e_value, "nbytes", 0)
             found[name] = {"ok": result.ok, "max_abs_error": result.max_abs_error, "message": result.message}
         del expected, actual
