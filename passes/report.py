@@ -16,7 +16,7 @@ import onnx_ir as ir
 
 from passes.errors import InputError
 from passes.ir.walk import default_opset, iter_scopes
-from passes.verify.result import TOLERANCES, CheckResult
+from passes.verify.result import TOLERANCES, CheckResult, name_text
 
 __all__ = ["ModelSummary", "PassRun", "Report", "check_hint", "summarize"]
 
@@ -258,7 +258,7 @@ def _check_lines(check: CheckResult) -> list[str]:
             why = f"  ({_differing(out)})" if out.mismatches and out.shape is not None else (
                 f"  ({out.message})" if out.message else "")
         lines.append(
-            f"  {out.name}: {status}  max abs {out.max_abs_error:.3g}  max rel {out.max_rel_error:.3g}"
+            f"  {name_text(out.name)}: {status}  max abs {out.max_abs_error:.3g}  max rel {out.max_rel_error:.3g}"
             f"  ({out.tolerance_text()})" + why
         )
     lines.extend(f"note: {note}" for note in check.notes)

@@ -80,3 +80,37 @@ def test_an_infinite_error_is_strict_json() -> None:
     assert json.loads(text, parse_constant=refuse)["outputs"][0]["max_rel_error"] == "inf"
     assert json_safe([float("nan"), -float("inf"), 1.5]) == ["nan", "-inf", 1.5]
     assert OutputComparison.from_json(result.to_json()).shape == (4,)
+
+
+def test_the_sign_of_zero_must_match_where_both_are_zero() -> None:
+    """-0 and +0 are different results (behind a Reciprocal: -inf and +inf), within a tolerance or not."""
+    import ml_dtypes
+
+    for dtype in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
+        e = np.array([0.0, -0.0, 1.0, np.nan] * 4, dtype)
+        assert compare("y", e, e.copy(), 1e-4, 1e-5).ok and compare("y", e, e.copy(), None, None).ok
+        a = e.copy()
+        a[5] = 0.0  # -0 became +0
+        for rtol, atol in ((1e-4, 1e-5), (None, None)):
+            result = compare("y", e, a, rtol, atol)
+            assert not result.ok and result.mismatches == 1, (dtype, result)
+            assert "sign of zero" in result.message and result.max_abs_error == 0
+    # A NaN's sign bit is not a difference.
+    e = np.array([np.nan, 1.0], np.float32)
+    assert compare("y", e, -e, 1e-4, 1e-5).ok is False  # 1 vs -1 differs
+    assert compare("y", e[:1], -e[:1], 1e-4, 1e-5).ok and compare("y", e[:1], -e[:1], None, None).ok
+
+
+def test_normwise_lets_a_cancelled_sum_of_huge_terms_round_but_not_nan_inf_or_zero_signs() -> None:
+    """The edge-value sets: 1e30 * w1 - 1e30 * w2 rounds by ~1e23 wherever it lands, however small
+    the result; within rtol of the output's largest magnitude it matches. NaN/inf and -0 stay exact."""
+    e = np.array([1e30, 4.2e27, 1.0, -0.0, np.inf], np.float32)
+    a = e.copy()
+    a[1] += np.float32(4.5e23)  # rel error 1.07e-4 of its own value, 4.5e-7 of the largest
+    assert not compare("y", e, a, 1e-4, 1e-5).ok
+    result = compare("y", e, a, 1e-4, 1e-5, normwise=True)
+    assert result.ok and result.within_scale == 1, result
+    for i, value in [(3, 0.0), (4, -np.inf), (2, np.nan), (2, 1e27)]:
+        b = e.copy()
+        b[i] = value
+        assert not compare("y", e, b, 1e-4, 1e-5, normwise=True).ok, (i, value)

@@ -7,7 +7,8 @@
   index ranges, the float type that chooses each tolerance).
 * ``child`` / ``worker``: the child process that runs onnxruntime (the worker
   imports numpy, onnxruntime, ``compare``, ``npz`` and ``result`` only).
-* ``compare``: one output against another, in bounded memory.
+* ``edges``: the edge-value inputs (numpy only; made in the child).
+* ``compare``: one output against another, in bounded memory (the sign of zero included).
 * ``npz``: ``--inputs FILE.npz`` read from its directory and headers first.
 * ``locate``: after a mismatch, the first node whose output differs.
 """

@@ -3,9 +3,10 @@
 Runs the original and the optimised model in onnxruntime (CPU, every graph
 optimisation disabled so that onnxruntime's own rewrites cannot hide a bug) on
 the same inputs and compares every output by name: same dtype and shape,
-integers and booleans exactly equal, floats equal within the tolerance of the
-lowest-precision float type the output depends on, with NaN in the same places
-and infinities equal.
+integers, booleans and strings exactly equal, floats equal within the
+tolerance of the lowest-precision float type the output depends on, with NaN in
+the same places, infinities equal and, where both are zero, the same sign of
+zero.
 
 The sessions run in a child process (:mod:`passes.verify.worker`), with a time
 limit and a memory bound, so that a crash or a hang in onnxruntime becomes a
@@ -15,6 +16,15 @@ not run says so (``CheckResult.checked`` is False) and why.
 Generated inputs get sizes that make the original run: for each dynamic
 dimension a short list of plausible sizes (by its name or position, see
 :mod:`passes.verify.plan`) is tried, smallest first.
+
+Both models are then also compared on more sets of inputs, which
+standard-normal values never reach (:attr:`InputsUsed.sets`): edge values of
+each input's type (:mod:`passes.verify.edges`), the same with NaN and
+infinities, and every dynamic dimension 0 (else only the first). Index, shape
+and size inputs keep the values that ran. The original runs on each first, in
+its own request to the child: a set it cannot run (an error, a crash, no time
+left in :data:`EXTRA_SETS_SHARE` of the time limit) is skipped with a note,
+never a failure. An output is reported on the first set where it differs.
 
 After a mismatch, :meth:`Checker.locate` finds the first node of the original
 whose output differs (:mod:`passes.verify.locate`).
@@ -46,6 +56,8 @@ from passes.verify.result import (
     FirstDifference,
     InputsUsed,
     OutputComparison,
+    name_text,
+    shown,
 )
 
 __all__ = [
@@ -62,6 +74,10 @@ __all__ = [
 #: Expected outputs larger than this wait on disk (memory-mapped) while the optimised model runs.
 SPILL_BYTES = 1 << 28
 
+#: The share of the check's time limit that the original's runs on the sets after the chosen
+#: one may take (edge values, 0-sized dims); the optimised model's runs on them take about as much.
+EXTRA_SETS_SHARE = 0.25
+
 #: Intermediate values fetched per run by the locator, in bytes.
 LOCATE_BUDGET = 1 << 28
 
@@ -69,13 +85,16 @@ LOCATE_BUDGET = 1 << 28
 def _hint_for_sizes(specs: list[plan.InputSpec]) -> str:
     names = sorted({d for s in specs for d in s.dims if isinstance(d, str)})
     if names:
-        return f"pass --dim NAME=SIZE (its dynamic dimensions: {', '.join(names)}) or --inputs FILE.npz"
+        listed = ", ".join(name_text(n) for n in names[:10])
+        listed += f" and {len(names) - 10} more" if len(names) > 10 else ""
+        return f"pass --dim NAME=SIZE (its dynamic dimensions: {listed}) or --inputs FILE.npz"
     return "pass --inputs FILE.npz"
 
 
 def _tries_text(attempts: list[dict[str, Any]]) -> str:
     """`` (sizes tried: (batch=1, height=32) (batch=1, height=64))``, or "" without named sizes."""
-    sizes = ["(" + ", ".join(f"{k}={v}" for k, v in a["dims"].items()) + ")" for a in attempts if a.get("dims")]
+    sizes = ["(" + ", ".join(f"{name_text(k)}={v}" for k, v in a["dims"].items()) + ")"
+             for a in attempts if a.get("dims")]  # fmt: skip
     return f" (sizes tried: {' '.join(sizes)})" if sizes else ""
 
 
@@ -128,6 +147,10 @@ class Checker:
         self._prepare: dict[str, Any] | None = None
         self._prepared = False
         self._tolerances: dict[str, tuple[float, float]] = {}
+        self._kept: list[dict[str, Any]] = []  # the sets after the chosen one that the original runs
+        self._records: list[dict[str, Any]] = []
+        self._last_sets: list[dict[str, Any]] = []  # the sets, with the last comparison's verdicts
+        self._failing_set: str | None = None
         self._sources: dict[str, tuple[str, str]] = {}  # output -> (dtype, value) that chose its tolerance
         self.original_path: pathlib.Path | None = None
         self.original_proto: onnx.ModelProto | None = None
@@ -195,7 +218,7 @@ class Checker:
         given_names = set(given["names"]) if given else set()
         for spec in specs:
             if spec.dtype is None and spec.name not in given_names:
-                return CheckResult(True, skipped=f"cannot generate input {spec.name!r} of type {spec.type_text}",
+                return CheckResult(True, skipped=f"cannot generate input {shown(spec.name)} of type {spec.type_text}",
                                    hint="pass --inputs FILE.npz")  # fmt: skip
         tries, dropped = plan.size_tries(specs, dims=self.dims, given=given["shapes"] if given else None)
         if not tries:
@@ -219,14 +242,118 @@ class Checker:
         self._prepared = True
         chosen = tries[prepared["try"] - 1]
         self._prepare["tries"] = [chosen]  # a restarted child makes the same inputs at once
-        used = InputsUsed(
-            given=sorted(given_names), generated=list(chosen["inputs"]), seed=self.seed, dims=chosen["dims"],
-            shapes=prepared["shapes"], tries=prepared["try"], attempts=prepared["attempts"],
-        )  # fmt: skip
+        try:
+            self._records = self._run_sets(self._plan_sets(specs, given, chosen), prepared, deadline)
+        except WorkerError as e:
+            return self._not_run(e, specs)
         result = self._compare(optimized, deadline)
-        result.inputs = used
+        result.inputs = InputsUsed(
+            given=sorted(given_names), generated=list(chosen["inputs"]), seed=self.seed, dims=chosen["dims"],
+            shapes=prepared["shapes"], tries=prepared["try"], attempts=prepared["attempts"], sets=self._last_sets,
+        )  # fmt: skip
         result.notes.extend(self._declaration_notes(prepared["outputs"]))
+        result.notes.extend(f"input set {r['name']!r} ({r['label']} inputs) skipped: {r['note']}"
+                            for r in self._records if r["tried"] and not r["ran"])  # fmt: skip
         return result
+
+    # --- the sets of inputs after the chosen one ---------------------------------------------
+
+    def _plan_sets(self, specs: list[plan.InputSpec], given: dict[str, Any] | None,
+                   chosen: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:  # fmt: skip
+        """Each set after the chosen one: its description, and why it cannot be made ("" if it can).
+        The 0-sized-dims set has a second form (``then``), tried when the original does not run
+        the first: only the first dynamic dimension 0, the others as chosen."""
+        keep = sorted(s.name for s in specs if s.index)
+        values = [s for s in specs if not s.index and s.dtype is not None and s.dtype != "bool"]
+        floats = [s for s in values if s.dtype in plan.FLOAT_TYPES.values()]
+        shapes = given["shapes"] if given else None
+        zero = plan.zero_sizes(specs, dims=self.dims, given=shapes)
+        first = plan.zero_sizes(specs, dims=self.dims, given=shapes, base=chosen)
+        if zero is not None and first is not None and first["inputs"] != zero["inputs"]:
+            zero["then"] = {"name": "zero-dims", "label": "0-sized-dimension", "kind": "sizes", **first}
+        return [
+            ({"name": "edge", "label": "edge-value", "kind": "edge", "keep": keep},
+             "" if values else "no input takes edge values (each is an index, a shape, a size or a bool)"),
+            ({"name": "edge-nonfinite", "label": "NaN/infinity", "kind": "nonfinite", "keep": keep},
+             "" if floats else "no float input that takes NaN or infinities"),
+            ({"name": "zero-dims", "label": "0-sized-dimension", "kind": "sizes", **(zero or {})},
+             "" if zero else "no dynamic dimension left free to be 0"),
+        ]  # fmt: skip
+
+    def _run_sets(self, plans: list[tuple[dict[str, Any], str]], prepared: dict[str, Any],
+                  deadline: float) -> list[dict[str, Any]]:  # fmt: skip
+        """Runs the original on each planned set; the ones it runs are kept for the comparisons.
+
+        A set the original cannot run (an error, a crash, no time left) is skipped
+        with a note; a crash or a timeout restarts the child with the sets kept so far.
+        """
+        assert self.worker is not None
+        records = [{"name": "normal", "label": "seeded standard-normal", "tried": True, "ran": True, "ok": None,
+                    "note": ""}]  # fmt: skip
+        self._kept = []
+        seconds = float(prepared.get("seconds", 0.0))
+        budget = time.monotonic() + self.timeout * EXTRA_SETS_SHARE
+        for description, reason in plans:
+            record = {"name": description["name"], "label": description["label"], "tried": not reason,
+                      "ran": False, "ok": None, "note": reason, "dims": None}  # fmt: skip
+            records.append(record)
+            if reason:
+                continue
+            now = time.monotonic()
+            if now + seconds > min(budget, deadline):
+                record["note"] = (f"no time left: the original takes {seconds:.2g} s a run and the check gives "
+                                  f"more sets {self.timeout * EXTRA_SETS_SHARE:g} s of --check-timeout")  # fmt: skip
+                continue
+            limit = min(deadline, now + max(10.0, 10 * seconds))
+            errors = []
+            for form in (description, description.get("then")):
+                if form is None:
+                    break
+                form = {k: v for k, v in form.items() if k != "then"}
+                error = self._add_set(form, limit, deadline, now)
+                if error is None:
+                    record["ran"], record["dims"] = True, form.get("dims")
+                    break
+                errors.append(error)
+            if errors:
+                record["note"] = "the original does not run on it: " + errors[0]
+            if len(errors) == 2:
+                record["note"] += f"; nor with only the first dynamic dimension 0: {errors[1]}"
+            elif errors and record["ran"]:
+                record["note"] += "; it runs with only the first dynamic dimension 0, which was used"
+        self._last_sets = [dict(r) for r in records]
+        return records
+
+    def _add_set(self, description: dict[str, Any], limit: float, deadline: float, now: float) -> str | None:
+        """Runs the original on one more set; why it does not run, or None (the set is kept)."""
+        assert self.worker is not None
+        try:
+            answer = self.worker.request({"op": "add_set", "set": description}, limit)
+        except WorkerTimeout as e:
+            self._restore(deadline)
+            return f"it did not finish within {limit - now:.3g} s ({e.phase})"
+        except WorkerCrashed as e:
+            self._restore(deadline)
+            return str(e)
+        if not answer.get("ok"):
+            return str(answer.get("error", ""))
+        self._kept.append(description)
+        return None
+
+    def _restore(self, deadline: float) -> None:
+        """A new child with the chosen inputs and the sets kept so far (after a crash or a timeout).
+
+        Raises:
+            WorkerError: the child cannot do again what it did.
+        """
+        assert self.worker is not None
+        again = self.worker.request(self._prepare or {}, deadline)
+        if not again.get("ok"):
+            raise WorkerCrashed(f"the original did not run again: {again.get('error', '')}", "restarting")
+        for description in self._kept:
+            again = self.worker.request({"op": "add_set", "set": description}, deadline)
+            if not again.get("ok"):
+                raise WorkerCrashed(f"the original did not run again: {again.get('error', '')}", "restarting")
 
     def _set_tolerances(self) -> None:
         assert self.original_proto is not None
@@ -287,11 +414,12 @@ class Checker:
         except (OSError, ValueError) as e:
             return CheckResult(False, error=f"the optimised model cannot be read: {_first_line(e)}")
         request = {"op": "compare", "model": str(path), "tolerances": self._tolerances}
+        if not self.worker.alive and self._prepared:
+            try:
+                self._restore(deadline)
+            except WorkerError as e:
+                return CheckResult(True, skipped=f"the check did not run again: {e} ({e.phase})")
         try:
-            if not self.worker.alive and self._prepared:
-                again = self.worker.request(self._prepare or {}, deadline)
-                if not again.get("ok"):
-                    return CheckResult(True, skipped=f"the check did not run again: {again.get('error', '')}")
             compared = self.worker.request(request, deadline)
         except WorkerTimeout as e:
             return CheckResult(True, skipped=f"the check did not run: it did not finish within {self.timeout:g} s "
@@ -301,10 +429,40 @@ class Checker:
         if not compared.get("ok"):
             return CheckResult(False, error=compared.get("error", ""))
         outputs = [OutputComparison.from_json(o) for o in compared["outputs"]]
+        errors = self._merge_sets(outputs, compared.get("sets", []))
         for o in outputs:
             if o.rtol is not None:
                 o.tolerance_dtype, o.tolerance_value = self._sources.get(o.name, ("", ""))
-        return CheckResult(all(o.ok for o in outputs), outputs=outputs)
+        ok = all(o.ok for o in outputs) and not errors
+        return CheckResult(ok, outputs=outputs, error="; ".join(errors) or None)
+
+    def _merge_sets(self, outputs: list[OutputComparison], sets: list[dict[str, Any]]) -> list[str]:
+        """Each output's comparison on the first set where it differs (the chosen inputs' otherwise);
+        the sets the optimised model does not run on; the sets' verdicts in :attr:`_last_sets`."""
+        self._last_sets = [dict(r) for r in self._records]
+        records = {r["name"]: r for r in self._last_sets}
+        records["normal"]["ok"] = all(o.ok for o in outputs)
+        position = {o.name: i for i, o in enumerate(outputs)}
+        errors = []
+        self._failing_set = None if records["normal"]["ok"] else "normal"
+        for found in sets:
+            record = records.get(found["name"], {"label": found["name"]})
+            record["ok"] = bool(found["ok"])
+            if found.get("within_scale"):
+                record["within_scale"] = found["within_scale"]
+            if not found["ok"] and self._failing_set is None:
+                self._failing_set = found["name"]
+            if found.get("error"):
+                errors.append(f"on the {record['label']} inputs ({found['name']!r}), where the original runs: "
+                              f"{found['error']}")  # fmt: skip
+            for data in found["outputs"]:
+                differs = OutputComparison.from_json(data)
+                differs.input_set = found["name"]
+                differs.message = f"on the {record['label']} inputs ({found['name']!r}): {differs.message}"
+                i = position.get(differs.name)
+                if i is not None and outputs[i].ok:
+                    outputs[i] = differs
+        return errors
 
     def _declaration_notes(self, outputs: Mapping[str, Any]) -> list[str]:
         assert self.original_proto is not None
@@ -314,8 +472,8 @@ class Checker:
             if shape is None:
                 continue
             if len(declared) != len(shape) or any(isinstance(d, int) and d != s for d, s in zip(declared, shape)):
-                shown = [d if d is not None else "?" for d in declared]
-                notes.append(f"the original model declares output {name!r} as {shown} but computes {shape}")
+                dims = "[" + ", ".join(str(d) if isinstance(d, int) else shown(d or "?") for d in declared) + "]"
+                notes.append(f"the original model declares output {shown(name)} as {dims} but computes {shape}")
         return notes
 
     def recheck(self, optimized: Any) -> CheckResult:
@@ -353,12 +511,10 @@ class Checker:
         optimized_copy = _locate.augmented(opt_proto, opt_path, names, types, self.folder / f"{label}-optimized")
         deadline = self._deadline()
         if not self.worker.alive:
-            again = self.worker.request(self._prepare or {}, deadline)
-            if not again.get("ok"):
-                return FirstDifference(message=f"the original did not run again: {again.get('error', '')}")
+            self._restore(deadline)
         answer = self.worker.request(
             {"op": "values", "original": str(original_copy), "optimized": str(optimized_copy), "names": names,
-             "tolerances": tolerances, "budget": LOCATE_BUDGET}, deadline,
+             "tolerances": tolerances, "budget": LOCATE_BUDGET, "set": self._failing_set}, deadline,
         )  # fmt: skip
         if not answer.get("ok"):
             return FirstDifference(message=f"onnxruntime could not run the copies: {answer.get('error', '')}")
@@ -434,7 +590,7 @@ def make_inputs(session: Any, *, dims: Mapping[str, int] | None = None, seed: in
         dtype = names.get(arg.type) or (arg.type[len("tensor("):-1] if arg.type.startswith("tensor(int")
                                         or arg.type.startswith("tensor(uint") else None)  # fmt: skip
         if dtype is None:
-            raise ValueError(f"cannot generate input {arg.name!r} of type {arg.type}; pass --inputs")
+            raise ValueError(f"cannot generate input {shown(arg.name)} of type {arg.type}; pass --inputs")
         shape = [d if isinstance(d, int) and d >= 0 else int((dims or {}).get(d, DEFAULT_DIM)) for d in arg.shape]
         feeds[arg.name] = np.asarray(worker._generate({"dtype": dtype, "shape": shape}, rng))  # noqa: SLF001
     return feeds

@@ -1,10 +1,13 @@
 """Comparing one output of the two models, in bounded memory (numpy only: the check's child imports it).
 
-Exact types (integers, booleans, strings) are compared in their own dtype.
-Floats are compared chunk by chunk: a chunk that is bit-for-bit equal in the
-output's own dtype (NaN in the same places) is skipped, and only the other
-chunks are widened to float64 for the tolerance test, so the extra memory is a
-few chunks, not several float64 copies of the whole output.
+Exact types (integers, booleans, strings) are compared in their own dtype, bit
+for bit. Floats must have NaN in the same places, the same infinities (with
+their sign) and, where both values are zero, the same sign of zero (behind a
+Reciprocal, -0 and +0 are -inf and +inf); the other values must be within the
+tolerance. They are compared chunk by chunk: a chunk that is equal in the
+output's own dtype (NaN in the same places, zeros of the same sign) is skipped,
+and only the other chunks are widened to float64 for the tolerance test, so the
+extra memory is a few chunks, not several float64 copies of the whole output.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ def compare(
     actual: Any,
     rtol: float | None,
     atol: float | None,
+    *,
+    normwise: bool = False,
 ) -> OutputComparison:
     """Compares ``actual`` (optimised) with ``expected`` (original).
 
@@ -40,6 +45,9 @@ def compare(
         actual: The optimised model's value.
         rtol: Relative tolerance for floats (None: compare exactly).
         atol: Absolute tolerance for floats (None: compare exactly).
+        normwise: A finite value may also be within ``rtol`` of the output's largest finite
+            magnitude (the edge-value sets: a sum of terms of 1e30 rounds by as much wherever
+            it cancels); NaN, infinities and the sign of zero stay exact.
     """
     if not isinstance(expected, np.ndarray) or not isinstance(actual, np.ndarray):
         # Sequences and maps (e.g. ZipMap's list of dicts): same structure, then the
@@ -51,7 +59,7 @@ def compare(
         e_arr, a_arr = np.asarray(e_leaves), np.asarray(a_leaves)
         if e_arr.dtype == np.float64 and all(isinstance(v, float) for v in e_leaves):
             e_arr, a_arr = e_arr.astype(np.float32), a_arr.astype(np.float32)
-        result = compare(name, e_arr, a_arr, rtol, atol)
+        result = compare(name, e_arr, a_arr, rtol, atol, normwise=normwise)
         result.shape = None
         return result
     result = OutputComparison(name, True, str(expected.dtype), tuple(expected.shape), rtol=rtol, atol=atol)
@@ -68,19 +76,42 @@ def compare(
         result.rtol = result.atol = None
         _compare_exact(result, e_flat, a_flat)
     else:
-        _compare_close(result, e_flat, a_flat, rtol, atol)
+        _compare_close(result, e_flat, a_flat, rtol, atol, _largest(e_flat) if normwise else 0.0)
     return result
+
+
+def _largest(flat: np.ndarray) -> float:
+    """The largest finite magnitude of ``flat`` (0.0 if none), chunk by chunk."""
+    largest = 0.0
+    for start in range(0, flat.size, CHUNK):
+        chunk = np.abs(flat[start : start + CHUNK].astype(np.float64))
+        chunk = chunk[np.isfinite(chunk)]
+        if chunk.size:
+            largest = max(largest, float(chunk.max()))
+    return largest
+
+
+def _zero_sign_differs(e: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Where both values are zero but of different signs (-0 against +0)."""
+    both = (e == 0) & (a == 0)
+    if not both.any():
+        return both
+    both[both] = np.signbit(e[both]) != np.signbit(a[both])
+    return both
 
 
 def _compare_exact(result: OutputComparison, e_flat: np.ndarray, a_flat: np.ndarray) -> None:
     numeric = e_flat.dtype.kind in "iub"
     floats = _is_float(e_flat.dtype)
+    signs = 0
     for start in range(0, e_flat.size, CHUNK):
         e, a = e_flat[start : start + CHUNK], a_flat[start : start + CHUNK]
         if e.dtype == object or e.dtype.kind in "USO":
             diff = np.asarray(e != a, dtype=bool)
         elif floats:
-            diff = ~((e == a) | (np.isnan(e) & np.isnan(a)))
+            zeros = _zero_sign_differs(e, a)
+            signs += int(np.count_nonzero(zeros))
+            diff = ~((e == a) | (np.isnan(e) & np.isnan(a))) | zeros
         else:
             diff = e != a
         count = int(np.count_nonzero(diff))
@@ -92,24 +123,36 @@ def _compare_exact(result: OutputComparison, e_flat: np.ndarray, a_flat: np.ndar
             result.max_abs_error = max(result.max_abs_error, float(delta.max()))
     if result.mismatches:
         result.ok = False
-        result.message = f"{result.mismatches} element(s) differ (exact comparison)"
+        result.message = f"{result.mismatches} element(s) differ (exact comparison{_signs_text(signs)})"
+
+
+def _signs_text(signs: int) -> str:
+    return f"; {signs} only in the sign of zero" if signs else ""
 
 
 def _compare_close(result: OutputComparison, e_flat: np.ndarray, a_flat: np.ndarray, rtol: float,
-                   atol: float) -> None:  # fmt: skip
+                   atol: float, scale: float = 0.0) -> None:  # fmt: skip
     tiny = np.finfo(np.float64).tiny
+    signs = 0
     for start in range(0, e_flat.size, CHUNK):
         e_own, a_own = e_flat[start : start + CHUNK], a_flat[start : start + CHUNK]
-        if np.array_equal(e_own, a_own, equal_nan=True):
+        zeros = _zero_sign_differs(e_own, a_own)
+        if np.array_equal(e_own, a_own, equal_nan=True) and not zeros.any():
             continue  # exact in the output's own dtype: nothing to widen
+        signs += int(np.count_nonzero(zeros))
         e, a = e_own.astype(np.float64), a_own.astype(np.float64)
         e_nan, a_nan = np.isnan(e), np.isnan(a)
         finite = np.isfinite(e) & np.isfinite(a)
-        bad = (e_nan != a_nan) | (~finite & ~e_nan & ~a_nan & (e != a))
+        bad = (e_nan != a_nan) | (~finite & ~e_nan & ~a_nan & (e != a)) | zeros
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, x / tiny: masked or meant
             delta = np.where(finite, np.abs(e - a), 0.0)
             rel = np.where(finite, delta / np.maximum(np.abs(e), tiny), 0.0)
-        bad |= finite & (delta > atol + rtol * np.abs(e))
+        beyond = finite & (delta > atol + rtol * np.abs(e))
+        if scale:
+            within_scale = beyond & (delta <= atol + rtol * scale)
+            result.within_scale += int(np.count_nonzero(within_scale))
+            beyond &= ~within_scale
+        bad |= beyond
         if delta.size:
             result.max_abs_error = max(result.max_abs_error, float(delta.max()))
             result.max_rel_error = max(result.max_rel_error, float(rel.max()))
@@ -119,7 +162,7 @@ def _compare_close(result: OutputComparison, e_flat: np.ndarray, a_flat: np.ndar
         result.message = (
             f"{result.mismatches} of {e_flat.size} element(s) differ beyond rtol={rtol:g}, atol={atol:g} "
             f"(max abs error {result.max_abs_error:.3g}, max rel error {result.max_rel_error:.3g}; "
-            "NaN/inf placement must match)"
+            f"NaN/inf placement and the sign of zero must match{_signs_text(signs)})"
         )
 
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from passes.verify.result import MAX_GENERATED_BYTES
+from passes.verify.result import MAX_GENERATED_BYTES, shown, shown_names
 
 __all__ = ["Member", "inspect", "load"]
 
@@ -92,29 +92,35 @@ def inspect(
             if info.is_dir():
                 continue
             if not info.filename.endswith(".npy"):
-                raise ValueError(f"cannot read inputs (member {info.filename!r} is not a .npy array)")
+                raise ValueError(f"cannot read inputs (member {shown(info.filename)} is not a .npy array)")
             name = info.filename[: -len(".npy")]
             if name not in inputs:
-                known = ", ".join(inputs) or "none"
-                raise ValueError(f"{name!r} is not an input of the model (inputs: {known})")
+                known = shown_names(list(inputs)) or "none"
+                raise ValueError(f"{shown(name)} is not an input of the model (inputs: {known})")
             try:
                 with archive.open(info) as stream:
                     shape, _, dtype = _header(stream)
                     header_bytes = stream.tell()
             except (ValueError, OSError, EOFError, zipfile.BadZipFile, SyntaxError) as e:
-                raise ValueError(f"cannot read inputs (member {name!r} is not a readable .npy array: {e})") from e
+                why = " ".join(str(e).split())[:200] or type(e).__name__  # numpy's header errors span lines
+                raise ValueError(
+                    f"cannot read inputs (member {shown(name)} is not a readable .npy array: {why})") from e
+            if any(d < 0 for d in shape):
+                raise ValueError(f"cannot read inputs (member {shown(name)} declares the shape {list(shape)}: "
+                                 "a negative dimension)")  # fmt: skip
             if dtype.hasobject:
-                raise ValueError(f"cannot read inputs (member {name!r} holds Python objects; only arrays are read)")
+                raise ValueError(
+                    f"cannot read inputs (member {shown(name)} holds Python objects; only arrays are read)")
             nbytes = math.prod(shape) * dtype.itemsize
             if header_bytes + nbytes > info.file_size:
                 raise ValueError(
-                    f"cannot read inputs (member {name!r} declares {_size(nbytes)} of data but holds "
+                    f"cannot read inputs (member {shown(name)} declares {_size(nbytes)} of data but holds "
                     f"{_size(max(info.file_size - header_bytes, 0))})"
                 )
             total += nbytes
             if total > limit:
                 raise ValueError(
-                    f"cannot read inputs (member {name!r}, {list(shape)} {dtype}, brings them to "
+                    f"cannot read inputs (member {shown(name)}, {list(shape)} {dtype}, brings them to "
                     f"{_size(total)}, over the check's limit of {_size(limit)})"
                 )
             want_dtype, want_dims = inputs[name]
@@ -122,10 +128,10 @@ def inspect(
             if raw:
                 dtype = np.dtype(_raw_type(want_dtype))
             if want_dtype is not None and want_dtype != "str" and str(dtype) != want_dtype:
-                raise ValueError(f"input {name!r} takes {want_dtype}; the file holds {dtype}")
+                raise ValueError(f"input {shown(name)} takes {want_dtype}; the file holds {dtype}")
             if want_dims is not None and not _fits(want_dims, tuple(shape)):
                 declared = [d if d is not None else "?" for d in want_dims]
-                raise ValueError(f"input {name!r} is declared {declared}; the file holds {list(shape)}")
+                raise ValueError(f"input {shown(name)} is declared {declared}; the file holds {list(shape)}")
             members.append(Member(name, str(dtype), tuple(int(d) for d in shape), nbytes, raw))
     return members
 

@@ -3,13 +3,17 @@
 * :func:`input_specs`: each graph input's type and, per dynamic dimension, its
   role (batch, sequence, image side or other, from its name or, unnamed, from
   its position and what the input feeds), and for integer inputs that index a
-  table (``Gather`` of a constant with N rows along the axis) the range [0, N).
+  table (``Gather`` of a constant with N rows along the axis) the range [0, N);
+  whether the input is an index, a shape or a size (what it feeds, see
+  :data:`INDEX_INPUTS`), which the edge-value sets leave as they are.
 * :func:`size_tries`: up to :data:`~passes.verify.result.MAX_TRIES` sets of
   sizes, small first: the check runs the original on each until one runs.
   A named dimension has one size everywhere it appears; a name that is an
   expression of others (``past_sequence_length + 1``, dynamo's ``s0 + s1``)
   is computed from theirs. A key/value cache (``past``, ``cache``) is empty
   in the first tries, so that a mask of length ``past + sequence`` fits.
+* :func:`zero_sizes`: the sizes of one more set in which every dynamic
+  dimension the caller did not fix is 0.
 * :func:`float_dependencies`: for every value, the lowest-precision float type
   it depends on (walking back through the graph, into subgraphs and their
   references to outer values), which chooses its tolerance.
@@ -27,6 +31,7 @@ import onnx
 from passes.verify.dim_expressions import evaluate as _evaluate
 from passes.verify.dim_expressions import expression as _expression
 from passes.verify.result import MAX_GENERATED_BYTES, MAX_TRIES, PRECISION_ORDER
+from passes.verify.result import shown as _shown
 
 __all__ = [
     "InputSpec",
@@ -34,6 +39,7 @@ __all__ = [
     "float_dependencies",
     "input_specs",
     "size_tries",
+    "zero_sizes",
 ]
 
 #: numpy dtype names of the ONNX element types the check can generate or compare.
@@ -119,6 +125,7 @@ class InputSpec:
         low: Integers: the least value generated.
         high: Integers: one past the greatest value generated.
         high_reason: Why ``high`` is what it is ("" for the default).
+        index: Why the input is an index, a shape or a size ("": a value): the edge sets keep its values.
     """
 
     name: str
@@ -129,6 +136,7 @@ class InputSpec:
     low: int = 0
     high: int = 4
     high_reason: str = ""
+    index: str = ""
 
 
 def _type_text(type_proto: onnx.TypeProto) -> str:
@@ -161,6 +169,73 @@ def _reaches(start: str, uses: Mapping[str, list[tuple[onnx.NodeProto, int]]], t
                     if out and out not in seen:
                         seen.add(out)
                         todo.append(out)
+
+
+#: Inputs (by position; None: all) of default-domain ops whose values are indices, shapes,
+#: sizes, axes or counts: an input that reaches one keeps the values that ran in the edge sets.
+INDEX_INPUTS: dict[str, frozenset[int] | None] = {
+    "Gather": frozenset({1}), "GatherElements": frozenset({1}), "GatherND": frozenset({1}),
+    "Scatter": frozenset({1}), "ScatterElements": frozenset({1}), "ScatterND": frozenset({1}),
+    "Slice": frozenset({1, 2, 3, 4}), "Reshape": frozenset({1}), "Expand": frozenset({1}),
+    "Tile": frozenset({1}), "ConstantOfShape": None, "Range": None, "OneHot": frozenset({0, 1}),
+    "TopK": frozenset({1}), "Pad": frozenset({1, 3}), "Resize": frozenset({1, 2, 3}),
+    "Upsample": frozenset({1}), "Split": frozenset({1}), "Squeeze": frozenset({1}),
+    "Unsqueeze": frozenset({1}), "Trilu": frozenset({1}), "CumSum": frozenset({1}),
+    "NonMaxSuppression": frozenset({2}), "Loop": frozenset({0}), "ReverseSequence": frozenset({1}),
+    "RoiAlign": frozenset({2}), "Col2Im": frozenset({1, 2}), "CenterCropPad": frozenset({1, 2}),
+    "DFT": frozenset({1, 2}), "STFT": frozenset({1, 3}), "MaxUnpool": frozenset({2}),
+    "BlackmanWindow": None, "HannWindow": None, "HammingWindow": None, "MelWeightMatrix": None,
+    "SequenceAt": frozenset({1}), "SequenceInsert": frozenset({2}), "SequenceErase": frozenset({1}),
+    "SplitToSequence": frozenset({1}), "AffineGrid": frozenset({1}),
+    "ReduceSum": frozenset({1}), "ReduceMean": frozenset({1}), "ReduceMax": frozenset({1}),
+    "ReduceMin": frozenset({1}), "ReduceProd": frozenset({1}), "ReduceL1": frozenset({1}),
+    "ReduceL2": frozenset({1}), "ReduceLogSum": frozenset({1}), "ReduceLogSumExp": frozenset({1}),
+    "ReduceSumSquare": frozenset({1}),
+}  # fmt: skip
+
+#: Ops through which an input's values reach an index position (arithmetic on an index is an index).
+_TO_INDEX = _PASS_THROUGH | {"Min", "Max", "Mod", "Floor", "Ceil", "Round", "Sign"}
+
+
+def _subgraph_names(graph: onnx.GraphProto) -> set[str]:
+    """Every name a subgraph of ``graph`` (at any depth) reads."""
+    names: set[str] = set()
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                names.update(n for inner in sub.node for n in inner.input if n)
+                names |= _subgraph_names(sub)
+    return names
+
+
+#: Index inputs of ai.onnx.ml ops (its other inputs are features, keys or labels: values).
+_ML_INDEX_INPUTS: dict[str, frozenset[int]] = {"ArrayFeatureExtractor": frozenset({1})}
+
+
+def _index_use(name: str, uses: Mapping[str, list[tuple[onnx.NodeProto, int]]], inner: set[str],
+               integer: bool) -> str:  # fmt: skip
+    """Why ``name`` is an index, a shape or a size (``""``: a value). An integer input that reaches
+    an op of another domain than ai.onnx and ai.onnx.ml is taken for one: its meaning is unknown."""
+    if name in inner:
+        return "read inside a subgraph"
+    seen = {name}
+    for node, index in _reaches(name, uses, _TO_INDEX):
+        seen.update(node.output)
+        label = node.name or (node.output[0] if node.output else "")
+        if node.domain == "ai.onnx.ml":
+            if index in _ML_INDEX_INPUTS.get(node.op_type, frozenset()):
+                return f"input {index} of ai.onnx.ml::{node.op_type} {_shown(label)}"
+            continue
+        if node.domain not in ("", "ai.onnx"):
+            if integer:
+                return f"feeds {node.domain}::{node.op_type} {_shown(label)}"
+            continue
+        positions = INDEX_INPUTS.get(node.op_type, frozenset())
+        if positions is None or index in positions:
+            return f"input {index} of {node.op_type} {_shown(label)}"
+    if seen & inner:
+        return "read inside a subgraph"
+    return ""
 
 
 def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int | None]]:
@@ -202,7 +277,7 @@ def _index_bound(name: str, graph: onnx.GraphProto, uses: Mapping[str, list[tupl
         if 0 <= axis < len(data) and isinstance(data[axis], int) and data[axis] > 0:
             size = int(data[axis])
             if best is None or size < best[0]:
-                best = (size, f"{node.op_type} {node.name or node.output[0]!r} indexes {size} rows")
+                best = (size, f"{node.op_type} {_shown(node.name or node.output[0])} indexes {size} rows")
     return best
 
 
@@ -234,6 +309,7 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
     initializers = {t.name for t in graph.initializer}
     uses = _consumers(graph)
     shapes = _static_shapes(graph)
+    inner = _subgraph_names(graph)
     specs = []
     for info in graph.input:
         if info.name in initializers:
@@ -259,6 +335,7 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
                 named = _name_role(d) if d else None
                 roles.append(named or _position_role(position, len(dims), spatial, is_int))
         spec = InputSpec(info.name, dtype, _type_text(type_proto), dims, roles)
+        spec.index = _index_use(info.name, uses, inner, is_int)
         if is_int:
             bound = _index_bound(info.name, graph, uses, shapes)
             if bound is not None:
@@ -293,24 +370,7 @@ def size_tries(
         Each try: ``{"dims": {name: size}, "inputs": {input: {"dtype", "shape", "low", "high"}}}``
         for the inputs not given; and the reasons tries were dropped (too large).
     """
-    fixed: dict[str, int] = {}
-    for spec in specs:
-        shape = (given or {}).get(spec.name)
-        if shape is None:
-            continue
-        for d, size in zip(spec.dims, shape):
-            if isinstance(d, str):
-                fixed.setdefault(d, int(size))
-    fixed.update(dims or {})
-    # One role per dimension name: where the name says one, else its first position's.
-    name_roles: dict[str, str] = {}
-    for spec in specs:
-        for d, role in zip(spec.dims, spec.roles):
-            if isinstance(d, str):
-                named = _name_role(d)
-                name_roles.setdefault(d, named or role)
-    named = {d for spec in specs for d in spec.dims if isinstance(d, str)}
-    expressions = {d: tree for d in named if d not in fixed and (tree := _expression(d, named)) is not None}
+    fixed, name_roles, named, expressions = _names(specs, dims, given)
     result: list[dict[str, Any]] = []
     dropped: list[str] = []
     for k in range(tries):
@@ -337,13 +397,99 @@ def size_tries(
             inputs[spec.name] = {"dtype": spec.dtype, "shape": shape, "low": spec.low, "high": spec.high}
         entry = {"dims": sizes, "inputs": inputs}
         if total > MAX_GENERATED_BYTES:
-            shapes = ", ".join(f"{n}{v['shape']}" for n, v in inputs.items())
+            shapes = ", ".join(f"{_shown(n)}{v['shape']}" for n, v in inputs.items())
             dropped.append(f"generating inputs {shapes} would exceed {MAX_GENERATED_BYTES >> 20} MiB")
             continue
         if result and result[-1]["inputs"] == inputs:
             continue
         result.append(entry)
     return result, dropped
+
+
+def _names(
+    specs: list[InputSpec], dims: Mapping[str, int] | None, given: Mapping[str, tuple[int, ...]] | None
+) -> tuple[dict[str, int], dict[str, str], set[str], dict[str, Any]]:
+    """The dim names' fixed sizes (``--dim``, given inputs), roles, all names, and those that are
+    expressions of others."""
+    fixed: dict[str, int] = {}
+    for spec in specs:
+        shape = (given or {}).get(spec.name)
+        if shape is None:
+            continue
+        for d, size in zip(spec.dims, shape):
+            if isinstance(d, str):
+                fixed.setdefault(d, int(size))
+    fixed.update(dims or {})
+    # One role per dimension name: where the name says one, else its first position's.
+    name_roles: dict[str, str] = {}
+    for spec in specs:
+        for d, role in zip(spec.dims, spec.roles):
+            if isinstance(d, str):
+                named = _name_role(d)
+                name_roles.setdefault(d, named or role)
+    named = {d for spec in specs for d in spec.dims if isinstance(d, str)}
+    expressions = {d: tree for d in named if d not in fixed and (tree := _expression(d, named)) is not None}
+    return fixed, name_roles, named, expressions
+
+
+def zero_sizes(
+    specs: list[InputSpec],
+    *,
+    dims: Mapping[str, int] | None = None,
+    given: Mapping[str, tuple[int, ...]] | None = None,
+    base: Mapping[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """One more set of sizes: every dynamic dimension 0 unless the caller fixed it (``--dim``, a
+    given input's shape); with ``base`` (a try that ran), only the first such dimension 0 and
+    the others as in ``base``. None when no generated input would have a 0-sized dimension.
+
+    Returns:
+        Like one try of :func:`size_tries`.
+    """
+    fixed, _, named, expressions = _names(specs, dims, given)
+    first: Any = None  # a dim name, or (input, position) of an unnamed dim
+    if base is not None:
+        for spec in specs:
+            if given and spec.name in given:
+                continue
+            for position, d in enumerate(spec.dims):
+                if d is None or (isinstance(d, str) and d not in fixed and d not in expressions):
+                    first = d if d is not None else (spec.name, position)
+                    break
+            if first is not None:
+                break
+        if first is None:
+            return None
+
+    def plain(d: str) -> int:
+        if d in fixed:
+            return fixed[d]
+        return 0 if base is None or d == first else int(base["dims"].get(d, 0))
+
+    sizes = {d: plain(d) for d in sorted(named - expressions.keys())}
+    for d, tree in expressions.items():
+        value = _evaluate(tree, sizes)
+        sizes[d] = value if value is not None and value >= 0 else 0
+    inputs: dict[str, dict[str, Any]] = {}
+    zeroed = False
+    for spec in specs:
+        if given and spec.name in given:
+            continue
+        shape = []
+        for position, d in enumerate(spec.dims):
+            if isinstance(d, int):
+                shape.append(d)
+            elif isinstance(d, str):
+                shape.append(sizes[d])
+            elif base is None or first == (spec.name, position):
+                shape.append(0)
+            else:
+                shape.append(int(base["inputs"][spec.name]["shape"][position]))
+        inputs[spec.name] = {"dtype": spec.dtype, "shape": shape, "low": spec.low, "high": spec.high}
+        zeroed |= any(not isinstance(d, int) and size == 0 for d, size in zip(spec.dims, shape))
+    if not zeroed:
+        return None
+    return {"dims": sizes, "inputs": inputs}
 
 
 def _rung(ladder: tuple[int, ...], k: int) -> int:

@@ -10,6 +10,8 @@ import dataclasses
 import math
 from typing import Any
 
+from passes.options import short
+
 __all__ = [
     "DEFAULT_DIM",
     "DEFAULT_TIMEOUT",
@@ -21,6 +23,9 @@ __all__ = [
     "InputsUsed",
     "OutputComparison",
     "json_safe",
+    "name_text",
+    "shown",
+    "shown_names",
 ]
 
 #: Size of a dynamic dimension when no hint applies and ``dims`` does not name it
@@ -35,6 +40,26 @@ MAX_GENERATED_BYTES = 1 << 30
 
 #: Seconds the onnxruntime part of the check may take (``--check-timeout``).
 DEFAULT_TIMEOUT = 300.0
+
+#: Characters of a name or value quoted in a message (a name may be megabytes long).
+QUOTE_LIMIT = 100
+
+
+def shown(text: Any) -> str:
+    """``repr(text)`` cut to about :data:`QUOTE_LIMIT` characters, for a message."""
+    return short(str(text), QUOTE_LIMIT)
+
+
+def name_text(name: str) -> str:
+    """A name as is, unless it is long (then quoted and cut)."""
+    return name if len(name) <= QUOTE_LIMIT else shown(name)
+
+
+def shown_names(names: list[str], limit: int = 5) -> str:
+    """Some names, each cut, then how many more."""
+    text = ", ".join(shown(n) for n in names[:limit])
+    return text + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
 
 #: Default (rtol, atol) per float type: |optimised - original| <= atol + rtol * |original|.
 #: The type is the lowest-precision float type the output depends on, not the output's own.
@@ -71,6 +96,11 @@ class OutputComparison:
     ``tolerance_dtype`` is the float type that chose the tolerance (the
     lowest-precision one the output depends on) and ``tolerance_value`` the
     value of the original graph that has it; both empty for an exact comparison.
+    ``input_set`` names the set of inputs compared (see :class:`InputsUsed`):
+    the first one where the output differs, else the first set. ``within_scale``
+    counts the elements of the edge-value sets that are beyond the tolerance of
+    their own value but within that of the output's largest magnitude (rounding
+    of sums of huge terms where they cancel).
     """
 
     name: str
@@ -85,6 +115,8 @@ class OutputComparison:
     atol: float | None = None
     tolerance_dtype: str = ""
     tolerance_value: str = ""
+    input_set: str = "normal"
+    within_scale: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,7 +134,7 @@ class OutputComparison:
             return "exact"
         source = f"from {self.tolerance_dtype}" if self.tolerance_dtype else "given"
         if self.tolerance_value:
-            source += f" value {self.tolerance_value!r}"
+            source += f" value {shown(self.tolerance_value)}"
         return f"rtol {self.rtol:g} atol {self.atol:g}, {source}"
 
 
@@ -118,6 +150,16 @@ class InputsUsed:
         shapes: Shape of every input.
         tries: How many sets of generated sizes were tried (1 when the first ran).
         attempts: For each failed try, its sizes and the error.
+        sets: Every set of inputs the check planned, in order: ``name`` (``normal``: the
+            seeded standard-normal inputs above; ``edge``, ``edge-nonfinite``: edge values
+            of each input's type, without and with NaN and infinities; ``zero-dims``: every
+            dynamic dimension 0), ``label``, ``tried`` (False: the set does not apply, e.g.
+            no dynamic dimension), ``ran`` (the original ran on it, so both models were
+            compared on it), ``ok`` (None until compared), ``note`` (why it was skipped;
+            a set tried and skipped is also one of the result's ``notes``), ``dims`` (the
+            0-sized set's sizes) and, for the edge-value sets, ``within_scale``: per output,
+            how many elements matched only within the tolerance of the output's largest
+            magnitude (see :attr:`OutputComparison.within_scale`).
     """
 
     given: list[str] = dataclasses.field(default_factory=list)
@@ -127,25 +169,37 @@ class InputsUsed:
     shapes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     tries: int = 0
     attempts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    sets: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def sets_text(self) -> str:
+        """``also edge-value, NaN/infinity inputs; skipped: 0-sized-dimension (why)``, or ""."""
+        ran = [s["label"] for s in self.sets[1:] if s.get("ran")]
+        skipped = [f"{s['label']} ({s.get('note', '')})" for s in self.sets[1:] if s.get("tried") and not s.get("ran")]
+        parts = [f"also {', '.join(ran)} inputs"] if ran else []
+        if skipped:
+            parts.append("skipped: " + "; ".join(skipped))
+        return "; ".join(parts)
+
     def sizes_text(self) -> str:
         """``batch=1, height=64`` (named dims), else the generated inputs' shapes."""
         if self.dims:
-            return ", ".join(f"{k}={v}" for k, v in self.dims.items())
+            return ", ".join(f"{name_text(k)}={v}" for k, v in self.dims.items())
         shapes = {k: v for k, v in self.shapes.items() if k in self.generated}
-        return ", ".join(f"{k}{list(v)}" for k, v in shapes.items()) or "static shapes"
+        return ", ".join(f"{name_text(k)}{list(v)}" for k, v in shapes.items()) or "static shapes"
 
     def text(self) -> str:
         parts = []
         if self.generated:
             parts.append(f"generated (seed {self.seed}): {self.sizes_text()}")
         if self.given:
-            parts.append("given: " + ", ".join(self.given))
+            parts.append("given: " + ", ".join(name_text(n) for n in self.given))
         if self.tries > 1:
             parts.append(f"try {self.tries}; earlier sizes did not run: {self.attempts[0].get('error', '')}")
+        if self.sets_text():
+            parts.append(self.sets_text())
         return "; ".join(parts) or "none"
 
 
@@ -189,28 +243,28 @@ class FirstDifference:
         """One or two lines: the node and its inputs' errors; the pass."""
         lines = []
         if self.output:
-            label = f"node {self.node!r}" if self.node else f"the node making {self.output!r}"
+            label = f"node {shown(self.node)}" if self.node else f"the node making {shown(self.output)}"
             differing = [i for i in self.inputs if i.get("max_abs_error") is not None and not i.get("ok", True)]
             unknown = [i["name"] for i in self.inputs if i.get("max_abs_error") is None]
             worst = max((i["max_abs_error"] for i in self.inputs if i.get("max_abs_error") is not None), default=0.0)
             if differing:
                 first = differing[0]
-                why = (f"its input {first['name']!r} ({first.get('kind', 'value')}) already differs "
+                why = (f"its input {shown(first['name'])} ({first.get('kind', 'value')}) already differs "
                        f"(max abs error {first['max_abs_error']:.3g})")  # fmt: skip
             elif worst == 0 and not unknown:
                 why = "its inputs are identical: this node itself changed the result"
             elif worst == 0:
-                why = f"its compared inputs are identical (not comparable: {', '.join(unknown)})"
+                why = f"its compared inputs are identical (not comparable: {shown_names(unknown)})"
             else:
                 why = f"its inputs match within tolerance (max abs error {worst:.3g})"
             lines.append(
                 f"first difference: {label} ({self.op}, #{self.position} in the original), output "
-                f"{self.output!r} max abs error {self.max_abs_error:.3g}; {why}"
+                f"{shown(self.output)} max abs error {self.max_abs_error:.3g}; {why}"
             )
         elif self.message:
             lines.append(f"first difference: not located ({self.message})")
         if self.pass_name:
-            lines.append(f"  introduced by pass {self.pass_name!r} (the pipeline without it matches)")
+            lines.append(f"  introduced by pass {shown(self.pass_name)} (the pipeline without it matches)")
         elif self.pipelines:
             lines.append("  no single pass found: " + "; ".join(
                 f"{'+'.join(p['passes']) or '(none)'}: {'ok' if p['ok'] else 'differs'}" for p in self.pipelines))
@@ -269,7 +323,9 @@ class CheckResult:
         elif self.ok:
             text = f"check passed: {len(self.outputs)} output(s) match"
         else:
-            text = "check failed: " + "; ".join(f"output {o.name!r}: {o.message}" for o in self.failures)
+            text = "check failed: " + "; ".join(f"output {shown(o.name)}: {o.message}" for o in self.failures[:5])
+            if len(self.failures) > 5:
+                text += f"; and {len(self.failures) - 5} more output(s)"
         if self.first_difference is not None:
             text += "\n" + self.first_difference.summary()
         return text

@@ -12,10 +12,20 @@ can say where a crash happened) and one ``{"result": ...}`` line. Requests:
 
 ``prepare``: load the original model, choose the inputs (the caller's, and
 generated ones: each try's sizes in turn until the original runs), run it and
-keep its outputs (on disk, memory-mapped, if they are large).
-``compare``: run another model on the same inputs and compare its outputs
-with the kept ones. ``values``: run two models (both with extra graph outputs)
-and compare the named values. ``exit``.
+keep its outputs (on disk, memory-mapped, if they are large); its session is
+kept for ``add_set``.
+``add_set``: run the original on one more set of inputs (edge values made from
+the chosen ones, see :mod:`passes.verify.edges`, or other sizes) and keep its
+outputs; a set it cannot run is answered ``ok: false`` and not kept. One
+request per set, so that a crash on one (an integer division of the minimum by
+-1 is SIGFPE) loses that set only.
+``compare``: run another model on the same inputs (the first set and every
+kept one) and compare its outputs with the kept ones. ``values``: run two
+models (both with extra graph outputs) on one set and compare the named
+values. ``exit``.
+
+The inputs of a set are made again from its description when needed (they are
+deterministic), so that only the chosen inputs stay in memory.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 _PROTOCOL: Any = None
@@ -70,8 +81,13 @@ def _isolate(memory_limit: int, parent: int) -> None:
 class _State:
     def __init__(self) -> None:
         self.feeds: dict[str, Any] = {}
+        self.given: list[str] = []
+        self.seed = 0
         self.expected: dict[str, Any] = {}
         self.names: list[str] = []
+        self.session: Any = None  # the original's, until another model is loaded
+        self.prepare: dict[str, Any] = {}
+        self.sets: list[dict[str, Any]] = []  # {"set": description, "expected": outputs}
 
 
 def _numpy_dtype(name: str) -> Any:
@@ -164,7 +180,7 @@ def _describe(value: Any) -> dict[str, Any]:
     return {"kind": type(value).__name__}
 
 
-def _spill(values: dict[str, Any], folder: str, threshold: int) -> dict[str, Any]:
+def _spill(values: dict[str, Any], folder: str, threshold: int, prefix: str = "expected") -> dict[str, Any]:
     """Large numeric outputs go to disk and come back memory-mapped, so two sessions' outputs
     are not in memory at once."""
     import numpy as np
@@ -175,7 +191,7 @@ def _spill(values: dict[str, Any], folder: str, threshold: int) -> dict[str, Any
         return values
     result = dict(values)
     for i, (name, array) in enumerate(arrays.items()):
-        path = os.path.join(folder, f"expected-{i}.npy")
+        path = os.path.join(folder, f"{prefix}-{i}.npy")
         np.save(path, array)
         result[name] = np.load(path, mmap_mode="r")
     return result
@@ -197,12 +213,11 @@ def _prepare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         given = npz.load(request["given"]["path"], request["given"]["names"], request["given"].get("raw"))
     attempts = []
     tries = request["tries"] or [{"dims": {}, "inputs": {}}]
+    state.sets, state.session = [], None
     for number, attempt in enumerate(tries, 1):
-        rng = np.random.default_rng(request.get("seed", 0))
-        feeds = dict(given)
-        for name, spec in attempt["inputs"].items():
-            feeds[name] = np.asarray(_generate(spec, rng))
+        feeds = _generated(given, attempt["inputs"], request.get("seed", 0))
         _phase(f"running the original model, try {number} of {len(tries)}")
+        start = time.perf_counter()
         try:
             outputs = _run(session, feeds)
         except Exception as e:  # noqa: BLE001
@@ -210,19 +225,69 @@ def _prepare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
             if isinstance(e, MemoryError) or "alloc" in str(e).lower():
                 break
             continue
-        state.feeds = feeds
+        seconds = time.perf_counter() - start
+        state.feeds, state.given, state.seed, state.prepare = feeds, list(given), request.get("seed", 0), request
         state.names = [o.name for o in session.get_outputs()]
-        del session
+        state.session = session
         state.expected = _spill(dict(zip(state.names, outputs)), request.get("spill_dir", ""),
                                 int(request.get("spill_bytes", 1 << 28)))  # fmt: skip
         return {
             "ok": True,
             "try": number,
             "attempts": attempts,
+            "seconds": seconds,
             "shapes": {k: list(np.shape(v)) for k, v in feeds.items()},
             "outputs": {name: _describe(value) for name, value in state.expected.items()},
         }
     return {"ok": False, "stage": "run", "attempts": attempts, "error": attempts[-1]["error"] if attempts else ""}
+
+
+def _generated(given: dict[str, Any], inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    feeds = dict(given)
+    for name, spec in inputs.items():
+        feeds[name] = np.asarray(_generate(spec, rng))
+    return feeds
+
+
+def _set_feeds(state: _State, description: dict[str, Any] | None) -> dict[str, Any]:
+    """The inputs of a set (None: the chosen ones), made again from its description."""
+    if description is None:
+        return state.feeds
+    kind = description["kind"]
+    if kind == "sizes":
+        return _generated({k: state.feeds[k] for k in state.given}, description["inputs"], state.seed)
+    from passes.verify import edges
+
+    return edges.edge_feeds(state.feeds, set(description.get("keep", ())), state.seed,
+                            nonfinite=kind == "nonfinite")  # fmt: skip
+
+
+def _add_set(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """Runs the original on one more set of inputs and keeps its outputs."""
+    import numpy as np
+
+    description = request["set"]
+    label = description.get("label", description["name"])
+    if state.session is None:
+        _phase("loading the original model again")
+        state.session = _session(state.prepare["model"])
+    _phase(f"making the {label} inputs")
+    feeds = _set_feeds(state, description)
+    _phase(f"running the original model on the {label} inputs")
+    start = time.perf_counter()
+    try:
+        outputs = _run(state.session, feeds)
+    except Exception as e:  # noqa: BLE001  onnxruntime's exceptions share no base class
+        return {"ok": False, "error": _first_line(e)}
+    seconds = time.perf_counter() - start
+    threshold = int(state.prepare.get("spill_bytes", 1 << 28)) // 4  # several sets' outputs wait together
+    expected = _spill(dict(zip(state.names, outputs)), state.prepare.get("spill_dir", ""), threshold,
+                      f"{description['name']}-{len(state.sets)}")  # fmt: skip
+    state.sets.append({"set": description, "expected": expected})
+    return {"ok": True, "seconds": seconds, "shapes": {k: list(np.shape(v)) for k, v in feeds.items()}}
 
 
 def _tolerance(tolerances: dict[str, Any], name: str) -> tuple[float | None, float | None]:
@@ -233,6 +298,7 @@ def _tolerance(tolerances: dict[str, Any], name: str) -> tuple[float | None, flo
 def _compare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     from passes.verify.compare import compare
 
+    state.session = None  # one session at a time
     _phase("loading the optimised model")
     try:
         session = _session(request["model"])
@@ -241,7 +307,6 @@ def _compare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         actual = _run(session, state.feeds)
     except Exception as e:  # noqa: BLE001
         return {"ok": False, "stage": "run", "error": _first_line(e)}
-    del session
     _phase("comparing the outputs")
     by_name = dict(zip(names, actual))
     del actual
@@ -256,13 +321,46 @@ def _compare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     for name in names:
         if name not in state.names:
             comparisons.append({"name": name, "ok": False, "message": "not an output of the original model"})
-    return {"ok": True, "outputs": comparisons}
+    del by_name
+    sets = [_compare_set(state, kept, session, names, tolerances) for kept in state.sets]
+    return {"ok": True, "outputs": comparisons, "sets": sets}
+
+
+def _compare_set(state: _State, kept: dict[str, Any], session: Any, names: list[str],
+                 tolerances: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """Runs the optimised model on one more set and compares: the outputs that differ (only)."""
+    from passes.verify.compare import compare
+
+    label = kept["set"].get("label", kept["set"]["name"])
+    feeds = _set_feeds(state, kept["set"])
+    _phase(f"running the optimised model on the {label} inputs")
+    try:
+        values = dict(zip(names, _run(session, feeds)))
+    except Exception as e:  # noqa: BLE001
+        return {"name": kept["set"]["name"], "ok": False, "error": _first_line(e), "outputs": []}
+    del feeds
+    _phase(f"comparing the outputs on the {label} inputs")
+    differ, within_scale = [], {}
+    normwise = kept["set"]["kind"] in ("edge", "nonfinite")
+    for name in state.names:
+        if name in values:
+            rtol, atol = _tolerance(tolerances, name)
+            found = compare(name, kept["expected"][name], values.pop(name), rtol, atol, normwise=normwise)
+            if not found.ok:
+                differ.append(found.to_json())
+            elif found.within_scale:
+                within_scale[name] = found.within_scale
+    return {"name": kept["set"]["name"], "ok": not differ, "outputs": differ, "within_scale": within_scale}
 
 
 def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     """Compares named values of two models run on the kept inputs, a chunk of names at a time."""
     from passes.verify.compare import compare
 
+    state.session = None
+    chosen = [kept["set"] for kept in state.sets if kept["set"]["name"] == request.get("set")]
+    feeds = _set_feeds(state, chosen[0] if chosen else None)
+    normwise = bool(chosen) and chosen[0]["kind"] in ("edge", "nonfinite")
     _phase("loading the models with extra outputs")
     try:
         original = _session(request["original"])
@@ -278,8 +376,8 @@ def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         part = names[start : start + chunk]
         _phase(f"comparing values {start + 1}..{start + len(part)} of {len(names)}")
         try:
-            expected = _run(original, state.feeds, part)
-            actual = _run(optimized, state.feeds, part)
+            expected = _run(original, feeds, part)
+            actual = _run(optimized, feeds, part)
         except Exception as e:  # noqa: BLE001
             if len(part) > 1:  # one bad value must not hide the others
                 chunk = max(1, len(part) // 4)
@@ -290,7 +388,7 @@ def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         size = 0
         for name, e_value, a_value in zip(part, expected, actual):
             rtol, atol = _tolerance(tolerances, name)
-            result = compare(name, e_value, a_value, rtol, atol)
+            result = compare(name, e_value, a_value, rtol, atol, normwise=normwise)
             size += getattr(e_value, "nbytes", 0)
             found[name] = {"ok": result.ok, "max_abs_error": result.max_abs_error, "message": result.message}
         del expected, actual
@@ -304,7 +402,7 @@ def main() -> None:
     parent = int(sys.argv[2]) if len(sys.argv) > 2 else os.getppid()
     _isolate(memory_limit, parent)
     state = _State()
-    handlers = {"prepare": _prepare, "compare": _compare, "values": _values}
+    handlers = {"prepare": _prepare, "add_set": _add_set, "compare": _compare, "values": _values}
     try:
         import numpy  # noqa: F401
         import onnxruntime  # noqa: F401
