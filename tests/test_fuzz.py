@@ -6,16 +6,18 @@ values and types, value names, opset imports, ir_version, external-data
 keys), and runs ``passes.cli.main`` on each with every registered pass.
 Whatever the input, the command must:
 
-* return an exit code in {0, 1, 2}, never raise;
+* return exit code 0 or 2, never raise;
 * on a non-zero exit, print exactly one ``optimize: error:`` line and no
   traceback, and the message must not be the last-resort "internal error";
 * never leave a written output on error, nor a temporary folder;
 * never change the input (the model file and its external data);
 * on exit 0, have written a model that passes the ONNX checker.
 
-Exit 1 is accepted only for a numeric difference found by the check (a
-fuzzed constant can legitimately overflow differently); an optimised model
-that is invalid or does not run where the original runs is a bug.
+Exit 1 (the check failed) is never accepted: it means the input was valid
+(the original ran in onnxruntime) and a pass changed what it computes, or
+made it invalid or unable to run. Whatever the constants (overflow, NaN,
+signed zeros), the optimised model must compute what the original computes
+in onnxruntime. An invalid input may be refused with exit 2.
 
 The default run is short; ``HYPOTHESIS_PROFILE=long`` raises every budget to
 the profile's ``max_examples`` (see ``conftest.py``).
@@ -204,6 +206,7 @@ def run_and_verify(model_bytes: bytes, data: bytes | None, *, check: bool) -> in
         out = folder / "out.onnx"
         code, err = _run(src, out, check=check)
         assert code in (0, 1, 2), err
+        assert code != 1, f"the check failed on a valid input (a pass changed its values):\n{err}"
         assert "Traceback" not in err, err
         assert "internal error" not in err, err
         errors = [line for line in err.splitlines() if line.startswith("optimize: error:")]
@@ -216,8 +219,6 @@ def run_and_verify(model_bytes: bytes, data: bytes | None, *, check: bool) -> in
         else:
             assert len(errors) == 1, err
             assert set(after) == set(before), f"files written on error: {sorted(set(after) - set(before))}"
-        if code == 1:
-            assert "invalid" not in errors[0] and "does not run" not in errors[0], errors[0]
         event(f"exit {code}")  # --hypothesis-show-statistics shows how far the examples got
         return code
 
