@@ -5,6 +5,8 @@ Cases (each built at run time in a temporary folder, seeded):
 - ``if-weight``: a 256 MiB float32 external weight (pseudo-random, dense)
   used only inside an If branch (``MatMul(x, W)`` in ``then``, ``Identity(x)``
   in ``else``). Aim: under 1 GiB peak RSS.
+- ``if-constant``: the same weight as a ``Constant`` node inside the branch,
+  its tensor in external data.
 - ``trees-cast`` / ``trees``: an ``ai.onnx.ml`` 1 ``TreeEnsembleClassifier``
   (opset 9, ``--trees`` trees of depth 10, about 99 MB of attribute lists)
   whose probabilities go ``Cast -> Identity -> ZipMap``, and the same without
@@ -16,7 +18,7 @@ its "Maximum resident set size" (the largest single process of the tree, so
 the check's onnxruntime child counts too).
 
 Usage:
-    python benchmarks/bench_bounds.py [--cases if-weight,trees-cast,trees] [--trees N] [--no-check]
+    python benchmarks/bench_bounds.py [--cases if-weight,if-constant,trees-cast,trees] [--trees N] [--no-check]
 """
 
 from __future__ import annotations
@@ -37,14 +39,20 @@ from onnx import TensorProto, helper
 WEIGHT_SIDE = 8192  # 8192 x 8192 float32 = 256 MiB
 
 
-def build_if_weight(path: pathlib.Path, side: int = WEIGHT_SIDE) -> None:
-    """Writes the If-branch model to ``path`` with its weight in ``path.name + '.data'``."""
+def build_if_weight(path: pathlib.Path, side: int = WEIGHT_SIDE, constant: bool = False) -> None:
+    """Writes the If-branch model to ``path`` with its weight in ``path.name + '.data'``.
+
+    ``constant``: the weight is a ``Constant`` node inside the branch (its tensor external
+    too, as ``onnx.save_model(..., convert_attribute=True)`` writes it), not a main-graph initializer.
+    """
     rng = np.random.default_rng(0)
     weight = rng.standard_normal((side, side), dtype=np.float32)
     init = onnx.numpy_helper.from_array(weight, "W")
+    body = [helper.make_node("MatMul", ["x", "W"], ["t"])]
+    if constant:
+        body.insert(0, helper.make_node("Constant", [], ["W"], value=init))
     then = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["t"])], "then", [],
-        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, side])],
+        body, "then", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, side])],
     )  # fmt: skip
     other = helper.make_graph(
         [helper.make_node("Identity", ["x"], ["e"])], "else", [],
@@ -56,10 +64,11 @@ def build_if_weight(path: pathlib.Path, side: int = WEIGHT_SIDE) -> None:
         [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
          helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, side])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, side])],
-        initializer=[init],
+        initializer=[] if constant else [init],
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
-    onnx.save_model(model, str(path), save_as_external_data=True, location=path.name + ".data")
+    onnx.save_model(model, str(path), save_as_external_data=True, location=path.name + ".data",
+                    convert_attribute=constant)  # fmt: skip
 
 
 def build_trees(path: pathlib.Path, trees: int = 1200, depth: int = 10, cast: bool = True,
@@ -134,12 +143,13 @@ def measure(model: pathlib.Path, out: pathlib.Path, check: bool, timeout: float 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="if-weight,trees-cast,trees")
+    parser.add_argument("--cases", default="if-weight,if-constant,trees-cast,trees")
     parser.add_argument("--trees", type=int, default=1200)
     parser.add_argument("--no-check", action="store_true", help="run optimize with --no-check")
     args = parser.parse_args(argv)
     builders = {
         "if-weight": build_if_weight,
+        "if-constant": lambda p: build_if_weight(p, constant=True),
         "trees-cast": lambda p: build_trees(p, args.trees, cast=True),
         "trees": lambda p: build_trees(p, args.trees, cast=False),
     }
