@@ -16,8 +16,6 @@ from passes import cli, pipeline
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MODELS = [REPO / "models" / "demo.onnx", *sorted((REPO / "models" / "real").glob("*.onnx"))]
-#: Run by default; the others with -m slow.
-QUICK = {"demo", "small_cnn_opset13", "tiny_bert_opset17"}
 
 
 def hidden_contradiction() -> onnx.ModelProto:
@@ -124,11 +122,8 @@ def test_a_declaration_the_passes_wrote_is_their_fault(tmp_path: pathlib.Path, m
 
 
 @pytest.mark.parametrize(
-    "src", [pytest.param(p, id=p.stem, marks=[] if p.stem in QUICK else [pytest.mark.slow]) for p in MODELS])
-def test_optimize_accepts_its_own_output(tmp_path: pathlib.Path, src: pathlib.Path, capsys,
-                                        request: pytest.FixtureRequest) -> None:  # fmt: skip
-    if src.stem not in QUICK and "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("slow: run with -m slow")
+    "src", [pytest.param(p, id=p.stem) for p in MODELS])
+def test_optimize_accepts_its_own_output(tmp_path: pathlib.Path, src: pathlib.Path, capsys) -> None:
     manifest = json.loads((REPO / "models" / "real" / "MANIFEST.json").read_text())["models"]
     model = onnx.load(str(src), load_external_data=False)
     named = {d.dim_param for i in model.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}

@@ -6,16 +6,18 @@ values and types, value names, opset imports, ir_version, external-data
 keys), and runs ``passes.cli.main`` on each with every registered pass.
 Whatever the input, the command must:
 
-* return an exit code in {0, 1, 2}, never raise;
+* return exit code 0 or 2, never raise;
 * on a non-zero exit, print exactly one ``optimize: error:`` line and no
   traceback, and the message must not be the last-resort "internal error";
 * never leave a written output on error, nor a temporary folder;
 * never change the input (the model file and its external data);
 * on exit 0, have written a model that passes the ONNX checker.
 
-Exit 1 is accepted only for a numeric difference found by the check (a
-fuzzed constant can legitimately overflow differently); an optimised model
-that is invalid or does not run where the original runs is a bug.
+Exit 1 (the check failed) is never accepted: it means the input was valid
+(the original ran in onnxruntime) and a pass changed what it computes, or
+made it invalid or unable to run. Whatever the constants (overflow, NaN,
+signed zeros), the optimised model must compute what the original computes
+in onnxruntime. An invalid input may be refused with exit 2.
 
 The default run is short; ``HYPOTHESIS_PROFILE=long`` raises every budget to
 the profile's ``max_examples`` (see ``conftest.py``).
@@ -204,6 +206,10 @@ def run_and_verify(model_bytes: bytes, data: bytes | None, *, check: bool) -> in
         out = folder / "out.onnx"
         code, err = _run(src, out, check=check)
         assert code in (0, 1, 2), err
+        if code == 1 and (known := _known_check_failure(model_bytes)):
+            event(f"known check failure: {known}")  # each has its strict xfail test below
+            return code
+        assert code != 1, f"the check failed on a valid input (a pass changed its values):\n{err}"
         assert "Traceback" not in err, err
         assert "internal error" not in err, err
         errors = [line for line in err.splitlines() if line.startswith("optimize: error:")]
@@ -216,10 +222,21 @@ def run_and_verify(model_bytes: bytes, data: bytes | None, *, check: bool) -> in
         else:
             assert len(errors) == 1, err
             assert set(after) == set(before), f"files written on error: {sorted(set(after) - set(before))}"
-        if code == 1:
-            assert "invalid" not in errors[0] and "does not run" not in errors[0], errors[0]
         event(f"exit {code}")  # --hypothesis-show-statistics shows how far the examples got
         return code
+
+
+def _known_check_failure(model_bytes: bytes) -> str | None:
+    """The known bug (with a strict xfail test under "found by the fuzzer") a check failure of this
+    input comes from, so that the fuzzer goes on hunting others; None for any other input."""
+    try:
+        model = onnx.ModelProto.FromString(model_bytes)
+    except Exception:  # noqa: BLE001  (not a model: no known bug)
+        return None
+    names = [o.name for o in model.graph.output]
+    if len(set(names)) < len(names):
+        return "a graph output listed twice"
+    return None
 
 
 # --- byte mutations ----------------------------------------------------------------------------
@@ -707,3 +724,32 @@ def test_random_graphs_compute_the_same_after_optimisation(data: st.DataObject) 
                                        equal_nan=True, err_msg=name)
         else:
             np.testing.assert_array_equal(a, e, err_msg=name)
+
+
+# --- found by the fuzzer: valid inputs the check fails on (exit 1), each a known bug --------------
+
+
+@pytest.mark.xfail(strict=True, reason="load/save (modelio over onnx_ir, before any pass): a graph output "
+                   "listed twice loses one, so a valid model (the checker and onnxruntime accept it) fails "
+                   "the check with exit 1 ('missing from the optimised model'); keep both or refuse with exit 2")
+def test_a_graph_output_listed_twice_is_kept_or_refused(tmp_path: pathlib.Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])] * 2,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model, full_check=True)
+    src, out = tmp_path / "dup.onnx", tmp_path / "out.onnx"
+    onnx.save_model(model, str(src))
+    code, err = _run(src, out, check=True)
+    assert code in (0, 2), err
+    if code == 0:
+        import helpers
+
+        x = np.float32([-1, 2])
+        expected, got = helpers.ort_run(model, {"x": x}), helpers.ort_run(str(out), {"x": x})
+        assert len(got) == len(expected) == 2
+        for e, a in zip(expected, got):
+            np.testing.assert_array_equal(a, e)
+    else:
+        assert len([line for line in err.splitlines() if line.startswith("optimize: error:")]) == 1, err

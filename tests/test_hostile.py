@@ -588,11 +588,9 @@ def test_sparse_constant_of_a_gibibyte_stays_sparse(count: int, tmp_path: pathli
     onnx.save_model(model, str(src))
     assert src.stat().st_size < 250 * count
     out = tmp_path / "o.onnx"
-    start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", _BOUNDED, str(src), "-o", str(out), "-q", "--no-check"],
-                          capture_output=True, text=True, timeout=300, env=ENV)
-    assert proc.returncode == 0, proc.stderr
-    assert time.perf_counter() - start < 60
+                          capture_output=True, text=True, timeout=300, env=ENV)  # (a hang guard)
+    assert proc.returncode == 0, proc.stderr  # within 768 MiB of address space: never densified
     assert out.stat().st_size < 400 * count
     result = onnx.load(str(out))
     kept = [a.sparse_tensor.SerializeToString() for n in result.graph.node for a in n.attribute

@@ -58,9 +58,6 @@ MANIFEST: dict[str, Any] = json.loads(MANIFEST_PATH.read_text(encoding="utf-8"))
 #: a fix makes the test XPASS and fail, so the entry must then be removed.
 KNOWN_FAILURES: dict[str, str] = {}
 
-#: Models whose onnxruntime runs take seconds each (VGG-class convolutions on 224x224):
-#: run only with ``-m slow``.
-SLOW_MODELS = {"onnx_light_vgg19", "onnx_light_zfnet512", "onnx_light_bvlc_alexnet"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +88,6 @@ def _params() -> Iterator[Any]:
         marks = []
         if case.name in KNOWN_FAILURES:
             marks.append(pytest.mark.xfail(reason=KNOWN_FAILURES[case.name], strict=True))
-        if case.name in SLOW_MODELS:
-            marks.append(pytest.mark.slow)
         yield pytest.param(case, id=case.name, marks=marks)
 
 
@@ -159,8 +154,6 @@ def _optimize(case: Case, workdir: pathlib.Path, capsys: pytest.CaptureFixture[s
 
 
 def _optimized(case: Case, workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> Run:
-    if case.name in SLOW_MODELS and not _selected("slow"):
-        pytest.skip("slow: onnxruntime takes seconds per run on this model; run with -m slow")
     run = _optimize(case, workdir, capsys)
     assert run.code == 0, f"optimize exited {run.code}: {run.stderr.strip()}"
     return run

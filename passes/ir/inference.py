@@ -9,7 +9,9 @@ that point nowhere (dims and dtype kept, no bytes), so a >2 GB model or one
 with external data is never serialised with its weights. External tensors of
 a kilobyte or less (Reshape targets, axes, a model saved with every
 initializer external) are read and serialised inline, as data propagation
-needs their values.
+needs their values. Large attribute lists left in the model file (see
+:mod:`passes.modelio.detach`) are serialised as their empty markers, never
+decoded: onnx's inference of the ops that hold them does not read them.
 """
 
 from __future__ import annotations
@@ -98,7 +100,12 @@ def _serialize_without_weights(model: ir.Model) -> onnx.ModelProto:
                 if (placeholder := _placeholder(attr.value, attr.value.name)) is not None:
                     attrs.append((node, attr))
                     node.attributes["value"] = ir.AttrTensor("value", placeholder)
-        return ir.serde.serialize_model(model)
+        # Large ai.onnx.ml/custom-op lists left in the file (detach.DetachedAttr) stay there: the
+        # serialised copy holds their markers, never the decoded lists (tens of millions of elements).
+        from passes.modelio import detach  # noqa: PLC0415 (modelio imports this package)
+
+        with detach.swapped(model):
+            return ir.serde.serialize_model(model)
     finally:
         for value, tensor in values:
             value.const_value = tensor
