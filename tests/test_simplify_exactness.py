@@ -209,3 +209,56 @@ def test_a_subnormal_variance_with_a_moderate_gamma_still_fuses(caplog) -> None:
     """The guard looks at the folded scale: 1 / sqrt(2e-45) * 1e-20 is an ordinary float."""
     proto = _bn("Conv", [1e-20, 1.0], [0.5, 0.5], [0.0, 0.0], [1e-45, 1.0], 1e-45, branch=False)
     _check(proto, caplog, fused=True)
+
+
+# --- Shape-15 start/end --------------------------------------------------------------------------
+
+
+def _shape_expand(start: int | None, end: int | None, *, branch: bool) -> onnx.ModelProto:
+    """``Neg(Expand(x, Shape(y, start, end)))`` with ``x`` [b, c] and ``y`` [a, b, c] (dynamic: nothing folds)."""
+    attrs = {k: v for k, v in (("start", start), ("end", end)) if v is not None}
+    nodes = [helper.make_node("Shape", ["y"], ["s"], **attrs), helper.make_node("Expand", ["x", "s"], ["e"]),
+             helper.make_node("Neg", ["e"], ["z"])]  # the Expand's output is not a graph output
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["b", "c"])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["a", "b", "c"])
+    z = helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, None if branch else [None] * 3)
+    if branch:
+        body = helper.make_graph(nodes, "then", [], [z])
+        other = helper.make_graph([helper.make_node("Expand", ["x", "one"], ["z"])], "else", [], [z],
+                                  initializer=[numpy_helper.from_array(np.ones(3, np.int64), "one")])  # fmt: skip
+        cond = helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])
+        nodes = [helper.make_node("If", ["cond"], ["z"], then_branch=body, else_branch=other)]
+        inputs = [cond, x, y]
+    else:
+        inputs = [x, y]
+    z = helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [None] * 3)
+    graph = helper.make_graph(nodes, "g", inputs, [z])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@BRANCH
+@pytest.mark.parametrize("start, end", [(-5, None), (-3, None), (-5, 10), (-4, 3), (None, 10)])
+def test_shape_start_and_end_are_clamped_as_onnx_does(start, end, branch) -> None:
+    """``Shape(y, start=-5)`` of a rank-3 ``y`` is all of y's dims (ONNX clamps), not ``dims[-2:]`` (Python):
+    the Expand adds an axis and stays."""
+    proto = _shape_expand(start, end, branch=branch)
+    result, _ = _simplify(proto)
+    feeds = {"x": np.arange(12, dtype=np.float32).reshape(3, 4), "y": np.zeros((2, 3, 4), np.float32)}
+    if branch:
+        feeds["cond"] = np.array(True)
+    expected, actual = helpers.ort_run(proto, feeds)[0], helpers.ort_run(result, feeds)[0]
+    assert expected.shape == actual.shape
+    np.testing.assert_array_equal(expected.view(np.uint32), actual.view(np.uint32))
+    assert "Expand" in helpers.ops_recursive(result)
+
+
+def test_a_shape_of_the_trailing_dims_still_makes_the_expand_a_no_op() -> None:
+    """``Shape(y, start=-2)`` is [b, c], x's own dims: the Expand goes (and the output is the same)."""
+    proto = _shape_expand(-2, None, branch=False)
+    proto.graph.output[0].type.tensor_type.shape.ClearField("dim")
+    proto.graph.output[0].type.tensor_type.shape.dim.add()
+    proto.graph.output[0].type.tensor_type.shape.dim.add()
+    result, stats = _simplify(proto)
+    assert "Expand" not in helpers.ops_recursive(result), stats
+    feeds = {"x": np.arange(12, dtype=np.float32).reshape(3, 4), "y": np.zeros((2, 3, 4), np.float32)}
+    np.testing.assert_array_equal(helpers.ort_run(proto, feeds)[0], helpers.ort_run(result, feeds)[0])
