@@ -12,6 +12,7 @@ positive cases show the guards do not decline what is exact.
 from __future__ import annotations
 
 import itertools
+import pathlib
 import logging
 
 import numpy as np
@@ -262,3 +263,38 @@ def test_a_shape_of_the_trailing_dims_still_makes_the_expand_a_no_op() -> None:
     assert "Expand" not in helpers.ops_recursive(result), stats
     feeds = {"x": np.arange(12, dtype=np.float32).reshape(3, 4), "y": np.zeros((2, 3, 4), np.float32)}
     np.testing.assert_array_equal(helpers.ort_run(proto, feeds)[0], helpers.ort_run(result, feeds)[0])
+
+
+# --- weights read with checked reads -------------------------------------------------------------
+
+_SHRINK = """
+import os, sys
+import onnx_ir as ir
+from passes.simplify import SimplifyPass
+model = ir.load(sys.argv[1])
+SimplifyPass()(model)  # reads every weight (the fusion is declined: a negative scale, no shift)
+os.truncate(sys.argv[2], 0)
+try:
+    SimplifyPass()(model)  # the pipeline repeats simplify: the same weights are read again
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_a_data_file_that_shrinks_during_the_run_is_an_input_error_not_a_sigbus(tmp_path) -> None:
+    """Weights are read as fold reads them (``tensors.read_tensor``), never through a memory map: a mapped page
+    of a truncated file would kill the process with SIGBUS."""
+    import os
+    import subprocess
+    import sys
+
+    proto = _bn("Conv", [-1.0, 1.0], [-0.0, 0.0], [-0.0, 0.0], [1.0, 1.0], 0.0, branch=False)
+    path = tmp_path / "m.onnx"
+    onnx.save_model(proto, path, save_as_external_data=True, all_tensors_to_one_file=True, location="m.data",
+                    size_threshold=0)  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pathlib.Path(__file__).parent.parent),
+                                                        os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", _SHRINK, str(path), str(tmp_path / "m.data")],
+                         capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    assert run.stdout.startswith("InputError") and "truncated" in run.stdout, run.stdout
