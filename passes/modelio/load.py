@@ -35,6 +35,7 @@ else:
 _protobuf = lazy_module("google.protobuf.message")
 _opaque_types = lazy_module("passes.modelio.opaque")
 _validate = lazy_module("passes.modelio.validate")
+_repair = lazy_module("passes.modelio.repair")
 _sparse = lazy_module("passes.modelio.sparse")
 _detach = lazy_module("passes.modelio.detach")
 _walk = lazy_module("passes.ir.walk")
@@ -43,6 +44,7 @@ _weights = lazy_module("passes.modelio.weights")
 
 __all__ = [
     "check_unchanged",
+    "load_notes",
     "check_view",
     "data_files",
     "has_external_data",
@@ -115,10 +117,13 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         identities[real] = _validate.identity(real)
     try:
         whole = functools.partial(read_whole, path) if view.attributes else None
+        notes: list[str] = []
         external = validate_proto(view.proto, path.parent, path=path, check=check, identities=identities,
-                                  whole=whole)  # fmt: skip
+                                  whole=whole, notes=notes)  # fmt: skip
         model = model_from_proto(view.proto, detached=view.attributes, weights=view.weights)
         del view
+        if notes:
+            model.meta[_NOTES_KEY] = notes
         if identities:
             model.meta[_IDENTITY_KEY] = identities
         try:
@@ -212,7 +217,7 @@ def proto_from_bytes(data: bytes) -> onnx.ModelProto:
 def validate_proto(
     proto: onnx.ModelProto, base_dir: pathlib.Path | None = None, *, path: pathlib.Path | None = None,
     check: bool = True, identities: dict[pathlib.Path, _validate.Identity] | None = None,
-    whole: Callable[[], onnx.ModelProto] | None = None,
+    whole: Callable[[], onnx.ModelProto] | None = None, notes: list[str] | None = None,
 ) -> int:
     """The load-time validation of :func:`load_model`, for a model already in memory.
 
@@ -226,6 +231,8 @@ def validate_proto(
         identities: Receives the identity of each external-data file (see :func:`check_unchanged`).
         whole: ``proto`` is a view with detached attributes (see :func:`passes.modelio.detach.read_view`)
             and this reads the whole model, for the checker (see :func:`check_view`).
+        notes: Receives a note per lossless repair of ``proto`` (made in place, see
+            :mod:`passes.modelio.repair`): nodes sorted, graphs named, shapeless inputs and outputs.
 
     Returns:
         How many tensors are stored externally.
@@ -239,6 +246,12 @@ def validate_proto(
         # own datasets/mul_1.onnx does) and onnxruntime runs such models, so they are read
         # as IR 4 (the upgrade raises the version further anyway).
         proto.ir_version = 4
+    repaired = _repair.repair(proto)
+    if notes is not None:
+        notes.extend(repaired)
+    if whole is not None and repaired:
+        read = whole
+        whole = lambda: _repaired(read())  # noqa: E731
     external = _validate.check_contents(proto, base_dir or pathlib.Path.cwd(), identities)
     if external and (base_dir is None or (check and path is None)):
         raise InputError("the model refers to external data; load it from its file instead")
@@ -248,6 +261,20 @@ def validate_proto(
     if check:
         check_view(proto, path, external, whole)
     return external
+
+
+def _repaired(proto: onnx.ModelProto) -> onnx.ModelProto:
+    _repair.repair(proto)
+    return proto
+
+
+#: Key of the load's notes (lossless repairs) in ``ir.Model.meta``.
+_NOTES_KEY = "onnx_optimize.load_notes"
+
+
+def load_notes(model: ir.Model) -> list[str]:
+    """What the load repaired in the model (see :mod:`passes.modelio.repair`), a note each, for the report."""
+    return list(model.meta.get(_NOTES_KEY, ()))
 
 
 def check_view(
@@ -293,8 +320,11 @@ def model_from_proto(
         InputError: with ``validate``, the model is invalid (see :func:`validate_proto`);
             or onnx_ir cannot represent it.
     """
+    notes: list[str] = []
     if validate:
-        validate_proto(proto)
+        validate_proto(proto, notes=notes)
+    else:
+        notes = _repair.repair(proto)  # the IR needs sorted nodes
     proto, moved = _weights.move_out_large(proto)
     _one_default_domain(proto)
     sparse = _sparse.stash(proto)
@@ -313,6 +343,8 @@ def model_from_proto(
     if sparse:
         model.meta[_sparse.STASH_KEY] = sparse
         _sparse.attach_types(model)
+    if notes:
+        model.meta[_NOTES_KEY] = notes
     return model
 
 
