@@ -167,3 +167,22 @@ def test_other_checker_failures_stay_refusals_and_name_the_value_cut_short(tmp_p
     message = str(raised.value)
     assert "graph output 'yyyy" in message and "elem_type" in message, message[:500]
     assert len(message) < 600, len(message)
+
+
+# --- a small sparse Constant (not a repair: read densely, the same tensor) -------------------------
+
+
+def test_a_small_sparse_constant_in_an_if_branch_is_made_dense(tmp_path) -> None:
+    values = numpy_helper.from_array(np.array([1.5, -0.0], np.float32), "sp")
+    sparse = oh.make_sparse_tensor(values, numpy_helper.from_array(np.array([1, 2], np.int64), "idx"), [3])
+    z = oh.make_tensor_value_info("z", F, [3])
+    then = oh.make_graph([oh.make_node("Constant", [], ["c"], sparse_value=sparse),
+                          oh.make_node("Mul", ["x", "c"], ["z"])], "then", [], [z])  # fmt: skip
+    other = oh.make_graph([oh.make_node("Identity", ["x"], ["z"])], "else", [], [z])
+    proto = _model([oh.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)],
+                   [oh.make_tensor_value_info("cond", onnx.TensorProto.BOOL, []),
+                    oh.make_tensor_value_info("x", F, [3])], [oh.make_tensor_value_info("y", F, [3])])  # fmt: skip
+    result, _ = _optimize(proto, tmp_path)
+    assert "sparse_value" not in str(result.graph)
+    for x in (np.array([np.inf, -2.0, np.nan], np.float32), np.array([0.0, -0.0, np.inf], np.float32)):
+        _same_bits(proto, result, {"cond": np.array(True), "x": x})
