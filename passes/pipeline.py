@@ -261,9 +261,9 @@ def _optimize_file(source: str | os.PathLike[str], output: str | os.PathLike[str
     _destinations.check_destinations(src, dst, report_path, model, replace_data)
     report = _report.Report(str(src), str(dst), _report.summarize(model))
     report.phases = phases.seconds
-    report.notes.extend(modelio.load_notes(model))  # the load's lossless repairs
     with phases.phase("passes", None):
         report.passes = optimize_model(model, names, progress=progress, **values)
+    report.notes.extend(modelio.model_notes(model))  # the load's lossless repairs, the passes' corrections
     report.after = _report.summarize(model)
 
     def rebuild(kept: Sequence[str], cleanup: bool) -> ir.Model:
@@ -405,7 +405,7 @@ def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, names: li
         return fresh
 
     report = _report.Report("", None, _report.summarize(ir_model))
-    report.notes.extend(modelio.load_notes(ir_model))  # the load's lossless repairs
+    report.notes.extend(modelio.model_notes(ir_model))  # the load's lossless repairs, the passes' corrections
     failure = _gate.verify(original, proto, checking, report, logger.warning, rebuild=rebuild, names=names,
                       worker=worker)  # fmt: skip
     for note in [*report.notes, *(report.check.notes if report.check else [])]:

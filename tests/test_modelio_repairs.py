@@ -186,3 +186,49 @@ def test_a_small_sparse_constant_in_an_if_branch_is_made_dense(tmp_path) -> None
     assert "sparse_value" not in str(result.graph)
     for x in (np.array([np.inf, -2.0, np.nan], np.float32), np.array([0.0, -0.0, np.inf], np.float32)):
         _same_bits(proto, result, {"cond": np.array(True), "x": x})
+
+
+# --- a declared shape the folded graph contradicts ------------------------------------------------
+
+
+def _declared_rank_2(branch: bool) -> onnx.ModelProto:
+    """``Neg(Reshape(x, Compress(t, keep)))``: the target is [2, 3, 4] once folded (onnx's inference cannot
+    see through the Compress before), the output is declared [a, b]."""
+    nodes = [oh.make_node("Compress", ["t", "keep"], ["ks"], axis=0), oh.make_node("Reshape", ["x", "ks"], ["r"]),
+             oh.make_node("Neg", ["r"], ["y"])]  # fmt: skip
+    consts = [numpy_helper.from_array(np.array([2, 9, 3, 4], np.int64), "t"),
+              numpy_helper.from_array(np.array([1, 0, 1, 1], bool), "keep")]  # fmt: skip
+    y = oh.make_tensor_value_info("y", F, ["a", "b"])
+    inputs = [oh.make_tensor_value_info("x", F, [24])]
+    if branch:
+        body = [oh.make_node("Constant", [], [c.name], value=c) for c in consts] + nodes
+        then = oh.make_graph(body, "then", [], [y])
+        four_by_six = numpy_helper.from_array(np.array([4, 6], np.int64), "s")
+        other = oh.make_graph([oh.make_node("Constant", [], ["s"], value=four_by_six),
+                               oh.make_node("Reshape", ["x", "s"], ["y"])], "else", [], [y])  # fmt: skip
+        nodes, consts = [oh.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)], []
+        inputs.insert(0, oh.make_tensor_value_info("cond", onnx.TensorProto.BOOL, []))
+        y = oh.make_tensor_value_info("y", F, None)  # the If's output: any rank (each branch its own)
+    proto = _model(nodes, inputs, [y], initializers=consts)
+    if not branch:
+        onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def test_a_declared_output_rank_the_folded_reshape_contradicts_is_corrected(tmp_path) -> None:
+    proto = _declared_rank_2(branch=False)
+    result, notes = _optimize(proto, tmp_path)
+    assert notes == ["output 'y' was declared ['a', 'b'] but the graph computes [2, 3, 4]: "
+                     "declared [2, 3, 4] in the output"]  # fmt: skip
+    onnx.checker.check_model(result, full_check=True)
+    _same_bits(proto, result, {"x": np.tile(EDGES, 4)[:24]})
+
+
+def test_a_declared_branch_output_rank_is_corrected_too(tmp_path) -> None:
+    proto = _declared_rank_2(branch=True)
+    result, _ = _optimize(proto, tmp_path)
+    with repair.shape_fields_present(result):
+        onnx.checker.check_model(result)
+    onnx.shape_inference.infer_shapes(result, check_type=True, strict_mode=True)  # the branch's declaration fixed
+    for cond in (True, False):
+        _same_bits(proto, result, {"cond": np.array(cond), "x": np.tile(EDGES, 4)[:24]})

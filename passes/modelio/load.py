@@ -44,7 +44,8 @@ _weights = lazy_module("passes.modelio.weights")
 
 __all__ = [
     "check_unchanged",
-    "load_notes",
+    "add_model_notes",
+    "model_notes",
     "check_view",
     "data_files",
     "has_external_data",
@@ -268,13 +269,20 @@ def _repaired(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-#: Key of the load's notes (lossless repairs) in ``ir.Model.meta``.
-_NOTES_KEY = "onnx_optimize.load_notes"
+#: Key of the notes for the report in ``ir.Model.meta``: the load's lossless repairs, and what passes correct.
+_NOTES_KEY = "onnx_optimize.notes"
 
 
-def load_notes(model: ir.Model) -> list[str]:
-    """What the load repaired in the model (see :mod:`passes.modelio.repair`), a note each, for the report."""
+def model_notes(model: ir.Model) -> list[str]:
+    """The notes left on ``model`` for the report: what the load repaired (see :mod:`passes.modelio.repair`),
+    what a pass corrected (a declared shape the graph contradicts...), one line each."""
     return list(model.meta.get(_NOTES_KEY, ()))
+
+
+def add_model_notes(model: ir.Model, notes: list[str]) -> None:
+    """Adds ``notes`` to those :func:`model_notes` returns."""
+    if notes:
+        model.meta[_NOTES_KEY] = [*model.meta.get(_NOTES_KEY, ()), *notes]
 
 
 def check_view(

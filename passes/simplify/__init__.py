@@ -68,7 +68,8 @@ from passes.ir.names import Names
 from passes.ir.walk import iter_scopes
 from passes.options import Option
 from passes.phases import node_done
-from passes.simplify import algebra, chains, constants, cse, fusions, noops, shapes  # noqa: F401  (registers rules)
+from passes import modelio
+from passes.simplify import algebra, chains, constants, cse, declared, fusions, noops, shapes  # noqa: F401
 from passes.simplify.dims import SymbolicDims, derive
 from passes.simplify.rules import RULES, Context, Rule
 
@@ -140,6 +141,10 @@ class SimplifyPass(Pass):
         dedup = common_passes.DeduplicateInitializersPass()(model).modified
         if dedup:
             applied["constants/shared_initializer"] += 1
+        corrected, notes = declared.correct_declared_shapes(model)
+        if corrected:
+            applied["declared/shape"] += corrected
+            modelio.add_model_notes(model, notes)
         self.stats = {
             "rounds": rounds,
             "rewrites": dict(sorted(applied.items())),
