@@ -147,8 +147,10 @@ def test_an_add_whose_bias_overflows_is_not_fused(branch, caplog) -> None:
 
 @BRANCH
 @pytest.mark.parametrize("bias", [None, [0.0, -0.0], [-0.0, 1.0]], ids=["no_bias", "zeros", "minus_zero"])
-def test_an_add_of_zeros_fuses_and_keeps_the_sign_of_zero(bias, branch, caplog) -> None:
-    proto = _model("Conv", "Add", {"k": np.array([0.0, 2.0], np.float32).reshape(1, 2, 1, 1)}, W=W2,
+@pytest.mark.parametrize("k", [0.0, -0.0])
+def test_an_add_of_zeros_fuses_and_keeps_the_sign_of_zero(k, bias, branch, caplog) -> None:
+    """An absent bias is -0 in the sum (x + -0 is x): adding a -0 channel to it keeps what the Conv gives."""
+    proto = _model("Conv", "Add", {"k": np.array([k, 2.0], np.float32).reshape(1, 2, 1, 1)}, W=W2,
                    b=None if bias is None else np.array(bias, np.float32), branch=branch)  # fmt: skip
     _check(proto, caplog, fused=True)
 

@@ -46,7 +46,8 @@ class _Layer:
         return vector.reshape(shape)
 
     def bias64(self) -> np.ndarray:
-        return np.zeros(self.channels) if self.b is None else self.b.astype(np.float64).reshape(-1)
+        """The bias in float64; an absent one is -0, the sum's identity (x + -0 is x, -0 included)."""
+        return np.full(self.channels, -0.0) if self.b is None else self.b.astype(np.float64).reshape(-1)
 
     def rewrite(self, ctx: Context, w: np.ndarray | None, b: np.ndarray | None) -> None:
         """Replaces the weight (unless ``w`` is None) and the bias (unless ``b`` is None), rounding once."""
@@ -235,7 +236,7 @@ def batchnorm_into_gemm(node: ir.Node, ctx: Context) -> Outcome:
     s, mean, shift, shifted = params
     layer = _Layer(gemm, weight, w, bias, c, channels, axis)
     beta = gemm.attributes.get_float("beta", 1.0)
-    c64 = np.zeros(channels) if c is None else np.broadcast_to(c.astype(np.float64).reshape(-1), (channels,))
+    c64 = layer.bias64() if c is None else np.broadcast_to(c.astype(np.float64).reshape(-1), (channels,))
     with np.errstate(all="ignore"):
         new_c = (beta * c64 - mean) * s + shift
     new_w, why = _fused(layer, s, new_c, shifted)
