@@ -232,3 +232,20 @@ def test_a_declared_branch_output_rank_is_corrected_too(tmp_path) -> None:
     onnx.shape_inference.infer_shapes(result, check_type=True, strict_mode=True)  # the branch's declaration fixed
     for cond in (True, False):
         _same_bits(proto, result, {"cond": np.array(cond), "x": np.tile(EDGES, 4)[:24]})
+
+
+def test_repairs_apply_to_a_model_with_external_data(tmp_path) -> None:
+    """The checker reads such a model through its file, which is not repaired: it checks the repaired model
+    without its external tensors instead (their data was checked at load)."""
+    weight = numpy_helper.from_array(np.arange(4096, dtype=np.float32), "w")
+    proto = _model([oh.make_node("Neg", ["t"], ["y"]), oh.make_node("Add", ["x", "w"], ["t"])],
+                   [oh.make_tensor_value_info("x", F, None)], [oh.make_tensor_value_info("y", F, None)], name="",
+                   initializers=[weight])  # fmt: skip
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save_model(proto, src, save_as_external_data=True, location="in.data", size_threshold=0)
+    report = pipeline.optimize_file(src, dst)
+    assert report.written and report.check.ok, report.to_json()
+    assert len(report.notes) == 4, report.notes  # named, sorted, an input and an output without a shape
+    x = np.tile(EDGES, 586)[:4096]
+    expected = helpers.ort_run(str(src), {"x": x})[0]
+    assert expected.tobytes() == helpers.ort_run(str(dst), {"x": x})[0].tobytes()
