@@ -300,3 +300,19 @@ def test_a_data_file_that_shrinks_during_the_run_is_an_input_error_not_a_sigbus(
                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
     assert run.stdout.startswith("InputError") and "truncated" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("gamma", [1.0, -2.0])
+@pytest.mark.parametrize("beta", [0.0, -0.0, 1.0])
+@pytest.mark.parametrize("mean", [0.0, -0.0])
+@pytest.mark.parametrize("bias", [None, -0.0, 1.0])
+def test_bn_fusion_over_signed_zeros_fuses_only_what_keeps_the_specials(gamma, beta, mean, bias, caplog) -> None:
+    """Whatever the guards decide for these parameters, the result keeps NaN, infinities and signed zeros."""
+    proto = _bn("Conv", [gamma, 1.0], [beta, 0.5], [mean, 0.0], [1.0, 1.0], 0.0, branch=False,
+                b=None if bias is None else [bias, 1.0])  # fmt: skip
+    result, stats = _simplify(proto)
+    for x in _edge_inputs(2):
+        expected, actual = helpers.ort_run(proto, {"x": x})[0], helpers.ort_run(result, {"x": x})[0]
+        assert_same_specials(expected, actual, 1e-6 if stats["fused"] else 0.0)
+    if gamma > 0:
+        assert stats["fused"] == 1, stats  # a positive scale always fuses
