@@ -76,8 +76,7 @@ def test_a_declared_input_shape_that_contradicts_the_outputs_is_the_originals(tm
     onnx.save_model(model, str(src))
     codes, (first, _) = _twice(tmp_path, src)
     assert codes == (0, 0)
-    assert ("output 'log_sum' was declared ['batch', 4] but the graph computes ['batch', 0]: "
-            "declared ['batch', 0] in the output") in first["notes"]  # fmt: skip
+    assert any("'log_sum' is declared ['batch', 4] but its graph makes it ['batch', 0]" in n for n in first["notes"])
 
 
 def test_a_failure_hidden_in_external_data_is_the_originals(tmp_path: pathlib.Path) -> None:

@@ -112,6 +112,7 @@ class SimplifyPass(Pass):
         self.fuse = fuse
         self.freeze_initializer_inputs = freeze_initializer_inputs
         self.stats: dict[str, Any] = {}
+        self._inferred: dict[ir.Value, Any] | None = None  # the inference of the current sweep, if it ran
 
     def _rules(self) -> dict[str, list[Rule]]:
         by_op: dict[str, list[Rule]] = collections.defaultdict(list)
@@ -129,6 +130,7 @@ class SimplifyPass(Pass):
         if self.freeze_initializer_inputs:
             _freeze_initializer_inputs(model, applied)
         rounds = 0
+        self._inferred = None
         while rounds < _MAX_ROUNDS:
             rounds += 1
             changed = self._round(model, rules, applied, refused)
@@ -137,14 +139,11 @@ class SimplifyPass(Pass):
             if changed:
                 common_passes.RemoveUnusedNodesPass()(model)
             else:
+                self._correct_declared_shapes(model, applied)  # the last sweep's inference holds
                 break
         dedup = common_passes.DeduplicateInitializersPass()(model).modified
         if dedup:
             applied["constants/shared_initializer"] += 1
-        corrected, notes = declared.correct_declared_shapes(model)
-        if corrected:
-            applied["declared/shape"] += corrected
-            modelio.add_model_notes(model, notes)
         self.stats = {
             "rounds": rounds,
             "rewrites": dict(sorted(applied.items())),
@@ -152,6 +151,16 @@ class SimplifyPass(Pass):
             "not_applied": dict(sorted(refused.items())),
         }
         return ir.passes.PassResult(model, modified=bool(applied))
+
+    def _correct_declared_shapes(self, model: ir.Model, applied: collections.Counter[str]) -> None:
+        """Declared shapes the graph contradicts, corrected (:mod:`.declared`), from the inference of the
+        last sweep if one ran (a shape rule asked: any Reshape does), never from one of its own."""
+        if self._inferred is None:
+            return
+        corrected, notes = declared.correct_declared_shapes(model, self._inferred)
+        if corrected:
+            applied["declared/shape"] += corrected
+            modelio.add_model_notes(model, notes)
 
     def _round(self, model: ir.Model, rules: dict[str, list[Rule]], applied: collections.Counter[str],
                refused: collections.Counter[str]) -> bool:  # fmt: skip
@@ -161,11 +170,12 @@ class SimplifyPass(Pass):
         sweep (see the module docstring).
         """
         inferred: dict[ir.Value, Any] | None = None
+        self._inferred = None
 
         def lazy_inference() -> dict[ir.Value, Any]:
             nonlocal inferred
             if inferred is None:
-                inferred = inference.infer_all(model)
+                inferred = self._inferred = inference.infer_all(model)
             return inferred
 
         symbolic: SymbolicDims | None = None

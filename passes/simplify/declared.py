@@ -13,9 +13,11 @@ alike. Values and results do not change.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import onnx_ir as ir
 
-from passes.ir import inference, walk
+from passes.ir import walk
 
 __all__ = ["correct_declared_shapes"]
 
@@ -30,12 +32,14 @@ def _contradicts(declared: tuple, inferred: tuple) -> bool:
     return any(isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(declared, inferred))
 
 
-def correct_declared_shapes(model: ir.Model) -> tuple[int, list[str]]:
-    """Replaces each declared shape that inference contradicts; how many, and a note per graph output."""
+def correct_declared_shapes(
+    model: ir.Model, inferred: Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]
+) -> tuple[int, list[str]]:
+    """Replaces each declared shape that ``inferred`` (the pass's inference of this very graph, which
+    ignores declared shapes: :func:`passes.ir.inference.infer_all`) contradicts; how many, and a note
+    per graph output. (No inference of its own: that would decode the attribute lists a model leaves
+    in its file.)"""
     candidates = [v for graph in walk.graphs(model) for node in graph for v in node.outputs if v.shape is not None]
-    if not candidates:
-        return 0, []
-    inferred = inference.infer_types(model, candidates, derived_only=True)
     notes = []
     count = 0
     for value in candidates:
