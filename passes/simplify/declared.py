@@ -50,10 +50,15 @@ def correct_declared_shapes(
         if not _contradicts(declared, proved):
             continue
         count += 1
-        same_rank = len(declared) == len(proved)
-        value.shape = ir.Shape([p if isinstance(p, int) else (declared[i] if same_rank and not isinstance(declared[i], int)
-                                                           else None) for i, p in enumerate(proved)])  # fmt: skip
+        value.shape = ir.Shape(_corrected(declared, proved))
         if value.is_graph_output():
             notes.append(f"output {value.name!r:.100} was declared {list(declared)} but the graph computes "
                          f"{list(proved)}: declared {list(_dims(value.shape))} in the output")  # fmt: skip
     return count, notes
+
+
+def _corrected(declared: tuple, proved: tuple) -> list[int | str | None]:
+    """The proved dims; where only a symbol is proved, the declared name at that position (same rank), else none."""
+    same_rank = len(declared) == len(proved)
+    return [p if isinstance(p, int) else (declared[i] if same_rank and not isinstance(declared[i], int) else None)
+            for i, p in enumerate(proved)]  # fmt: skip

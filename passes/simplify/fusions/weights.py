@@ -157,7 +157,8 @@ def _batchnorm(node: ir.Node, ctx: Context, channels: int,
     return s, mean, shift, shifted
 
 
-def _fused(layer: _Layer, s: np.ndarray, b: np.ndarray | None, shifted: np.ndarray | None) -> tuple[np.ndarray, str | None]:
+def _fused(layer: _Layer, s: np.ndarray, b: np.ndarray | None,
+           shifted: np.ndarray | None) -> tuple[np.ndarray, str | None]:  # fmt: skip
     """The weights scaled by ``s`` per channel, and why they (or the new bias ``b``) may not be written.
 
     ``shifted`` as for :func:`exact.scale_refusal`; a channel whose new bias is 0 counts as not shifted.
