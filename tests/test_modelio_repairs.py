@@ -249,3 +249,18 @@ def test_repairs_apply_to_a_model_with_external_data(tmp_path) -> None:
     x = np.tile(EDGES, 586)[:4096]
     expected = helpers.ort_run(str(src), {"x": x})[0]
     assert expected.tobytes() == helpers.ort_run(str(dst), {"x": x})[0].tobytes()
+
+
+def test_a_refusal_names_the_node_at_fault_not_an_if_before_it(tmp_path) -> None:
+    """Checked alone, an If whose branch reads an outer value looks invalid: it is not the one named."""
+    z = oh.make_tensor_value_info("z", F, [7])
+    then = oh.make_graph([oh.make_node("Neg", ["x"], ["z"])], "then", [], [z])
+    nodes = [oh.make_node("If", ["c"], ["y"], then_branch=then, else_branch=then, name="if"),
+             oh.make_node("Relu", ["x"], ["r"], name="bad_relu", not_an_attribute=1)]  # fmt: skip
+    proto = _model(nodes, [oh.make_tensor_value_info("c", onnx.TensorProto.BOOL, []),
+                           oh.make_tensor_value_info("x", F, [7])],
+                   [oh.make_tensor_value_info("y", F, [7]), oh.make_tensor_value_info("r", F, [7])])  # fmt: skip
+    src = tmp_path / "in.onnx"
+    onnx.save(proto, src)
+    with pytest.raises(InputError, match="Relu node 'bad_relu'"):
+        modelio.load_model(src)
