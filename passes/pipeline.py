@@ -186,6 +186,7 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
     report.phases = phases.seconds
     with phases.phase("passes", None):
         report.passes = run.run(model, progress)
+    report.notes.extend(modelio.model_notes(model))  # the load's lossless repairs, the passes' corrections
     report.after = _report.summarize(model)
 
     with modelio.staged_output(dst, replace_data=replace_data) as staged:
@@ -367,7 +368,8 @@ def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, run: RunS
     with _gate.Gate(original, checking, logger.warning, worker) as gate:
         verdict = gate.verify(proto)
         _blame(gate, verdict, run, lambda: _fresh(original))
-    for note in [*verdict.notes, *(verdict.result.notes if verdict.result else [])]:
+    notes = [*modelio.model_notes(ir_model), *verdict.notes]  # the load's repairs, the passes' corrections
+    for note in [*notes, *(verdict.result.notes if verdict.result else [])]:
         logger.warning("%s", note)
     if verdict.failure is not None:
         raise CheckFailedError(verdict.failure)

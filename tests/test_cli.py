@@ -466,8 +466,39 @@ def test_huge_generated_inputs_skip_the_check(demo: pathlib.Path, tmp_path: path
     assert out.exists()
 
 
-def test_sparse_constants_are_kept_sparse(tmp_path: pathlib.Path) -> None:
-    """A sparse Constant is written back as it was (never densified: see passes/modelio/sparse.py)."""
+def test_a_small_sparse_constant_is_made_dense_and_folds(tmp_path: pathlib.Path) -> None:
+    """A sparse Constant of 4 values becomes a dense Constant at load (see passes/modelio/sparse.py), which
+    folds: ``Mul(c, c)`` is one constant. (A huge one stays sparse: test_hostile.py.)"""
+    values = numpy_helper.from_array(np.array([1.5, -0.0, -2.5], np.float32), "sp")
+    indices = numpy_helper.from_array(np.array([0, 1, 3], np.int64), "sp_indices")
+    sparse = helper.make_sparse_tensor(values, indices, [4])
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], sparse_value=sparse),
+         helper.make_node("Mul", ["c", "c"], ["s"]),
+         helper.make_node("Div", ["x", "s"], ["y"])],
+        "sparse",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    src = tmp_path / "sparse.onnx"
+    onnx.save_model(model, str(src))
+    out = tmp_path / "out.onnx"
+    proc = run_cli(str(src), "-o", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr
+    result = onnx.load(str(out))
+    assert [n.op_type for n in result.graph.node] == ["Div"], result.graph
+    assert not any(a.name == "sparse_value" for n in result.graph.node for a in n.attribute)
+    for x in (np.array([1, -2, 3, 4], np.float32), np.array([-0.0, 0.0, np.inf, np.nan], np.float32)):
+        expected, actual = helpers.ort_run(model, {"x": x})[0], helpers.ort_run(result, {"x": x})[0]
+        assert expected.tobytes() == actual.tobytes()
+
+
+def test_sparse_constants_are_kept_sparse(tmp_path: pathlib.Path, monkeypatch) -> None:
+    """A sparse Constant over the dense limit is written back as it was (see passes/modelio/sparse.py)."""
+    import passes.modelio.sparse as sparse_module
+
+    monkeypatch.setattr(sparse_module, "DENSE_LIMIT", 8)  # the 16 bytes of this one are over it
     values = numpy_helper.from_array(np.array([1.5, -2.5], np.float32), "sp")
     indices = numpy_helper.from_array(np.array([0, 3], np.int64), "sp_indices")
     sparse = helper.make_sparse_tensor(values, indices, [4])
@@ -482,8 +513,7 @@ def test_sparse_constants_are_kept_sparse(tmp_path: pathlib.Path) -> None:
     src = tmp_path / "sparse.onnx"
     onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(src))
     out = tmp_path / "out.onnx"
-    proc = run_cli(str(src), "-o", str(out), "-q")
-    assert proc.returncode == 0, proc.stderr
+    assert cli.main([str(src), "-o", str(out), "-q"]) == 0
     result = onnx.load(str(out))
     kept = [a.sparse_tensor for n in result.graph.node for a in n.attribute if a.name == "sparse_value"]
     assert [k.SerializeToString() for k in kept] == [sparse.SerializeToString()]

@@ -1078,3 +1078,40 @@ def test_groupnorm_18_to_21(static_channels: bool) -> None:
     if not static_channels:
         expected = ["Shape", "Div", "Concat"] + expected
     assert [n.op_type for n in after.graph.node] == expected
+
+
+def _softmax_11(op_type: str, axis: int, *, branch: bool) -> onnx.ModelProto:
+    """``op_type``-11 over a non-last ``axis`` of a rank-3 input of dynamic dims (in an If branch if ``branch``)."""
+    x = oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["a", "b", "c"])
+    y = oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["a", "b", "c"])
+    nodes = [oh.make_node(op_type, ["x"], ["y"], name="sm", axis=axis)]
+    inputs = [x]
+    if branch:
+        then = oh.make_graph(nodes, "then", [], [y])
+        other = oh.make_graph([oh.make_node("Identity", ["x"], ["y"])], "else", [], [y])
+        nodes = [oh.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)]
+        inputs = [oh.make_tensor_value_info("cond", onnx.TensorProto.BOOL, []), x]
+    graph = oh.make_graph(nodes, "g", inputs, [y])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 11)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("branch", [False, True], ids=["main", "if_branch"])
+@pytest.mark.parametrize("op_type", ["Softmax", "LogSoftmax", "Hardmax"])
+@pytest.mark.parametrize("axis", [0, 1, -2])
+@pytest.mark.parametrize("dims", [(2, 0, 3), (0, 3, 4), (2, 3, 0), (2, 3, 4)], ids=lambda d: "x".join(map(str, d)))
+def test_softmax_11_over_a_non_last_axis_runs_with_a_zero_sized_dim(op_type, axis, dims, branch) -> None:
+    """``Reshape(..., Shape(x))`` without ``allowzero`` reads a 0 in Shape(x) as "copy the 2-D input's dim":
+    [2, 0, 3] at axis 1 failed in onnxruntime where the original runs. With ``allowzero=1`` it is that dim."""
+    model = _softmax_11(op_type, axis, branch=branch)
+    after, _, _ = upgrade(model)
+    graph = after.graph
+    if branch:
+        graph = next(a.g for a in node_of(after.graph, "If").attribute if a.name == "then_branch")
+    reshapes = [n for n in graph.node if n.op_type == "Reshape"]
+    assert [attrs(n) for n in reshapes] == [{"allowzero": 1}]
+    feeds = {"x": RNG.standard_normal(dims).astype(np.float32)}
+    if branch:
+        feeds["cond"] = np.array(True)
+    assert_identical(model, after, feeds)

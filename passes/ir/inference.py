@@ -24,7 +24,8 @@ import onnx
 import onnx.shape_inference
 import onnx_ir as ir
 
-from passes.ir import walk
+from passes.errors import InputError
+from passes.ir import tensors, walk
 from passes.limits import PROTOBUF_MAX
 
 __all__ = ["infer_all", "infer_static_shapes", "infer_types", "is_static", "shape_slice"]
@@ -63,8 +64,9 @@ def _placeholder(tensor: ir.TensorProtocol | None, name: str | None) -> ir.Tenso
         if tensor.nbytes > _BIG_TENSOR_BYTES:
             return None
         try:
-            return ir.Tensor(tensor.numpy(), dtype=tensor.dtype, name=name or tensor.name)
-        except (OSError, ValueError):  # unreadable: inference goes without its values
+            array = tensors.read_external(tensor)  # checked reads: a shrunk file must not SIGBUS
+            return ir.Tensor(array, dtype=tensor.dtype, name=name or tensor.name)
+        except (InputError, OSError, ValueError):  # unreadable: inference goes without its values
             return None
     if tensor.nbytes <= _BIG_TENSOR_BYTES:
         return None

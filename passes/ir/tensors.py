@@ -34,6 +34,7 @@ __all__ = [
     "make_tensor",
     "read_array",
     "read_external",
+    "read_tensor",
     "sparse_to_dense",
     "tensor_nbytes",
 ]
@@ -140,10 +141,21 @@ def read_array(value: ir.Value, tensor: ir.TensorProtocol, node: ir.Node) -> np.
         InputError: the tensor's data cannot be read (a missing or short
             external-data file, raw data of the wrong length).
     """
+    return read_tensor(tensor, f"{value.name!r}, input of {node.op_type} node {node.name!r}")
+
+
+def read_tensor(tensor: ir.TensorProtocol, where: str) -> np.ndarray:
+    """A constant tensor's array, external data read with :func:`read_external` (never a memory map).
+
+    Every pass that reads weights reads them here: a data file that shrinks
+    during the run is then an ``InputError``, never a SIGBUS.
+
+    Raises:
+        InputError: the data cannot be read (``where`` names the value in the message).
+    """
     try:
         array = read_external(tensor) if is_file_backed(tensor) else tensor.numpy()
     except (InputError, OSError, ValueError) as e:
-        where = f"{value.name!r}, input of {node.op_type} node {node.name!r}"
         raise InputError(f"cannot read the data of {where}: {e}") from e
     if tensor.dtype == ir.DataType.STRING:
         return np.asarray(array, dtype=object)

@@ -20,6 +20,7 @@ import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from passes.ir.notes import add_model_notes, model_notes
 from passes.errors import InputError, first_line as _first_line
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_MAX
@@ -35,6 +36,7 @@ else:
 _protobuf = lazy_module("google.protobuf.message")
 _opaque_types = lazy_module("passes.modelio.opaque")
 _validate = lazy_module("passes.modelio.validate")
+_repair = lazy_module("passes.modelio.repair")
 _sparse = lazy_module("passes.modelio.sparse")
 _detach = lazy_module("passes.modelio.detach")
 _walk = lazy_module("passes.ir.walk")
@@ -44,6 +46,8 @@ _views = lazy_module("passes.modelio.views")
 
 __all__ = [
     "check_unchanged",
+    "add_model_notes",
+    "model_notes",
     "check_view",
     "data_files",
     "has_external_data",
@@ -116,10 +120,12 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         identities[real] = _validate.identity(real)
     try:
         whole = functools.partial(read_whole, path) if view.attributes else None
+        notes: list[str] = []
         external = validate_proto(view.proto, path.parent, path=path, check=check, identities=identities,
-                                  whole=whole)  # fmt: skip
+                                  whole=whole, notes=notes)  # fmt: skip
         model = model_from_proto(view.proto, detached=view.attributes, weights=view.weights)
         del view
+        add_model_notes(model, notes)
         if identities:
             model.meta[_IDENTITY_KEY] = identities
         try:
@@ -213,7 +219,7 @@ def proto_from_bytes(data: bytes) -> onnx.ModelProto:
 def validate_proto(
     proto: onnx.ModelProto, base_dir: pathlib.Path | None = None, *, path: pathlib.Path | None = None,
     check: bool = True, identities: dict[pathlib.Path, _validate.Identity] | None = None,
-    whole: Callable[[], onnx.ModelProto] | None = None,
+    whole: Callable[[], onnx.ModelProto] | None = None, notes: list[str] | None = None,
 ) -> int:
     """The load-time validation of :func:`load_model`, for a model already in memory.
 
@@ -227,6 +233,8 @@ def validate_proto(
         identities: Receives the identity of each external-data file (see :func:`check_unchanged`).
         whole: ``proto`` is a view with detached attributes (see :func:`passes.modelio.detach.read_view`)
             and this reads the whole model, for the checker (see :func:`check_view`).
+        notes: Receives a note per lossless repair of ``proto`` (made in place, see
+            :mod:`passes.modelio.repair`): nodes sorted, graphs named, shapeless inputs and outputs.
 
     Returns:
         How many tensors are stored externally.
@@ -240,6 +248,12 @@ def validate_proto(
         # own datasets/mul_1.onnx does) and onnxruntime runs such models, so they are read
         # as IR 4 (the upgrade raises the version further anyway).
         proto.ir_version = 4
+    repaired = _repair.repair(proto)
+    if notes is not None:
+        notes.extend(repaired)
+    if whole is not None and repaired:
+        read = whole
+        whole = lambda: _repaired(read())  # noqa: E731
     external = _validate.check_contents(proto, base_dir or pathlib.Path.cwd(), identities)
     if external and (base_dir is None or (check and path is None)):
         raise InputError("the model refers to external data; load it from its file instead")
@@ -249,6 +263,14 @@ def validate_proto(
     if check:
         check_view(proto, path, external, whole)
     return external
+
+
+def _repaired(proto: onnx.ModelProto) -> onnx.ModelProto:
+    _repair.repair(proto)
+    return proto
+
+
+#: Key of the notes for the report in ``ir.Model.meta``: the load's lossless repairs, and what passes correct.
 
 
 def check_view(
@@ -294,8 +316,11 @@ def model_from_proto(
         InputError: with ``validate``, the model is invalid (see :func:`validate_proto`);
             or onnx_ir cannot represent it.
     """
+    notes: list[str] = []
     if validate:
-        validate_proto(proto)
+        validate_proto(proto, notes=notes)
+    else:
+        notes = _repair.repair(proto)  # the IR needs sorted nodes
     proto, moved = _weights.move_out_large(proto)
     _one_default_domain(proto)
     sparse = _sparse.stash(proto)
@@ -314,6 +339,7 @@ def model_from_proto(
     if sparse:
         model.meta[_sparse.STASH_KEY] = sparse
         _sparse.attach_types(model)
+    add_model_notes(model, notes)
     return model
 
 

@@ -11,8 +11,13 @@ placeholder that no pass can read as a constant: a node of the private domain
 names the stashed original. The original node proto is kept in
 ``ir.Model.meta``; :func:`restore` puts it back, byte for byte, on every
 serialisation of the model (its output and node name as the passes left
-them). The passes never densify a sparse constant: folding through one is
-given up, which no real model has been seen to need, and nothing ever grows.
+them). The passes never densify a stashed sparse constant: folding through
+one is given up.
+
+A small one (:data:`DENSE_LIMIT` bytes or less once dense, e.g. the 4 values
+of a toy model) is not stashed but becomes ``Constant(value=dense)`` at load,
+the same tensor written densely: it folds like any Constant, and the output
+grows by at most that much per constant.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ _OP_TYPE = "SparseConstant"
 _KEY_ATTR = "stash_key"
 #: Key of the stashed nodes in ``ir.Model.meta`` (not serialised by onnx_ir).
 STASH_KEY = "onnx_optimize.sparse_constants"
+#: A sparse Constant of at most this many bytes once dense is made dense at load (and folds).
+DENSE_LIMIT = 1 << 16
 
 
 def _bodies(model: onnx.ModelProto) -> Iterator[onnx.GraphProto | onnx.FunctionProto]:
@@ -72,6 +79,8 @@ def stash(model: onnx.ModelProto) -> dict[str, bytes]:
             if any(t.data_location == onnx.TensorProto.EXTERNAL
                    for t in (attr.sparse_tensor.values, attr.sparse_tensor.indices)):  # fmt: skip
                 continue
+            if _densify_small(node, attr):
+                continue
             key = str(len(stashed))
             stashed[key] = node.SerializeToString()
             sparse = attr.sparse_tensor
@@ -86,6 +95,33 @@ def stash(model: onnx.ModelProto) -> dict[str, bytes]:
     if stashed:
         model.opset_import.add(domain=DOMAIN, version=1)
     return stashed
+
+
+def _densify_small(node: onnx.NodeProto, attr: onnx.AttributeProto) -> bool:
+    """Rewrites ``node`` as ``Constant(value=dense)`` if its sparse value is at most :data:`DENSE_LIMIT`
+    bytes dense and well formed; whether it did."""
+    from passes.ir.tensors import sparse_to_dense
+
+    sparse = attr.sparse_tensor
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(sparse.values.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return False
+    count = 1
+    for d in sparse.dims:
+        count *= max(int(d), 0)
+    if count * itemsize > DENSE_LIMIT or any(int(d) < 0 for d in sparse.dims):
+        return False
+    try:
+        indices = onnx.numpy_helper.to_array(sparse.indices)
+        if indices.size and int(indices.min()) < 0:
+            return False  # malformed (numpy would count from the end)
+        value = onnx.numpy_helper.from_array(sparse_to_dense(sparse))
+    except (ValueError, IndexError, TypeError):
+        return False  # malformed, or a type numpy cannot hold: stashed as it is
+    del node.attribute[:]
+    node.attribute.append(onnx.helper.make_attribute("value", value))
+    return True
 
 
 def _placeholders(model: ir.Model) -> Iterator[ir.Node]:

@@ -22,7 +22,7 @@ import onnx.external_data_helper
 import onnx_ir as ir
 
 from passes.errors import InputError, first_line as _first_line
-from passes.modelio import detach as _detach, views
+from passes.modelio import detach as _detach, repair as _repair, views
 from passes.modelio.declared import (  # noqa: F401  ShapeConflict: part of check_validity's result
     SHAPE_CONFLICT,
     ShapeConflict,
@@ -305,6 +305,12 @@ def _check_contents(
     return found
 
 
+def _one_line(error: BaseException, limit: int = 300) -> str:
+    """The error's message on one line (the checker's span several, the node's name on the second)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _os_reason(error: BaseException) -> str:
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
@@ -381,20 +387,50 @@ def _check_in_memory(proto: onnx.ModelProto) -> list[ShapeConflict]:
         onnx.checker.ValidationError, onnx.shape_inference.InferenceError: invalid.
     """
     try:
-        onnx.checker.check_model(proto, full_check=True)
+        _checker(proto, full_check=True)
     except onnx.shape_inference.InferenceError as strict_error:
         if SHAPE_CONFLICT in str(strict_error):
-            onnx.checker.check_model(proto)
+            _checker(proto)
             return declared_shape_conflicts(proto, strict_error)
         if not _fails_inside_a_function_body(str(strict_error), proto):
             raise
-        onnx.checker.check_model(proto)
+        _checker(proto)
         try:
             onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=False)
         except onnx.shape_inference.InferenceError:
             raise strict_error from None
         logger.info("strict shape inference failed (%s); lenient inference passed", strict_error)
     return []
+
+
+def _checker(proto: onnx.ModelProto, *, full_check: bool = False) -> None:
+    """``onnx.checker.check_model``, reading a main-graph input or output without a ``shape`` field as an
+    unknown shape (see :mod:`passes.modelio.repair`): the structural check sees the field, strict
+    inference (``full_check``) runs on the model as it is.
+
+    Raises:
+        onnx.checker.ValidationError, onnx.shape_inference.InferenceError: invalid.
+    """
+    if not _repair.shapeless_values(proto):
+        onnx.checker.check_model(proto, full_check=full_check)
+        return
+    with _repair.shape_fields_present(proto):
+        onnx.checker.check_model(proto)
+    if full_check:
+        onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+
+
+def _check_by_path(proto: onnx.ModelProto, path: pathlib.Path | None, external: int) -> None:
+    """The checker on the file (which it reads external data through); if the file fails, on the model
+    as loaded (repaired, see :mod:`passes.modelio.repair`) without its external tensors, whose data
+    :func:`check_contents` has checked."""
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError:
+        view = _inference_view(proto, external)
+        if view is None:
+            raise
+        _checker(view)
 
 
 def check_contents(
@@ -433,7 +469,7 @@ def check_validity(
     """
     try:
         if external:
-            onnx.checker.check_model(str(path))
+            _check_by_path(proto, path, external)
             view = _inference_view(proto, external)
             try:
                 onnx.shape_inference.infer_shapes(view or proto, check_type=True, strict_mode=view is not None)
@@ -444,10 +480,9 @@ def check_validity(
                 conflicts = declared_shape_conflicts(view, e)
         else:  # the checker does not need large weights' values (see passes.modelio.views)
             conflicts = _check_in_memory(views.without_initializers(proto, views.large_initializers(proto)))
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise InputError(f"invalid model: {_first_line(e)}") from e
-    except (RuntimeError, ValueError) as e:
-        raise InputError(f"invalid model: {_first_line(e)}") from e
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, RuntimeError, ValueError) as e:
+        where = _repair.locate(proto, e) if isinstance(e, onnx.checker.ValidationError) else None
+        raise InputError(f"invalid model: {where + ': ' if where else ''}{_one_line(e)}") from e
     for conflict in conflicts if log else ():
         logger.warning("%s; kept as declared (onnxruntime runs the model regardless)", conflict.text())
     return conflicts

@@ -66,9 +66,10 @@ from passes.base import Pass, pass_stats
 from passes.declarations import SIMPLIFY
 from passes.ir import inference
 from passes.ir.names import Names
+from passes.ir.notes import add_model_notes
 from passes.ir.walk import iter_scopes
 from passes.phases import node_done
-from passes.simplify import algebra, chains, constants, cse, fusions, noops, shapes  # noqa: F401  (register rules)
+from passes.simplify import algebra, chains, constants, cse, declared, fusions, noops, shapes  # noqa: F401  (register rules)
 from passes.simplify.dims import SymbolicDims, derive
 from passes.simplify.rules import RULES, Context, Rule
 
@@ -115,6 +116,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         self.fuse = fuse
         self.freeze_initializer_inputs = freeze_initializer_inputs
         self.stats: dict[str, Any] = {}
+        self._inferred: dict[ir.Value, Any] | None = None  # the inference of the current sweep, if it ran
 
     def _rules(self) -> dict[str, list[Rule]]:
         by_op: dict[str, list[Rule]] = collections.defaultdict(list)
@@ -132,6 +134,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         if self.freeze_initializer_inputs:
             _freeze_initializer_inputs(model, applied)
         rounds = 0
+        self._inferred = None
         while rounds < _MAX_ROUNDS:
             rounds += 1
             changed = self._round(model, rules, applied, refused)
@@ -140,6 +143,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             if changed:
                 common_passes.RemoveUnusedNodesPass()(model)
             else:
+                self._correct_declared_shapes(model, applied)  # the last sweep's inference holds
                 break
         dedup = common_passes.DeduplicateInitializersPass()(model).modified
         if dedup:
@@ -147,6 +151,16 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         self.stats = pass_stats(applied, refused, rounds=rounds,
                                 fused=sum(n for name, n in applied.items() if name.startswith("fusions/")))
         return ir.passes.PassResult(model, modified=bool(applied))
+
+    def _correct_declared_shapes(self, model: ir.Model, applied: collections.Counter[str]) -> None:
+        """Declared shapes the graph contradicts, corrected (:mod:`.declared`), from the inference of the
+        last sweep if one ran (a shape rule asked: any Reshape does), never from one of its own."""
+        if self._inferred is None:
+            return
+        corrected, notes = declared.correct_declared_shapes(model, self._inferred)
+        if corrected:
+            applied["declared/shape"] += corrected
+            add_model_notes(model, notes)
 
     def _round(self, model: ir.Model, rules: dict[str, list[Rule]], applied: collections.Counter[str],
                refused: collections.Counter[str]) -> bool:  # fmt: skip
@@ -156,11 +170,12 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         sweep (see the module docstring).
         """
         inferred: dict[ir.Value, Any] | None = None
+        self._inferred = None
 
         def lazy_inference() -> dict[ir.Value, Any]:
             nonlocal inferred
             if inferred is None:
-                inferred = inference.infer_all(model)
+                inferred = self._inferred = inference.infer_all(model)
             return inferred
 
         symbolic: SymbolicDims | None = None

@@ -26,6 +26,7 @@ from collections.abc import Hashable
 
 import onnx_ir as ir
 
+from passes.ir import tensors
 from passes.ir.schemas import is_deterministic, schema_at
 from passes.ir.walk import iter_scopes, normalize_domain
 
@@ -56,7 +57,8 @@ def _attribute_key(attr: ir.Attr) -> Hashable | None:
         tensor = attr.value
         if tensor.size > _TENSOR_LIMIT or tensor.dtype == ir.DataType.STRING:
             return None
-        return (kind, tensor.dtype, tuple(tensor.shape), tensor.tobytes())
+        array = tensors.read_tensor(tensor, f"attribute {attr.name!r}")  # checked reads, never a memory map
+        return (kind, tensor.dtype, tuple(tensor.shape), array.tobytes())
     if kind in (ir.AttributeType.INT, ir.AttributeType.STRING):
         return (kind, attr.value)
     return None  # sparse tensors, types, lists of tensors: not compared

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from passes.ir import tensors
 from passes.simplify.rules import Context, Outcome, rule
 from passes.simplify.shape_values import is_dim_of, reshape_restores, shape_value
 
@@ -198,7 +199,7 @@ def _zero_fill(ctx: Context, value: ir.Value) -> tuple[object, ...] | None:
     if attr is not None:
         if not isinstance(attr, ir.Attr) or attr.is_ref() or attr.type != ir.AttributeType.TENSOR:
             return None
-        fill = np.asarray(attr.as_tensor().numpy())
+        fill = tensors.read_tensor(attr.as_tensor(), f"the value of ConstantOfShape {node.name!r}")
         if fill.dtype.kind != "f" or fill.size != 1 or fill.reshape(-1)[0] != 0 or np.signbit(fill.reshape(-1)[0]):
             return None
     built = shape_value(ctx, node.inputs[0])

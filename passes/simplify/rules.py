@@ -22,6 +22,7 @@ from typing import Any, Union
 import numpy as np
 import onnx_ir as ir
 
+from passes.ir import tensors
 from passes.ir.names import Names
 from passes.ir.walk import Scope
 
@@ -132,6 +133,8 @@ class Context:
         limit = self.constant_limit if limit is None else limit
         if tensor is None or tensor.size > limit or tensor.dtype == ir.DataType.STRING:
             return None
+        if tensors.is_file_backed(tensor):  # checked reads, as fold's: a shrunk file is an InputError, not a SIGBUS
+            return tensors.read_tensor(tensor, repr(value.name))
         try:
             return np.asarray(tensor.numpy())
         except (OSError, ValueError):

@@ -17,6 +17,7 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
+from passes.ir.inference import shape_slice
 from passes.simplify.rules import Context
 
 __all__ = ["DimOf", "ShapeValue", "is_dim_of", "reshape_restores", "shape_value"]
@@ -106,10 +107,8 @@ def _shape(ctx: Context, node: ir.Node, depth: int) -> ShapeValue | None:
     dims = ctx.dims(x)
     if dims is None:
         return None
-    rank = len(dims)
-    start, end = node.attributes.get_int("start", 0), node.attributes.get_int("end", rank)
-    picked = range(rank)[slice(start + rank if start < 0 else start, end + rank if end < 0 else end)]
-    return ShapeValue(tuple(dims[i] if isinstance(dims[i], int) else DimOf(x, i) for i in picked))
+    picked = shape_slice(range(len(dims)), node.attributes.get_int("start", 0), node.attributes.get_int("end", None))
+    return ShapeValue(tuple(dims[i] if isinstance(dims[i], int) else DimOf(x, i) for i in picked.tolist()))
 
 
 def _gather(ctx: Context, node: ir.Node, depth: int) -> ShapeValue | None:

@@ -257,7 +257,7 @@ def _softmax_13(draft: Draft, ctx: PlanContext) -> str | None:
     """Up to opset 12 the op flattens the input to 2-D at ``axis`` and works on rows.
 
     If ``axis`` is the last axis that is the same as opset 13; otherwise
-    ``Reshape(op(Flatten(x, axis), axis=-1), Shape(x))``.
+    ``Reshape(op(Flatten(x, axis), axis=-1), Shape(x), allowzero=1)``, exact for zero-sized dims too.
     """
     axis = int_attr(draft, "axis", 1)
     if axis is None:
@@ -282,7 +282,10 @@ def _wrap_in_flatten(node: ir.Node, rw: ScopeRewriter, axis: int) -> None:
     node.replace_input_with(0, flat.outputs[0])
     y = node.outputs[0]
     uses = list(y.uses())
-    reshape = rw.add_node("Reshape", [y, shape.outputs[0]], base_name=f"{base}_reshape", after=node)
+    # allowzero=1: a 0 in Shape(x) is a zero-sized dim, not "copy the 2-D input's dim" (which fails or
+    # is wrong). Reshape-14 has it; every target is at least MIN_TARGET_OPSET (18).
+    reshape = rw.add_node("Reshape", [y, shape.outputs[0]], [ir.AttrInt64("allowzero", 1)],
+                          base_name=f"{base}_reshape", after=node)  # fmt: skip
     result = reshape.outputs[0]
     for use in uses:
         use.node.replace_input_with(use.idx, result)

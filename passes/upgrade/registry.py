@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
+from passes.ir import tensors
 from passes.upgrade.plan import Adapter, ConstInput, Draft, DraftInput, PlanContext
 
 __all__ = ["ADAPTERS", "REFUSED_CHANGES", "add", "constant_array", "register", "semantic_changes"]
@@ -48,12 +49,12 @@ def constant_array(value: DraftInput) -> np.ndarray | None:
     if value is None:
         return None
     if value.const_value is not None and not value.is_graph_input():
-        return value.const_value.numpy()
+        return tensors.read_tensor(value.const_value, repr(value.name))  # checked reads: no SIGBUS
     producer = value.producer()
     if producer is not None and producer.op_type == "Constant" and producer.domain == "":
         attr = producer.attributes.get("value")
         if attr is not None and not attr.is_ref() and attr.type == ir.AttributeType.TENSOR:
-            return attr.as_tensor().numpy()
+            return tensors.read_tensor(attr.as_tensor(), repr(value.name))
     return None
 
 

@@ -40,6 +40,12 @@ contract and its size:
 * the BatchNormalization is in inference mode, with no other output used;
 * the weights are float16, float or double (bfloat16 is refused: rounded to
   its 8 significant bits, a fused weight moves the results by up to 0.4 %).
+* the fusion keeps NaN, infinities and the sign of zero (:mod:`.exact`): no
+  zero, NaN, infinite or subnormal scale, no negative scale without a nonzero
+  shift after it (``Mul(Conv, -2)`` turns the Conv's +0 into -0), and every
+  new weight, bias and intermediate of the original's arithmetic finite in the
+  weights' type (a BatchNormalization with gamma 3e38 and var + epsilon 1e-45
+  has an infinite scale: NaN where the Conv gives 0). Each refusal says why.
 
 The new weights are new constants (initializers in the main graph, Constant
 nodes in subgraphs and functions); the old ones become dead and are removed.

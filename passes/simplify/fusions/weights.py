@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
+from passes.simplify.fusions import exact
 from passes.simplify.fusions._common import fusable_producer
 from passes.simplify.rules import Context, Outcome, Rewrite, rule, sole_user
 
@@ -45,7 +46,8 @@ class _Layer:
         return vector.reshape(shape)
 
     def bias64(self) -> np.ndarray:
-        return np.zeros(self.channels) if self.b is None else self.b.astype(np.float64).reshape(-1)
+        """The bias in float64; an absent one is -0, the sum's identity (x + -0 is x, -0 included)."""
+        return np.full(self.channels, -0.0) if self.b is None else self.b.astype(np.float64).reshape(-1)
 
     def rewrite(self, ctx: Context, w: np.ndarray | None, b: np.ndarray | None) -> None:
         """Replaces the weight (unless ``w`` is None) and the bias (unless ``b`` is None), rounding once."""
@@ -112,8 +114,11 @@ def _conv(node: ir.Node, ctx: Context, value: ir.Value | None, op_type: str) -> 
 # --- BatchNormalization ---------------------------------------------------------------------------
 
 
-def _batchnorm(node: ir.Node, ctx: Context, channels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | str:
-    """``(s, mean, B)`` in float64 for an inference BatchNormalization over ``channels`` channels."""
+def _batchnorm(node: ir.Node, ctx: Context, channels: int,
+               dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | str:  # fmt: skip
+    """``(s, mean, B, shifted)`` in float64 for an inference BatchNormalization over ``channels`` channels
+    whose scale may be folded into weights of ``dtype`` (:mod:`.exact`); ``shifted`` is, per channel,
+    whether ``B - mean * s`` is nonzero."""
     opset = ctx.opset
     if opset < 7:
         return "BatchNormalization before opset 7 (is_test, consumed_inputs) is not fused"
@@ -141,10 +146,30 @@ def _batchnorm(node: ir.Node, ctx: Context, channels: int) -> tuple[np.ndarray, 
     scale, shift, mean, var = params
     epsilon = node.attributes.get_float("epsilon", 1e-5)
     with np.errstate(all="ignore"):
-        s = scale / np.sqrt(var + epsilon)
-    if not (np.all(np.isfinite(s)) and np.all(np.isfinite(mean)) and np.all(np.isfinite(shift))):
-        return "the parameters give a non-finite scale or shift (var + epsilon <= 0?)"
-    return s, mean, shift
+        inverse = 1 / np.sqrt(var + epsilon)
+        s = scale * inverse
+    why = exact.bias_refusal({"1 / sqrt(var + epsilon)": inverse, "the mean": mean, "B": shift}, dtype)
+    if why is not None:
+        return why
+    shifted, why = exact.shift_refusal(s, mean, shift, dtype)
+    if why is not None:
+        return why
+    return s, mean, shift, shifted
+
+
+def _fused(layer: _Layer, s: np.ndarray, b: np.ndarray | None,
+           shifted: np.ndarray | None) -> tuple[np.ndarray, str | None]:  # fmt: skip
+    """The weights scaled by ``s`` per channel, and why they (or the new bias ``b``) may not be written.
+
+    ``shifted`` as for :func:`exact.scale_refusal`; a channel whose new bias is 0 counts as not shifted.
+    """
+    dtype = layer.w.dtype
+    w = layer.w.astype(np.float64) * layer.per_channel(s)
+    if shifted is not None and b is not None:
+        shifted = shifted & (b != 0) & (b.astype(dtype) != 0)
+    why = (exact.scale_refusal(s, dtype, shifted=shifted) or exact.weight_refusal(layer.w, w, dtype)
+           or (None if b is None else exact.bias_refusal({"the fused bias": b}, dtype)))  # fmt: skip
+    return w, why
 
 
 def _batchnorm_into_conv(node: ir.Node, ctx: Context, op_type: str) -> Outcome:
@@ -152,12 +177,15 @@ def _batchnorm_into_conv(node: ir.Node, ctx: Context, op_type: str) -> Outcome:
     if isinstance(layer, str):
         return layer
     bypass = ctx.take_place(node.outputs[0], layer.node.outputs[0])
-    params = _batchnorm(node, ctx, layer.channels)
+    params = _batchnorm(node, ctx, layer.channels, layer.w.dtype)
     if isinstance(params, str):
         return params
-    s, mean, shift = params
-    w = layer.w.astype(np.float64) * layer.per_channel(s)
-    b = (layer.bias64() - mean) * s + shift
+    s, mean, shift, shifted = params
+    with np.errstate(all="ignore"):
+        b = (layer.bias64() - mean) * s + shift
+    w, why = _fused(layer, s, b, shifted)
+    if why is not None:
+        return why
     return _then(lambda: layer.rewrite(ctx, w, b), bypass)
 
 
@@ -203,15 +231,18 @@ def batchnorm_into_gemm(node: ir.Node, ctx: Context) -> Outcome:
         if padded is None or padded[0] != 1 or padded[1] not in (1, channels):
             return f"C of shape {c.shape} is not the same for every row"
     bypass = ctx.take_place(node.outputs[0], gemm.outputs[0])
-    params = _batchnorm(node, ctx, channels)
+    params = _batchnorm(node, ctx, channels, w.dtype)
     if isinstance(params, str):
         return params
-    s, mean, shift = params
+    s, mean, shift, shifted = params
     layer = _Layer(gemm, weight, w, bias, c, channels, axis)
     beta = gemm.attributes.get_float("beta", 1.0)
-    c64 = np.zeros(channels) if c is None else np.broadcast_to(c.astype(np.float64).reshape(-1), (channels,))
-    new_w = w.astype(np.float64) * layer.per_channel(s)
-    new_c = (beta * c64 - mean) * s + shift
+    c64 = layer.bias64() if c is None else np.broadcast_to(c.astype(np.float64).reshape(-1), (channels,))
+    with np.errstate(all="ignore"):
+        new_c = (beta * c64 - mean) * s + shift
+    new_w, why = _fused(layer, s, new_c, shifted)
+    if why is not None:
+        return why
 
     def rewrite() -> None:
         layer.rewrite(ctx, new_w, new_c)
@@ -266,8 +297,10 @@ def mul_into_conv(node: ir.Node, ctx: Context) -> Outcome:
     if isinstance(found, str):
         return found
     layer, vector, bypass = found
-    w = layer.w.astype(np.float64) * layer.per_channel(vector)
     b = None if layer.b is None else layer.bias64() * vector
+    w, why = _fused(layer, vector, b, None)
+    if why is not None:
+        return why
     return _then(lambda: layer.rewrite(ctx, w, b), bypass)
 
 
@@ -278,4 +311,7 @@ def add_into_conv(node: ir.Node, ctx: Context) -> Outcome:
         return found
     layer, vector, bypass = found
     b = layer.bias64() + vector
+    why = exact.bias_refusal({"the fused bias": b}, layer.w.dtype)
+    if why is not None:
+        return why
     return _then(lambda: layer.rewrite(ctx, None, b), bypass)
