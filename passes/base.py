@@ -9,6 +9,7 @@ for a pass declared on its own class, from class attributes:
 * ``DESCRIPTION``: one line for ``--help``;
 * ``OPTIONS``: its :class:`~passes.options.Option` declarations;
 * ``REPEATS``: whether it repeats with its neighbours until none changes the model;
+* ``EXACT``: whether its rewrites keep every result bit for bit (see ``PassSpec.exact``);
 
 and after each call it holds ``stats``, a JSON-serialisable dict in one shape
 for every pass (:func:`pass_stats`): ``applied`` (what it did, by rule or op),
@@ -35,13 +36,15 @@ class Pass(ir.passes.InPlacePass):
     DESCRIPTION: ClassVar[str] = ""
     OPTIONS: ClassVar[tuple[Option, ...]] = ()
     REPEATS: ClassVar[bool] = False
+    EXACT: ClassVar[bool] = True
 
     stats: dict[str, Any]
 
     def __init_subclass__(cls, spec: PassSpec | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if spec is not None:
-            cls.NAME, cls.DESCRIPTION, cls.OPTIONS, cls.REPEATS = spec.name, spec.description, spec.options, spec.repeats
+            cls.NAME, cls.DESCRIPTION, cls.OPTIONS = spec.name, spec.description, spec.options
+            cls.REPEATS, cls.EXACT = spec.repeats, spec.exact
 
     @classmethod
     def from_options(cls, values: Mapping[str, Any]) -> Pass:

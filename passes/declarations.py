@@ -52,6 +52,8 @@ class PassSpec:
         options: Its options; their names are the API keywords and, dashed, the CLI flags.
         repeats: Whether it is repeated with the consecutive passes that also repeat until none
             of them changes the model (a pass that makes work for another, or finds work after it).
+        exact: Whether what it does keeps every result bit for bit. A pass that is exact but for
+            some named rewrites (simplify's fusions) counts those in its stats as ``fused``.
     """
 
     name: str
@@ -59,12 +61,13 @@ class PassSpec:
     build: Callable[[Mapping[str, Any]], ir.passes.PassBase]
     options: tuple[Option, ...] = ()
     repeats: bool = False
+    exact: bool = True
 
     @classmethod
     def of(cls, pass_class: type[Pass]) -> PassSpec:
         """The spec a :class:`passes.base.Pass` subclass declares on itself."""
         return cls(pass_class.NAME, pass_class.DESCRIPTION, pass_class.from_options, pass_class.OPTIONS,
-                   pass_class.REPEATS)  # fmt: skip
+                   pass_class.REPEATS, pass_class.EXACT)  # fmt: skip
 
 
 def implementation(locator: str) -> Callable[[Mapping[str, Any]], ir.passes.PassBase]:
@@ -125,6 +128,7 @@ DECOMPOSE = PassSpec(
     "rewrite ReduceLogSumExp into max-shifted primitive ops (no float64)",
     implementation("passes.decompose:DecomposeLogSumExpPass"),
     repeats=True,
+    exact=False,
 )
 
 #: The passes by name, in their default order. One line per pass.

@@ -195,7 +195,7 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
         _release(model)
         del model
         with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):
-            with _gate.Gate(src, check, warn, worker) as gate:
+            with _gate.Gate(src, check, warn, worker, rounding=_rounding(report.passes)) as gate:
                 verdict = gate.verify(staged_path)
                 _blame(gate, verdict, run, lambda: modelio.load_model(src))
         report.notes.extend(verdict.notes)
@@ -219,6 +219,13 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
         error.report = report  # type: ignore[attr-defined]
         raise error
     return report
+
+
+def _rounding(runs: Sequence[PassRun]) -> bool:
+    """Whether a pass may have changed float rounding: one that is not exact changed the model, or
+    an exact one applied named rewrites that are not (``fused``)."""
+    return any((r.modified and r.name in PASSES and not PASSES[r.name].exact) or r.stats.get("fused", 0)
+               for r in runs)  # fmt: skip
 
 
 def _blame(gate: Gate, verdict: Any, run: RunSpec, fresh: Callable[[], ir.Model]) -> None:
@@ -363,9 +370,9 @@ def _fresh(original: Any) -> ir.Model:
 
 def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, run: RunSpec, checking: CheckOptions,
                         worker: Any) -> Any:  # fmt: skip
-    run.run(ir_model)
+    runs = run.run(ir_model)
     proto = modelio.model_to_proto(ir_model)
-    with _gate.Gate(original, checking, logger.warning, worker) as gate:
+    with _gate.Gate(original, checking, logger.warning, worker, rounding=_rounding(runs)) as gate:
         verdict = gate.verify(proto)
         _blame(gate, verdict, run, lambda: _fresh(original))
     notes = [*modelio.model_notes(ir_model), *verdict.notes]  # the load's repairs, the passes' corrections

@@ -436,3 +436,60 @@ def test_a_finite_difference_above_100_is_found_where_the_output_stays_in_range(
     result = passes.check(model(1.0), model(2.0))
     assert not result.ok and result.failures[0].input_set == "edge", result.summary()
     assert _sets(result)["normal"]["ok"] is True
+
+
+def _wrong_only_at_1000() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """y = x, and a wrong y' = Where(50 < |x| < 5000, x * 1.01, x): a difference no standard-normal
+    input reaches (the edge sets' ±100 and ±1000 do), of 1e-2 relative, in an output that also holds
+    the edge sets' 1e30s."""
+    original = _model([helper.make_node("Identity", ["x"], ["y"])], [_float("x", ["batch", 8])],
+                      [_float("y", ["batch", 8])])  # fmt: skip
+    wrong = _model(
+        [helper.make_node("Abs", ["x"], ["a"]), helper.make_node("Greater", ["a", "low"], ["above"]),
+         helper.make_node("Less", ["a", "high"], ["below"]), helper.make_node("And", ["above", "below"], ["hit"]),
+         helper.make_node("Mul", ["x", "k"], ["x1"]), helper.make_node("Where", ["hit", "x1", "x"], ["y"])],
+        [_float("x", ["batch", 8])], [_float("y", ["batch", 8])],
+        [numpy_helper.from_array(np.array(50.0, np.float32), "low"),
+         numpy_helper.from_array(np.array(5000.0, np.float32), "high"),
+         numpy_helper.from_array(np.array(1.01, np.float32), "k")],
+    )  # fmt: skip
+    return original, wrong
+
+
+def test_an_exact_rewrite_is_held_to_the_element_wise_tolerance_on_the_edge_sets() -> None:
+    """The edge sets' norm-wise leeway (a finite value within rtol of the output's largest magnitude)
+    is for rewrites that change rounding; without it, 1000 -> 1001 next to 1e30 is a difference."""
+    original, wrong = _wrong_only_at_1000()
+    strict = passes.check(original, wrong, rounding=False)
+    assert strict.checked and not strict.ok, strict.summary()
+    lenient = passes.check(original, wrong, rounding=True)
+    assert lenient.checked and lenient.ok  # the leeway a fusion gets hides it: so only a fusion gets it
+
+
+def test_the_command_gives_the_leeway_only_when_a_pass_changed_rounding(tmp_path: pathlib.Path, monkeypatch,
+                                                                        capsys) -> None:  # fmt: skip
+    """A pass that declares itself exact and writes the wrong model fails the check (exit 1)."""
+    import onnx_ir as ir
+
+    from passes import pipeline
+    from passes.base import Pass
+    from passes.declarations import PassSpec
+
+    original, wrong = _wrong_only_at_1000()
+
+    class Wrong(Pass):
+        """Declared exact (the default), it replaces the model's graph by the wrong one."""
+
+        NAME, DESCRIPTION = "wrong", "replaces the graph by a wrong one (test only)"
+
+        def call(self, model: ir.Model) -> ir.passes.PassResult:
+            replacement = ir.from_proto(wrong)
+            model.graph = replacement.graph
+            self.stats = {"applied": {"wrong": 1}, "declined": {}}
+            return ir.passes.PassResult(model, modified=True)
+
+    monkeypatch.setitem(pipeline.PASSES, "wrong", PassSpec.of(Wrong))
+    src = tmp_path / "m.onnx"
+    onnx.save_model(original, str(src))
+    assert cli.main([str(src), "-o", str(tmp_path / "o.onnx"), "--passes", "wrong", "-q"]) == 1
+    assert "introduced by pass 'wrong'" in capsys.readouterr().err

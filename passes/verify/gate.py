@@ -227,8 +227,12 @@ class Gate:
     the original again.
     """
 
-    def __init__(self, original: Any, check: CheckOptions, warn: Callable[[str], None], worker: Any = None) -> None:
+    def __init__(self, original: Any, check: CheckOptions, warn: Callable[[str], None], worker: Any = None,
+                 *, rounding: bool = True) -> None:  # fmt: skip
+        """``rounding``: whether the optimised model may round differently from the original (a
+        fusion or a decomposition ran); False holds every input set to the element-wise tolerance."""
         self.original, self.check, self.warn, self.worker = original, check, warn, worker
+        self.rounding = rounding
         self._checker: Any = None
         self._stack = contextlib.ExitStack()
 
@@ -263,7 +267,7 @@ class Gate:
         self._checker = self._stack.enter_context(check_module.Checker(
             self.original, inputs=check.inputs, inputs_file=check.inputs_file, dims=dict(check.dims),
             rtol=check.rtol, atol=check.atol, seed=check.seed, timeout=check.timeout,
-            memory_limit=check.memory_limit, worker=self.worker,
+            memory_limit=check.memory_limit, worker=self.worker, rounding=self.rounding,
         ))  # fmt: skip
         result = verdict.result = self._checker.check(staged)
         if check.locate and result.checked and not result.ok:
