@@ -153,18 +153,18 @@ def _function() -> onnx.FunctionProto:
         opset_imports=[helper.make_opsetid("", 18)])
 
 
-def sample_rate_model(ir_version: int | None = None) -> onnx.ModelProto:
+def sample_rate_model(ir_version: int | None = None, function: bool = True) -> onnx.ModelProto:
     """A voice-activity-detector-like model: nested Ifs on ``sr == 16000``, a Loop, a Scan, a function."""
+    calls = [helper.make_node("Rate", ["x", "sr"], ["fy"], domain="local")] if function else []
     nodes = [_const("k16000", np.array(16000, np.int64)),
              helper.make_node("Equal", ["sr", "k16000"], ["c"]),
              helper.make_node("If", ["c"], ["y", "h_out"], then_branch=_rate_branch("r16", 1.0),
                               else_branch=_rate_branch("r8", -2.0)),
-             *_loop(), *_scan(),
-             helper.make_node("Rate", ["x", "sr"], ["fy"], domain="local")]
+             *_loop(), *_scan(), *calls]
     return _model(nodes, [_io("x", [4]), _io("sr", [], I64), _io("h", [4])],
                   [_io("y", [4]), _io("h_out", [4]), _io("loop_s", [4]), _io("scan_acc", [4]),
-                   _io("scan_xs", [3, 4]), _io("fy", [4])],
-                  functions=[_function()], ir_version=ir_version)
+                   _io("scan_xs", [3, 4])] + ([_io("fy", [4])] if function else []),
+                  functions=[_function()] if function else [], ir_version=ir_version)
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -278,3 +278,274 @@ def test_sample_rate_model_one_run_is_the_fixpoint(rate_models) -> None:
     assert helpers.ops_recursive(again) == helpers.ops_recursive(result)
     model = ir.serde.deserialize_model(result)
     assert not SimplifyPass()(model).modified
+
+
+# --- rule 1: subgraph constants become main-graph initializers ------------------------------------
+
+
+def _if_model(then_nodes, then_outputs, else_nodes, else_outputs, *, shape=(2,), initializers=(),
+              ir_version=None, extra=()) -> onnx.ModelProto:
+    """``y = If(cond)`` on a bool input, with ``x`` (float, ``shape``) as an outer value."""
+    if_node = helper.make_node("If", ["cond"], ["y"], then_branch=_branch("then", then_nodes, then_outputs),
+                               else_branch=_branch("else", else_nodes, else_outputs))
+    return _model([*extra, if_node], [_io("x", list(shape)), _io("cond", [], B)], [_io("y", list(shape))],
+                  initializers=initializers, ir_version=ir_version)
+
+
+def _scaled(tag: str, k, op: str = "Mul", x: str = "x") -> tuple[list[onnx.NodeProto], list[str]]:
+    return [_const(f"{tag}_k", np.asarray(k, np.float32)), helper.make_node(op, [x, f"{tag}_k"], [f"{tag}_y"])], \
+        [f"{tag}_y"]
+
+
+def _check_both(original: onnx.ModelProto, result: onnx.ModelProto, x=(-0.0, 3.0)) -> None:
+    for cond in (True, False):
+        _assert_same(original, result, {"x": np.array(x, np.float32), "cond": np.array(cond)})
+
+
+def test_branch_constants_become_one_shared_initializer_each() -> None:
+    then_nodes, then_out = _scaled("t", [2.0, 3.0])
+    else_nodes, else_out = _scaled("e", [2.0, 3.0], "Add")
+    original = _if_model(then_nodes, then_out, else_nodes, else_out)
+    result, stats = _simplify(original)
+    scopes = _scopes(result)
+    assert scopes["then"]["Constant"] == scopes["else"]["Constant"] == 0, scopes
+    assert [numpy_helper.to_array(i).tolist() for i in result.graph.initializer] == [[2.0, 3.0]]
+    assert stats["rewrites"]["constants/subgraph_constant_to_initializer"] == 1, stats
+    assert stats["rewrites"]["constants/subgraph_constant_shared"] == 1, stats
+    _check_both(original, result)
+
+
+def test_minus_zero_and_zero_constants_are_not_shared() -> None:
+    then_nodes, then_out = _scaled("t", [-0.0, 1.0], "Add")
+    else_nodes, else_out = _scaled("e", [0.0, 1.0], "Add")
+    original = _if_model(then_nodes, then_out, else_nodes, else_out)
+    result, _ = _simplify(original)
+    values = sorted(numpy_helper.to_array(i).tobytes() for i in result.graph.initializer)
+    assert len(values) == 2 and "If" in helpers.ops_recursive(result)  # two constants, two different branches
+    _check_both(original, result)
+
+
+def test_a_lifted_constant_does_not_capture_or_get_captured_by_a_shadowing_name() -> None:
+    """The main graph has ``k`` = 10; the then-branch shadows it with its own ``k`` = 2, the else-branch reads
+    the outer one. The ONNX checker and onnxruntime refuse the shadowing (SSA across scopes), onnx_ir reads it
+    by scope; lifted, the branch's ``k`` gets another name, and the result is valid."""
+    then_nodes = [_const("k", np.array(2.0, np.float32)), helper.make_node("Mul", ["x", "k"], ["t_y"])]
+    else_nodes = [helper.make_node("Mul", ["x", "k"], ["e_y"])]
+    original = _if_model(then_nodes, ["t_y"], else_nodes, ["e_y"],
+                         initializers=[numpy_helper.from_array(np.array(10.0, np.float32), "k")])
+    result, _ = _simplify(original)
+    assert sorted(i.name for i in result.graph.initializer) == ["k", "k_1"]
+    assert _scopes(result)["then"]["Constant"] == 0
+    x = np.array([-0.0, 3.0], np.float32)
+    for cond, factor in ((True, 2.0), (False, 10.0)):
+        (y,) = helpers.ort_run(result, {"x": x, "cond": np.array(cond)})
+        np.testing.assert_array_equal(y.view(np.uint8), (x * np.float32(factor)).view(np.uint8))
+
+
+def test_a_constant_producing_a_branch_output_stays() -> None:
+    original = _if_model([_const("t_y", np.array([1.0, 2.0], np.float32))], ["t_y"],
+                         [helper.make_node("Neg", ["x"], ["e_y"])], ["e_y"])
+    result, stats = _simplify(original)
+    assert _scopes(result)["then"]["Constant"] == 1 and not result.graph.initializer, stats
+    _check_both(original, result)
+
+
+def test_below_ir_4_branch_constants_stay() -> None:
+    then_nodes, then_out = _scaled("t", [2.0, 3.0])
+    else_nodes, else_out = _scaled("e", [4.0, 3.0])
+    original = _if_model(then_nodes, then_out, else_nodes, else_out, ir_version=3)
+    result, stats = _simplify(original)
+    assert _scopes(result)["then"]["Constant"] == 1 and not result.graph.initializer, stats
+    _check_both(original, result)
+
+
+def test_a_function_keeps_its_constant_nodes(rate_models) -> None:
+    original, result = rate_models
+    function = result.functions[0]
+    constants = [n for n in function.node if n.op_type == "Constant"]
+    assert len(constants) == 1 and constants[0].output[0] == "f16k"
+    inner = [a.g for n in function.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH]
+    assert all(any(n.op_type == "Constant" for n in g.node) for g in inner)  # branch constants stay nodes
+
+
+# --- rule 2: Identity nodes producing subgraph outputs --------------------------------------------
+
+
+def test_an_identity_producing_a_branch_output_goes_and_the_output_keeps_its_name() -> None:
+    then = [helper.make_node("Neg", ["x"], ["t_n"]), helper.make_node("Identity", ["t_n"], ["t_y"])]
+    other = [helper.make_node("Abs", ["x"], ["e_a"]), helper.make_node("Relu", ["e_a"], ["e_r"]),
+             helper.make_node("Identity", ["e_a"], ["e_y"])]  # e_a has another user
+    original = _if_model(then, ["t_y"], other, ["e_y"])
+    result, stats = _simplify(original)
+    scopes = _scopes(result)
+    assert scopes["then"]["Identity"] == 0 and scopes["else"]["Identity"] == 0, scopes
+    branches = {a.name: a.g for a in result.graph.node[0].attribute}
+    assert [o.name for o in branches["then_branch"].output] == ["t_y"]
+    assert [o.name for o in branches["else_branch"].output] == ["e_y"]
+    _check_both(original, result)
+
+
+def test_an_identity_of_an_outer_value_or_an_input_or_a_repeated_output_stays() -> None:
+    then = [helper.make_node("Identity", ["x"], ["t_y"]), helper.make_node("Identity", ["x"], ["t_z"])]
+    other = [helper.make_node("Neg", ["x"], ["e_n"]), helper.make_node("Identity", ["e_n"], ["e_y"]),
+             helper.make_node("Identity", ["e_n"], ["e_z"])]
+    if_node = helper.make_node("If", ["cond"], ["y", "z"], then_branch=_branch("then", then, ["t_y", "t_z"]),
+                               else_branch=_branch("else", other, ["e_y", "e_z"]))
+    original = _model([if_node], [_io("x", [2]), _io("cond", [], B)], [_io("y", [2]), _io("z", [2])])
+    result, _ = _simplify(original)
+    scopes = _scopes(result)
+    assert scopes["then"]["Identity"] == 2 and scopes["else"]["Identity"] == 1, scopes
+    branch = next(a.g for a in result.graph.node[0].attribute if a.name == "else_branch")
+    assert len({o.name for o in branch.output}) == 2  # never the same value twice (onnxruntime mishandles it)
+    _check_both(original, result)
+
+
+# --- rule 3: an If whose condition an enclosing branch decides ------------------------------------
+
+
+def _nested(inner_cond_nodes, inner_cond: str) -> onnx.ModelProto:
+    inner_then, inner_then_out = _scaled("it", [2.0, 3.0])
+    inner_else, inner_else_out = _scaled("ie", [5.0, 7.0])
+    inner = helper.make_node("If", [inner_cond], ["t_y"], then_branch=_branch("inner_then", inner_then,
+                                                                              inner_then_out),
+                             else_branch=_branch("inner_else", inner_else, inner_else_out))
+    other = [helper.make_node("Neg", ["x"], ["e_y"])]
+    return _if_model([*inner_cond_nodes, inner], ["t_y"], other, ["e_y"])
+
+
+@pytest.mark.parametrize("nodes,cond,taken", [
+    ([], "cond", "Mul"),
+    ([helper.make_node("Not", ["cond"], ["n1"])], "n1", "Mul"),
+    ([helper.make_node("Not", ["cond"], ["n1"]), helper.make_node("Not", ["n1"], ["n2"])], "n2", "Mul"),
+], ids=["same", "not", "not_not"])
+def test_an_if_on_the_enclosing_condition_takes_its_branch(nodes, cond, taken) -> None:
+    original = _nested(nodes, cond)
+    result = _optimize(original)
+    assert _total(result, "If") == 1, _scopes(result)
+    (constant,) = {tuple(numpy_helper.to_array(i).tolist()) for i in result.graph.initializer}
+    assert constant == ((2.0, 3.0) if cond != "n1" else (5.0, 7.0))
+    _check_both(original, result)
+    _, stats = _simplify(original)
+    assert stats["rewrites"]["control_flow/known_condition"] == 1, stats
+
+
+def test_a_recomputed_condition_is_known_and_a_different_one_is_not() -> None:
+    """``Equal(sr, 16000)`` again inside the branch is known; ``Equal(sr, 8000)`` is not."""
+    def model(rate: int) -> onnx.ModelProto:
+        inner_then, inner_then_out = _scaled("it", [2.0, 3.0])
+        inner_else, inner_else_out = _scaled("ie", [5.0, 7.0])
+        then = [_const("rate", np.array(rate, np.int64)), helper.make_node("Equal", ["sr", "rate"], ["c2"]),
+                helper.make_node("If", ["c2"], ["t_y"], then_branch=_branch("inner_then", inner_then, inner_then_out),
+                                 else_branch=_branch("inner_else", inner_else, inner_else_out))]
+        if_node = helper.make_node("If", ["c"], ["y"], then_branch=_branch("then", then, ["t_y"]),
+                                   else_branch=_branch("else", [helper.make_node("Neg", ["x"], ["e_y"])], ["e_y"]))
+        return _model([_const("k", np.array(16000, np.int64)), helper.make_node("Equal", ["sr", "k"], ["c"]),
+                       if_node], [_io("x", [2]), _io("sr", [], I64)], [_io("y", [2])])
+
+    for rate, ifs in ((16000, 1), (8000, 2)):
+        original = model(rate)
+        result = _optimize(original)
+        assert _total(result, "If") == ifs, (rate, _scopes(result))
+        for sr in SAMPLE_RATES:
+            _assert_same(original, result, {"x": np.array([-0.0, 3.0], np.float32), "sr": np.array(sr, np.int64)})
+
+
+def test_a_shadowing_value_of_the_same_name_is_another_condition() -> None:
+    """The then-branch defines its own ``cond`` (the outer name shadowed, which the ONNX checker and
+    onnxruntime refuse, and onnx_ir reads by scope): its If is not decided by the outer ``cond``."""
+    inner_then, inner_then_out = _scaled("it", [2.0, 3.0])
+    inner_else, inner_else_out = _scaled("ie", [5.0, 7.0])
+    then = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0), _const("zero", np.array(0.0, np.float32)),
+            helper.make_node("Greater", ["s", "zero"], ["cond"]),
+            helper.make_node("If", ["cond"], ["t_y"], then_branch=_branch("inner_then", inner_then, inner_then_out),
+                             else_branch=_branch("inner_else", inner_else, inner_else_out))]
+    original = _if_model(then, ["t_y"], [helper.make_node("Neg", ["x"], ["e_y"])], ["e_y"])
+    model = ir.serde.deserialize_model(original)
+    pass_ = SimplifyPass()
+    pass_(model)
+    assert "control_flow/known_condition" not in pass_.stats["rewrites"], pass_.stats
+    assert _total(ir.serde.serialize_model(model), "If") == 2
+
+
+def test_an_if_in_a_loop_inside_the_branch_is_decided_too() -> None:
+    inner_then, inner_then_out = _scaled("it", [2.0, 3.0], x="l_s")
+    inner_else, inner_else_out = _scaled("ie", [5.0, 7.0], x="l_s")
+    body = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["l_s2"], then_branch=_branch("inner_then", inner_then, inner_then_out),
+                          else_branch=_branch("inner_else", inner_else, inner_else_out)),
+         helper.make_node("Identity", ["l_c"], ["l_c_out"])],
+        "body", [_io("l_i", [], I64), _io("l_c", [], B), _io("l_s", [2])], [_io("l_c_out", [], B), _io("l_s2", [2])])
+    then = [_const("n", np.array(2, np.int64)), helper.make_node("Loop", ["n", "", "x"], ["t_y"], body=body)]
+    original = _if_model(then, ["t_y"], [helper.make_node("Neg", ["x"], ["e_y"])], ["e_y"])
+    result = _optimize(original)
+    assert _total(result, "If") == 1, _scopes(result)
+    _check_both(original, result)
+
+
+# --- rule 4: an If whose branches are the same ----------------------------------------------------
+
+
+def test_an_if_with_the_same_branches_takes_one() -> None:
+    then, then_out = _scaled("t", [2.0, -0.0])
+    other, other_out = _scaled("e", [2.0, -0.0])
+    original = _if_model(then, then_out, other, other_out)
+    result = _optimize(original)
+    assert helpers.ops_recursive(result) == ["Mul"], _scopes(result)
+    _check_both(original, result)
+
+
+@pytest.mark.parametrize("ir_version", [3, None], ids=["constants_stay", "constants_lifted"])
+def test_branches_differing_in_the_sign_of_a_zero_are_not_the_same(ir_version) -> None:
+    then, then_out = _scaled("t", [2.0, -0.0], "Add")
+    other, other_out = _scaled("e", [2.0, 0.0], "Add")
+    original = _if_model(then, then_out, other, other_out, ir_version=ir_version)
+    result = _optimize(original)
+    assert _total(result, "If") == 1
+    _check_both(original, result)
+
+
+def test_random_branches_are_never_the_same() -> None:
+    def random(tag: str) -> list[onnx.NodeProto]:
+        return [helper.make_node("RandomNormalLike", ["x"], [f"{tag}_y"], seed=1.0)]
+
+    original = _if_model(random("t"), ["t_y"], random("e"), ["e_y"])
+    model = ir.serde.deserialize_model(original)
+    pass_ = SimplifyPass()
+    assert not pass_(model).modified
+    assert pass_.stats["not_applied"]["control_flow/same_branches"] == 1
+
+
+def test_same_branches_on_a_condition_of_unknown_size_stay() -> None:
+    """``If`` fails on a condition that is not one element: taking a branch would hide that."""
+    then, then_out = _scaled("t", [2.0, 3.0])
+    other, other_out = _scaled("e", [2.0, 3.0])
+    if_node = helper.make_node("If", ["cond"], ["y"], then_branch=_branch("then", then, then_out),
+                               else_branch=_branch("else", other, other_out))
+    original = _model([if_node], [_io("x", [2]), _io("cond", ["n"], B)], [_io("y", [2])])
+    result = _optimize(original)
+    assert _total(result, "If") == 1
+    _assert_same(original, result, {"x": np.array([1.0, 2.0], np.float32), "cond": np.array([True])})
+
+
+# --- nothing to do ---------------------------------------------------------------------------------
+
+
+def test_control_flow_with_nothing_to_clean_is_not_modified() -> None:
+    then = [helper.make_node("Neg", ["x"], ["t_y"])]
+    other = [helper.make_node("Abs", ["x"], ["e_a"]), helper.make_node("Relu", ["e_a"], ["e_y"])]
+    original = _if_model(then, ["t_y"], other, ["e_y"])
+    model = ir.serde.deserialize_model(original)
+    pass_ = SimplifyPass()
+    assert not pass_(model).modified and pass_.stats["rewrites"] == {}
+    assert _scopes(ir.serde.serialize_model(model)) == _scopes(original)
+
+
+def test_below_ir_4_the_sample_rate_model_is_still_resolved_exactly() -> None:
+    """Simplify alone (the pipeline's loader raises the IR version): no initializer is made, the decided Ifs
+    get Constant conditions in their branches (fold would inline them), and the model computes the same."""
+    original = sample_rate_model(ir_version=3, function=False)
+    result, stats = _simplify(original)
+    assert result.ir_version == 3 and not result.graph.initializer, stats
+    assert stats["rewrites"]["control_flow/known_condition"] == 6, stats
+    for sr in SAMPLE_RATES:
+        _assert_same(original, result, _feeds(sr))
