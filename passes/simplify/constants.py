@@ -143,7 +143,8 @@ def lift_subgraph_constants(model: ir.Model, applied: collections.Counter[str]) 
                 applied["constants/subgraph_constant_shared"] += 1
             else:
                 value = ir.Value(name=old.name, type=ir.TensorType(tensor.dtype), shape=ir.Shape(tensor.shape),
-                                 doc_string=old.doc_string, metadata_props=dict(old.metadata_props) or None)  # fmt: skip
+                                 doc_string=old.doc_string,
+                                 metadata_props=dict(old.metadata_props) or None)  # fmt: skip
                 value.const_value = tensor
                 old.replace_all_uses_with(value)
                 old.name = None

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import collections
 import struct
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 
 import numpy as np
 import onnx_ir as ir
@@ -82,8 +82,12 @@ def _float_bits(value: float) -> bytes:
 
 
 def _tensor_key(tensor: ir.TensorProtocol) -> Hashable:
+    """Dtype, shape and bytes (strings: their list); ValueError for a string tensor without that list."""
     if tensor.dtype == ir.DataType.STRING:
-        return (tensor.dtype, tuple(tensor.shape), tuple(tensor.string_data()))  # type: ignore[attr-defined]
+        strings = getattr(tensor, "string_data", None)
+        if strings is None:
+            raise ValueError("a string tensor without string_data()")
+        return (tensor.dtype, tuple(tensor.shape), tuple(strings()))
     return (tensor.dtype, tuple(tensor.shape), tensor.tobytes())
 
 
@@ -202,7 +206,7 @@ def resolve_known_conditions(model: ir.Model, applied: collections.Counter[str])
             subgraphs = _subgraphs(node)
             if not subgraphs:
                 continue
-            facts: Callable[[str], dict[Hashable, bool]] = lambda _name: known  # noqa: E731
+            branch_facts = {"then_branch": known, "else_branch": known}
             cond = node.inputs[0] if node.op_type == "If" and _is_default(node) and node.inputs else None
             if cond is not None and _constant_tensor(cond) is None:
                 key, negated = conditions.literal(cond, opset)
@@ -213,11 +217,9 @@ def resolve_known_conditions(model: ir.Model, applied: collections.Counter[str])
                     applied["control_flow/known_condition"] += 1
                     changed = True
                 else:
-                    then_facts = {**known, key: not negated}
-                    else_facts = {**known, key: negated}
-                    facts = lambda name: then_facts if name == "then_branch" else else_facts  # noqa: E731
+                    branch_facts = {"then_branch": {**known, key: not negated}, "else_branch": {**known, key: negated}}
             for name, graph in subgraphs:
-                visit(graph, opset, facts(name))
+                visit(graph, opset, branch_facts.get(name, known))
 
     visit(model.graph, opset_of(model.opset_imports, ""), {})
     for function in model.functions.values():
