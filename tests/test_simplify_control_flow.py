@@ -549,3 +549,29 @@ def test_below_ir_4_the_sample_rate_model_is_still_resolved_exactly() -> None:
     assert stats["rewrites"]["control_flow/known_condition"] == 6, stats
     for sr in SAMPLE_RATES:
         _assert_same(original, result, _feeds(sr))
+
+
+def test_an_identity_output_whose_input_a_nested_subgraph_reads_goes_without_renaming() -> None:
+    """``t_n`` is read inside the inner If: it becomes the branch output under its own name."""
+    inner = helper.make_node("If", ["cond"], ["t_i"],
+                             then_branch=_branch("inner_then", [helper.make_node("Abs", ["t_n"], ["a"])], ["a"]),
+                             else_branch=_branch("inner_else", [helper.make_node("Neg", ["t_n"], ["b"])], ["b"]))
+    then = [helper.make_node("Neg", ["x"], ["t_n"]), inner, helper.make_node("Identity", ["t_n"], ["t_y"])]
+    if_node = helper.make_node("If", ["cond"], ["y", "z"], then_branch=_branch("then", then, ["t_y", "t_i"]),
+                               else_branch=_branch("else", [helper.make_node("Abs", ["x"], ["e_y"]),
+                                                            helper.make_node("Neg", ["x"], ["e_z"])], ["e_y", "e_z"]))
+    original = _model([if_node], [_io("x", [2]), _io("cond", [], B)], [_io("y", [2]), _io("z", [2])])
+    result, _ = _simplify(original)
+    branch = next(a.g for a in result.graph.node[0].attribute if a.name == "then_branch")
+    assert "Identity" not in [n.op_type for n in branch.node] and branch.output[0].name == "t_n"
+    _check_both(original, result)
+
+
+@pytest.mark.parametrize("sr", SAMPLE_RATES)
+def test_simplify_alone_leaves_constant_conditions_that_compute_the_same(sr: int) -> None:
+    """Without fold the decided Ifs keep their branches, on a constant condition: still exact."""
+    original = sample_rate_model()
+    result, stats = _simplify(original)
+    assert stats["rewrites"]["control_flow/known_condition"] == 7, stats  # 6 in the branches, 1 in the function
+    assert stats["rewrites"]["control_flow/same_branches"] == 2, stats
+    _assert_same(original, result, _feeds(sr))
