@@ -575,3 +575,24 @@ def test_simplify_alone_leaves_constant_conditions_that_compute_the_same(sr: int
     assert stats["rewrites"]["control_flow/known_condition"] == 7, stats  # 6 in the branches, 1 in the function
     assert stats["rewrites"]["control_flow/same_branches"] == 2, stats
     _assert_same(original, result, _feeds(sr))
+
+
+@pytest.mark.parametrize("is_input", [False, True], ids=["initializer", "initializer_input"])
+def test_a_branch_constant_equal_to_a_main_initializer_uses_it_unless_callers_may_override_it(is_input) -> None:
+    then_nodes, then_out = _scaled("t", [2.0, 3.0])
+    weight = numpy_helper.from_array(np.array([2.0, 3.0], np.float32), "w")
+    extra = [helper.make_node("Mul", ["x", "w"], ["u"])]
+    original = _if_model(then_nodes, then_out, [helper.make_node("Neg", ["x"], ["e_y"])], ["e_y"],
+                         initializers=[weight], extra=extra)
+    original.graph.output.append(_io("u", [2]))
+    if is_input:
+        original.graph.input.append(_io("w", [2]))
+    result, stats = _simplify(original)
+    assert _scopes(result)["then"]["Constant"] == 0
+    assert len(result.graph.initializer) == (2 if is_input else 1), stats
+    feeds = {"x": np.array([-0.0, 3.0], np.float32)}
+    for cond in (True, False):
+        _assert_same(original, result, {**feeds, "cond": np.array(cond)})
+    if is_input:  # a caller's w reaches the main graph's Mul, not the branch
+        feeds = {**feeds, "cond": np.array(True), "w": np.array([7.0, 7.0], np.float32)}
+        _assert_same(original, result, feeds)

@@ -85,21 +85,23 @@ class _MainInitializers:
     def __init__(self, graph: ir.Graph) -> None:
         self._graph = graph
         self._by_contents: dict[Hashable, ir.Value] = {}
-        self._read: set[tuple[ir.DataType, tuple[int, ...]]] = set()
+        self._unread: dict[tuple[ir.DataType, tuple[int, ...]], list[ir.Value]] | None = None
 
     def find(self, key: Hashable) -> ir.Value | None:
         dtype, shape, _ = key  # type: ignore[misc]
-        if (dtype, shape) not in self._read:
-            self._read.add((dtype, shape))
+        if self._unread is None:
+            self._unread = collections.defaultdict(list)
             for value in self._graph.initializers.values():
                 tensor = value.const_value
-                if (value.is_graph_input() or tensor is None or tensor.dtype != dtype
-                        or tuple(tensor.shape) != shape or tensor.size > _SHARE_LIMIT):  # fmt: skip
-                    continue
-                try:
-                    self._by_contents.setdefault(_key(tensor), value)
-                except (OSError, ValueError):  # an unreadable external tensor: not shared
-                    continue
+                if not value.is_graph_input() and tensor is not None and tensor.size <= _SHARE_LIMIT:
+                    self._unread[(tensor.dtype, tuple(tensor.shape))].append(value)
+        for value in self._unread.pop((dtype, shape), ()):
+            try:
+                contents = _key(value.const_value)  # type: ignore[arg-type]
+            except (OSError, ValueError):  # an unreadable external tensor: not shared
+                continue
+            if contents is not None:
+                self._by_contents.setdefault(contents, value)
         return self._by_contents.get(key)
 
     def add(self, key: Hashable, value: ir.Value) -> None:
