@@ -314,15 +314,15 @@ def same_branches(node: ir.Node, ctx: Context) -> Outcome:
     if not all(isinstance(a, ir.Attr) and a.type == ir.AttributeType.GRAPH and not a.is_ref()
                for a in (then_attr, else_attr)):  # fmt: skip
         return "a branch is not a graph"
-    dims = ctx.dims(cond)
-    if ctx.dtype(cond) != ir.DataType.BOOL or dims is None or not all(d == 1 for d in dims):
-        return "the condition is not proved to be one boolean"
     then_branch, else_branch = then_attr.as_graph(), else_attr.as_graph()  # type: ignore[union-attr]
     if len(then_branch.outputs) != len(node.outputs):
         return "the branches do not give the If's outputs"
     reason = _Matcher(ctx.opset).graphs(then_branch, else_branch)
     if reason is not None:
         return reason
+    dims = ctx.dims(cond)  # after the comparison: it may run shape inference
+    if ctx.dtype(cond) != ir.DataType.BOOL or dims is None or not all(d == 1 for d in dims):
+        return "the condition is not proved to be one boolean"
 
     def rewrite() -> None:
         constant = ctx.new_constant(np.array(True), "true", before=node)
