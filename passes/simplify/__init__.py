@@ -17,7 +17,8 @@ and model-local function until nothing changes (bounded):
   thing, unless the op is not deterministic (RandomNormalLike...), holds a
   subgraph, or is of a domain whose schemas we do not know.
 * ``noops``: Identity (in a subgraph, also one producing an output, unless
-  its input is an outer value or a subgraph input), Cast/CastLike to the same type, inference Dropout,
+  its input is an outer value or a subgraph input), Cast/CastLike to the
+  same type, inference Dropout,
   Expand/Reshape to the same shape, Flatten of a matrix, identity Transpose,
   zero Pad, one-input Concat, all-ones Tile, full-range Slice, empty
   Unsqueeze, integer Where with a constant condition, a +0 initial state of
