@@ -3,15 +3,22 @@
 Rewrite rules, in small modules by family, applied to every graph, subgraph
 and model-local function until nothing changes (bounded):
 
-* ``constants``: main-graph ``Constant`` nodes become initializers (subgraphs
-  and functions keep their Constant nodes; see :mod:`passes.fold`); equal
-  small initializers are shared (onnx_ir's ``DeduplicateInitializersPass``,
-  which leaves graph inputs alone).
+* ``constants``: ``Constant`` nodes of the main graph and of its subgraphs
+  become main-graph initializers (IR >= 4; subgraphs see outer values;
+  functions keep their Constant nodes, they do not); equal ones are shared,
+  exactly (``-0.0`` is not ``0.0``), as are equal small initializers
+  (onnx_ir's ``DeduplicateInitializersPass``, which leaves graph inputs alone).
+* ``control_flow``: an If whose condition an enclosing branch decides (an If
+  on ``c``, ``Not(c)`` or a recomputation of ``c`` inside a branch of
+  ``If(c)``), or whose two branches are the same graph, gets a constant
+  condition, and fold inlines the branch it takes.
 * ``cse``: common subexpressions: two nodes with the same op, inputs and
   attributes (compared exactly: ``-0.0`` is not ``0.0``) compute the same
   thing, unless the op is not deterministic (RandomNormalLike...), holds a
   subgraph, or is of a domain whose schemas we do not know.
-* ``noops``: Identity, Cast/CastLike to the same type, inference Dropout,
+* ``noops``: Identity (in a subgraph, also one producing an output, unless
+  its input is an outer value or a subgraph input), Cast/CastLike to the
+  same type, inference Dropout,
   Expand/Reshape to the same shape, Flatten of a matrix, identity Transpose,
   zero Pad, one-input Concat, all-ones Tile, full-range Slice, empty
   Unsqueeze, integer Where with a constant condition, a +0 initial state of
@@ -69,7 +76,9 @@ from passes.ir.names import Names
 from passes.ir.notes import add_model_notes
 from passes.ir.walk import iter_scopes
 from passes.phases import node_done
-from passes.simplify import algebra, chains, constants, cse, declared, fusions, noops, shapes  # noqa: F401  (register rules)
+from passes.simplify import (  # noqa: F401  (register rules)
+    algebra, chains, constants, control_flow, cse, declared, fusions, noops, shapes,
+)
 from passes.simplify.dims import SymbolicDims, derive
 from passes.simplify.rules import RULES, Context, Rule
 
@@ -82,7 +91,7 @@ _MAX_ROUNDS = 8
 #: The order in which the rule families are tried on a node (the first rule that applies rewrites
 #: it); within a family, the order its modules register them. Every rule is exact, so the order
 #: decides only which of two rewrites comes first, never what the graph computes.
-FAMILY_ORDER = ("algebra", "chains", "constants", "fusions", "noops", "shapes")
+FAMILY_ORDER = ("algebra", "chains", "constants", "control_flow", "fusions", "noops", "shapes")
 
 
 def _ordered(rules: list[Rule]) -> list[Rule]:
@@ -138,7 +147,9 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         while rounds < _MAX_ROUNDS:
             rounds += 1
             changed = self._round(model, rules, applied, refused)
+            changed |= control_flow.resolve_known_conditions(model, applied)
             changed |= constants.lift_main_graph_constants(model, applied)
+            changed |= constants.lift_subgraph_constants(model, applied)
             changed |= cse.eliminate(model, applied)
             if changed:
                 common_passes.RemoveUnusedNodesPass()(model)

@@ -1,10 +1,25 @@
-"""Main-graph ``Constant`` nodes become initializers.
+"""``Constant`` nodes become main-graph initializers.
 
 A ``Constant`` node and an initializer hold the same tensor; the other tools
-store constants as initializers, and users compare node counts. Only the main
-graph's (IR >= 4, where an initializer need not be an input): subgraphs and
-functions keep Constant nodes (see :mod:`passes.fold` for why). A Constant
-that produces a graph output, or whose value is an attribute reference or a
+store constants as initializers, and users compare node counts. Only in
+models of IR >= 4 (below, every initializer must be a graph input).
+
+* The main graph's Constant nodes become initializers under their names.
+* Those of subgraphs (If branches, Loop and Scan bodies, at any depth) become
+  main-graph initializers too: a subgraph sees the values of every enclosing
+  graph. Two equal ones (same dtype, shape and bytes: ``-0.0`` is not
+  ``0.0``) become one initializer, and one equal to an initializer already in
+  the main graph (not a graph input: a caller may override those) uses it. A
+  lifted constant keeps its name when no other value of the model has it,
+  else gets a fresh one (:class:`passes.ir.names.Names`): a subgraph may
+  shadow an outer name, and the initializer must not capture, or be captured
+  by, another value of that name. Never subgraph initializers (see
+  :mod:`passes.fold` for why). A function's Constant nodes stay: a function
+  body does not see the main graph.
+
+A Constant that produces a graph output (a subgraph output must be computed
+in the subgraph: the ONNX checker and onnxruntime reject an outer value
+there), that nothing uses, or whose value is an attribute reference or a
 sparse tensor, stays a node.
 
 onnx_ir's ``LiftConstantsToInitializersPass`` is not used: it also lifts the
@@ -15,12 +30,18 @@ small tensors and the ``value_*`` forms.
 from __future__ import annotations
 
 import collections
+from collections.abc import Hashable
 
 import onnx_ir as ir
 
+from passes.ir.names import Names
 from passes.ir.tensors import constant_tensor
+from passes.ir.walk import iter_scopes
 
-__all__ = ["lift_main_graph_constants"]
+__all__ = ["lift_main_graph_constants", "lift_subgraph_constants"]
+
+#: Main-graph initializers up to this many elements are compared with lifted constants.
+_SHARE_LIMIT = 1 << 16
 
 
 def lift_main_graph_constants(model: ir.Model, applied: collections.Counter[str]) -> bool:
@@ -49,3 +70,94 @@ def lift_main_graph_constants(model: ir.Model, applied: collections.Counter[str]
         graph.register_initializer(value)
         applied["constants/constant_to_initializer"] += 1
     return bool(lifted)
+
+
+def _key(tensor: ir.TensorProtocol) -> Hashable | None:
+    """An exact key of a tensor's contents (dtype, shape, bytes); None for strings."""
+    if tensor.dtype == ir.DataType.STRING:
+        return None
+    return (tensor.dtype, tuple(tensor.shape), tensor.tobytes())
+
+
+class _MainInitializers:
+    """The main graph's initializers by contents, read only for the dtypes and shapes asked for."""
+
+    def __init__(self, graph: ir.Graph) -> None:
+        self._graph = graph
+        self._by_contents: dict[Hashable, ir.Value] = {}
+        self._unread: dict[tuple[ir.DataType, tuple[int, ...]], list[ir.Value]] | None = None
+
+    def find(self, key: Hashable) -> ir.Value | None:
+        dtype, shape, _ = key  # type: ignore[misc]
+        if self._unread is None:
+            self._unread = collections.defaultdict(list)
+            for value in self._graph.initializers.values():
+                tensor = value.const_value
+                if not value.is_graph_input() and tensor is not None and tensor.size <= _SHARE_LIMIT:
+                    self._unread[(tensor.dtype, tuple(tensor.shape))].append(value)
+        for value in self._unread.pop((dtype, shape), ()):
+            try:
+                contents = _key(value.const_value)  # type: ignore[arg-type]
+            except (OSError, ValueError):  # an unreadable external tensor: not shared
+                continue
+            if contents is not None:
+                self._by_contents.setdefault(contents, value)
+        return self._by_contents.get(key)
+
+    def add(self, key: Hashable, value: ir.Value) -> None:
+        self._by_contents.setdefault(key, value)
+
+
+def lift_subgraph_constants(model: ir.Model, applied: collections.Counter[str]) -> bool:
+    """Turns the Constant nodes of subgraphs (not of functions) into main-graph initializers.
+
+    Counted as ``constants/subgraph_constant_to_initializer`` (a new initializer)
+    and ``constants/subgraph_constant_shared`` (an equal initializer used instead).
+
+    Returns:
+        Whether any Constant node was lifted.
+    """
+    if model.ir_version < 4:
+        return False
+    main = model.graph
+    names: Names | None = None
+    existing = _MainInitializers(main)
+    lifted = False
+    for scope in iter_scopes(model, functions=False):
+        if scope.owner is None:
+            continue
+        body = scope.body
+        for node in list(body):
+            if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or "sparse_value" in node.attributes:
+                continue
+            old = node.outputs[0]
+            if old.is_graph_output() or not old.uses():
+                continue
+            tensor = constant_tensor(node, dense_limit=0)
+            if tensor is None:
+                continue
+            names = names or Names(model)
+            key = _key(tensor)
+            value = existing.find(key) if key is not None and tensor.size <= _SHARE_LIMIT else None
+            if value is not None:
+                old.replace_all_uses_with(value)
+                names.release_value(old.name)
+                applied["constants/subgraph_constant_shared"] += 1
+            else:
+                value = ir.Value(name=old.name, type=ir.TensorType(tensor.dtype), shape=ir.Shape(tensor.shape),
+                                 doc_string=old.doc_string,
+                                 metadata_props=dict(old.metadata_props) or None)  # fmt: skip
+                value.const_value = tensor
+                old.replace_all_uses_with(value)
+                old.name = None
+                if value.name:
+                    names.dedupe_value(value)  # the old value's name leaves with it: a clash is another value's
+                else:
+                    value.name = names.value("constant")
+                main.register_initializer(value)
+                if key is not None and tensor.size <= _SHARE_LIMIT:
+                    existing.add(key, value)
+                applied["constants/subgraph_constant_to_initializer"] += 1
+            body.remove(node, safe=True)
+            lifted = True
+    return lifted

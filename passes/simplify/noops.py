@@ -32,10 +32,49 @@ def identity(node: ir.Node, ctx: Context) -> Outcome:
     if x is None:
         return "no input"
     if node.outputs[0].is_graph_output():
+        if ctx.scope.owner is not None:
+            return _subgraph_output_identity(node, x)
         # Exporters name outputs with an Identity, and users look for it: issue #12 keeps them
         # (other no-ops producing an output go, their input taking the output's name).
         return "it produces a graph output (an Identity there is kept)"
     return ctx.bypass(node, x)
+
+
+def _subgraph_output_identity(node: ir.Node, x: ir.Value) -> Outcome:
+    """An Identity producing an output of a subgraph (If branch, Loop/Scan body) goes.
+
+    A subgraph's outputs are bound to its node's by position, not by name, so
+    ``x`` can take the output's place; it also takes the output's name (and its
+    declared type and shape, where declared) unless a nested subgraph reads
+    ``x`` (a renamed value there could be captured by a shadowing name). Kept
+    when ``x`` is not computed by a node of this subgraph: an outer value (the
+    ONNX checker and onnxruntime reject it as a subgraph output), a subgraph
+    input or initializer (accepted by onnxruntime, not by every runtime), or
+    when ``x`` already is an output of the subgraph (onnxruntime 1.32 returns
+    wrong values for a value listed twice among a subgraph's outputs).
+    """
+    graph = node.graph
+    producer = x.producer()
+    if producer is None or producer.graph is not graph:
+        return "it produces a subgraph output from an outer value or a subgraph input (kept: runtimes need it)"
+    if x.is_graph_output():
+        return "its input is already an output of the subgraph (onnxruntime mishandles a repeated output)"
+    output = node.outputs[0]
+    rename = all(use.node.graph is graph for use in x.uses())
+
+    def rewrite() -> None:
+        if rename:
+            name = output.name
+            output.name = None
+            x.name = name
+            x.doc_string = output.doc_string or x.doc_string
+        if output.type is not None:
+            x.type = output.type
+        if output.shape is not None:
+            x.shape = output.shape
+        output.replace_all_uses_with(x, replace_graph_outputs=True)
+
+    return rewrite
 
 
 @rule("Cast", "CastLike", family="noops")
