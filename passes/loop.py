@@ -78,8 +78,19 @@ class _Recorded(ir.passes.InPlacePass):
         return f"{self.name}: {self.inner!r}"
 
 
+class _Nothing(ir.passes.InPlacePass):
+    """What a run of no pass does (onnx_ir's managers take at least one pass)."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        return ir.passes.PassResult(model, modified=False)
+
+
 def build(steps: Sequence[tuple[str, ir.passes.PassBase, bool]], record: Record) -> ir.passes.PassManager:
-    """The pass manager running ``steps`` (name, pass, repeats) in order, repeating consecutive repeaters."""
+    """The pass manager running ``steps`` (name, pass, repeats) in order, repeating consecutive repeaters
+    (no step: a manager that changes nothing, as the search for the pass that brought a mismatch
+    runs the load and the save alone)."""
+    if not steps:
+        return ir.passes.PassManager([_Nothing()], steps=1)
     groups: list[list[tuple[str, ir.passes.PassBase, bool]]] = []
     for step in steps:
         if groups and step[2] and groups[-1][-1][2]:

@@ -729,9 +729,6 @@ def test_random_graphs_compute_the_same_after_optimisation(data: st.DataObject) 
 # --- found by the fuzzer: valid inputs the check fails on (exit 1), each a known bug --------------
 
 
-@pytest.mark.xfail(strict=True, reason="load/save (modelio over onnx_ir, before any pass): a graph output "
-                   "listed twice loses one, so a valid model (the checker and onnxruntime accept it) fails "
-                   "the check with exit 1 ('missing from the optimised model'); keep both or refuse with exit 2")
 def test_a_graph_output_listed_twice_is_kept_or_refused(tmp_path: pathlib.Path) -> None:
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],

@@ -172,7 +172,9 @@ def _failure_text(error: CheckFailedError, report: Report | None, *, summary_sho
         return str(error)
     failures = check.failures if check.checked and not check.error else []
     if summary_shown and failures:
-        names = ", ".join(repr(o.name) for o in failures)
+        from passes.verify.result import shown_names  # loaded by the run already
+
+        names = shown_names([o.name for o in failures])
         first = (f"check failed: {len(failures)} of {len(check.outputs)} output(s) differ ({names}; see above)"
                  + ("" if report.written else f"; {report.output} not written"))
     from passes.report import check_hint  # loaded by the run already

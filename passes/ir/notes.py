@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-__all__ = ["add_model_notes", "model_notes"]
+__all__ = ["add_model_notes", "model_notes", "set_model_notes"]
 
 _NOTES_KEY = "onnx_optimize.notes"
 
@@ -26,3 +26,9 @@ def add_model_notes(model: ir.Model, notes: list[str]) -> None:
     """Adds ``notes`` to those :func:`model_notes` returns."""
     if notes:
         model.meta[_NOTES_KEY] = [*model.meta.get(_NOTES_KEY, ()), *notes]
+
+
+def set_model_notes(model: ir.Model, notes: list[str]) -> None:
+    """Replaces the notes :func:`model_notes` returns (when there are any)."""
+    if notes:
+        model.meta[_NOTES_KEY] = list(notes)

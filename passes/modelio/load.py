@@ -20,7 +20,7 @@ import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from passes.ir.notes import add_model_notes, model_notes
+from passes.ir.notes import add_model_notes, model_notes, set_model_notes
 from passes.errors import InputError, first_line as _first_line
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_MAX
@@ -125,7 +125,7 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
                                   whole=whole, notes=notes)  # fmt: skip
         model = model_from_proto(view.proto, detached=view.attributes, weights=view.weights)
         del view
-        add_model_notes(model, notes)
+        set_model_notes(model, notes)  # the validation's, which include the repairs model_from_proto noted
         if identities:
             model.meta[_IDENTITY_KEY] = identities
         try:
@@ -270,9 +270,6 @@ def _repaired(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-#: Key of the notes for the report in ``ir.Model.meta``: the load's lossless repairs, and what passes correct.
-
-
 def check_view(
     proto: onnx.ModelProto, path: pathlib.Path | None, external: int,
     whole: Callable[[], onnx.ModelProto] | None, *, log: bool = True,
@@ -339,7 +336,7 @@ def model_from_proto(
     if sparse:
         model.meta[_sparse.STASH_KEY] = sparse
         _sparse.attach_types(model)
-    add_model_notes(model, notes)
+    set_model_notes(model, notes)
     return model
 
 

@@ -24,6 +24,8 @@ from collections.abc import Iterator
 import onnx
 import onnx.checker
 
+from passes.errors import InputError
+
 __all__ = ["MAIN_GRAPH_NAME", "locate", "repair", "shape_fields_present", "shapeless_values"]
 
 MAIN_GRAPH_NAME = "main_graph"
@@ -41,6 +43,12 @@ def repair(proto: onnx.ModelProto) -> list[str]:
     notes: list[str] = []
     if not proto.HasField("graph"):
         return notes
+    seen: set[str] = set()
+    for output in proto.graph.output:
+        if output.name in seen:
+            raise InputError(f"graph output {short(output.name)} is listed twice: the IR this tool works on "
+                             "holds a value once among the outputs (give the second its own Identity)")
+        seen.add(output.name)
     if not proto.graph.name:
         proto.graph.name = MAIN_GRAPH_NAME
         notes.append(f"the main graph had an empty name: named {MAIN_GRAPH_NAME!r}")
