@@ -15,7 +15,9 @@ generated ones: each try's sizes in turn until the original runs), run it and
 keep its outputs (on disk, memory-mapped, if they are large).
 ``compare``: run another model on the same inputs and compare its outputs
 with the kept ones. ``values``: run two models (both with extra graph outputs)
-and compare the named values. ``exit``.
+and compare the named values. ``constants``: run a model without inputs
+(the constant subgraphs whose values ``fold`` wants to write, see
+:mod:`passes.fold.confirm`) and save its outputs as ``.npy`` files. ``exit``.
 """
 
 from __future__ import annotations
@@ -299,12 +301,40 @@ def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "values": found}
 
 
+def _constants(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """Runs a model without inputs and saves each requested output as ``folder/N.npy`` (strings as
+    unicode, ml_dtypes' types as their raw bytes: the parent views them back by ``dtype``)."""
+    import numpy as np
+
+    _phase("loading the folded constants' model")
+    try:
+        session = _session(request["model"])
+        names = list(request["names"])
+        _phase("computing the folded constants")
+        values = _run(session, {}, names)
+    except Exception as e:  # noqa: BLE001
+        return {"ok": False, "stage": "run", "error": _first_line(e)}
+    del session
+    saved: dict[str, Any] = {}
+    for i, (name, value) in enumerate(zip(names, values)):
+        if not isinstance(value, np.ndarray):
+            saved[name] = {"error": f"a {type(value).__name__}, not a tensor"}
+            continue
+        dtype = "str" if value.dtype.kind in "OSU" else value.dtype.name
+        if value.dtype.kind in "OS":
+            value = value.astype(str)
+        path = os.path.join(request["folder"], f"{i}.npy")
+        np.save(path, value, allow_pickle=False)
+        saved[name] = {"path": path, "dtype": dtype}
+    return {"ok": True, "values": saved}
+
+
 def main() -> None:
     memory_limit = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     parent = int(sys.argv[2]) if len(sys.argv) > 2 else os.getppid()
     _isolate(memory_limit, parent)
     state = _State()
-    handlers = {"prepare": _prepare, "compare": _compare, "values": _values}
+    handlers = {"prepare": _prepare, "compare": _compare, "values": _values, "constants": _constants}
     try:
         import numpy  # noqa: F401
         import onnxruntime  # noqa: F401

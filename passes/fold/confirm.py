@@ -1,0 +1,447 @@
+"""Confirming folded values with onnxruntime before they are written.
+
+Every value ``fold`` computes depends on no graph input, so onnxruntime can
+compute it from the original's constants. A sweep records each fold
+(:class:`Fold`); :func:`settle` then extracts the constant subgraph of all
+pending folds as one model without inputs whose outputs are the folded values
+(initializers and Constant tensors as initializers, the folded nodes in sweep
+order, the opsets of their scope), runs it once in onnxruntime
+(``ORT_DISABLE_ALL``, so that onnxruntime's own folding hides nothing), and
+judges each fold:
+
+* **agrees**: every output has the dtype and shape refimpl gave and equal
+  values (:func:`agrees`): integers, booleans and strings bit for bit; floats
+  with NaN, infinities and zeros (with their sign) in the same places, and
+  other values within :data:`ULPS` units in the last place of the dtype;
+* **disagrees**: onnxruntime computed something else: the fold is undone (the
+  node stays) and counted by op in ``disagrees_with_onnxruntime``;
+* **unconfirmed**: onnxruntime could not compute it (no kernel, a session
+  error, a crash, the time limit): the fold is undone too and counted by op
+  in ``unconfirmed``. Exit 0 means "proved in onnxruntime": a value nothing
+  confirmed is not written, and keeping the node costs nothing that the
+  original did not already cost.
+
+Exempt ops (:data:`EXEMPT`) only move bytes (or read a static shape): they
+are not sent to onnxruntime, their results are trusted as long as their
+inputs are. A folded value flows into the extracted model as follows: the
+result of a non-exempt fold of the same batch is computed there by its node
+(so onnxruntime follows the original's chain of computation), anything else
+(an initializer, a Constant, the result of an exempt or earlier confirmed
+fold) is an initializer holding the tensor the fold read. A fold is kept only
+if it agrees and every value it read as such an initializer is kept; an
+exempt fold only if all its inputs are kept (:meth:`Batch.verdicts`).
+
+Cost: one onnxruntime session per batch (a sweep's folds, in one model per
+set of opset imports; the constant condition of an If is settled on its own
+before the branch is inlined). A batch onnxruntime cannot load or run is
+split in halves to find the folds at fault (at most :data:`MAX_SESSIONS`
+sessions, then the rest is unconfirmed).
+
+Where onnxruntime runs: in a child process (``passes.verify.worker``), so
+that a crash (a signal in a kernel), the memory bound or a hang on an odd
+subgraph ends that process and makes its folds unconfirmed, never the
+command. It is the check's own child when the route started one (the
+command and ``optimize()`` start it before the passes: its imports are done
+by the time a sweep settles), else one of this module's, shared by the
+passes of the process, started on first use and ended at exit. Models and
+results travel as files in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import dataclasses
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+__all__ = ["EXEMPT", "MAX_SESSIONS", "TIMEOUT", "ULPS", "Batch", "Fold", "agrees", "is_exempt", "settle"]
+
+logger = logging.getLogger(__name__)
+
+#: Default-domain ops whose kernels only move bytes, or read a static shape: never sent to onnxruntime.
+EXEMPT: frozenset[str] = frozenset({
+    "Concat", "ConstantOfShape", "Expand", "Flatten", "Gather", "Identity", "Reshape", "Shape", "Size",
+    "Slice", "Split", "Squeeze", "Tile", "Transpose", "Unsqueeze",
+})  # fmt: skip
+
+#: Floats agree within this many units in the last place of their dtype (see :func:`agrees`).
+ULPS = 16
+#: Sessions one batch may use while looking for the folds onnxruntime cannot compute.
+MAX_SESSIONS = 16
+#: Seconds onnxruntime may take for one session.
+TIMEOUT = 120.0
+#: After a batch whose model held more bytes than this, the child is ended (it gives memory back).
+RELEASE_OVER = 64 << 20
+
+AGREES, DISAGREES, UNCONFIRMED = "agrees", "disagrees", "unconfirmed"
+
+
+def is_exempt(op_type: str, domain: str) -> bool:
+    return domain == "" and op_type in EXEMPT
+
+
+@dataclasses.dataclass(eq=False)
+class Fold:
+    """One node replaced by constants during a sweep, until it is settled.
+
+    Attributes:
+        node: The node (dropped from its graph, not yet removed).
+        domain: Its normalised domain.
+        opsets: The opset imports of its scope.
+        inputs: Its inputs when it was folded.
+        tensors: Their constant tensors (None for an omitted input or, for a
+            Shape/Size fold, a non-constant one).
+        outputs: Its outputs, replaced by ``made``.
+        made: The constant values that replaced them (None where unused).
+        arrays: The folded results (None where unused).
+    """
+
+    node: ir.Node
+    domain: str
+    opsets: Mapping[str, int]
+    inputs: tuple[ir.Value | None, ...]
+    tensors: Sequence[ir.TensorProtocol | None]
+    outputs: tuple[ir.Value, ...]
+    made: Sequence[ir.Value | None]
+    arrays: Sequence[np.ndarray | None]
+
+    @property
+    def op_type(self) -> str:
+        return self.node.op_type
+
+    @property
+    def exempt(self) -> bool:
+        return is_exempt(self.node.op_type, self.domain)
+
+
+# --- comparing -----------------------------------------------------------------------------------
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype.name == "bfloat16" or dtype.name.startswith("float")
+
+
+def _float_info(dtype: np.dtype) -> tuple[float, float]:
+    """(epsilon, smallest subnormal) of a float dtype, ml_dtypes' included."""
+    if dtype.kind == "f":
+        info = np.finfo(dtype)
+        return float(info.eps), float(info.smallest_subnormal)
+    import ml_dtypes
+
+    info = ml_dtypes.finfo(dtype)
+    return float(info.eps), float(info.smallest_subnormal)
+
+
+_CHUNK = 1 << 20
+
+
+def agrees(expected: np.ndarray, actual: np.ndarray) -> bool:
+    """Whether onnxruntime's ``actual`` confirms refimpl's ``expected``.
+
+    Same dtype and shape; integers, booleans and strings equal; floats with NaN,
+    infinities (with their sign) and zeros (with their sign) in the same places,
+    and other values within ``ULPS`` units in the last place:
+    ``|a - e| <= ULPS * max(eps * max(|a|, |e|), smallest subnormal)``.
+    Why ULPs and not the check's tolerance: the two compute the same function of
+    the same constants, so they differ only by the rounding of a few kernels
+    (numpy's and MLAS's exp, tanh, sums in another order: a few ULPs); a larger
+    difference is another result (a different summation of a long reduction, a
+    NaN rule) and such a value stays computed, where the check's rtol (1e-4 for
+    float32) would let a constant drift that a later op may amplify.
+    """
+    if expected.dtype.kind in "OSU" or actual.dtype.kind in "OSU":
+        if expected.dtype.kind not in "OSU" or actual.dtype.kind not in "OSU":
+            return False
+        return expected.shape == actual.shape and bool(np.all(expected.astype(str) == actual.astype(str)))
+    if expected.dtype != actual.dtype or expected.shape != actual.shape:
+        return False
+    e_flat, a_flat = expected.reshape(-1), actual.reshape(-1)
+    if not _is_float(expected.dtype):
+        return all(np.array_equal(e_flat[i : i + _CHUNK], a_flat[i : i + _CHUNK]) for i in range(0, e_flat.size, _CHUNK))
+    eps, smallest = _float_info(expected.dtype)
+    bits = np.dtype(f"u{expected.dtype.itemsize}")
+    for start in range(0, e_flat.size, _CHUNK):
+        e_own, a_own = e_flat[start : start + _CHUNK], a_flat[start : start + _CHUNK]
+        if np.array_equal(e_own.view(bits), a_own.view(bits)):
+            continue  # bit for bit (NaN payloads included)
+        e, a = e_own.astype(np.float64), a_own.astype(np.float64)
+        e_nan, a_nan = np.isnan(e), np.isnan(a)
+        if not np.array_equal(e_nan, a_nan):
+            return False
+        exact = ~np.isfinite(e) | ~np.isfinite(a) | (e == 0) | (a == 0)
+        exact &= ~e_nan
+        if not np.array_equal(e[exact], a[exact]) or not np.array_equal(np.signbit(e[exact]), np.signbit(a[exact])):
+            return False
+        close = ~exact & ~e_nan
+        e, a = e[close], a[close]
+        bound = ULPS * np.maximum(eps * np.maximum(np.abs(e), np.abs(a)), smallest)
+        if np.any(np.abs(a - e) > bound):
+            return False
+    return True
+
+
+# --- the child process ---------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_worker: Any = None
+
+
+def _shared_worker() -> Any:
+    """The child that runs the sessions: the check's if it is running, else this module's, started
+    on first use (see the module docstring)."""
+    global _worker
+    from passes.verify.child import current
+
+    borrowed = current.get()
+    if borrowed is not None and borrowed.alive:
+        return borrowed
+    if _worker is None:
+        from passes.verify.child import Worker, default_memory_limit
+
+        _worker = Worker(default_memory_limit())
+        atexit.register(_close_worker)
+    return _worker
+
+
+def _close_worker() -> None:
+    if _worker is not None:
+        _worker.close()
+
+
+def prestart() -> None:
+    """Starts the child now, so that its imports overlap with the rest of the sweep."""
+    with _lock:
+        try:
+            _shared_worker().start()
+        except OSError as e:
+            logger.debug("cannot start onnxruntime's process yet: %s", e)
+
+
+# --- the batch -----------------------------------------------------------------------------------
+
+
+class Batch:
+    """The pending folds of a sweep, settled together.
+
+    Args:
+        model: The model (for its IR version).
+        folds: The folds in sweep order.
+        origin: The fold that made each constant value (across batches).
+    """
+
+    def __init__(self, model: ir.Model, folds: Sequence[Fold], origin: Mapping[ir.Value, Fold]) -> None:
+        self.model = model
+        self.folds = list(folds)
+        self.members = set(self.folds)
+        self.origin = origin
+        self.results: dict[Fold, str] = {}
+        self.reasons: dict[Fold, str] = {}
+        self.sessions = 0
+
+    def _chained(self, value: ir.Value | None) -> Fold | None:
+        """The fold of this batch that computes ``value`` in the extracted model, if any."""
+        fold = None if value is None else self.origin.get(value)
+        return fold if fold is not None and fold in self.members and not fold.exempt else None
+
+    def _fed(self, fold: Fold) -> list[Fold]:
+        """The folds whose results ``fold`` trusts: read as initializers (an exempt fold: all of
+        them, including the input whose static shape a Shape or Size fold read)."""
+        fed = []
+        for value in fold.inputs:
+            origin = None if value is None else self.origin.get(value)
+            if origin is not None and (fold.exempt or self._chained(value) is None):
+                fed.append(origin)
+        return fed
+
+    def verdicts(self) -> dict[Fold, str]:
+        """Runs onnxruntime on the batch's non-exempt folds and judges every fold of the batch.
+
+        Returns:
+            ``AGREES`` (kept), ``DISAGREES`` or ``UNCONFIRMED`` (undone) by fold; an exempt
+            fold is AGREES when all its inputs are kept, else it takes their verdict.
+        """
+        targets = [f for f in self.folds if not f.exempt]
+        groups: dict[tuple[tuple[str, int], ...], list[Fold]] = collections.defaultdict(list)
+        for fold in targets:
+            groups[tuple(sorted(fold.opsets.items()))].append(fold)
+        for group in groups.values():
+            self._compute(group)
+        verdicts: dict[Fold, str] = {}
+        for fold in self.folds:
+            verdict = AGREES if fold.exempt else self.results.get(fold, UNCONFIRMED)
+            if verdict == AGREES:
+                for before in self._fed(fold):
+                    inherited = verdicts.get(before, AGREES)  # an earlier batch's fold was kept
+                    if inherited != AGREES:
+                        verdict = inherited
+                        self.reasons[fold] = f"reads the result of {before.op_type} node {before.node.name!r}"
+                        break
+            verdicts[fold] = verdict
+        return verdicts
+
+    # --- running onnxruntime --------------------------------------------------------------------
+
+    def _compute(self, targets: list[Fold]) -> None:
+        """Sets ``results`` for ``targets``, halving the set while onnxruntime fails on it."""
+        from passes.verify.child import WorkerError, WorkerTimeout
+
+        if self.sessions >= MAX_SESSIONS:
+            self._unconfirmed(targets, "too many sessions failed")
+            return
+        self.sessions += 1
+        folder = tempfile.mkdtemp(prefix="fold-confirm-")
+        try:
+            try:
+                path, names, nbytes = self._write(targets, folder)
+            except Exception as e:  # noqa: BLE001  onnx_ir's serialisation raises several kinds
+                logger.warning("cannot write the folded constants' model: %s", e)
+                self._split_or_fail(targets, f"not serialisable: {e}")
+                return
+            request = {"op": "constants", "model": path, "names": list(names), "folder": folder}
+            try:
+                with _lock:
+                    worker = _shared_worker()
+                    try:
+                        answer = worker.request(request, time.monotonic() + TIMEOUT)
+                    finally:
+                        if nbytes > RELEASE_OVER:
+                            worker.close()
+            except WorkerTimeout as e:
+                self._unconfirmed(targets, f"onnxruntime timed out ({e.phase})")
+                return
+            except (WorkerError, OSError) as e:
+                self._split_or_fail(targets, f"onnxruntime failed: {e}")
+                return
+            if not answer.get("ok"):
+                self._split_or_fail(targets, str(answer.get("error", "onnxruntime failed")))
+                return
+            self._judge(names, answer["values"])
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _split_or_fail(self, targets: list[Fold], reason: str) -> None:
+        if len(targets) == 1:
+            self._unconfirmed(targets, reason)
+            return
+        half = len(targets) // 2
+        self._compute(targets[:half])
+        self._compute(targets[half:])
+
+    def _unconfirmed(self, targets: Iterable[Fold], reason: str) -> None:
+        for fold in targets:
+            self.results[fold] = UNCONFIRMED
+            self.reasons[fold] = reason
+
+    def _judge(self, names: Mapping[str, tuple[Fold, int]], values: Mapping[str, Any]) -> None:
+        for name, (fold, index) in names.items():
+            if self.results.get(fold, AGREES) != AGREES:
+                continue
+            found = values.get(name, {"error": "no output"})
+            if "error" in found:
+                self._unconfirmed([fold], found["error"])
+                continue
+            actual = _load(found["path"], found["dtype"])
+            expected = fold.arrays[index]
+            assert expected is not None
+            if agrees(np.asarray(expected), actual):
+                self.results[fold] = AGREES
+            else:
+                self.results[fold] = DISAGREES
+                self.reasons[fold] = f"output {index}: onnxruntime computes another value"
+
+    def _write(self, targets: list[Fold], folder: str) -> tuple[str, dict[str, tuple[Fold, int]], int]:
+        """Saves the model computing ``targets`` (with what they need) in ``folder``.
+
+        Returns:
+            Its path, its outputs' names with the fold and output index they stand for, and the
+            bytes of its initializers.
+        """
+        wanted: dict[Fold, None] = {}
+        stack = list(reversed(targets))
+        while stack:  # the batch's non-exempt folds the targets are computed from
+            fold = stack.pop()
+            if fold in wanted:
+                continue
+            wanted[fold] = None
+            stack.extend(f for f in (self._chained(v) for v in fold.inputs) if f is not None and f not in wanted)
+        order = [f for f in self.folds if f in wanted]
+        mapped: dict[ir.Value, ir.Value] = {}
+        initializers: list[ir.Value] = []
+        renamed: dict[int, tuple[ir.TensorProtocol, str | None]] = {}
+        nodes: list[ir.Node] = []
+        count = 0
+        nbytes = 0
+
+        def fresh(prefix: str) -> str:
+            nonlocal count
+            count += 1
+            return f"{prefix}{count}"
+
+        for fold in order:
+            inputs: list[ir.Value | None] = []
+            for value, tensor in zip(fold.inputs, fold.tensors):
+                if value is None:
+                    inputs.append(None)
+                    continue
+                new = mapped.get(value)
+                if new is None:
+                    assert self._chained(value) is None and tensor is not None
+                    new = mapped[value] = ir.Value(name=fresh("c"), const_value=tensor)
+                    renamed.setdefault(id(tensor), (tensor, tensor.name))
+                    initializers.append(new)
+                    nbytes += tensor.nbytes if hasattr(tensor, "nbytes") else 0
+                inputs.append(new)
+            outputs = [ir.Value(name=fresh("v")) for _ in fold.outputs]
+            for old, new in zip(fold.outputs, outputs):
+                mapped[old] = new
+            for made, new in zip(fold.made, outputs):
+                if made is not None:
+                    mapped[made] = new
+            node = fold.node
+            nodes.append(ir.Node(fold.domain, node.op_type, inputs, list(node.attributes.values()),
+                                 outputs=outputs, overload=node.overload, name=fresh("n")))  # fmt: skip
+        names: dict[str, tuple[Fold, int]] = {}
+        graph_outputs: list[ir.Value] = []
+        for fold in targets:
+            for index, array in enumerate(fold.arrays):
+                if array is not None:
+                    value = mapped[fold.outputs[index]]
+                    names[value.name] = (fold, index)  # type: ignore[index]
+                    graph_outputs.append(value)
+        opsets = dict(targets[0].opsets)
+        graph = ir.Graph([], graph_outputs, nodes=nodes, initializers=initializers, opset_imports=opsets,
+                         name="folded_constants")  # fmt: skip
+        model = ir.Model(graph, ir_version=max(self.model.ir_version, 4), producer_name="onnx-optimize")
+        path = os.path.join(folder, "constants.onnx")
+        try:
+            ir.save(model, path, external_data="constants.data", size_threshold_bytes=1 << 20)
+        finally:
+            for tensor, name in renamed.values():  # serialising names a tensor after its value
+                tensor.name = name
+        return path, names, nbytes
+
+
+def _load(path: str, dtype: str) -> np.ndarray:
+    array = np.load(path, mmap_mode=None if dtype == "str" else "r", allow_pickle=False)
+    if array.dtype.kind == "V":  # ml_dtypes' types are saved as their bytes
+        import ml_dtypes
+
+        array = array.view(getattr(ml_dtypes, dtype))
+    return array
+
+
+def settle(model: ir.Model, folds: Sequence[Fold], origin: Mapping[ir.Value, Fold]) -> tuple[dict[Fold, str], dict[Fold, str]]:
+    """The verdict on each fold (see :meth:`Batch.verdicts`), and the reasons for those undone."""
+    batch = Batch(model, folds, origin)
+    verdicts = batch.verdicts()
+    return verdicts, batch.reasons
