@@ -298,3 +298,50 @@ def test_agrees_exact_types() -> None:
     assert not confirm.agrees(np.array([True]), np.array([False]))
     assert confirm.agrees(np.array(["a", "bc"], dtype=object), np.array(["a", "bc"]))
     assert not confirm.agrees(np.array(["a"], dtype=object), np.array(["b"]))
+
+
+def test_float16_chain_onnxruntime_runs_in_float32_stays_computed() -> None:
+    """onnxruntime runs Add -> Sub on float16 in float32 between Casts (no rounding between them):
+    (1 + 2**-11) - 1 is 2**-11 there, 0 in refimpl's op-by-op rounding. The Sub disagrees, and the
+    Add it reads stays computed too, so that the Sub still reads the unrounded sum."""
+    a = numpy_helper.from_array(np.float16([1.0, 3.0]), "a")
+    b = numpy_helper.from_array(np.float16([2.0**-11, 0.1]), "b")
+    f16 = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT16, [2])  # noqa: E731
+    proto = make_model(
+        [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Sub", ["s", "a"], ["d"]),
+         helper.make_node("Mul", ["d", "x"], ["y"])],
+        [f16("x")], [f16("y")], [a, b],
+    )  # fmt: skip
+    out, fold_pass, _ = fold(proto)
+    assert ops(out.graph) == ["Add", "Sub", "Mul"]
+    assert fold_pass.stats["disagrees_with_onnxruntime"] == {"Sub": 1}
+    assert fold_pass.stats["unconfirmed"] == {"Add": 1}
+    same_in_ort(proto, out, {"x": np.float16([2.0, 3.0])})
+
+
+def test_a_large_weight_transform_is_confirmed_in_one_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4 MiB weight through Mul and Sqrt: one session, the weight read by the child from a file.
+
+    (Read by an Add: a MatMul's result changes by rounding when its weight becomes an initializer,
+    which onnxruntime prepacks.)"""
+    requests: list[dict] = []
+    write = confirm.Batch._write
+
+    def spy(self, targets, folder):
+        request, names, nbytes = write(self, targets, folder)
+        requests.append(request)
+        return request, names, nbytes
+
+    monkeypatch.setattr(confirm.Batch, "_write", spy)
+    w = numpy_helper.from_array(np.random.default_rng(0).random((1024, 1024), np.float32), "w")
+    two = numpy_helper.from_array(np.float32(2.0), "two")
+    proto = make_model(
+        [helper.make_node("Mul", ["w", "two"], ["m"]), helper.make_node("Sqrt", ["m"], ["r"]),
+         helper.make_node("Add", ["x", "r"], ["y"])],
+        [helper.make_tensor_value_info("x", F32, [1, 1024])], [helper.make_tensor_value_info("y", F32, [1024, 1024])],
+        [w, two],
+    )  # fmt: skip
+    out, fold_pass, _ = fold(proto, size_limit=8 << 20)
+    assert ops(out.graph) == ["Add"] and fold_pass.stats["confirmed"] == 2
+    assert len(requests) == 1 and len(requests[0]["raw"]) == 1  # w, not inlined into the model
+    same_in_ort(proto, out, {"x": np.ones((1, 1024), np.float32)})

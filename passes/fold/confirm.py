@@ -58,13 +58,14 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["EXEMPT", "MAX_SESSIONS", "TIMEOUT", "ULPS", "Batch", "Fold", "agrees", "is_exempt", "settle"]
+__all__ = ["ACCUMULATING", "EXEMPT", "MAX_SESSIONS", "TIMEOUT", "ULPS", "Batch", "Fold", "agrees", "is_exempt",
+           "settle"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,19 @@ class Fold:
 
 # --- comparing -----------------------------------------------------------------------------------
 
+#: Ops that sum many terms in an order each library chooses (BLAS and MLAS block their loops,
+#: numpy sums pairwise): their results, and what is computed from them, agree within ULPS of the
+#: array's largest magnitude rather than of each element (see :func:`agrees`).
+ACCUMULATING: frozenset[str] = frozenset({
+    "AveragePool", "Conv", "ConvTranspose", "CumSum", "DFT", "Einsum", "Gemm", "GlobalAveragePool",
+    "GlobalLpPool", "GroupNormalization", "InstanceNormalization", "LayerNormalization", "LogSoftmax",
+    "LpNormalization", "LpPool", "LRN", "MatMul", "MeanVarianceNormalization", "ReduceL1", "ReduceL2",
+    "ReduceLogSum", "ReduceLogSumExp", "ReduceMean", "ReduceProd", "ReduceSum", "ReduceSumSquare",
+    "RMSNormalization", "Softmax", "STFT",
+})  # fmt: skip
+
+_CHUNK = 1 << 20
+
 
 def _is_float(dtype: np.dtype) -> bool:
     return dtype.kind == "f" or dtype.name == "bfloat16" or dtype.name.startswith("float")
@@ -142,52 +156,104 @@ def _float_info(dtype: np.dtype) -> tuple[float, float]:
     return float(info.eps), float(info.smallest_subnormal)
 
 
-_CHUNK = 1 << 20
-
-
-def agrees(expected: np.ndarray, actual: np.ndarray) -> bool:
+def agrees(expected: np.ndarray, actual: np.ndarray, *, accumulated: bool = False) -> bool:
     """Whether onnxruntime's ``actual`` confirms refimpl's ``expected``.
 
     Same dtype and shape; integers, booleans and strings equal; floats with NaN,
     infinities (with their sign) and zeros (with their sign) in the same places,
     and other values within ``ULPS`` units in the last place:
-    ``|a - e| <= ULPS * max(eps * max(|a|, |e|), smallest subnormal)``.
-    Why ULPs and not the check's tolerance: the two compute the same function of
-    the same constants, so they differ only by the rounding of a few kernels
-    (numpy's and MLAS's exp, tanh, sums in another order: a few ULPs); a larger
-    difference is another result (a different summation of a long reduction, a
-    NaN rule) and such a value stays computed, where the check's rtol (1e-4 for
-    float32) would let a constant drift that a later op may amplify.
+    ``|a - e| <= ULPS * max(eps * m, smallest subnormal)`` with ``m = max(|a|, |e|)``,
+    or, when ``accumulated`` (an :data:`ACCUMULATING` op computed it or a value
+    it was computed from), ``m`` at least the largest finite ``|e|`` of the array:
+    the norm-wise bound in which the error of a sum in another order is stated.
+
+    Why ULPs and not the check's tolerance: both compute the same function of the
+    same constants, so they differ only by the rounding of a few kernels (numpy's
+    and MLAS's exp or tanh, a sum in another order: a few ULPs); a larger
+    difference is another result and such a value stays computed, where the
+    check's rtol (1e-4 for float32) and atol would let a constant drift (or a
+    1e-12 epsilon double) that a later op may amplify. Zero, infinity and NaN are
+    exact because a later op turns their differences into the largest ones
+    (1/-0 is -inf).
     """
-    if expected.dtype.kind in "OSU" or actual.dtype.kind in "OSU":
-        if expected.dtype.kind not in "OSU" or actual.dtype.kind not in "OSU":
+    flat = np.asarray(actual).reshape(-1)
+    chunks = (flat[i : i + _CHUNK] for i in range(0, flat.size, _CHUNK))
+    return _agrees(expected, actual.dtype, actual.shape, chunks, accumulated)
+
+
+def _agrees(expected: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], chunks: Iterable[np.ndarray],
+            accumulated: bool) -> bool:  # fmt: skip
+    """:func:`agrees`, with ``actual`` given as its dtype, shape and flat chunks in order."""
+    strings = expected.dtype.kind in "OSU", dtype.kind in "OSU"
+    if any(strings):
+        if not all(strings) or tuple(expected.shape) != tuple(shape):
             return False
-        return expected.shape == actual.shape and bool(np.all(expected.astype(str) == actual.astype(str)))
-    if expected.dtype != actual.dtype or expected.shape != actual.shape:
+        whole = np.concatenate([c.astype(str) for c in chunks]) if expected.size else np.array([], str)
+        return bool(np.all(expected.reshape(-1).astype(str) == whole))
+    if expected.dtype != dtype or tuple(expected.shape) != tuple(shape):
         return False
-    e_flat, a_flat = expected.reshape(-1), actual.reshape(-1)
-    if not _is_float(expected.dtype):
-        return all(np.array_equal(e_flat[i : i + _CHUNK], a_flat[i : i + _CHUNK]) for i in range(0, e_flat.size, _CHUNK))
-    eps, smallest = _float_info(expected.dtype)
-    bits = np.dtype(f"u{expected.dtype.itemsize}")
-    for start in range(0, e_flat.size, _CHUNK):
-        e_own, a_own = e_flat[start : start + _CHUNK], a_flat[start : start + _CHUNK]
-        if np.array_equal(e_own.view(bits), a_own.view(bits)):
+    e_flat = expected.reshape(-1)
+    floats = _is_float(dtype)
+    eps, smallest = _float_info(dtype) if floats else (0.0, 0.0)
+    scale = 0.0
+    if floats and accumulated:
+        for i in range(0, e_flat.size, _CHUNK):
+            e = e_flat[i : i + _CHUNK].astype(np.float64)
+            e = np.abs(e[np.isfinite(e)])
+            scale = max(scale, float(e.max()) if e.size else 0.0)
+    bits = np.dtype(f"u{dtype.itemsize}") if floats else None
+    start = 0
+    for a_own in chunks:
+        e_own = e_flat[start : start + a_own.size]
+        start += a_own.size
+        if e_own.size != a_own.size:
+            return False
+        if not floats:
+            if not np.array_equal(e_own, a_own):
+                return False
+            continue
+        if np.array_equal(e_own.view(bits), np.ascontiguousarray(a_own).view(bits)):
             continue  # bit for bit (NaN payloads included)
         e, a = e_own.astype(np.float64), a_own.astype(np.float64)
-        e_nan, a_nan = np.isnan(e), np.isnan(a)
-        if not np.array_equal(e_nan, a_nan):
+        e_nan = np.isnan(e)
+        if not np.array_equal(e_nan, np.isnan(a)):
             return False
-        exact = ~np.isfinite(e) | ~np.isfinite(a) | (e == 0) | (a == 0)
-        exact &= ~e_nan
+        exact = (~np.isfinite(e) | ~np.isfinite(a) | (e == 0) | (a == 0)) & ~e_nan
         if not np.array_equal(e[exact], a[exact]) or not np.array_equal(np.signbit(e[exact]), np.signbit(a[exact])):
             return False
         close = ~exact & ~e_nan
         e, a = e[close], a[close]
-        bound = ULPS * np.maximum(eps * np.maximum(np.abs(e), np.abs(a)), smallest)
-        if np.any(np.abs(a - e) > bound):
+        magnitude = np.maximum(np.maximum(np.abs(e), np.abs(a)), scale)
+        if np.any(np.abs(a - e) > ULPS * np.maximum(eps * magnitude, smallest)):
             return False
-    return True
+    return start == e_flat.size
+
+
+def _file_chunks(path: str, dtype_name: str) -> tuple[np.dtype, tuple[int, ...], Iterator[np.ndarray]]:
+    """An ``.npy`` file's dtype, shape and data in chunks, read (not mapped: bounded memory)."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        shape, fortran, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                 else np.lib.format.read_array_header_2_0(f))  # fmt: skip
+        offset = f.tell()
+    if dtype.kind == "V":  # ml_dtypes' types are saved as their bytes
+        import ml_dtypes
+
+        dtype = np.dtype(getattr(ml_dtypes, dtype_name))
+    if fortran or dtype.hasobject:
+        whole = np.load(path, allow_pickle=False)
+        return whole.dtype, tuple(whole.shape), iter([whole.reshape(-1)])
+    total = int(np.prod(shape, dtype=np.int64))
+
+    def chunks() -> Iterator[np.ndarray]:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            for start in range(0, total, _CHUNK):
+                count = min(_CHUNK, total - start)
+                yield np.fromfile(f, dtype=np.dtype(f"V{dtype.itemsize}") if dtype.kind == "V" else dtype,
+                                  count=count).view(dtype)  # fmt: skip
+
+    return dtype, tuple(shape), chunks()
 
 
 # --- the child process ---------------------------------------------------------------------------
@@ -247,11 +313,19 @@ class Batch:
         self.results: dict[Fold, str] = {}
         self.reasons: dict[Fold, str] = {}
         self.sessions = 0
+        self.accumulated: dict[Fold, bool] = {}
+        for fold in self.folds:  # sweep order: a fold's chained inputs come first
+            self.accumulated[fold] = (fold.domain == "" and fold.op_type in ACCUMULATING) or any(
+                self.accumulated.get(f, False) for f in self._chained_inputs(fold)
+            )
 
     def _chained(self, value: ir.Value | None) -> Fold | None:
         """The fold of this batch that computes ``value`` in the extracted model, if any."""
         fold = None if value is None else self.origin.get(value)
         return fold if fold is not None and fold in self.members and not fold.exempt else None
+
+    def _chained_inputs(self, fold: Fold) -> list[Fold]:
+        return [f for f in (self._chained(v) for v in fold.inputs) if f is not None]
 
     def _fed(self, fold: Fold) -> list[Fold]:
         """The folds whose results ``fold`` trusts: read as initializers (an exempt fold: all of
@@ -276,6 +350,7 @@ class Batch:
             groups[tuple(sorted(fold.opsets.items()))].append(fold)
         for group in groups.values():
             self._compute(group)
+        self._keep_16_bit_chains(targets)
         verdicts: dict[Fold, str] = {}
         for fold in self.folds:
             verdict = AGREES if fold.exempt else self.results.get(fold, UNCONFIRMED)
@@ -288,6 +363,24 @@ class Batch:
                         break
             verdicts[fold] = verdict
         return verdicts
+
+    def _keep_16_bit_chains(self, targets: list[Fold]) -> None:
+        """A computed node keeps the float16/bfloat16 nodes it is computed from computed too.
+
+        onnxruntime runs an op that has no kernel for a 16-bit float in float32
+        between inserted Casts, and drops the Casts between two such ops, so a
+        chain of them is rounded only at its end: a folded (rounded) value read by
+        a node that stays computed would change that node's result.
+        """
+        for fold in reversed(targets):
+            if self.results.get(fold, UNCONFIRMED) == AGREES:
+                continue
+            for before in self._chained_inputs(fold):
+                if self.results.get(before) == AGREES and any(
+                    a is not None and a.dtype.name in ("float16", "bfloat16") for a in before.arrays
+                ):
+                    self.results[before] = UNCONFIRMED
+                    self.reasons[before] = f"16-bit float chain into {fold.op_type} node {fold.node.name!r}"
 
     # --- running onnxruntime --------------------------------------------------------------------
 
@@ -302,12 +395,11 @@ class Batch:
         folder = tempfile.mkdtemp(prefix="fold-confirm-")
         try:
             try:
-                path, names, nbytes = self._write(targets, folder)
+                request, names, nbytes = self._write(targets, folder)
             except Exception as e:  # noqa: BLE001  onnx_ir's serialisation raises several kinds
                 logger.warning("cannot write the folded constants' model: %s", e)
                 self._split_or_fail(targets, f"not serialisable: {e}")
                 return
-            request = {"op": "constants", "model": path, "names": list(names), "folder": folder}
             try:
                 with _lock:
                     worker = _shared_worker()
@@ -350,37 +442,41 @@ class Batch:
             if "error" in found:
                 self._unconfirmed([fold], found["error"])
                 continue
-            actual = _load(found["path"], found["dtype"])
             expected = fold.arrays[index]
             assert expected is not None
-            if agrees(np.asarray(expected), actual):
+            dtype, shape, chunks = _file_chunks(found["path"], found["dtype"])
+            if _agrees(np.asarray(expected), dtype, shape, chunks, self.accumulated[fold]):
                 self.results[fold] = AGREES
             else:
                 self.results[fold] = DISAGREES
                 self.reasons[fold] = f"output {index}: onnxruntime computes another value"
 
-    def _write(self, targets: list[Fold], folder: str) -> tuple[str, dict[str, tuple[Fold, int]], int]:
+    def _write(self, targets: list[Fold], folder: str) -> tuple[dict[str, Any], dict[str, tuple[Fold, int]], int]:
         """Saves the model computing ``targets`` (with what they need) in ``folder``.
 
+        Constants of :data:`RAW_OVER` bytes or more are inputs of the model, read
+        by the child from their file (a weight's own file, or one written here
+        from memory), so that the parent never holds a second copy.
+
         Returns:
-            Its path, its outputs' names with the fold and output index they stand for, and the
-            bytes of its initializers.
+            The worker's request, the model's outputs by name with the fold and
+            output index they stand for, and the bytes of constants it reads.
         """
         wanted: dict[Fold, None] = {}
         stack = list(reversed(targets))
         while stack:  # the batch's non-exempt folds the targets are computed from
             fold = stack.pop()
-            if fold in wanted:
-                continue
-            wanted[fold] = None
-            stack.extend(f for f in (self._chained(v) for v in fold.inputs) if f is not None and f not in wanted)
+            if fold not in wanted:
+                wanted[fold] = None
+                stack.extend(f for f in self._chained_inputs(fold) if f not in wanted)
         order = [f for f in self.folds if f in wanted]
         mapped: dict[ir.Value, ir.Value] = {}
         initializers: list[ir.Value] = []
+        graph_inputs: list[ir.Value] = []
+        raw: dict[str, dict[str, Any]] = {}
         renamed: dict[int, tuple[ir.TensorProtocol, str | None]] = {}
         nodes: list[ir.Node] = []
-        count = 0
-        nbytes = 0
+        count = nbytes = 0
 
         def fresh(prefix: str) -> str:
             nonlocal count
@@ -396,10 +492,17 @@ class Batch:
                 new = mapped.get(value)
                 if new is None:
                     assert self._chained(value) is None and tensor is not None
-                    new = mapped[value] = ir.Value(name=fresh("c"), const_value=tensor)
-                    renamed.setdefault(id(tensor), (tensor, tensor.name))
-                    initializers.append(new)
-                    nbytes += tensor.nbytes if hasattr(tensor, "nbytes") else 0
+                    new = mapped[value] = ir.Value(name=fresh("c"))
+                    nbytes += int(tensor.nbytes)
+                    found = _raw(tensor, folder, new.name)
+                    if isinstance(found, dict):
+                        new.type, new.shape = ir.TensorType(tensor.dtype), ir.Shape(tensor.shape.dims)
+                        graph_inputs.append(new)
+                        raw[new.name] = found
+                    else:
+                        new.const_value = found
+                        renamed.setdefault(id(found), (found, found.name))
+                        initializers.append(new)
                 inputs.append(new)
             outputs = [ir.Value(name=fresh("v")) for _ in fold.outputs]
             for old, new in zip(fold.outputs, outputs):
@@ -416,28 +519,52 @@ class Batch:
             for index, array in enumerate(fold.arrays):
                 if array is not None:
                     value = mapped[fold.outputs[index]]
-                    names[value.name] = (fold, index)  # type: ignore[index]
+                    assert value.name is not None
+                    names[value.name] = (fold, index)
                     graph_outputs.append(value)
-        opsets = dict(targets[0].opsets)
-        graph = ir.Graph([], graph_outputs, nodes=nodes, initializers=initializers, opset_imports=opsets,
-                         name="folded_constants")  # fmt: skip
+        graph = ir.Graph(graph_inputs, graph_outputs, nodes=nodes, initializers=initializers,
+                         opset_imports=dict(targets[0].opsets), name="folded_constants")  # fmt: skip
         model = ir.Model(graph, ir_version=max(self.model.ir_version, 4), producer_name="onnx-optimize")
         path = os.path.join(folder, "constants.onnx")
         try:
-            ir.save(model, path, external_data="constants.data", size_threshold_bytes=1 << 20)
+            ir.save(model, path)
         finally:
             for tensor, name in renamed.values():  # serialising names a tensor after its value
                 tensor.name = name
-        return path, names, nbytes
+        request = {"op": "constants", "model": path, "names": list(names), "folder": folder, "raw": raw}
+        return request, names, nbytes
 
 
-def _load(path: str, dtype: str) -> np.ndarray:
-    array = np.load(path, mmap_mode=None if dtype == "str" else "r", allow_pickle=False)
-    if array.dtype.kind == "V":  # ml_dtypes' types are saved as their bytes
-        import ml_dtypes
+#: Constants of this many bytes or more are read by the child from a file (see ``Batch._write``).
+RAW_OVER = 1 << 20
+_NO_RAW = frozenset({ir.DataType.STRING, ir.DataType.UNDEFINED})
 
-        array = array.view(getattr(ml_dtypes, dtype))
-    return array
+
+def _raw(tensor: ir.TensorProtocol, folder: str, name: str) -> dict[str, Any] | ir.TensorProtocol:
+    """Where the child reads a tensor from (path, offset, dtype, shape), or the tensor to inline.
+
+    A tensor in a file (external data, a weight left in the model file) is read
+    by the child from that file; one in memory of :data:`RAW_OVER` bytes or more
+    from a file written here; a smaller one is inlined, as is a string or 4-bit
+    tensor (read here if it is in a file: the model is saved elsewhere).
+    """
+    from passes.ir.tensors import _contained, is_file_backed, read_external
+
+    in_file = is_file_backed(tensor)
+    if tensor.dtype in _NO_RAW or tensor.dtype.bitwidth < 8:
+        if in_file:
+            assert isinstance(tensor, ir.ExternalTensor)
+            return ir.tensor(read_external(tensor), dtype=tensor.dtype)
+        return tensor
+    if not in_file and int(tensor.nbytes) < RAW_OVER:
+        return tensor
+    description = {"dtype": tensor.dtype.numpy().name, "shape": [int(d) for d in tensor.shape.dims]}
+    if in_file:
+        assert isinstance(tensor, ir.ExternalTensor)
+        return {"path": _contained(tensor), "offset": int(tensor.offset or 0), **description}
+    path = os.path.join(folder, f"{name}.bin")
+    np.ascontiguousarray(tensor.numpy()).tofile(path)
+    return {"path": path, "offset": 0, **description}
 
 
 def settle(model: ir.Model, folds: Sequence[Fold], origin: Mapping[ir.Value, Fold]) -> tuple[dict[Fold, str], dict[Fold, str]]:

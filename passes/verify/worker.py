@@ -302,16 +302,24 @@ def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _constants(state: _State, request: dict[str, Any]) -> dict[str, Any]:
-    """Runs a model without inputs and saves each requested output as ``folder/N.npy`` (strings as
-    unicode, ml_dtypes' types as their raw bytes: the parent views them back by ``dtype``)."""
+    """Runs a model of constants and saves each requested output as ``folder/N.npy`` (strings as
+    unicode, ml_dtypes' types as their raw bytes: the parent views them back by ``dtype``). Its
+    large constants are inputs, read here from the files ``raw`` names (path, offset, dtype, shape)."""
     import numpy as np
 
     _phase("loading the folded constants' model")
     try:
         session = _session(request["model"])
         names = list(request["names"])
+        _phase("reading the large constants")
+        feeds = {}
+        for name, raw in request.get("raw", {}).items():  # read here, not by the parent
+            shape = [int(d) for d in raw["shape"]]
+            count = int(np.prod(shape, dtype=np.int64))
+            array = np.fromfile(raw["path"], dtype=_numpy_dtype(raw["dtype"]), count=count, offset=int(raw["offset"]))
+            feeds[name] = array.reshape(shape)
         _phase("computing the folded constants")
-        values = _run(session, {}, names)
+        values = _run(session, feeds, names)
     except Exception as e:  # noqa: BLE001
         return {"ok": False, "stage": "run", "error": _first_line(e)}
     del session
