@@ -183,6 +183,29 @@ def test_a_fold_that_reads_a_disagreeing_value_is_undone_but_one_onnxruntime_con
     same_in_ort(proto, out, HIGH)
 
 
+def test_intermediate_values_are_compared_when_their_reader_stays(wrong_neg: None, monkeypatch) -> None:
+    """c -> Neg -> Abs -> Add(x): Abs is compared (its value is written) and disagrees; then Neg,
+    which the restored Abs reads, is compared in a second session and disagrees too."""
+    sessions: list[list[str]] = []
+    compute = confirm.Batch._compute
+
+    def spy(self, targets):
+        sessions.append([f.op_type for f in targets])
+        compute(self, targets)
+
+    monkeypatch.setattr(confirm.Batch, "_compute", spy)
+    proto = make_model(
+        [helper.make_node("Neg", ["c"], ["n"]), helper.make_node("Abs", ["n"], ["a"]),
+         helper.make_node("Add", ["x", "a"], ["y"])],
+        [X], [Y], [C],
+    )  # fmt: skip
+    out, fold_pass, _ = fold(proto)
+    assert sessions == [["Abs"], ["Neg"]]
+    assert ops(out.graph) == ["Neg", "Abs", "Add"]
+    assert fold_pass.stats["disagrees_with_onnxruntime"] == {"Abs": 1, "Neg": 1}
+    same_in_ort(proto, out, HIGH)
+
+
 def test_if_condition_onnxruntime_disagrees_with_is_not_inlined(monkeypatch: pytest.MonkeyPatch) -> None:
     run = refimpl.run
 
@@ -264,7 +287,8 @@ def test_nan_signed_zero_and_infinities_that_agree_are_folded() -> None:
     )  # fmt: skip
     out, fold_pass, _ = fold(proto)
     assert ops(out.graph) == ["Add"]
-    assert fold_pass.stats["confirmed"] == 2 and fold_pass.stats["disagrees_with_onnxruntime"] == {}
+    # Reciprocal's value is compared; Neg's, only an intermediate, is computed on the way.
+    assert fold_pass.stats["confirmed"] == 1 and fold_pass.stats["disagrees_with_onnxruntime"] == {}
     folded = numpy_helper.to_array(next(t for t in out.graph.initializer if t.name == "r"))
     assert np.signbit(folded[:2]).tolist() == [True, False]  # 1/-0 = -inf, 1/0 = inf
     same_in_ort(proto, out, {"x": np.zeros(6, np.float32)})
@@ -342,6 +366,6 @@ def test_a_large_weight_transform_is_confirmed_in_one_session(monkeypatch: pytes
         [w, two],
     )  # fmt: skip
     out, fold_pass, _ = fold(proto, size_limit=8 << 20)
-    assert ops(out.graph) == ["Add"] and fold_pass.stats["confirmed"] == 2
+    assert ops(out.graph) == ["Add"] and fold_pass.stats["confirmed"] == 1  # Sqrt's; Mul's is intermediate
     assert len(requests) == 1 and len(requests[0]["raw"]) == 1  # w, not inlined into the model
     same_in_ort(proto, out, {"x": np.ones((1, 1024), np.float32)})

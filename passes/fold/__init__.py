@@ -396,11 +396,12 @@ class _Sweep:
         pending, self.pending = self.pending, []
         if not pending or all(f.exempt for f in pending):
             return  # an exempt fold's inputs were all settled before it
-        verdicts, reasons = _confirm.settle(self.model, pending, self.origin)
+        batch = _confirm.settle(self.model, pending, self.origin)
+        verdicts, reasons = batch.final, batch.reasons
         undone = [f for f in pending if verdicts[f] != _confirm.AGREES]
         for fold in pending:
-            if fold.exempt:
-                continue
+            if fold.exempt or fold not in batch.judged:
+                continue  # an intermediate value, not written
             verdict = verdicts[fold]
             if verdict == _confirm.AGREES:
                 self.stats.confirmed += 1

@@ -229,31 +229,34 @@ def _agrees(expected: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], chunk
     return start == e_flat.size
 
 
-def _file_chunks(path: str, dtype_name: str) -> tuple[np.dtype, tuple[int, ...], Iterator[np.ndarray]]:
-    """An ``.npy`` file's dtype, shape and data in chunks, read (not mapped: bounded memory)."""
-    with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        shape, fortran, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
-                                 else np.lib.format.read_array_header_2_0(f))  # fmt: skip
-        offset = f.tell()
-    if dtype.kind == "V":  # ml_dtypes' types are saved as their bytes
+def _numpy_dtype(name: str) -> np.dtype:
+    if name == "bfloat16" or name.startswith(("float8", "float4", "int4", "uint4")):
         import ml_dtypes
 
-        dtype = np.dtype(getattr(ml_dtypes, dtype_name))
-    if fortran or dtype.hasobject:
-        whole = np.load(path, allow_pickle=False)
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
+
+
+def _file_chunks(found: Mapping[str, Any]) -> tuple[np.dtype, tuple[int, ...], Iterator[np.ndarray]]:
+    """An output the child saved: its dtype, shape and data in chunks, read (not mapped: bounded memory)."""
+    if found["dtype"] == "str":
+        whole = np.load(found["path"], allow_pickle=False)
         return whole.dtype, tuple(whole.shape), iter([whole.reshape(-1)])
+    dtype = _numpy_dtype(found["dtype"])
+    shape = tuple(int(d) for d in found["shape"])
     total = int(np.prod(shape, dtype=np.int64))
 
     def chunks() -> Iterator[np.ndarray]:
-        with open(path, "rb") as f:
-            f.seek(offset)
+        with open(found["path"], "rb") as f:
+            f.seek(int(found["offset"]))
             for start in range(0, total, _CHUNK):
                 count = min(_CHUNK, total - start)
-                yield np.fromfile(f, dtype=np.dtype(f"V{dtype.itemsize}") if dtype.kind == "V" else dtype,
-                                  count=count).view(dtype)  # fmt: skip
+                data = np.fromfile(f, dtype=np.uint8, count=count * dtype.itemsize)
+                if data.size != count * dtype.itemsize:
+                    raise OSError(f"{found['path']}: short read")
+                yield data.view(dtype)
 
-    return dtype, tuple(shape), chunks()
+    return dtype, shape, chunks()
 
 
 # --- the child process ---------------------------------------------------------------------------
@@ -313,6 +316,8 @@ class Batch:
         self.results: dict[Fold, str] = {}
         self.reasons: dict[Fold, str] = {}
         self.sessions = 0
+        self.judged: set[Fold] = set()
+        self.final: dict[Fold, str] = {}
         self.accumulated: dict[Fold, bool] = {}
         for fold in self.folds:  # sweep order: a fold's chained inputs come first
             self.accumulated[fold] = (fold.domain == "" and fold.op_type in ACCUMULATING) or any(
@@ -337,23 +342,67 @@ class Batch:
                 fed.append(origin)
         return fed
 
+    def _closure(self, seeds: Iterable[Fold], chained: bool) -> set[Fold]:
+        """``seeds`` with the batch's folds they read as initializers, and (``chained``) those
+        they are computed from in the extracted model, recursively."""
+        found: set[Fold] = set()
+        stack = [f for f in seeds if f in self.members]
+        while stack:
+            fold = stack.pop()
+            if fold in found:
+                continue
+            found.add(fold)
+            stack.extend(f for f in self._fed(fold) if f in self.members and f not in found)
+            if chained:
+                stack.extend(f for f in self._chained_inputs(fold) if f not in found)
+        return found
+
     def verdicts(self) -> dict[Fold, str]:
-        """Runs onnxruntime on the batch's non-exempt folds and judges every fold of the batch.
+        """Runs onnxruntime on the folds whose results are written and judges the batch's folds.
+
+        The values compared are those the model keeps (a result still read by a
+        node or a graph output), and those they read as initializers; an
+        intermediate value of a chain is computed in the extracted model, not
+        compared, and left to garbage collection. If a fold is undone, the
+        folds its node reads are written after all: a second session compares
+        them and everything they are computed from.
 
         Returns:
             ``AGREES`` (kept), ``DISAGREES`` or ``UNCONFIRMED`` (undone) by fold; an exempt
-            fold is AGREES when all its inputs are kept, else it takes their verdict.
+            fold is AGREES when all its inputs are kept, else it takes their verdict; a fold
+            not compared (``judged``) is AGREES: its result is not written.
         """
-        targets = [f for f in self.folds if not f.exempt]
+        written = [f for f in self.folds if any(_written(v) for v in f.made if v is not None)]
+        self.judged = self._closure(written, chained=False)
+        self._compute_all(self.judged)
+        verdicts = self._propagate()
+        undone = [f for f in self.judged if verdicts[f] != AGREES]
+        reread = {f for u in undone for f in self._chained_inputs(u)} - self.judged
+        if reread:
+            more = self._closure(reread, chained=True) - self.judged
+            self.judged |= more
+            self._compute_all(more)
+            verdicts = self._propagate()
+        self.final = verdicts
+        return verdicts
+
+    def _compute_all(self, folds: set[Fold]) -> None:
+        """One session per set of opset imports over the non-exempt ``folds``."""
         groups: dict[tuple[tuple[str, int], ...], list[Fold]] = collections.defaultdict(list)
-        for fold in targets:
-            groups[tuple(sorted(fold.opsets.items()))].append(fold)
+        for fold in self.folds:
+            if fold in folds and not fold.exempt:
+                groups[tuple(sorted(fold.opsets.items()))].append(fold)
         for group in groups.values():
             self._compute(group)
-        self._keep_16_bit_chains(targets)
+
+    def _propagate(self) -> dict[Fold, str]:
+        self._keep_16_bit_chains()
         verdicts: dict[Fold, str] = {}
         for fold in self.folds:
-            verdict = AGREES if fold.exempt else self.results.get(fold, UNCONFIRMED)
+            if fold.exempt or fold not in self.judged:
+                verdict = AGREES
+            else:
+                verdict = self.results.get(fold, UNCONFIRMED)
             if verdict == AGREES:
                 for before in self._fed(fold):
                     inherited = verdicts.get(before, AGREES)  # an earlier batch's fold was kept
@@ -364,7 +413,7 @@ class Batch:
             verdicts[fold] = verdict
         return verdicts
 
-    def _keep_16_bit_chains(self, targets: list[Fold]) -> None:
+    def _keep_16_bit_chains(self) -> None:
         """A computed node keeps the float16/bfloat16 nodes it is computed from computed too.
 
         onnxruntime runs an op that has no kernel for a 16-bit float in float32
@@ -372,8 +421,8 @@ class Batch:
         chain of them is rounded only at its end: a folded (rounded) value read by
         a node that stays computed would change that node's result.
         """
-        for fold in reversed(targets):
-            if self.results.get(fold, UNCONFIRMED) == AGREES:
+        for fold in reversed(self.folds):
+            if fold.exempt or fold not in self.judged or self.results.get(fold, UNCONFIRMED) == AGREES:
                 continue
             for before in self._chained_inputs(fold):
                 if self.results.get(before) == AGREES and any(
@@ -444,7 +493,7 @@ class Batch:
                 continue
             expected = fold.arrays[index]
             assert expected is not None
-            dtype, shape, chunks = _file_chunks(found["path"], found["dtype"])
+            dtype, shape, chunks = _file_chunks(found)
             if _agrees(np.asarray(expected), dtype, shape, chunks, self.accumulated[fold]):
                 self.results[fold] = AGREES
             else:
@@ -567,8 +616,14 @@ def _raw(tensor: ir.TensorProtocol, folder: str, name: str) -> dict[str, Any] | 
     return {"path": path, "offset": 0, **description}
 
 
-def settle(model: ir.Model, folds: Sequence[Fold], origin: Mapping[ir.Value, Fold]) -> tuple[dict[Fold, str], dict[Fold, str]]:
-    """The verdict on each fold (see :meth:`Batch.verdicts`), and the reasons for those undone."""
+def _written(value: ir.Value) -> bool:
+    """Whether a folded value stays in the model: still read, or a graph output."""
+    return bool(value.uses()) or value.is_graph_output()
+
+
+def settle(model: ir.Model, folds: Sequence[Fold], origin: Mapping[ir.Value, Fold]) -> Batch:
+    """Judges the folds (see :meth:`Batch.verdicts`); the batch holds the verdicts, the folds compared
+    (``judged``) and the reasons for those undone."""
     batch = Batch(model, folds, origin)
-    verdicts = batch.verdicts()
-    return verdicts, batch.reasons
+    batch.verdicts()
+    return batch

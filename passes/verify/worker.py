@@ -302,9 +302,10 @@ def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _constants(state: _State, request: dict[str, Any]) -> dict[str, Any]:
-    """Runs a model of constants and saves each requested output as ``folder/N.npy`` (strings as
-    unicode, ml_dtypes' types as their raw bytes: the parent views them back by ``dtype``). Its
-    large constants are inputs, read here from the files ``raw`` names (path, offset, dtype, shape)."""
+    """Runs a model of constants and saves the requested outputs' bytes one after the other in
+    ``folder/outputs.bin`` (answering each one's offset, dtype and shape; a string output as
+    ``folder/N.npy``). Its large constants are inputs, read here from the files ``raw`` names
+    (path, offset, dtype, shape)."""
     import numpy as np
 
     _phase("loading the folded constants' model")
@@ -324,16 +325,19 @@ def _constants(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         return {"ok": False, "stage": "run", "error": _first_line(e)}
     del session
     saved: dict[str, Any] = {}
-    for i, (name, value) in enumerate(zip(names, values)):
-        if not isinstance(value, np.ndarray):
-            saved[name] = {"error": f"a {type(value).__name__}, not a tensor"}
-            continue
-        dtype = "str" if value.dtype.kind in "OSU" else value.dtype.name
-        if value.dtype.kind in "OS":
-            value = value.astype(str)
-        path = os.path.join(request["folder"], f"{i}.npy")
-        np.save(path, value, allow_pickle=False)
-        saved[name] = {"path": path, "dtype": dtype}
+    data = os.path.join(request["folder"], "outputs.bin")
+    with open(data, "wb") as f:  # one file for all outputs: a sweep may confirm thousands
+        for i, (name, value) in enumerate(zip(names, values)):
+            if not isinstance(value, np.ndarray):
+                saved[name] = {"error": f"a {type(value).__name__}, not a tensor"}
+                continue
+            if value.dtype.kind in "OSU":
+                path = os.path.join(request["folder"], f"{i}.npy")
+                np.save(path, value.astype(str), allow_pickle=False)
+                saved[name] = {"path": path, "dtype": "str"}
+                continue
+            saved[name] = {"path": data, "offset": f.tell(), "dtype": value.dtype.name, "shape": list(value.shape)}
+            np.ascontiguousarray(value).tofile(f)
     return {"ok": True, "values": saved}
 
 
