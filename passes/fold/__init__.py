@@ -167,8 +167,8 @@ class ConstantFoldingPass(Pass):
     OPTIONS = (
         Option("fold_size_limit", DEFAULT_SIZE_LIMIT, "largest constant folding may add (default: 1M)",
                parse=parse_size, metavar="BYTES", argument="size_limit"),
-        Option("fold_confirm", True, "confirm folded values with onnxruntime before writing them",
-               argument="confirm"),
+        Option("fold_confirm", True, "write folded values without confirming them in onnxruntime "
+               "(faster; a value onnxruntime computes differently may then be written)", argument="confirm"),
     )
 
     def __init__(self, size_limit: int = DEFAULT_SIZE_LIMIT, confirm: bool = True) -> None:
@@ -419,7 +419,7 @@ class _Sweep:
         self.rewriter.restore([(f.node, f.inputs, replaced[f]) for f in undone])
         for fold in undone:
             self.unconfirmed[(fold.node, tuple(fold.node.inputs))] = (
-                f"{verdicts[fold]}: onnxruntime did not confirm it in an earlier run"
+                f"not confirmed by onnxruntime: {verdicts[fold]} in an earlier run"
             )
             for value in replaced[fold].values():
                 self.origin.pop(value, None)
