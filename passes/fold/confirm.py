@@ -2,40 +2,51 @@
 
 Every value ``fold`` computes depends on no graph input, so onnxruntime can
 compute it from the original's constants. A sweep records each fold
-(:class:`Fold`); :func:`settle` then extracts the constant subgraph of all
-pending folds as one model without inputs whose outputs are the folded values
-(initializers and Constant tensors as initializers, the folded nodes in sweep
-order, the opsets of their scope), runs it once in onnxruntime
+(:class:`Fold`); :func:`settle` then extracts the constant subgraph of the
+pending folds as one model whose outputs are the folded values the model will
+keep (initializers and Constant tensors as initializers, the folded nodes in
+sweep order, the opsets of their scope), runs it once in onnxruntime
 (``ORT_DISABLE_ALL``, so that onnxruntime's own folding hides nothing), and
 judges each fold:
 
 * **agrees**: every output has the dtype and shape refimpl gave and equal
   values (:func:`agrees`): integers, booleans and strings bit for bit; floats
   with NaN, infinities and zeros (with their sign) in the same places, and
-  other values within :data:`ULPS` units in the last place of the dtype;
+  other values within :data:`ULPS` units in the last place of the dtype (of
+  the array's largest magnitude after a sum: :data:`ACCUMULATING`);
 * **disagrees**: onnxruntime computed something else: the fold is undone (the
   node stays) and counted by op in ``disagrees_with_onnxruntime``;
 * **unconfirmed**: onnxruntime could not compute it (no kernel, a session
   error, a crash, the time limit): the fold is undone too and counted by op
   in ``unconfirmed``. Exit 0 means "proved in onnxruntime": a value nothing
   confirmed is not written, and keeping the node costs nothing that the
-  original did not already cost.
+  original did not already cost (onnxruntime cannot run the original either
+  when it lacks the kernel).
 
-Exempt ops (:data:`EXEMPT`) only move bytes (or read a static shape): they
-are not sent to onnxruntime, their results are trusted as long as their
-inputs are. A folded value flows into the extracted model as follows: the
-result of a non-exempt fold of the same batch is computed there by its node
-(so onnxruntime follows the original's chain of computation), anything else
-(an initializer, a Constant, the result of an exempt or earlier confirmed
-fold) is an initializer holding the tensor the fold read. A fold is kept only
-if it agrees and every value it read as such an initializer is kept; an
-exempt fold only if all its inputs are kept (:meth:`Batch.verdicts`).
+Which values flow where. Exempt ops (:data:`EXEMPT`) only move bytes (or read
+a static shape): they are not sent to onnxruntime, and their results are
+trusted as long as their inputs are. In the extracted model, the result of a
+non-exempt fold of the same batch is computed by its node (onnxruntime
+follows the original's chain of computation); anything else (an
+initializer, a Constant, the result of an exempt or earlier confirmed fold)
+is an initializer holding the tensor the fold read. A fold is kept only if it
+agrees and every value it read as such an initializer is kept; an exempt fold
+only if all its inputs are kept. Only the values that stay in the model are
+compared (and what they read as initializers): the intermediate values of a
+folded chain are computed, not compared, and then dropped. When a fold is
+undone, the folds its restored node reads become values that stay: a second
+session compares them and everything they are computed from. onnxruntime
+runs a chain of float16 ops without float16 kernels in float32, rounding only
+at its end, so a computed node keeps the 16-bit folds it reads computed too.
 
 Cost: one onnxruntime session per batch (a sweep's folds, in one model per
 set of opset imports; the constant condition of an If is settled on its own
-before the branch is inlined). A batch onnxruntime cannot load or run is
-split in halves to find the folds at fault (at most :data:`MAX_SESSIONS`
-sessions, then the rest is unconfirmed).
+before the branch is inlined), a second one only after a disagreement. A
+batch onnxruntime cannot load or run is split in halves to find the folds at
+fault (at most :data:`MAX_SESSIONS` sessions, then the rest is unconfirmed).
+Constants in files (external data, weights left in the model file) and large
+ones in memory are read by the child from a file, and results come back in
+one file read in chunks: the parent never holds a second copy of a weight.
 
 Where onnxruntime runs: in a child process (``passes.verify.worker``), so
 that a crash (a signal in a kernel), the memory bound or a hang on an odd
@@ -43,8 +54,7 @@ subgraph ends that process and makes its folds unconfirmed, never the
 command. It is the check's own child when the route started one (the
 command and ``optimize()`` start it before the passes: its imports are done
 by the time a sweep settles), else one of this module's, shared by the
-passes of the process, started on first use and ended at exit. Models and
-results travel as files in a temporary folder.
+passes of the process, started on first use and ended at exit.
 """
 
 from __future__ import annotations
@@ -503,14 +513,18 @@ class Batch:
     def _write(self, targets: list[Fold], folder: str) -> tuple[dict[str, Any], dict[str, tuple[Fold, int]], int]:
         """Saves the model computing ``targets`` (with what they need) in ``folder``.
 
-        Constants of :data:`RAW_OVER` bytes or more are inputs of the model, read
-        by the child from their file (a weight's own file, or one written here
-        from memory), so that the parent never holds a second copy.
+        Written as a protobuf directly (a sweep may send thousands of nodes: onnx_ir's
+        objects would cost more than onnxruntime's session). Constants in files and
+        those of :data:`RAW_OVER` bytes or more are inputs of the model, read by the
+        child from a file (see :func:`_raw`), so that the parent never holds a
+        second copy and the protobuf stays small.
 
         Returns:
             The worker's request, the model's outputs by name with the fold and
             output index they stand for, and the bytes of constants it reads.
         """
+        import onnx
+
         wanted: dict[Fold, None] = {}
         stack = list(reversed(targets))
         while stack:  # the batch's non-exempt folds the targets are computed from
@@ -518,83 +532,77 @@ class Batch:
             if fold not in wanted:
                 wanted[fold] = None
                 stack.extend(f for f in self._chained_inputs(fold) if f not in wanted)
-        order = [f for f in self.folds if f in wanted]
-        mapped: dict[ir.Value, ir.Value] = {}
-        initializers: list[ir.Value] = []
-        graph_inputs: list[ir.Value] = []
+        model = onnx.ModelProto(ir_version=max(self.model.ir_version, 4), producer_name="onnx-optimize")
+        for domain, version in targets[0].opsets.items():
+            model.opset_import.add(domain=domain, version=version)
+        graph = model.graph
+        graph.name = "folded_constants"
+        mapped: dict[ir.Value, str] = {}
         raw: dict[str, dict[str, Any]] = {}
-        renamed: dict[int, tuple[ir.TensorProtocol, str | None]] = {}
-        nodes: list[ir.Node] = []
-        count = nbytes = 0
-
-        def fresh(prefix: str) -> str:
-            nonlocal count
-            count += 1
-            return f"{prefix}{count}"
-
-        for fold in order:
-            inputs: list[ir.Value | None] = []
+        nbytes = inline = 0
+        for fold in (f for f in self.folds if f in wanted):
+            inputs: list[str] = []
             for value, tensor in zip(fold.inputs, fold.tensors):
                 if value is None:
-                    inputs.append(None)
+                    inputs.append("")
                     continue
-                new = mapped.get(value)
-                if new is None:
+                name = mapped.get(value)
+                if name is None:
                     assert self._chained(value) is None and tensor is not None
-                    new = mapped[value] = ir.Value(name=fresh("c"))
-                    nbytes += int(tensor.nbytes)
-                    found = _raw(tensor, folder, new.name)
+                    name = mapped[value] = f"c{len(mapped)}"
+                    size = int(tensor.nbytes)
+                    nbytes += size
+                    found = _raw(tensor, folder, name, force=inline + size > INLINE_BYTES)
                     if isinstance(found, dict):
-                        new.type, new.shape = ir.TensorType(tensor.dtype), ir.Shape(tensor.shape.dims)
-                        graph_inputs.append(new)
-                        raw[new.name] = found
+                        graph.input.append(onnx.helper.make_tensor_value_info(
+                            name, int(tensor.dtype), [int(d) for d in tensor.shape.dims]))  # fmt: skip
+                        raw[name] = found
                     else:
-                        new.const_value = found
-                        renamed.setdefault(id(found), (found, found.name))
-                        initializers.append(new)
-                inputs.append(new)
-            outputs = [ir.Value(name=fresh("v")) for _ in fold.outputs]
-            for old, new in zip(fold.outputs, outputs):
-                mapped[old] = new
-            for made, new in zip(fold.made, outputs):
-                if made is not None:
-                    mapped[made] = new
+                        proto = ir.serde.serialize_tensor(found)
+                        proto.name = name
+                        graph.initializer.append(proto)
+                        inline += size
+                inputs.append(name)
             node = fold.node
-            nodes.append(ir.Node(fold.domain, node.op_type, inputs, list(node.attributes.values()),
-                                 outputs=outputs, overload=node.overload, name=fresh("n")))  # fmt: skip
+            outputs = [f"v{len(mapped) + i}" for i in range(len(fold.outputs))]
+            for i, name in enumerate(outputs):
+                mapped[fold.outputs[i]] = name
+                made = fold.made[i]
+                if made is not None:
+                    mapped[made] = name
+            proto_node = graph.node.add(op_type=node.op_type, domain=fold.domain, name=f"n{len(graph.node)}",
+                                        input=inputs, output=outputs)  # fmt: skip
+            if node.overload:
+                proto_node.overload = node.overload
+            for attr in node.attributes.values():
+                proto_node.attribute.append(ir.serde.serialize_attribute(attr))
         names: dict[str, tuple[Fold, int]] = {}
-        graph_outputs: list[ir.Value] = []
         for fold in targets:
             for index, array in enumerate(fold.arrays):
                 if array is not None:
-                    value = mapped[fold.outputs[index]]
-                    assert value.name is not None
-                    names[value.name] = (fold, index)
-                    graph_outputs.append(value)
-        graph = ir.Graph(graph_inputs, graph_outputs, nodes=nodes, initializers=initializers,
-                         opset_imports=dict(targets[0].opsets), name="folded_constants")  # fmt: skip
-        model = ir.Model(graph, ir_version=max(self.model.ir_version, 4), producer_name="onnx-optimize")
+                    name = mapped[fold.outputs[index]]
+                    names[name] = (fold, index)
+                    graph.output.add(name=name)
         path = os.path.join(folder, "constants.onnx")
-        try:
-            ir.save(model, path)
-        finally:
-            for tensor, name in renamed.values():  # serialising names a tensor after its value
-                tensor.name = name
+        with open(path, "wb") as f:
+            f.write(model.SerializeToString())
         request = {"op": "constants", "model": path, "names": list(names), "folder": folder, "raw": raw}
         return request, names, nbytes
 
 
 #: Constants of this many bytes or more are read by the child from a file (see ``Batch._write``).
 RAW_OVER = 1 << 20
+#: Inline constants of one model add up to at most this (the rest is read from files too).
+INLINE_BYTES = 256 << 20
 _NO_RAW = frozenset({ir.DataType.STRING, ir.DataType.UNDEFINED})
 
 
-def _raw(tensor: ir.TensorProtocol, folder: str, name: str) -> dict[str, Any] | ir.TensorProtocol:
+def _raw(tensor: ir.TensorProtocol, folder: str, name: str, force: bool = False) -> dict[str, Any] | ir.TensorProtocol:
     """Where the child reads a tensor from (path, offset, dtype, shape), or the tensor to inline.
 
     A tensor in a file (external data, a weight left in the model file) is read
     by the child from that file; one in memory of :data:`RAW_OVER` bytes or more
-    from a file written here; a smaller one is inlined, as is a string or 4-bit
+    (or any, when ``force``: the inline ones add up to :data:`INLINE_BYTES`) from a file written here; a smaller one is inlined, as is a string or 4-bit
     tensor (read here if it is in a file: the model is saved elsewhere).
     """
     from passes.ir.tensors import _contained, is_file_backed, read_external
@@ -605,7 +613,7 @@ def _raw(tensor: ir.TensorProtocol, folder: str, name: str) -> dict[str, Any] | 
             assert isinstance(tensor, ir.ExternalTensor)
             return ir.tensor(read_external(tensor), dtype=tensor.dtype)
         return tensor
-    if not in_file and int(tensor.nbytes) < RAW_OVER:
+    if not in_file and int(tensor.nbytes) < RAW_OVER and not force:
         return tensor
     description = {"dtype": tensor.dtype.numpy().name, "shape": [int(d) for d in tensor.shape.dims]}
     if in_file:
