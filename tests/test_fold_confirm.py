@@ -389,7 +389,7 @@ def test_a_crash_of_onnxruntime_leaves_the_values_unconfirmed(monkeypatch: pytes
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(confirm, "_shared_worker", Crashing)
+    monkeypatch.setattr(confirm.Runner, "worker", lambda self: Crashing())
     proto = where_model()
     out, fold_pass, _ = fold(proto)
     assert "Neg" in ops(out.graph)

@@ -76,6 +76,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import weakref
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
@@ -181,9 +182,12 @@ class ConstantFoldingPass(Pass):
         # Folds onnxruntime did not confirm, by node and inputs: not evaluated again in later runs
         # (the fixpoint loop runs the pass several times on the same model).
         self._unconfirmed: dict[tuple[ir.Node, tuple[ir.Value | None, ...]], str] = {}
+        # onnxruntime's process for the confirmation, kept across the fixpoint loop's runs
+        self._runner = _confirm.Runner()
+        weakref.finalize(self, self._runner.close)
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        sweep = _Sweep(model, self.size_limit, self.confirm, self._unconfirmed)
+        sweep = _Sweep(model, self.size_limit, self.confirm, self._unconfirmed, self._runner)
         sweep.run()
         self.stats = sweep.stats.as_dict()
         stats = sweep.stats
@@ -208,11 +212,13 @@ class _Sweep:
         size_limit: int,
         confirm: bool = True,
         unconfirmed: dict[tuple[ir.Node, tuple[ir.Value | None, ...]], str] | None = None,
+        runner: _confirm.Runner | None = None,
     ) -> None:
         self.model = model
         self.size_limit = size_limit
         self.confirm = confirm
         self.unconfirmed = {} if unconfirmed is None else unconfirmed
+        self.runner = _confirm.Runner() if runner is None else runner
         self.pending: list[_confirm.Fold] = []  # folds not yet confirmed
         self.origin: dict[ir.Value, _confirm.Fold] = {}  # the fold that made a constant value
         self._replaced: dict[_confirm.Fold, dict[ir.Value, ir.Value]] = {}
@@ -389,14 +395,15 @@ class _Sweep:
         for value in replaced.values():
             self.origin[value] = fold
         if not fold.exempt and len(self.pending) == 1:
-            _confirm.prestart()
+            self.runner.prestart()
 
     def settle(self) -> None:
         """Asks onnxruntime about the pending folds (one batch) and undoes those it does not confirm."""
         pending, self.pending = self.pending, []
-        if not pending or all(f.exempt for f in pending):
-            return  # an exempt fold's inputs were all settled before it
-        batch = _confirm.settle(self.model, pending, self.origin)
+        replaced = {f: self._replaced.pop(f) for f in pending}
+        if all(f.exempt for f in pending):
+            return  # nothing to compute: an exempt fold's inputs were all settled before it
+        batch = _confirm.settle(self.model, pending, self.origin, self.runner)
         verdicts, reasons = batch.final, batch.reasons
         undone = [f for f in pending if verdicts[f] != _confirm.AGREES]
         for fold in pending:
@@ -413,7 +420,6 @@ class _Sweep:
             level = logging.INFO if verdicts[fold] == _confirm.DISAGREES else logging.DEBUG
             logger.log(level, "Not folding %s node %r: %s (%s)", fold.op_type, fold.node.name, verdicts[fold],
                        reasons.get(fold, ""))  # fmt: skip
-        replaced = {f: self._replaced.pop(f) for f in pending}
         if not undone:
             return
         self.rewriter.restore([(f.node, f.inputs, replaced[f]) for f in undone])

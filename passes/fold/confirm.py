@@ -53,13 +53,12 @@ that a crash (a signal in a kernel), the memory bound or a hang on an odd
 subgraph ends that process and makes its folds unconfirmed, never the
 command. It is the check's own child when the route started one (the
 command and ``optimize()`` start it before the passes: its imports are done
-by the time a sweep settles), else one of this module's, shared by the
-passes of the process, started on first use and ended at exit.
+by the time a sweep settles), else one of the pass's own (:class:`Runner`),
+started on first use and ended when the pass object goes away.
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
 import dataclasses
 import logging
@@ -74,8 +73,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["ACCUMULATING", "EXEMPT", "MAX_SESSIONS", "TIMEOUT", "ULPS", "Batch", "Fold", "agrees", "is_exempt",
-           "settle"]
+__all__ = ["ACCUMULATING", "EXEMPT", "MAX_SESSIONS", "TIMEOUT", "ULPS", "Batch", "Fold", "Runner", "agrees",
+           "is_exempt", "settle"]
 
 logger = logging.getLogger(__name__)
 
@@ -271,39 +270,57 @@ def _file_chunks(found: Mapping[str, Any]) -> tuple[np.dtype, tuple[int, ...], I
 
 # --- the child process ---------------------------------------------------------------------------
 
-_lock = threading.Lock()
-_worker: Any = None
+class Runner:
+    """Where the sessions run: the check's child while it is alive, else a child of its own.
 
+    Its own child is started on first use (:meth:`prestart`) and ended by
+    :meth:`close`: the fold pass closes it when the pass object goes away, so
+    that no idle onnxruntime process outlives the run that needed it.
+    """
 
-def _shared_worker() -> Any:
-    """The child that runs the sessions: the check's if it is running, else this module's, started
-    on first use (see the module docstring)."""
-    global _worker
-    from passes.verify.child import current
+    def __init__(self) -> None:
+        self._own: Any = None
+        self._lock = threading.Lock()
 
-    borrowed = current.get()
-    if borrowed is not None and borrowed.alive:
-        return borrowed
-    if _worker is None:
-        from passes.verify.child import Worker, default_memory_limit
+    def worker(self) -> Any:
+        from passes.verify.child import current
 
-        _worker = Worker(default_memory_limit())
-        atexit.register(_close_worker)
-    return _worker
+        borrowed = current.get()
+        if borrowed is not None and borrowed.alive:
+            return borrowed
+        if self._own is None:
+            from passes.verify.child import Worker, default_memory_limit
 
+            self._own = Worker(default_memory_limit())
+        return self._own
 
-def _close_worker() -> None:
-    if _worker is not None:
-        _worker.close()
+    def prestart(self) -> None:
+        """Starts the child now, so that its imports overlap with the rest of the sweep."""
+        with self._lock:
+            try:
+                self.worker().start()
+            except OSError as e:
+                logger.debug("cannot start onnxruntime's process yet: %s", e)
 
+    def request(self, request: dict[str, Any], release: bool) -> dict[str, Any]:
+        """The child's answer (``release``: end the child afterwards, it holds much memory).
 
-def prestart() -> None:
-    """Starts the child now, so that its imports overlap with the rest of the sweep."""
-    with _lock:
-        try:
-            _shared_worker().start()
-        except OSError as e:
-            logger.debug("cannot start onnxruntime's process yet: %s", e)
+        Raises:
+            WorkerError, OSError: the child could not answer.
+        """
+        with self._lock:
+            worker = self.worker()
+            try:
+                return worker.request(request, time.monotonic() + TIMEOUT)
+            finally:
+                if release:
+                    worker.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._own is not None:
+                self._own.close()
+                self._own = None
 
 
 # --- the batch -----------------------------------------------------------------------------------
@@ -316,10 +333,13 @@ class Batch:
         model: The model (for its IR version).
         folds: The folds in sweep order.
         origin: The fold that made each constant value (across batches).
+        runner: Where the sessions run.
     """
 
-    def __init__(self, model: ir.Model, folds: Sequence[Fold], origin: Mapping[ir.Value, Fold]) -> None:
+    def __init__(self, model: ir.Model, folds: Sequence[Fold], origin: Mapping[ir.Value, Fold],
+                 runner: Runner) -> None:  # fmt: skip
         self.model = model
+        self.runner = runner
         self.folds = list(folds)
         self.members = set(self.folds)
         self.origin = origin
@@ -460,13 +480,7 @@ class Batch:
                 self._split_or_fail(targets, f"not serialisable: {e}")
                 return
             try:
-                with _lock:
-                    worker = _shared_worker()
-                    try:
-                        answer = worker.request(request, time.monotonic() + TIMEOUT)
-                    finally:
-                        if nbytes > RELEASE_OVER:
-                            worker.close()
+                answer = self.runner.request(request, release=nbytes > RELEASE_OVER)
             except WorkerTimeout as e:
                 self._unconfirmed(targets, f"onnxruntime timed out ({e.phase})")
                 return
@@ -629,9 +643,9 @@ def _written(value: ir.Value) -> bool:
     return bool(value.uses()) or value.is_graph_output()
 
 
-def settle(model: ir.Model, folds: Sequence[Fold], origin: Mapping[ir.Value, Fold]) -> Batch:
+def settle(model: ir.Model, folds: Sequence[Fold], origin: Mapping[ir.Value, Fold], runner: Runner) -> Batch:
     """Judges the folds (see :meth:`Batch.verdicts`); the batch holds the verdicts, the folds compared
     (``judged``) and the reasons for those undone."""
-    batch = Batch(model, folds, origin)
+    batch = Batch(model, folds, origin, runner)
     batch.verdicts()
     return batch
