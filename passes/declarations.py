@@ -105,7 +105,9 @@ FOLD = PassSpec(
     (
         Option("fold_size_limit", DEFAULT_FOLD_SIZE_LIMIT, "largest constant folding may add (default: 1M)",
                parse=parse_size, metavar="BYTES", argument="size_limit"),
-    ),
+        Option("fold_confirm", True, "write folded values without confirming them in onnxruntime "
+               "(faster; a value onnxruntime computes differently may then be written)", argument="confirm"),
+    ),  # fmt: skip
     repeats=True,
 )
 

@@ -305,7 +305,9 @@ def test_float16_chain_rounds_after_every_op() -> None:
     model = make_model(
         nodes, [vi("x", TensorProto.FLOAT16, [2])], [vi("y", TensorProto.FLOAT16, [2])], [a, b]
     )
-    out, _, _ = fold(model)
+    # refimpl's rounding is under test: onnxruntime computes the chain in float32 (see below),
+    # so with confirmation on, both nodes stay (test_fold_confirm.py).
+    out, _, _ = fold(model, confirm=False)
     d = initializer(out, "d")
     assert d.dtype == np.float16
     expected = (np.float16([1.0, 3.0]) + np.float16([2.0**-11, 0.1])) - np.float16([1.0, 3.0])
@@ -331,7 +333,7 @@ def test_bfloat16_chain_rounds_after_every_op() -> None:
         helper.make_node("Cast", ["d"], ["y"], to=F32),
     ]
     model = make_model(nodes, [], [vi("y", F32, [2])], [a, b])
-    out, _, _ = fold(model)
+    out, _, _ = fold(model, confirm=False)  # onnxruntime has no CPU bfloat16 Add/Sub (see below)
     assert op_types(out.graph) == []
     y = initializer(out, "y")
     assert y.dtype == np.float32
@@ -350,7 +352,7 @@ def test_bfloat16_intermediate_keeps_its_dtype() -> None:
         helper.make_node("Cast", ["sq"], ["y"], to=F32),
     ]
     model = make_model(nodes, [], [vi("y", F32, [1]), vi("sq", TensorProto.BFLOAT16, [1])], [a])
-    out, _, _ = fold(model)
+    out, _, _ = fold(model, confirm=False)  # onnxruntime has no CPU bfloat16 Mul: unconfirmed, kept
     sq = next(t for t in out.graph.initializer if t.name == "sq")
     assert sq.data_type == TensorProto.BFLOAT16
     np.testing.assert_array_equal(initializer(out, "y"), [2.25])
@@ -1177,6 +1179,9 @@ def test_model_without_constants_is_not_modified() -> None:
         "unsupported": {},
         "failed": {},
         "kernel_bugs": {},
+        "confirmed": 0,
+        "disagrees_with_onnxruntime": {},
+        "unconfirmed": {},
     }
     assert op_types(out.graph) == ["Relu", "Add"]
 

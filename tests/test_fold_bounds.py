@@ -380,13 +380,13 @@ def test_range_whose_length_overflows_is_refused_not_a_crash(k: int, reports) ->
 # --- what the estimates still let fold (in this process) -----------------------------------------------
 
 
-def _fold_here(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, Any]]:
+def _fold_here(model: onnx.ModelProto, confirm: bool = True) -> tuple[onnx.ModelProto, dict[str, Any]]:
     import onnx_ir as ir
 
     from passes.fold import ConstantFoldingPass
 
     ir_model = ir.serde.deserialize_model(model)
-    fold = ConstantFoldingPass()
+    fold = ConstantFoldingPass(confirm=confirm)
     fold(ir_model)
     out = ir.serde.serialize_model(ir_model)
     onnx.checker.check_model(out, full_check=True)
@@ -458,7 +458,8 @@ def _initializer(model: onnx.ModelProto, name: str) -> np.ndarray:
 )
 def test_ops_sized_before_evaluation_still_fold(node, inits, elem, expected) -> None:
     model = make_model([node], [], [vi("r", elem, list(expected.shape))], inits)
-    out, stats = _fold_here(model)
+    # Sizing, not onnxruntime, is under test: it has no OneHot kernel for a float depth with int64 values.
+    out, stats = _fold_here(model, confirm=False)
     assert [n.op_type for n in out.graph.node] == [] and stats["declined"] == {}
     result = _initializer(out, "r")
     assert result.dtype == expected.dtype

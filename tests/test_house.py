@@ -192,6 +192,8 @@ MAY_IMPORT: dict[str, set[str]] = {
 #: The exceptions, each with its reason.
 EXCEPTIONS = {
     ("upgrade", "verify"): "verify.probe: the highest opset onnxruntime runs bounds --target-opset",
+    ("fold", "verify"): "verify.child: fold's values are confirmed in onnxruntime's child process (the check's "
+                        "own when it runs, passed by verify.child.current)",
     ("ir", "modelio"): "ir.inference serialises the attribute lists the load left in the file as their markers "
                        "(modelio.detach.swapped), so inference never decodes them",
 }

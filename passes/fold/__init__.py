@@ -49,11 +49,19 @@ minutes, while real models fold as before:
 * External data is read with checked reads, not memory maps: a data file
   truncated while the pass runs is an ``InputError``, not a SIGBUS.
 
+Confirmed by onnxruntime. Every value folded by a non-exempt op (see
+``confirm.EXEMPT``: ops that only move bytes) is computed again by
+onnxruntime from the original's constants, in one session per sweep, before
+it is written; one that onnxruntime computes differently, or cannot compute,
+is not folded: the node stays (``stats["disagrees_with_onnxruntime"]`` and
+``stats["unconfirmed"]``, by op; ``stats["confirmed"]`` counts the folds
+onnxruntime agreed with). See ``confirm`` for the comparison and the policy.
+
 The pieces: ``rules`` (Constant, Shape, Size, Identity, If), ``policy`` (the
 guards a node with constant inputs must pass, each giving a reason that is
 logged and counted in ``stats["declined"]``), ``size`` and ``cost`` (the
 estimates), ``evaluate`` (inputs, kernel, result checks), ``surgery`` (graph
-changes and garbage collection).
+changes and garbage collection), ``confirm`` (onnxruntime's verdict).
 
 Why Constant nodes rather than initializers in subgraphs: a function cannot
 hold initializers at all, and a subgraph initializer is legal but handled
@@ -68,6 +76,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import weakref
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
@@ -76,6 +85,7 @@ import onnx_ir as ir
 
 from passes.base import Pass, pass_stats
 from passes.declarations import DEFAULT_FOLD_SIZE_LIMIT, FOLD
+from passes.fold import confirm as _confirm
 from passes.fold import evaluate, policy
 from passes.fold.rules import RULES
 from passes.fold.surgery import Rewriter, subgraphs_of
@@ -108,6 +118,9 @@ class FoldStats:
     unsupported: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     failed: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     kernel_bugs: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    confirmed: int = 0
+    disagrees_with_onnxruntime: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    unconfirmed: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
     @property
     def folded(self) -> int:
@@ -116,7 +129,7 @@ class FoldStats:
     def as_dict(self) -> dict[str, Any]:
         details = dataclasses.asdict(self)
         del details["applied"], details["declined"]
-        for key in ("unsupported", "failed", "kernel_bugs"):
+        for key in ("unsupported", "failed", "kernel_bugs", "disagrees_with_onnxruntime", "unconfirmed"):
             details[key] = dict(sorted(getattr(self, key).items()))
         return pass_stats(self.applied, self.declined, folded=self.folded, **details)
 
@@ -146,24 +159,35 @@ class ConstantFoldingPass(Pass, spec=FOLD):
     see ``passes.fold.policy``), then ``folded`` (their total), ``if_inlined``,
     ``skipped_too_large``, ``removed_nodes``, ``removed_initializers``, and
     ``unsupported`` / ``failed`` counts by op type (a kernel that rejects its
-    inputs counts as failed and the node stays).
+    inputs counts as failed and the node stays);
+    ``confirmed``, and by op ``disagrees_with_onnxruntime`` and ``unconfirmed``
+    (see ``passes.fold.confirm``).
 
     Attributes:
         size_limit: A folded result larger than this many bytes is kept only
             as a main-graph initializer, and only if the constants it replaces
             are at least as large (the model does not grow). The evaluation
             and compute bounds are described in the module docstring.
+        confirm: Confirm each folded value with onnxruntime before writing it
+            (ops that only move bytes excepted); False folds what refimpl computes.
     """
 
-    def __init__(self, size_limit: int = DEFAULT_SIZE_LIMIT) -> None:
+    def __init__(self, size_limit: int = DEFAULT_SIZE_LIMIT, confirm: bool = True) -> None:
         super().__init__()
         if size_limit < 0:
             raise ValueError(f"size_limit must be >= 0, got {size_limit}")
         self.size_limit = size_limit
+        self.confirm = confirm
         self.stats: dict[str, Any] = FoldStats().as_dict()
+        # Folds onnxruntime did not confirm, by node and inputs: not evaluated again in later runs
+        # (the fixpoint loop runs the pass several times on the same model).
+        self._unconfirmed: dict[tuple[ir.Node, tuple[ir.Value | None, ...]], str] = {}
+        # onnxruntime's process for the confirmation, kept across the fixpoint loop's runs
+        self._runner = _confirm.Runner()
+        weakref.finalize(self, self._runner.close)
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        sweep = _Sweep(model, self.size_limit)
+        sweep = _Sweep(model, self.size_limit, self.confirm, self._unconfirmed, self._runner)
         sweep.run()
         self.stats = sweep.stats.as_dict()
         stats = sweep.stats
@@ -182,9 +206,22 @@ class _Sweep:
     (``evaluate``); the graph changes are the ``Rewriter``'s (``surgery``).
     """
 
-    def __init__(self, model: ir.Model, size_limit: int) -> None:
+    def __init__(
+        self,
+        model: ir.Model,
+        size_limit: int,
+        confirm: bool = True,
+        unconfirmed: dict[tuple[ir.Node, tuple[ir.Value | None, ...]], str] | None = None,
+        runner: _confirm.Runner | None = None,
+    ) -> None:
         self.model = model
         self.size_limit = size_limit
+        self.confirm = confirm
+        self.unconfirmed = {} if unconfirmed is None else unconfirmed
+        self.runner = _confirm.Runner() if runner is None else runner
+        self.pending: list[_confirm.Fold] = []  # folds not yet confirmed
+        self.origin: dict[ir.Value, _confirm.Fold] = {}  # the fold that made a constant value
+        self._replaced: dict[_confirm.Fold, dict[ir.Value, ir.Value]] = {}
         self.stats = FoldStats()
         self.known: dict[ir.Value, ir.TensorProtocol] = {}
         self.rewriter = Rewriter(model)
@@ -200,6 +237,7 @@ class _Sweep:
         self.sweep(list(self.model.graph), main)
         for function in self.model.functions.values():
             self.sweep(list(function), _Scope(function.opset_imports, initializers=False))
+        self.settle()
         removed_nodes, removed_initializers = self.rewriter.collect_garbage()
         self.stats.removed_nodes += removed_nodes
         self.stats.removed_initializers += removed_initializers
@@ -313,6 +351,8 @@ class _Sweep:
             constant=self.constant,
         )
         reason = policy.refusal(candidate)
+        if reason is None and self.confirm:
+            reason = self.unconfirmed.get((node, tuple(node.inputs)))
         if reason is None:
             try:
                 outputs = evaluate.evaluate(candidate)
@@ -327,7 +367,7 @@ class _Sweep:
         if reason is not None:
             self.refuse(node, reason)
             return
-        self.replace(node, outputs, scope)
+        self.replace(node, outputs, scope, tensors)
 
     def refuse(self, node: ir.Node, reason: str) -> None:
         """Logs and counts why ``node`` is left alone (see ``policy``)."""
@@ -340,11 +380,84 @@ class _Sweep:
         elif counter == "skipped_too_large":
             self.stats.skipped_too_large += 1
 
-    def replace(self, node: ir.Node, arrays: Sequence[np.ndarray | None], scope: _Scope) -> None:
-        """Replaces the node's outputs by constants with the same names, and drops the node."""
-        made = self.rewriter.replace_with_constants(
+    def replace(
+        self,
+        node: ir.Node,
+        arrays: Sequence[np.ndarray | None],
+        scope: _Scope,
+        tensors: Sequence[ir.TensorProtocol | None] | None = None,
+    ) -> None:
+        """Replaces the node's outputs by constants with the same names, and drops the node.
+
+        With confirmation on, the fold stays pending until :meth:`settle`.
+        ``tensors`` are the node's constant inputs (read from the sweep if not given).
+        """
+        inputs, outputs = tuple(node.inputs), tuple(node.outputs)
+        if tensors is None:
+            tensors = [None if v is None else self.constant(v) for v in inputs]
+        made, replaced = self.rewriter.replace_with_constants(
             node, arrays, use_initializers=scope.initializers
         )
         self.known.update(made)
         self.stats.applied[node.op_type] += 1
         logger.debug("Folded %s node %r", node.op_type, node.name)
+        if not self.confirm:
+            return
+        fold = _confirm.Fold(
+            node=node,
+            domain=normalize_domain(node.domain),
+            opsets=dict(scope.opset_imports),
+            inputs=inputs,
+            tensors=list(tensors),
+            outputs=outputs,
+            made=[replaced.get(v) for v in outputs],
+            arrays=list(arrays),
+        )
+        self.pending.append(fold)
+        self._replaced[fold] = replaced
+        for value in replaced.values():
+            self.origin[value] = fold
+        if not fold.exempt and len(self.pending) == 1:
+            self.runner.prestart()
+
+    def settle(self) -> None:
+        """Asks onnxruntime about the pending folds (one batch) and undoes those it does not confirm."""
+        pending, self.pending = self.pending, []
+        replaced = {f: self._replaced.pop(f) for f in pending}
+        if all(f.exempt for f in pending):
+            return  # nothing to compute: an exempt fold's inputs were all settled before it
+        batch = _confirm.settle(self.model, pending, self.origin, self.runner)
+        verdicts, reasons = batch.final, batch.reasons
+        undone = [f for f in pending if verdicts[f] != _confirm.AGREES]
+        for fold in pending:
+            if fold.exempt or fold not in batch.judged:
+                continue  # an intermediate value, not written
+            verdict = verdicts[fold]
+            if verdict == _confirm.AGREES:
+                self.stats.confirmed += 1
+            elif verdict == _confirm.DISAGREES:
+                self.stats.disagrees_with_onnxruntime[fold.op_type] += 1
+            else:
+                self.stats.unconfirmed[fold.op_type] += 1
+        for fold in undone:
+            level = logging.INFO if verdicts[fold] == _confirm.DISAGREES else logging.DEBUG
+            logger.log(level, "Not folding %s node %r: %s (%s)", fold.op_type, fold.node.name, verdicts[fold],
+                       reasons.get(fold, ""))  # fmt: skip
+        if not undone:
+            return
+        self.rewriter.restore([(f.node, f.inputs, replaced[f]) for f in undone])
+        for fold in undone:
+            self.unconfirmed[(fold.node, tuple(fold.node.inputs))] = (
+                f"not confirmed by onnxruntime: {verdicts[fold]} in an earlier run"
+            )
+            for value in replaced[fold].values():
+                self.origin.pop(value, None)
+                self.known.pop(value, None)
+        for fold in undone:
+            self.stats.applied[fold.op_type] -= 1
+
+    def settle_value(self, value: ir.Value) -> None:
+        """Settles the pending folds now if ``value`` is one's result (before a decision rests on it)."""
+        fold = self.origin.get(value)
+        if fold is not None and any(f is fold for f in self.pending):
+            self.settle()

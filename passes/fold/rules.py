@@ -12,7 +12,8 @@ subgraphs are swept, or it is evaluated when its inputs are constant).
   so that tied weights are not duplicated, and when ``c`` is an initializer
   read from a subgraph or function (it would be copied inline); otherwise it
   folds like any op.
-* ``If`` with a constant condition: the branch it takes is inlined and swept.
+* ``If`` with a constant condition: the branch it takes is inlined and swept;
+  a folded condition is confirmed by onnxruntime first (``confirm``).
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ def _identity(sweep: _Sweep, node: ir.Node, scope: _Scope) -> bool:
 
 def _if(sweep: _Sweep, node: ir.Node, scope: _Scope) -> bool:
     cond = node.inputs[0] if node.inputs else None
+    if cond is not None:
+        sweep.settle_value(cond)  # a folded condition is confirmed before a branch is dropped
     tensor = None if cond is None else sweep.constant(cond)
     if tensor is None or tensor.dtype != ir.DataType.BOOL or tensor.size != 1:
         return False

@@ -163,7 +163,7 @@ class Rewriter:
 
     def replace_with_constants(
         self, node: ir.Node, arrays: Sequence[np.ndarray | None], *, use_initializers: bool
-    ) -> list[tuple[ir.Value, ir.TensorProtocol]]:
+    ) -> tuple[list[tuple[ir.Value, ir.TensorProtocol]], dict[ir.Value, ir.Value]]:
         """Replaces the node's outputs by constants with the same names, and drops the node.
 
         Each array becomes an initializer (``use_initializers``, main graph) or
@@ -171,7 +171,8 @@ class Rewriter:
         (unused) output alone.
 
         Returns:
-            The values of the Constant nodes made, with their tensors.
+            The values of the Constant nodes made, with their tensors; and the
+            new value of each replaced output.
         """
         graph = node.graph
         assert graph is not None
@@ -212,7 +213,7 @@ class Rewriter:
             for new in replacements.values():
                 graph.register_initializer(new)
         self.drop(node)
-        return made
+        return made, replacements
 
     def drop(self, node: ir.Node) -> None:
         """Disconnects the node (and what its subgraphs use) and schedules its removal."""
@@ -227,6 +228,36 @@ class Rewriter:
         graph = node.graph
         assert graph is not None
         self._pending.setdefault(graph, []).append(node)
+
+    def restore(self, folded: Sequence[tuple[ir.Node, Sequence[ir.Value | None], Mapping[ir.Value, ir.Value]]]) -> None:
+        """Undoes ``replace_with_constants`` for some nodes, before garbage collection.
+
+        Each node gets its inputs back; the uses of the constants made for it (by
+        its users left in place, and graph outputs) go back to its outputs; those
+        constants are removed. All inputs are restored before any use is moved,
+        so that a node reading another restored node's constant ends up reading
+        that node's output.
+
+        Args:
+            folded: (node, its inputs when it was folded, {output: the constant that replaced it}).
+        """
+        back: dict[ir.Value, ir.Value] = {}
+        for node, inputs, replacements in folded:
+            set_inputs(node, {i: v for i, v in enumerate(inputs) if v is not None})
+            self.removed.discard(node)
+            back.update({new: old for old, new in replacements.items()})
+        self.redirect(back)
+        restored = {node for node, _, _ in folded}
+        for graph, nodes in self._pending.items():
+            self._pending[graph] = [n for n in nodes if n not in restored]
+        for new in back:
+            if new.is_initializer():
+                assert new.graph is not None
+                new.graph.initializers.pop(new.name)
+                continue
+            producer = new.producer()
+            if producer is not None and producer.graph is not None:
+                producer.graph.remove(producer)
 
     def collect_garbage(self) -> tuple[int, int]:
         """Removes what the rewrites left unused: initializers, Constant and other dead nodes.

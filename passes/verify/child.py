@@ -12,6 +12,7 @@ each naming what it was doing.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import pathlib
@@ -29,6 +30,12 @@ __all__ = ["WorkerCrashed", "WorkerError", "WorkerTimeout", "Worker", "default_m
 
 #: The folder that holds the ``passes`` package: the child must import this copy.
 _PACKAGE_ROOT = str(pathlib.Path(passes.__file__).resolve().parent.parent)
+
+
+#: The child a route started for its check (``gate.start_worker``), in this thread's context: fold's
+#: confirmation (``passes.fold.confirm``) borrows it between the check's requests while it is alive,
+#: instead of starting a second onnxruntime process.
+current: contextvars.ContextVar[Worker | None] = contextvars.ContextVar("passes_verify_worker", default=None)
 
 
 class WorkerError(Exception):

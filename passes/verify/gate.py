@@ -300,10 +300,12 @@ def start_worker(check: CheckOptions) -> Any:
     """The check's child process, started now (None when there is no check)."""
     if not check.enabled:
         return None
-    from passes.verify.child import Worker, default_memory_limit
+    from passes.verify.child import Worker, current, default_memory_limit
 
     limit = default_memory_limit() if check.memory_limit is None else check.memory_limit
     try:
-        return Worker(limit).start()
+        worker = Worker(limit).start()
     except OSError:
         return None  # the check starts its own and reports why it cannot
+    current.set(worker)  # fold's confirmation uses it too (passes.fold.confirm)
+    return worker

@@ -22,7 +22,9 @@ request per set, so that a crash on one (an integer division of the minimum by
 ``compare``: run another model on the same inputs (the first set and every
 kept one) and compare its outputs with the kept ones. ``values``: run two
 models (both with extra graph outputs) on one set and compare the named
-values. ``exit``.
+values. ``constants``: run a model without inputs
+(the constant subgraphs whose values ``fold`` wants to write, see
+:mod:`passes.fold.confirm`) and save its outputs as ``.npy`` files. ``exit``.
 
 The inputs of a set are made again from its description when needed (they are
 deterministic), so that only the chosen inputs stay in memory.
@@ -405,12 +407,53 @@ def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "values": found}
 
 
+def _constants(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """Runs a model of constants and saves the requested outputs' bytes one after the other in
+    ``folder/outputs.bin`` (answering each one's offset, dtype and shape; a string output as
+    ``folder/N.npy``). Its large constants are inputs, read here from the files ``raw`` names
+    (path, offset, dtype, shape)."""
+    import numpy as np
+
+    _phase("loading the folded constants' model")
+    try:
+        session = _session(request["model"])
+        names = list(request["names"])
+        _phase("reading the large constants")
+        feeds = {}
+        for name, raw in request.get("raw", {}).items():  # read here, not by the parent
+            shape = [int(d) for d in raw["shape"]]
+            count = int(np.prod(shape, dtype=np.int64))
+            array = np.fromfile(raw["path"], dtype=_numpy_dtype(raw["dtype"]), count=count, offset=int(raw["offset"]))
+            feeds[name] = array.reshape(shape)
+        _phase("computing the folded constants")
+        values = _run(session, feeds, names)
+    except Exception as e:  # noqa: BLE001
+        return {"ok": False, "stage": "run", "error": _first_line(e)}
+    del session
+    saved: dict[str, Any] = {}
+    data = os.path.join(request["folder"], "outputs.bin")
+    with open(data, "wb") as f:  # one file for all outputs: a sweep may confirm thousands
+        for i, (name, value) in enumerate(zip(names, values)):
+            if not isinstance(value, np.ndarray):
+                saved[name] = {"error": f"a {type(value).__name__}, not a tensor"}
+                continue
+            if value.dtype.kind in "OSU":
+                path = os.path.join(request["folder"], f"{i}.npy")
+                np.save(path, value.astype(str), allow_pickle=False)
+                saved[name] = {"path": path, "dtype": "str"}
+                continue
+            saved[name] = {"path": data, "offset": f.tell(), "dtype": value.dtype.name, "shape": list(value.shape)}
+            np.ascontiguousarray(value).tofile(f)
+    return {"ok": True, "values": saved}
+
+
 def main() -> None:
     memory_limit = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     parent = int(sys.argv[2]) if len(sys.argv) > 2 else os.getppid()
     _isolate(memory_limit, parent)
     state = _State()
-    handlers = {"prepare": _prepare, "add_set": _add_set, "compare": _compare, "values": _values}
+    handlers = {"prepare": _prepare, "add_set": _add_set, "compare": _compare, "values": _values,
+                "constants": _constants}
     try:
         import numpy  # noqa: F401
         import onnxruntime  # noqa: F401

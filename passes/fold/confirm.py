@@ -1,0 +1,651 @@
+"""Confirming folded values with onnxruntime before they are written.
+
+Every value ``fold`` computes depends on no graph input, so onnxruntime can
+compute it from the original's constants. A sweep records each fold
+(:class:`Fold`); :func:`settle` then extracts the constant subgraph of the
+pending folds as one model whose outputs are the folded values the model will
+keep (initializers and Constant tensors as initializers, the folded nodes in
+sweep order, the opsets of their scope), runs it once in onnxruntime
+(``ORT_DISABLE_ALL``, so that onnxruntime's own folding hides nothing), and
+judges each fold:
+
+* **agrees**: every output has the dtype and shape refimpl gave and equal
+  values (:func:`agrees`): integers, booleans and strings bit for bit; floats
+  with NaN, infinities and zeros (with their sign) in the same places, and
+  other values within :data:`ULPS` units in the last place of the dtype (of
+  the array's largest magnitude after a sum: :data:`ACCUMULATING`);
+* **disagrees**: onnxruntime computed something else: the fold is undone (the
+  node stays) and counted by op in ``disagrees_with_onnxruntime``;
+* **unconfirmed**: onnxruntime could not compute it (no kernel, a session
+  error, a crash, the time limit): the fold is undone too and counted by op
+  in ``unconfirmed``. Exit 0 means "proved in onnxruntime": a value nothing
+  confirmed is not written, and keeping the node costs nothing that the
+  original did not already cost (onnxruntime cannot run the original either
+  when it lacks the kernel).
+
+Which values flow where. Exempt ops (:data:`EXEMPT`) only move bytes (or read
+a static shape): they are not sent to onnxruntime, and their results are
+trusted as long as their inputs are. In the extracted model, the result of a
+non-exempt fold of the same batch is computed by its node (onnxruntime
+follows the original's chain of computation); anything else (an
+initializer, a Constant, the result of an exempt or earlier confirmed fold)
+is an initializer holding the tensor the fold read. A fold is kept only if it
+agrees and every value it read as such an initializer is kept; an exempt fold
+only if all its inputs are kept. Only the values that stay in the model are
+compared (and what they read as initializers): the intermediate values of a
+folded chain are computed, not compared, and then dropped. When a fold is
+undone, the folds its restored node reads become values that stay: a second
+session compares them and everything they are computed from. onnxruntime
+runs a chain of float16 ops without float16 kernels in float32, rounding only
+at its end, so a computed node keeps the 16-bit folds it reads computed too.
+
+Cost: one onnxruntime session per batch (a sweep's folds, in one model per
+set of opset imports; the constant condition of an If is settled on its own
+before the branch is inlined), a second one only after a disagreement. A
+batch onnxruntime cannot load or run is split in halves to find the folds at
+fault (at most :data:`MAX_SESSIONS` sessions, then the rest is unconfirmed).
+Constants in files (external data, weights left in the model file) and large
+ones in memory are read by the child from a file, and results come back in
+one file read in chunks: the parent never holds a second copy of a weight.
+
+Where onnxruntime runs: in a child process (``passes.verify.worker``), so
+that a crash (a signal in a kernel), the memory bound or a hang on an odd
+subgraph ends that process and makes its folds unconfirmed, never the
+command. It is the check's own child when the route started one (the
+command and ``optimize()`` start it before the passes: its imports are done
+by the time a sweep settles), else one of the pass's own (:class:`Runner`),
+started on first use and ended when the pass object goes away.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+__all__ = ["ACCUMULATING", "EXEMPT", "MAX_SESSIONS", "TIMEOUT", "ULPS", "Batch", "Fold", "Runner", "agrees",
+           "is_exempt", "settle"]
+
+logger = logging.getLogger(__name__)
+
+#: Default-domain ops whose kernels only move bytes, or read a static shape: never sent to onnxruntime.
+EXEMPT: frozenset[str] = frozenset({
+    "Concat", "ConstantOfShape", "Expand", "Flatten", "Gather", "Identity", "Reshape", "Shape", "Size",
+    "Slice", "Split", "Squeeze", "Tile", "Transpose", "Unsqueeze",
+})  # fmt: skip
+
+#: Floats agree within this many units in the last place of their dtype (see :func:`agrees`).
+ULPS = 16
+#: Sessions one batch may use while looking for the folds onnxruntime cannot compute.
+MAX_SESSIONS = 16
+#: Seconds onnxruntime may take for one session.
+TIMEOUT = 120.0
+#: After a batch whose model held more bytes than this, the child is ended (it gives memory back).
+RELEASE_OVER = 64 << 20
+
+AGREES, DISAGREES, UNCONFIRMED = "agrees", "disagrees", "unconfirmed"
+
+
+def is_exempt(op_type: str, domain: str) -> bool:
+    return domain == "" and op_type in EXEMPT
+
+
+@dataclasses.dataclass(eq=False)
+class Fold:
+    """One node replaced by constants during a sweep, until it is settled.
+
+    Attributes:
+        node: The node (dropped from its graph, not yet removed).
+        domain: Its normalised domain.
+        opsets: The opset imports of its scope.
+        inputs: Its inputs when it was folded.
+        tensors: Their constant tensors (None for an omitted input or, for a
+            Shape/Size fold, a non-constant one).
+        outputs: Its outputs, replaced by ``made``.
+        made: The constant values that replaced them (None where unused).
+        arrays: The folded results (None where unused).
+    """
+
+    node: ir.Node
+    domain: str
+    opsets: Mapping[str, int]
+    inputs: tuple[ir.Value | None, ...]
+    tensors: Sequence[ir.TensorProtocol | None]
+    outputs: tuple[ir.Value, ...]
+    made: Sequence[ir.Value | None]
+    arrays: Sequence[np.ndarray | None]
+
+    @property
+    def op_type(self) -> str:
+        return self.node.op_type
+
+    @property
+    def exempt(self) -> bool:
+        return is_exempt(self.node.op_type, self.domain)
+
+
+# --- comparing -----------------------------------------------------------------------------------
+
+#: Ops that sum many terms in an order each library chooses (BLAS and MLAS block their loops,
+#: numpy sums pairwise): their results, and what is computed from them, agree within ULPS of the
+#: array's largest magnitude rather than of each element (see :func:`agrees`).
+ACCUMULATING: frozenset[str] = frozenset({
+    "AveragePool", "Conv", "ConvTranspose", "CumSum", "DFT", "Einsum", "Gemm", "GlobalAveragePool",
+    "GlobalLpPool", "GroupNormalization", "InstanceNormalization", "LayerNormalization", "LogSoftmax",
+    "LpNormalization", "LpPool", "LRN", "MatMul", "MeanVarianceNormalization", "ReduceL1", "ReduceL2",
+    "ReduceLogSum", "ReduceLogSumExp", "ReduceMean", "ReduceProd", "ReduceSum", "ReduceSumSquare",
+    "RMSNormalization", "Softmax", "STFT",
+})  # fmt: skip
+
+_CHUNK = 1 << 20
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype.name == "bfloat16" or dtype.name.startswith("float")
+
+
+def _float_info(dtype: np.dtype) -> tuple[float, float]:
+    """(epsilon, smallest subnormal) of a float dtype, ml_dtypes' included."""
+    if dtype.kind == "f":
+        info = np.finfo(dtype)
+        return float(info.eps), float(info.smallest_subnormal)
+    import ml_dtypes
+
+    info = ml_dtypes.finfo(dtype)
+    return float(info.eps), float(info.smallest_subnormal)
+
+
+def agrees(expected: np.ndarray, actual: np.ndarray, *, accumulated: bool = False) -> bool:
+    """Whether onnxruntime's ``actual`` confirms refimpl's ``expected``.
+
+    Same dtype and shape; integers, booleans and strings equal; floats with NaN,
+    infinities (with their sign) and zeros (with their sign) in the same places,
+    and other values within ``ULPS`` units in the last place:
+    ``|a - e| <= ULPS * max(eps * m, smallest subnormal)`` with ``m = max(|a|, |e|)``,
+    or, when ``accumulated`` (an :data:`ACCUMULATING` op computed it or a value
+    it was computed from), ``m`` at least the largest finite ``|e|`` of the array:
+    the norm-wise bound in which the error of a sum in another order is stated.
+
+    Why ULPs and not the check's tolerance: both compute the same function of the
+    same constants, so they differ only by the rounding of a few kernels (numpy's
+    and MLAS's exp or tanh, a sum in another order: a few ULPs); a larger
+    difference is another result and such a value stays computed, where the
+    check's rtol (1e-4 for float32) and atol would let a constant drift (or a
+    1e-12 epsilon double) that a later op may amplify. Zero, infinity and NaN are
+    exact because a later op turns their differences into the largest ones
+    (1/-0 is -inf).
+    """
+    flat = np.asarray(actual).reshape(-1)
+    chunks = (flat[i : i + _CHUNK] for i in range(0, flat.size, _CHUNK))
+    return _agrees(expected, actual.dtype, actual.shape, chunks, accumulated)
+
+
+def _agrees(expected: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], chunks: Iterable[np.ndarray],
+            accumulated: bool) -> bool:  # fmt: skip
+    """:func:`agrees`, with ``actual`` given as its dtype, shape and flat chunks in order."""
+    strings = expected.dtype.kind in "OSU", dtype.kind in "OSU"
+    if any(strings):
+        if not all(strings) or tuple(expected.shape) != tuple(shape):
+            return False
+        whole = np.concatenate([c.astype(str) for c in chunks]) if expected.size else np.array([], str)
+        return bool(np.all(expected.reshape(-1).astype(str) == whole))
+    if expected.dtype != dtype or tuple(expected.shape) != tuple(shape):
+        return False
+    e_flat = expected.reshape(-1)
+    floats = _is_float(dtype)
+    eps, smallest = _float_info(dtype) if floats else (0.0, 0.0)
+    scale = 0.0
+    if floats and accumulated:
+        for i in range(0, e_flat.size, _CHUNK):
+            e = e_flat[i : i + _CHUNK].astype(np.float64)
+            e = np.abs(e[np.isfinite(e)])
+            scale = max(scale, float(e.max()) if e.size else 0.0)
+    bits = np.dtype(f"u{dtype.itemsize}") if floats else None
+    start = 0
+    for a_own in chunks:
+        e_own = e_flat[start : start + a_own.size]
+        start += a_own.size
+        if e_own.size != a_own.size:
+            return False
+        if not floats:
+            if not np.array_equal(e_own, a_own):
+                return False
+            continue
+        if np.array_equal(e_own.view(bits), np.ascontiguousarray(a_own).view(bits)):
+            continue  # bit for bit (NaN payloads included)
+        e, a = e_own.astype(np.float64), a_own.astype(np.float64)
+        e_nan = np.isnan(e)
+        if not np.array_equal(e_nan, np.isnan(a)):
+            return False
+        exact = (~np.isfinite(e) | ~np.isfinite(a) | (e == 0) | (a == 0)) & ~e_nan
+        if not np.array_equal(e[exact], a[exact]) or not np.array_equal(np.signbit(e[exact]), np.signbit(a[exact])):
+            return False
+        close = ~exact & ~e_nan
+        e, a = e[close], a[close]
+        magnitude = np.maximum(np.maximum(np.abs(e), np.abs(a)), scale)
+        if np.any(np.abs(a - e) > ULPS * np.maximum(eps * magnitude, smallest)):
+            return False
+    return start == e_flat.size
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    if name == "bfloat16" or name.startswith(("float8", "float4", "int4", "uint4")):
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
+
+
+def _file_chunks(found: Mapping[str, Any]) -> tuple[np.dtype, tuple[int, ...], Iterator[np.ndarray]]:
+    """An output the child saved: its dtype, shape and data in chunks, read (not mapped: bounded memory)."""
+    if found["dtype"] == "str":
+        whole = np.load(found["path"], allow_pickle=False)
+        return whole.dtype, tuple(whole.shape), iter([whole.reshape(-1)])
+    dtype = _numpy_dtype(found["dtype"])
+    shape = tuple(int(d) for d in found["shape"])
+    total = int(np.prod(shape, dtype=np.int64))
+
+    def chunks() -> Iterator[np.ndarray]:
+        with open(found["path"], "rb") as f:
+            f.seek(int(found["offset"]))
+            for start in range(0, total, _CHUNK):
+                count = min(_CHUNK, total - start)
+                data = np.fromfile(f, dtype=np.uint8, count=count * dtype.itemsize)
+                if data.size != count * dtype.itemsize:
+                    raise OSError(f"{found['path']}: short read")
+                yield data.view(dtype)
+
+    return dtype, shape, chunks()
+
+
+# --- the child process ---------------------------------------------------------------------------
+
+class Runner:
+    """Where the sessions run: the check's child while it is alive, else a child of its own.
+
+    Its own child is started on first use (:meth:`prestart`) and ended by
+    :meth:`close`: the fold pass closes it when the pass object goes away, so
+    that no idle onnxruntime process outlives the run that needed it.
+    """
+
+    def __init__(self) -> None:
+        self._own: Any = None
+        self._lock = threading.Lock()
+
+    def worker(self) -> Any:
+        from passes.verify.child import current
+
+        borrowed = current.get()
+        if borrowed is not None and borrowed.alive:
+            return borrowed
+        if self._own is None:
+            from passes.verify.child import Worker, default_memory_limit
+
+            self._own = Worker(default_memory_limit())
+        return self._own
+
+    def prestart(self) -> None:
+        """Starts the child now, so that its imports overlap with the rest of the sweep."""
+        with self._lock:
+            try:
+                self.worker().start()
+            except OSError as e:
+                logger.debug("cannot start onnxruntime's process yet: %s", e)
+
+    def request(self, request: dict[str, Any], release: bool) -> dict[str, Any]:
+        """The child's answer (``release``: end the child afterwards, it holds much memory).
+
+        Raises:
+            WorkerError, OSError: the child could not answer.
+        """
+        with self._lock:
+            worker = self.worker()
+            try:
+                return worker.request(request, time.monotonic() + TIMEOUT)
+            finally:
+                if release:
+                    worker.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._own is not None:
+                self._own.close()
+                self._own = None
+
+
+# --- the batch -----------------------------------------------------------------------------------
+
+
+class Batch:
+    """The pending folds of a sweep, settled together.
+
+    Args:
+        model: The model (for its IR version).
+        folds: The folds in sweep order.
+        origin: The fold that made each constant value (across batches).
+        runner: Where the sessions run.
+    """
+
+    def __init__(self, model: ir.Model, folds: Sequence[Fold], origin: Mapping[ir.Value, Fold],
+                 runner: Runner) -> None:  # fmt: skip
+        self.model = model
+        self.runner = runner
+        self.folds = list(folds)
+        self.members = set(self.folds)
+        self.origin = origin
+        self.results: dict[Fold, str] = {}
+        self.reasons: dict[Fold, str] = {}
+        self.sessions = 0
+        self.judged: set[Fold] = set()
+        self.final: dict[Fold, str] = {}
+        self.accumulated: dict[Fold, bool] = {}
+        for fold in self.folds:  # sweep order: a fold's chained inputs come first
+            self.accumulated[fold] = (fold.domain == "" and fold.op_type in ACCUMULATING) or any(
+                self.accumulated.get(f, False) for f in self._chained_inputs(fold)
+            )
+
+    def _chained(self, value: ir.Value | None) -> Fold | None:
+        """The fold of this batch that computes ``value`` in the extracted model, if any."""
+        fold = None if value is None else self.origin.get(value)
+        return fold if fold is not None and fold in self.members and not fold.exempt else None
+
+    def _chained_inputs(self, fold: Fold) -> list[Fold]:
+        return [f for f in (self._chained(v) for v in fold.inputs) if f is not None]
+
+    def _fed(self, fold: Fold) -> list[Fold]:
+        """The folds whose results ``fold`` trusts: read as initializers (an exempt fold: all of
+        them, including the input whose static shape a Shape or Size fold read)."""
+        fed = []
+        for value in fold.inputs:
+            origin = None if value is None else self.origin.get(value)
+            if origin is not None and (fold.exempt or self._chained(value) is None):
+                fed.append(origin)
+        return fed
+
+    def _closure(self, seeds: Iterable[Fold], chained: bool) -> set[Fold]:
+        """``seeds`` with the batch's folds they read as initializers, and (``chained``) those
+        they are computed from in the extracted model, recursively."""
+        found: set[Fold] = set()
+        stack = [f for f in seeds if f in self.members]
+        while stack:
+            fold = stack.pop()
+            if fold in found:
+                continue
+            found.add(fold)
+            stack.extend(f for f in self._fed(fold) if f in self.members and f not in found)
+            if chained:
+                stack.extend(f for f in self._chained_inputs(fold) if f not in found)
+        return found
+
+    def verdicts(self) -> dict[Fold, str]:
+        """Runs onnxruntime on the folds whose results are written and judges the batch's folds.
+
+        The values compared are those the model keeps (a result still read by a
+        node or a graph output), and those they read as initializers; an
+        intermediate value of a chain is computed in the extracted model, not
+        compared, and left to garbage collection. If a fold is undone, the
+        folds its node reads are written after all: a second session compares
+        them and everything they are computed from.
+
+        Returns:
+            ``AGREES`` (kept), ``DISAGREES`` or ``UNCONFIRMED`` (undone) by fold; an exempt
+            fold is AGREES when all its inputs are kept, else it takes their verdict; a fold
+            not compared (``judged``) is AGREES: its result is not written.
+        """
+        written = [f for f in self.folds if any(_written(v) for v in f.made if v is not None)]
+        self.judged = self._closure(written, chained=False)
+        self._compute_all(self.judged)
+        verdicts = self._propagate()
+        undone = [f for f in self.judged if verdicts[f] != AGREES]
+        reread = {f for u in undone for f in self._chained_inputs(u)} - self.judged
+        if reread:
+            more = self._closure(reread, chained=True) - self.judged
+            self.judged |= more
+            self._compute_all(more)
+            verdicts = self._propagate()
+        self.final = verdicts
+        return verdicts
+
+    def _compute_all(self, folds: set[Fold]) -> None:
+        """One session per set of opset imports over the non-exempt ``folds``."""
+        groups: dict[tuple[tuple[str, int], ...], list[Fold]] = collections.defaultdict(list)
+        for fold in self.folds:
+            if fold in folds and not fold.exempt:
+                groups[tuple(sorted(fold.opsets.items()))].append(fold)
+        for group in groups.values():
+            self._compute(group)
+
+    def _propagate(self) -> dict[Fold, str]:
+        self._keep_16_bit_chains()
+        verdicts: dict[Fold, str] = {}
+        for fold in self.folds:
+            if fold.exempt or fold not in self.judged:
+                verdict = AGREES
+            else:
+                verdict = self.results.get(fold, UNCONFIRMED)
+            if verdict == AGREES:
+                for before in self._fed(fold):
+                    inherited = verdicts.get(before, AGREES)  # an earlier batch's fold was kept
+                    if inherited != AGREES:
+                        verdict = inherited
+                        self.reasons[fold] = f"reads the result of {before.op_type} node {before.node.name!r}"
+                        break
+            verdicts[fold] = verdict
+        return verdicts
+
+    def _keep_16_bit_chains(self) -> None:
+        """A computed node keeps the float16/bfloat16 nodes it is computed from computed too.
+
+        onnxruntime runs an op that has no kernel for a 16-bit float in float32
+        between inserted Casts, and drops the Casts between two such ops, so a
+        chain of them is rounded only at its end: a folded (rounded) value read by
+        a node that stays computed would change that node's result.
+        """
+        for fold in reversed(self.folds):
+            if fold.exempt or fold not in self.judged or self.results.get(fold, UNCONFIRMED) == AGREES:
+                continue
+            for before in self._chained_inputs(fold):
+                if self.results.get(before) == AGREES and any(
+                    a is not None and a.dtype.name in ("float16", "bfloat16") for a in before.arrays
+                ):
+                    self.results[before] = UNCONFIRMED
+                    self.reasons[before] = f"16-bit float chain into {fold.op_type} node {fold.node.name!r}"
+
+    # --- running onnxruntime --------------------------------------------------------------------
+
+    def _compute(self, targets: list[Fold]) -> None:
+        """Sets ``results`` for ``targets``, halving the set while onnxruntime fails on it."""
+        from passes.verify.child import WorkerError, WorkerTimeout
+
+        if self.sessions >= MAX_SESSIONS:
+            self._unconfirmed(targets, "too many sessions failed")
+            return
+        self.sessions += 1
+        folder = tempfile.mkdtemp(prefix="fold-confirm-")
+        try:
+            try:
+                request, names, nbytes = self._write(targets, folder)
+            except Exception as e:  # noqa: BLE001  onnx_ir's serialisation raises several kinds
+                logger.warning("cannot write the folded constants' model: %s", e)
+                self._split_or_fail(targets, f"not serialisable: {e}")
+                return
+            try:
+                answer = self.runner.request(request, release=nbytes > RELEASE_OVER)
+            except WorkerTimeout as e:
+                self._unconfirmed(targets, f"onnxruntime timed out ({e.phase})")
+                return
+            except (WorkerError, OSError) as e:
+                self._split_or_fail(targets, f"onnxruntime failed: {e}")
+                return
+            if not answer.get("ok"):
+                self._split_or_fail(targets, str(answer.get("error", "onnxruntime failed")))
+                return
+            self._judge(names, answer["values"])
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _split_or_fail(self, targets: list[Fold], reason: str) -> None:
+        if len(targets) == 1:
+            self._unconfirmed(targets, reason)
+            return
+        half = len(targets) // 2
+        self._compute(targets[:half])
+        self._compute(targets[half:])
+
+    def _unconfirmed(self, targets: Iterable[Fold], reason: str) -> None:
+        for fold in targets:
+            self.results[fold] = UNCONFIRMED
+            self.reasons[fold] = reason
+
+    def _judge(self, names: Mapping[str, tuple[Fold, int]], values: Mapping[str, Any]) -> None:
+        for name, (fold, index) in names.items():
+            if self.results.get(fold, AGREES) != AGREES:
+                continue
+            found = values.get(name, {"error": "no output"})
+            if "error" in found:
+                self._unconfirmed([fold], found["error"])
+                continue
+            expected = fold.arrays[index]
+            assert expected is not None
+            dtype, shape, chunks = _file_chunks(found)
+            if _agrees(np.asarray(expected), dtype, shape, chunks, self.accumulated[fold]):
+                self.results[fold] = AGREES
+            else:
+                self.results[fold] = DISAGREES
+                self.reasons[fold] = f"output {index}: onnxruntime computes another value"
+
+    def _write(self, targets: list[Fold], folder: str) -> tuple[dict[str, Any], dict[str, tuple[Fold, int]], int]:
+        """Saves the model computing ``targets`` (with what they need) in ``folder``.
+
+        Written as a protobuf directly (a sweep may send thousands of nodes: onnx_ir's
+        objects would cost more than onnxruntime's session). Constants in files and
+        those of :data:`RAW_OVER` bytes or more are inputs of the model, read by the
+        child from a file (see :func:`_raw`), so that the parent never holds a
+        second copy and the protobuf stays small.
+
+        Returns:
+            The worker's request, the model's outputs by name with the fold and
+            output index they stand for, and the bytes of constants it reads.
+        """
+        import onnx
+
+        wanted: dict[Fold, None] = {}
+        stack = list(reversed(targets))
+        while stack:  # the batch's non-exempt folds the targets are computed from
+            fold = stack.pop()
+            if fold not in wanted:
+                wanted[fold] = None
+                stack.extend(f for f in self._chained_inputs(fold) if f not in wanted)
+        model = onnx.ModelProto(ir_version=max(self.model.ir_version, 4), producer_name="onnx-optimize")
+        for domain, version in targets[0].opsets.items():
+            model.opset_import.add(domain=domain, version=version)
+        graph = model.graph
+        graph.name = "folded_constants"
+        mapped: dict[ir.Value, str] = {}
+        raw: dict[str, dict[str, Any]] = {}
+        nbytes = inline = 0
+        for fold in (f for f in self.folds if f in wanted):
+            inputs: list[str] = []
+            for value, tensor in zip(fold.inputs, fold.tensors):
+                if value is None:
+                    inputs.append("")
+                    continue
+                name = mapped.get(value)
+                if name is None:
+                    assert self._chained(value) is None and tensor is not None
+                    name = mapped[value] = f"c{len(mapped)}"
+                    size = int(tensor.nbytes)
+                    nbytes += size
+                    found = _raw(tensor, folder, name, force=inline + size > INLINE_BYTES)
+                    if isinstance(found, dict):
+                        graph.input.append(onnx.helper.make_tensor_value_info(
+                            name, int(tensor.dtype), [int(d) for d in tensor.shape.dims]))  # fmt: skip
+                        raw[name] = found
+                    else:
+                        proto = ir.serde.serialize_tensor(found)
+                        proto.name = name
+                        graph.initializer.append(proto)
+                        inline += size
+                inputs.append(name)
+            node = fold.node
+            outputs = [f"v{len(mapped) + i}" for i in range(len(fold.outputs))]
+            for i, name in enumerate(outputs):
+                mapped[fold.outputs[i]] = name
+                made = fold.made[i]
+                if made is not None:
+                    mapped[made] = name
+            proto_node = graph.node.add(op_type=node.op_type, domain=fold.domain, name=f"n{len(graph.node)}",
+                                        input=inputs, output=outputs)  # fmt: skip
+            if node.overload:
+                proto_node.overload = node.overload
+            for attr in node.attributes.values():
+                proto_node.attribute.append(ir.serde.serialize_attribute(attr))
+        names: dict[str, tuple[Fold, int]] = {}
+        for fold in targets:
+            for index, array in enumerate(fold.arrays):
+                if array is not None:
+                    name = mapped[fold.outputs[index]]
+                    names[name] = (fold, index)
+                    graph.output.add(name=name)
+        path = os.path.join(folder, "constants.onnx")
+        with open(path, "wb") as f:
+            f.write(model.SerializeToString())
+        request = {"op": "constants", "model": path, "names": list(names), "folder": folder, "raw": raw}
+        return request, names, nbytes
+
+
+#: Constants of this many bytes or more are read by the child from a file (see ``Batch._write``).
+RAW_OVER = 1 << 20
+#: Inline constants of one model add up to at most this (the rest is read from files too).
+INLINE_BYTES = 256 << 20
+_NO_RAW = frozenset({ir.DataType.STRING, ir.DataType.UNDEFINED})
+
+
+def _raw(tensor: ir.TensorProtocol, folder: str, name: str, force: bool = False) -> dict[str, Any] | ir.TensorProtocol:
+    """Where the child reads a tensor from (path, offset, dtype, shape), or the tensor to inline.
+
+    A tensor in a file (external data, a weight left in the model file) is read
+    by the child from that file; one in memory of :data:`RAW_OVER` bytes or more
+    (or any, when ``force``: the inline ones add up to :data:`INLINE_BYTES`) from a file written here; a smaller one is inlined, as is a string or 4-bit
+    tensor (read here if it is in a file: the model is saved elsewhere).
+    """
+    from passes.ir.tensors import _contained, is_file_backed, read_external
+
+    in_file = is_file_backed(tensor)
+    if tensor.dtype in _NO_RAW or tensor.dtype.bitwidth < 8:
+        if in_file:
+            assert isinstance(tensor, ir.ExternalTensor)
+            return ir.tensor(read_external(tensor), dtype=tensor.dtype)
+        return tensor
+    if not in_file and int(tensor.nbytes) < RAW_OVER and not force:
+        return tensor
+    description = {"dtype": tensor.dtype.numpy().name, "shape": [int(d) for d in tensor.shape.dims]}
+    if in_file:
+        assert isinstance(tensor, ir.ExternalTensor)
+        return {"path": _contained(tensor), "offset": int(tensor.offset or 0), **description}
+    path = os.path.join(folder, f"{name}.bin")
+    np.ascontiguousarray(tensor.numpy()).tofile(path)
+    return {"path": path, "offset": 0, **description}
+
+
+def _written(value: ir.Value) -> bool:
+    """Whether a folded value stays in the model: still read, or a graph output."""
+    return bool(value.uses()) or value.is_graph_output()
+
+
+def settle(model: ir.Model, folds: Sequence[Fold], origin: Mapping[ir.Value, Fold], runner: Runner) -> Batch:
+    """Judges the folds (see :meth:`Batch.verdicts`); the batch holds the verdicts, the folds compared
+    (``judged``) and the reasons for those undone."""
+    batch = Batch(model, folds, origin, runner)
+    batch.verdicts()
+    return batch
