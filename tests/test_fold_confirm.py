@@ -110,9 +110,15 @@ def test_real_disagreement_argmax_over_nan() -> None:
         [helper.make_tensor_value_info("y", TensorProto.INT64, [])],
         [data],
     )  # fmt: skip
-    ours = int(refimpl.run("ArgMax", [numpy_helper.to_array(data)], {"keepdims": 0}, opset=18, domain="")[0])
+    try:
+        ours: int | None = int(refimpl.run("ArgMax", [numpy_helper.to_array(data)], {"keepdims": 0}, opset=18,
+                                          domain="")[0])  # fmt: skip
+    except refimpl.UndefinedResultError:
+        ours = None  # refimpl declines ArgMax over NaN (onnxruntime's answer depends on its code path)
     out, fold_pass, _ = fold(proto)
-    if ours == 2:
+    if ours is None:
+        assert "ArgMax" in ops(out.graph) and not fold_pass.stats["disagrees_with_onnxruntime"]
+    elif ours == 2:
         assert "ArgMax" not in ops(out.graph) and fold_pass.stats["confirmed"] == 1
     else:
         assert "ArgMax" in ops(out.graph)
