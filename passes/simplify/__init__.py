@@ -115,6 +115,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         self.fuse = fuse
         self.freeze_initializer_inputs = freeze_initializer_inputs
         self.stats: dict[str, Any] = {}
+        self._reported_later: collections.Counter[str] = collections.Counter()
 
     def _rules(self) -> dict[str, list[Rule]]:
         by_op: dict[str, list[Rule]] = collections.defaultdict(list)
@@ -132,9 +133,11 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         if self.freeze_initializer_inputs:
             _freeze_initializer_inputs(model, applied)
         rounds = 0
+        later: collections.Counter[str] = collections.Counter()
         while rounds < _MAX_ROUNDS:
             rounds += 1
-            changed = self._round(model, rules, applied, refused)
+            later = collections.Counter()  # the patterns of the last round, which sees the final graph
+            changed = self._round(model, rules, applied, refused, later)
             changed |= constants.lift_main_graph_constants(model, applied)
             changed |= cse.eliminate(model, applied)
             if changed:
@@ -150,10 +153,17 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             "fused": sum(n for name, n in applied.items() if name.startswith("fusions/")),
             "not_applied": dict(sorted(refused.items())),
         }
+        # Fusion patterns only a higher opset would take ("Gelu@20": n). The pass loop sums a pass's
+        # stats over its runs, so each run reports the change since this pass's previous run: the
+        # sum is what the last run found in the final graph.
+        delta = {key: later[key] - self._reported_later[key] for key in {*later, *self._reported_later}}
+        self._reported_later = later
+        if any(delta.values()):
+            self.stats["fusable_at_higher_opset"] = dict(sorted(delta.items()))
         return ir.passes.PassResult(model, modified=bool(applied))
 
     def _round(self, model: ir.Model, rules: dict[str, list[Rule]], applied: collections.Counter[str],
-               refused: collections.Counter[str]) -> bool:  # fmt: skip
+               refused: collections.Counter[str], later: collections.Counter[str]) -> bool:  # fmt: skip
         """One sweep of the node rules over every scope; whether anything changed.
 
         Inference and the derived dims are computed once, on first use, and hold for the whole
@@ -201,6 +211,8 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
                         changed = True
                         break
                     refused[rule.name] += 1
+                    if getattr(outcome, "key", None):  # fusions.AtHigherOpset: the opset alone refused it
+                        later[outcome.key] += 1
                     logger.debug("%s does not apply to %s node %r: %s", rule.name, node.op_type, node.name, outcome)
         return changed
 

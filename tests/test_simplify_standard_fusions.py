@@ -1,0 +1,393 @@
+"""The fusions into standard ONNX ops: LayerNormalization (17), Gelu (20), RMSNormalization (23).
+
+Each positive case builds the primitive form an exporter writes, runs the
+simplify pass, and asserts that the checker accepts the result, the fused op
+replaced the pattern, the pass counted it, and onnxruntime (its optimisations
+disabled) computes the same within the check's tolerance on normal inputs,
+on ``x * 30 + 5``, and on rows of edge values (±0, NaN, ±inf, ±1e30, constant
+rows), where NaN, the infinities and the sign of every zero must be in the
+same places. Each trap asserts the pattern stays, with its reason logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import helper, numpy_helper
+
+import helpers
+from passes.cli import command as cli
+from passes.simplify import SimplifyPass
+
+LOGGER = "passes.simplify"
+RNG = np.random.default_rng(23)
+TOLERANCE = {np.float32: (1e-4, 1e-5), np.float16: (1e-2, 1e-3)}  # the check's (rtol, atol)
+
+
+# --- building models ----------------------------------------------------------------------------------
+
+
+class Net:
+    """The nodes and constants of one graph (constants as initializers, or Constant nodes: ``inline``)."""
+
+    def __init__(self, dtype=np.float32, opset: int = 18, inline: bool = False, suffix: str = "") -> None:
+        self.dtype = np.dtype(dtype)
+        self.opset = opset
+        self.inline = inline
+        self.suffix = suffix
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.count = 0
+
+    def fresh(self, base: str) -> str:
+        self.count += 1
+        return f"{base}{self.count}{self.suffix}"
+
+    def const(self, array, dtype=None) -> str:
+        name = self.fresh("k")
+        tensor = numpy_helper.from_array(np.asarray(array).astype(dtype or self.dtype), name)
+        if self.inline:
+            self.nodes.append(helper.make_node("Constant", [], [name], value=tensor))
+        else:
+            self.initializers.append(tensor)
+        return name
+
+    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
+        name = out + self.suffix if out else self.fresh(op_type.lower())
+        self.nodes.append(helper.make_node(op_type, list(inputs), [name], name=name, **attrs))
+        return name
+
+    def reduce_mean(self, x: str, axes, keepdims: int = 1) -> str:
+        if self.opset >= 18:
+            return self.op("ReduceMean", x, self.const(np.array(axes, np.int64), np.int64), keepdims=keepdims)
+        return self.op("ReduceMean", x, axes=list(axes), keepdims=keepdims)
+
+
+def _elem(dtype) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _io(name: str, shape, dtype=np.float32) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, _elem(dtype), shape)
+
+
+def _model(net: Net, shape, out: str = "y") -> onnx.ModelProto:
+    graph = helper.make_graph(net.nodes, "g", [_io("x", list(shape), net.dtype)], [_io(out, [None] * len(shape), net.dtype)],
+                              initializer=net.initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", net.opset)])
+
+
+def layer_norm(net: Net, x: str = "x", width: int = 16, axes=(-1,), eps: float = 1e-5, square: str = "pow",
+               divide: str = "div", eps_first: bool = False, scale="vector", bias="vector", out: str = "y",
+               var_axes=None, eps_outside: bool = False, exponent: float = 2.0, swap: bool = False) -> str:
+    """The exporters' LayerNorm: ``(x - mean) / sqrt(mean((x - mean)^2) + eps) * scale + bias``."""
+    mean = net.reduce_mean(x, axes)
+    d = net.op("Sub", x, mean)
+    sq = net.op("Pow", d, net.const(exponent)) if square == "pow" else net.op("Mul", d, d)
+    var = net.reduce_mean(sq, var_axes or axes)
+    eps_name = net.const(eps)
+    if eps_outside:
+        root = net.op("Add", net.op("Sqrt", var), eps_name)
+    else:
+        shifted = net.op("Add", eps_name, var) if eps_first else net.op("Add", var, eps_name)
+        root = net.op("Sqrt", shifted)
+    if divide == "div":
+        n = net.op("Div", d, root)
+    else:
+        r = net.op("Reciprocal", root)
+        n = net.op("Mul", r, d) if swap else net.op("Mul", d, r)
+    shape = (width,) if isinstance(scale, str) and scale == "vector" else scale
+    last = n
+    if scale is not None:
+        s = net.const(RNG.uniform(0.5, 1.5, shape) * RNG.choice([-1, 1], shape))
+        last = net.op("Mul", s, last) if swap else net.op("Mul", last, s)
+    if bias is not None:
+        shape = (width,) if isinstance(bias, str) and bias == "vector" else np.shape(bias)
+        b = net.const(RNG.uniform(0.2, 1.0, shape) * RNG.choice([-1, 1], shape) if isinstance(bias, str) else bias)
+        return net.op("Add", b, last, out=out) if swap else net.op("Add", last, b, out=out)
+    return net.op("Identity", last, out=out)
+
+
+# --- running and comparing ----------------------------------------------------------------------------
+
+
+def _simplify(proto: onnx.ModelProto, **options) -> tuple[onnx.ModelProto, dict]:
+    model = ir.serde.deserialize_model(proto)
+    pass_ = SimplifyPass(**options)
+    pass_(model)
+    result = ir.serde.serialize_model(model)
+    onnx.checker.check_model(result, full_check=True)
+    return result, pass_.stats
+
+
+def _edge_rows(width: int, dtype) -> np.ndarray:
+    """Rows of edge values: ±0, NaN, ±inf, ±1e30 (inf in float16), constant rows, tiny values."""
+    rows = [[0.0] * width, [-0.0] * width, [-0.0, 0.0] * (width // 2), [0.1] * width, [1e4 + 0.1] * width,
+            [np.nan] + [1.0] * (width - 1), [np.inf] + [1.0] * (width - 1), [-np.inf] + [1.0] * (width - 1),
+            [np.inf, -np.inf] + [1.0] * (width - 2), [1e30, -1e30] + [1.0] * (width - 2), [1e30] + [0.0] * (width - 1),
+            [1e-30, -1e-30] + [0.0] * (width - 2), [-0.0, 1.0, -1.0, 0.0] * (width // 4), list(range(width)),
+            [300.0, -300.0] * (width // 2)]  # fmt: skip
+    with np.errstate(over="ignore"):
+        return np.array(rows, dtype=np.float64).astype(dtype)
+
+
+def _feeds(shape, dtype, rng=None) -> list[np.ndarray]:
+    """Normal inputs, ``x * 30 + 5``, and (for the last axis) the edge rows, tiled over the leading dims."""
+    rng = rng or np.random.default_rng(0)
+    shape = [2 if not isinstance(d, int) else d for d in shape]
+    normal = rng.standard_normal(shape).astype(np.float32)
+    edge = _edge_rows(shape[-1], dtype)
+    count = int(np.prod(shape[:-1]))
+    tiled = np.resize(edge, (-(-len(edge) // count) * count, shape[-1]))
+    edges = [tiled[i : i + count].reshape(shape) for i in range(0, len(tiled), count)]
+    return [normal.astype(dtype), (normal * 30 + 5).astype(dtype), *edges]
+
+
+def _same(original: onnx.ModelProto, result: onnx.ModelProto, shape, dtype=np.float32, extra=None) -> None:
+    """Within the check's tolerance, NaN/inf in the same places, and every zero of the same sign."""
+    rtol, atol = TOLERANCE[np.dtype(dtype).type]
+    for x in _feeds(shape, dtype):
+        feeds = {"x": x, **(extra or {})}
+        for expected, actual in zip(helpers.ort_run(original, feeds), helpers.ort_run(result, feeds)):
+            assert expected.dtype == actual.dtype and expected.shape == actual.shape
+            e, a = expected.astype(np.float64), actual.astype(np.float64)
+            np.testing.assert_array_equal(np.isnan(a), np.isnan(e))
+            np.testing.assert_array_equal(np.isinf(a), np.isinf(e))
+            np.testing.assert_array_equal(a[np.isinf(a)], e[np.isinf(e)])
+            zeros = (e == 0) & (a == 0)
+            np.testing.assert_array_equal(np.signbit(a[zeros]), np.signbit(e[zeros]))
+            finite = np.isfinite(e) & np.isfinite(a)
+            np.testing.assert_allclose(a[finite], e[finite], rtol=rtol, atol=atol)
+    assert [(o.name, o.type) for o in result.graph.output] == [(o.name, o.type) for o in original.graph.output]
+
+
+def _ops(model: onnx.ModelProto) -> list[str]:
+    return helpers.ops_recursive(model)
+
+
+def _refused(original: onnx.ModelProto, reason: str, caplog, shape=(2, 5, 16), **options) -> dict:
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        result, stats = _simplify(original, **options)
+    assert stats["fused"] == 0, stats
+    assert sorted(_ops(result)) == sorted(_ops(original)) or "Identity" not in _ops(result), _ops(result)
+    if reason:
+        assert reason in caplog.text, caplog.text
+    _same(original, result, shape, np.dtype(original_dtype(original)).type)
+    return stats
+
+
+def original_dtype(model: onnx.ModelProto):
+    return helper.tensor_dtype_to_np_dtype(model.graph.input[0].type.tensor_type.elem_type)
+
+
+# --- LayerNormalization -------------------------------------------------------------------------------
+
+SHAPE = ("batch", 5, 16)
+LAYER_NORMS = {
+    "pow_div": dict(),
+    "mul_square": dict(square="mul"),
+    "reciprocal": dict(divide="reciprocal"),
+    "reciprocal_swapped": dict(divide="reciprocal", swap=True),
+    "eps_first": dict(eps_first=True),
+    "bert_eps": dict(eps=1e-12),
+    "no_scale": dict(scale=None),
+    "scalar_scale": dict(scale=()),
+    "leading_one_scale": dict(scale=(1, 1, 16)),
+    "two_trailing_axes": dict(axes=(1, 2), width=16, scale=(5, 16), bias=RNG.uniform(0.2, 1.0, (5, 16))),
+    "positive_axis": dict(axes=(2,)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYER_NORMS))
+def test_layer_norm_fuses(name: str) -> None:
+    net = Net()
+    layer_norm(net, **LAYER_NORMS[name])
+    original = _model(net, SHAPE)
+    result, stats = _simplify(original)
+    assert _ops(result) == ["LayerNormalization"], _ops(result)
+    assert stats["rewrites"]["fusions/layer_norm"] == 1 and stats["fused"] == 1, stats
+    node = result.graph.node[0]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    axes = LAYER_NORMS[name].get("axes", (-1,))
+    assert attrs["axis"] == -len(axes) and attrs["stash_type"] == 1
+    assert attrs["epsilon"] == np.float32(LAYER_NORMS[name].get("eps", 1e-5))
+    _same(original, result, SHAPE)
+
+
+def test_layer_norm_at_opset_17_reads_axes_attributes() -> None:
+    net = Net(opset=17)
+    layer_norm(net)
+    original = _model(net, SHAPE)
+    result, _ = _simplify(original)
+    assert _ops(result) == ["LayerNormalization"]
+    _same(original, result, SHAPE)
+
+
+def test_layer_norm_float16_computes_its_statistics_in_float32() -> None:
+    net = Net(np.float16)
+    layer_norm(net, eps=1e-5)
+    original = _model(net, SHAPE)
+    result, stats = _simplify(original)
+    assert _ops(result) == ["LayerNormalization"], stats
+    assert {a.name: a.i for a in result.graph.node[0].attribute if a.name == "stash_type"} == {"stash_type": 1}
+    _same(original, result, SHAPE, np.float16)
+
+
+def test_a_float16_eps_is_the_value_float16_rounds_it_to() -> None:
+    """1e-12 is 0 in float16: the primitive graph adds 0, so the fused op's epsilon is 0 too."""
+    net = Net(np.float16)
+    layer_norm(net, eps=1e-12)
+    original = _model(net, SHAPE)
+    result, _ = _simplify(original)
+    assert [a.f for a in result.graph.node[0].attribute if a.name == "epsilon"] == [0.0]
+    _same(original, result, SHAPE, np.float16)
+
+
+def test_layer_norm_is_idempotent() -> None:
+    net = Net()
+    layer_norm(net)
+    once, _ = _simplify(_model(net, SHAPE))
+    twice, stats = _simplify(once)
+    assert stats["rewrites"] == {} and _ops(twice) == ["LayerNormalization"]
+
+
+def test_a_graph_without_the_pattern_is_left_alone() -> None:
+    net = Net()
+    net.op("Add", net.op("Relu", "x"), net.const(RNG.uniform(0.5, 1, 16)), out="y")
+    original = _model(net, SHAPE)
+    result, stats = _simplify(original)
+    assert stats["rewrites"] == {} and _ops(result) == ["Relu", "Add"]
+
+
+def test_two_layer_norms_in_a_row() -> None:
+    net = Net()
+    layer_norm(net, x=layer_norm(net, out="h"), out="y")
+    original = _model(net, SHAPE)
+    result, stats = _simplify(original)
+    assert _ops(result) == ["LayerNormalization", "LayerNormalization"], stats
+    _same(original, result, SHAPE)
+
+
+LAYER_NORM_TRAPS = {
+    "eps outside the root": (dict(eps_outside=True), "the divisor is not a square root"),
+    "mismatched axes": (dict(axes=(-1,), var_axes=(-2,), width=16), "reduce different axes"),
+    "not the trailing axes": (dict(axes=(1,), scale=None, bias=RNG.uniform(0.2, 1, (5, 1))), "are not the trailing"),
+    "a cube": (dict(exponent=3.0), "the power is not a constant 2"),
+    "no bias": (dict(bias=None), ""),  # the rule starts at the bias's Add
+    "a bias with a zero": (dict(bias=np.array([0.0] + [0.5] * 15)), "the bias has a zero entry"),
+    "a scale over other axes": (dict(scale=(5, 1)), "broadcasts over axes that are not normalised"),
+    "a bias over other axes": (dict(bias=RNG.uniform(0.2, 1, (2, 1, 16))), "broadcasts over axes that are not"),
+}
+
+
+@pytest.mark.parametrize("trap", sorted(LAYER_NORM_TRAPS))
+def test_layer_norm_trap(trap: str, caplog) -> None:
+    options, reason = LAYER_NORM_TRAPS[trap]
+    net = Net()
+    layer_norm(net, **options)
+    _refused(_model(net, SHAPE), reason, caplog)
+
+
+def test_a_mean_used_elsewhere_keeps_the_pattern(caplog) -> None:
+    net = Net()
+    layer_norm(net, out="h")
+    mean = next(n.output[0] for n in net.nodes if n.op_type == "ReduceMean")
+    net.op("Add", "h", mean, out="y")
+    _refused(_model(net, SHAPE), "the mean used by it alone", caplog)
+
+
+def test_keepdims_0_is_not_a_layer_norm(caplog) -> None:
+    net = Net()
+    mean = net.reduce_mean("x", (-1,), keepdims=0)
+    d = net.op("Sub", "x", net.op("Unsqueeze", mean, net.const(np.array([-1]), np.int64)))
+    var = net.reduce_mean(net.op("Mul", d, d), (-1,))
+    n = net.op("Div", d, net.op("Sqrt", net.op("Add", var, net.const(1e-5))))
+    net.op("Add", n, net.const(RNG.uniform(0.5, 1, 16)), out="y")
+    _refused(_model(net, SHAPE), "the numerator is not x - ReduceMean(x)", caplog)
+
+
+def test_a_double_pattern_is_not_fused(caplog) -> None:
+    net = Net(np.float64)
+    layer_norm(net)
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        result, stats = _simplify(_model(net, SHAPE))
+    assert stats["fused"] == 0 and "x is DOUBLE" in caplog.text
+
+
+def test_below_opset_17_it_is_counted_as_fusable_at_a_higher_opset(caplog) -> None:
+    net = Net(opset=16)
+    layer_norm(net)
+    stats = _refused(_model(net, SHAPE), "LayerNormalization is an op from opset 17", caplog)
+    assert stats["fusable_at_higher_opset"] == {"LayerNormalization@17": 1}, stats
+
+
+def test_no_fuse_leaves_the_layer_norm() -> None:
+    net = Net()
+    layer_norm(net)
+    original = _model(net, SHAPE)
+    result, stats = _simplify(original, fuse=False)
+    assert "LayerNormalization" not in _ops(result) and stats["fused"] == 0
+    assert "fusable_at_higher_opset" not in stats
+
+
+def test_layer_norm_in_if_branches() -> None:
+    """In both branches of an If: constants as Constant nodes in one, outer initializers in the other."""
+    branches, initializers = [], []
+    for net in (Net(inline=True, suffix="_then"), Net(suffix="_else")):
+        layer_norm(net)
+        branches.append(helper.make_graph(net.nodes, "b" + net.suffix, [], [_io("y" + net.suffix, [2, 5, 16])]))
+        initializers += net.initializers
+    if_node = helper.make_node("If", ["cond"], ["y"], then_branch=branches[0], else_branch=branches[1])
+    graph = helper.make_graph([if_node], "g", [_io("x", [2, 5, 16]), _io("cond", [], np.bool_)], [_io("y", [2, 5, 16])],
+                              initializer=initializers)
+    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    result, stats = _simplify(original)
+    assert stats["rewrites"]["fusions/layer_norm"] == 2, stats
+    assert [op for op in _ops(result) if op != "Constant"] == ["If", "LayerNormalization", "LayerNormalization"]
+    for cond in (True, False):
+        _same(original, result, (2, 5, 16), extra={"cond": np.array(cond)})
+
+
+def _in_function(net: Net, shape) -> onnx.ModelProto:
+    function = helper.make_function("local", "F", ["x"], ["y"], net.nodes,
+                                    opset_imports=[helper.make_opsetid("", net.opset)])
+    call = helper.make_node("F", ["x"], ["y"], domain="local")
+    graph = helper.make_graph([call], "g", [_io("x", list(shape), net.dtype)], [_io("y", list(shape), net.dtype)])
+    return helper.make_model(graph, functions=[function],
+                             opset_imports=[helper.make_opsetid("", net.opset), helper.make_opsetid("local", 1)])
+
+
+def test_layer_norm_in_a_function_is_left_alone(caplog) -> None:
+    """A function body has no shapes: the normalised shape is not proved, so it does not fuse."""
+    net = Net(inline=True)
+    layer_norm(net)
+    _refused(_in_function(net, (2, 5, 16)), "the rank of x is not known", caplog, shape=(2, 5, 16))
+
+
+def test_the_command_fuses_a_layer_norm_and_its_check_passes(tmp_path: pathlib.Path, capsys) -> None:
+    net = Net(opset=17)
+    layer_norm(net, x=net.op("Relu", "x"))
+    src, out, report = tmp_path / "ln.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save(_model(net, (1, 8, 16)), str(src))
+    assert cli.main([str(src), "-o", str(out), "--report", str(report)]) == 0
+    assert "check passed" in capsys.readouterr().out
+    assert _ops(onnx.load(str(out))) == ["Relu", "LayerNormalization"]
+    runs = {r["name"]: r for r in json.loads(report.read_text())["passes"]}
+    assert runs["simplify"]["stats"]["rewrites"]["fusions/layer_norm"] == 1
+    assert cli.main([str(src), "-o", str(out), "--no-fuse", "-q"]) == 0
+    assert "LayerNormalization" not in _ops(onnx.load(str(out)))
+
+
+def test_the_onnxruntime_probe_finds_the_kernels() -> None:
+    from passes.verify.probe import runs_op
+
+    shapes = ((2, 4), (4,), (4,))
+    assert runs_op("LayerNormalization", 18, onnx.TensorProto.FLOAT, shapes, (("axis", -1),))
+    assert runs_op("LayerNormalization", 18, onnx.TensorProto.FLOAT16, shapes, (("axis", -1),))
+    assert not runs_op("Gelu", 18, onnx.TensorProto.FLOAT, ((2, 4),))  # Gelu is an op from opset 20
