@@ -391,3 +391,152 @@ def test_the_onnxruntime_probe_finds_the_kernels() -> None:
     assert runs_op("LayerNormalization", 18, onnx.TensorProto.FLOAT, shapes, (("axis", -1),))
     assert runs_op("LayerNormalization", 18, onnx.TensorProto.FLOAT16, shapes, (("axis", -1),))
     assert not runs_op("Gelu", 18, onnx.TensorProto.FLOAT, ((2, 4),))  # Gelu is an op from opset 20
+
+
+# --- Gelu ------------------------------------------------------------------------------------------------
+
+SQRT2, SQRT_2_PI = float(np.sqrt(2.0)), float(np.sqrt(2.0 / np.pi))
+
+
+def gelu_erf(net: Net, x: str = "x", order: str = "torch", argument: str = "div", divisor: float = SQRT2,
+             half: float = 0.5, out: str = "y") -> str:
+    """``x · 0.5 · (1 + Erf(x / √2))`` in the association ``order`` exporters write."""
+    if argument == "div":
+        arg = net.op("Div", x, net.const(divisor))
+    else:
+        arg = net.op("Mul", net.const(1.0 / divisor), x)
+    plus = net.op("Add", net.const(1.0), net.op("Erf", arg))
+    if order == "torch":  # torch.onnx's nn.GELU: (x · (1 + erf)) · 0.5
+        return net.op("Mul", net.op("Mul", x, plus), net.const(half), out=out)
+    if order == "hf":  # HF's x * 0.5 * (1.0 + erf(...)): (x · 0.5) · (1 + erf)
+        return net.op("Mul", net.op("Mul", x, net.const(half)), plus, out=out)
+    return net.op("Mul", x, net.op("Mul", net.const(half), plus), out=out)  # x · (0.5 · (1 + erf))
+
+
+def gelu_tanh(net: Net, x: str = "x", cube: str = "pow", coefficient: float = 0.044715, scale: float = SQRT_2_PI,
+              out: str = "y") -> str:
+    """GPT-2's ``0.5 · x · (1 + Tanh(√(2/π) · (x + 0.044715 · x³)))``."""
+    x3 = net.op("Pow", x, net.const(3.0)) if cube == "pow" else net.op("Mul", net.op("Mul", x, x), x)
+    total = net.op("Add", x, net.op("Mul", net.const(coefficient), x3))
+    plus = net.op("Add", net.op("Tanh", net.op("Mul", total, net.const(scale))), net.const(1.0))
+    return net.op("Mul", net.op("Mul", net.const(0.5), x), plus, out=out)
+
+
+GELUS = {
+    "erf_torch_order": (gelu_erf, dict(), "none"),
+    "erf_hf_order": (gelu_erf, dict(order="hf"), "none"),
+    "erf_nested_order": (gelu_erf, dict(order="nested"), "none"),
+    "erf_times_reciprocal": (gelu_erf, dict(argument="mul"), "none"),
+    "tanh_pow": (gelu_tanh, dict(), "tanh"),
+    "tanh_cube_by_products": (gelu_tanh, dict(cube="mul"), "tanh"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GELUS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
+def test_gelu_fuses(name: str, dtype) -> None:
+    build, options, approximate = GELUS[name]
+    net = Net(dtype, opset=20)
+    build(net, **options)
+    original = _model(net, SHAPE)
+    result, stats = _simplify(original)
+    assert _ops(result) == ["Gelu"], _ops(result)
+    assert [helper.get_attribute_value(a) for a in result.graph.node[0].attribute] == [approximate.encode()]
+    assert stats["rewrites"] == {"fusions/gelu": 1}, stats
+    _same(original, result, SHAPE, dtype)
+
+
+def test_gelu_is_idempotent_and_leaves_other_products() -> None:
+    net = Net(opset=20)
+    g = gelu_erf(net, out="g")
+    net.op("Mul", net.op("Mul", g, "x"), net.const(0.5), out="y")  # x · 0.5 · Gelu(x): not a Gelu
+    once, stats = _simplify(_model(net, SHAPE))
+    assert sorted(_ops(once)) == ["Gelu", "Mul", "Mul"], stats
+    twice, stats = _simplify(once)
+    assert stats["rewrites"] == {}
+
+
+GELU_TRAPS = {
+    "a division by 1.5": (gelu_erf, dict(divisor=1.5), "the Erf's argument is not x / √2"),
+    "a division by 1.41421 (not √2 in float32)": (gelu_erf, dict(divisor=1.41421), "not x / √2"),
+    "0.6 instead of 0.5": (gelu_erf, dict(half=0.6), "the constant factor is not 0.5"),
+    "a tanh coefficient of 0.0447": (gelu_tanh, dict(coefficient=0.0447), "coefficient is not 0.044715"),
+    "a tanh scale that is not √(2/π)": (gelu_tanh, dict(scale=0.8), "not √(2/π) times a sum"),
+}
+
+
+@pytest.mark.parametrize("trap", sorted(GELU_TRAPS))
+def test_gelu_trap(trap: str, caplog) -> None:
+    build, options, reason = GELU_TRAPS[trap]
+    net = Net(opset=20)
+    build(net, **options)
+    _refused(_model(net, SHAPE), reason, caplog)
+
+
+def test_the_tanh_form_never_becomes_erf_nor_erf_tanh() -> None:
+    net = Net(opset=20)
+    gelu_erf(net, out="e")
+    gelu_tanh(net, x="e", out="y")
+    result, _ = _simplify(_model(net, SHAPE))
+    modes = [helper.get_attribute_value(n.attribute[0]) for n in result.graph.node]
+    assert modes == [b"none", b"tanh"]
+
+
+def test_below_opset_20_gelu_is_counted_as_fusable_at_a_higher_opset(caplog) -> None:
+    net = Net(opset=18)
+    gelu_erf(net, out="e")
+    gelu_tanh(net, x="e", out="y")
+    stats = _refused(_model(net, SHAPE), "Gelu is an op from opset 20", caplog)
+    assert stats["fusable_at_higher_opset"] == {"Gelu@20": 2}, stats
+
+
+def test_a_double_erf_gelu_has_no_onnxruntime_kernel(caplog) -> None:
+    net = Net(np.float64, opset=20)
+    gelu_erf(net)
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        result, stats = _simplify(_model(net, SHAPE))
+    assert stats["fused"] == 0 and "no Gelu-20 kernel for DOUBLE" in caplog.text
+
+
+def test_no_fuse_leaves_the_gelu() -> None:
+    net = Net(opset=20)
+    gelu_erf(net)
+    result, stats = _simplify(_model(net, SHAPE), fuse=False)
+    assert "Gelu" not in _ops(result) and stats["rewrites"] == {}
+
+
+def test_gelu_in_if_branches_and_a_function() -> None:
+    branches, initializers = [], []
+    for net, build in ((Net(opset=20, inline=True, suffix="_then"), gelu_erf),
+                       (Net(opset=20, suffix="_else"), gelu_tanh)):  # fmt: skip
+        build(net)
+        branches.append(helper.make_graph(net.nodes, "b" + net.suffix, [], [_io("y" + net.suffix, [2, 5, 16])]))
+        initializers += net.initializers
+    if_node = helper.make_node("If", ["cond"], ["y"], then_branch=branches[0], else_branch=branches[1])
+    graph = helper.make_graph([if_node], "g", [_io("x", [2, 5, 16]), _io("cond", [], np.bool_)], [_io("y", [2, 5, 16])],
+                              initializer=initializers)
+    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    result, stats = _simplify(original)
+    assert stats["rewrites"]["fusions/gelu"] == 2, stats
+    for cond in (True, False):
+        _same(original, result, (2, 5, 16), extra={"cond": np.array(cond)})
+
+    net = Net(opset=20, inline=True)
+    gelu_tanh(net)
+    original = _in_function(net, (2, 5, 16))
+    result, stats = _simplify(original)
+    assert stats["rewrites"] == {"fusions/gelu": 1} and [n.op_type for n in result.functions[0].node] == ["Gelu"]
+    _same(original, result, (2, 5, 16))
+
+
+def test_the_command_fuses_gelu_at_target_20_and_counts_it_below(tmp_path: pathlib.Path, capsys) -> None:
+    net = Net(opset=17)
+    gelu_erf(net, x=net.op("Relu", "x"))
+    src, out, report = tmp_path / "gelu.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save(_model(net, (1, 8, 16)), str(src))
+    assert cli.main([str(src), "-o", str(out), "--report", str(report), "-q"]) == 0
+    stats = {r["name"]: r for r in json.loads(report.read_text())["passes"]}["simplify"]["stats"]
+    assert stats["fusable_at_higher_opset"] == {"Gelu@20": 1}, stats
+    assert cli.main([str(src), "-o", str(out), "--target-opset", "20", "--report", str(report)]) == 0
+    assert "check passed" in capsys.readouterr().out
+    assert _ops(onnx.load(str(out))) == ["Relu", "Gelu"]
