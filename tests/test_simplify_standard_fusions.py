@@ -540,3 +540,121 @@ def test_the_command_fuses_gelu_at_target_20_and_counts_it_below(tmp_path: pathl
     assert cli.main([str(src), "-o", str(out), "--target-opset", "20", "--report", str(report)]) == 0
     assert "check passed" in capsys.readouterr().out
     assert _ops(onnx.load(str(out))) == ["Relu", "Gelu"]
+
+
+# --- RMSNormalization -----------------------------------------------------------------------------------
+
+
+def rms_norm(net: Net, x: str = "x", width: int = 16, eps: float = 1e-6, widen: bool = False, divide: str = "rsqrt",
+             square: str = "pow", axes=(-1,), eps_outside: bool = False, swap: bool = False, out: str = "y") -> str:
+    """Llama's/T5's ``weight * (x * rsqrt(mean(x²) + eps))``, the statistics in float32 when ``widen``."""
+    xs = net.op("Cast", x, to=onnx.TensorProto.FLOAT) if widen else x
+    stats = np.float32 if widen else None
+    sq = net.op("Pow", xs, net.const(2.0, stats)) if square == "pow" else net.op("Mul", xs, xs)
+    var = net.reduce_mean(sq, axes)
+    if eps_outside:
+        root = net.op("Add", net.op("Sqrt", var), net.const(eps, stats))
+    else:
+        root = net.op("Sqrt", net.op("Add", var, net.const(eps, stats)))
+    n = net.op("Div", xs, root) if divide == "div" else net.op("Mul", xs, net.op("Reciprocal", root))
+    if widen:
+        n = net.op("Cast", n, to=_elem(net.dtype))
+    weight = net.const(RNG.uniform(0.5, 1.5, width) * RNG.choice([-1, 1], width))
+    return net.op("Mul", n, weight, out=out) if swap else net.op("Mul", weight, n, out=out)
+
+
+RMS_NORMS = {
+    "t5": (np.float32, dict()),
+    "div": (np.float32, dict(divide="div", swap=True)),
+    "mul_square": (np.float32, dict(square="mul")),
+    "llama_float16_widened": (np.float16, dict(widen=True)),
+    "float16": (np.float16, dict(eps=1e-5)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RMS_NORMS))
+def test_rms_norm_fuses(name: str) -> None:
+    dtype, options = RMS_NORMS[name]
+    net = Net(dtype, opset=23)
+    rms_norm(net, **options)
+    original = _model(net, SHAPE)
+    result, stats = _simplify(original)
+    assert _ops(result) == ["RMSNormalization"], _ops(result)
+    assert stats["rewrites"] == {"fusions/rms_norm": 1}, stats
+    attrs = {a.name: helper.get_attribute_value(a) for a in result.graph.node[0].attribute}
+    assert attrs["axis"] == -1 and attrs["stash_type"] == 1
+    _same(original, result, SHAPE, dtype)
+    again, stats = _simplify(result)
+    assert stats["rewrites"] == {}
+
+
+RMS_TRAPS = {
+    "eps outside the root": (dict(eps_outside=True), "the divisor is not a square root"),
+    "not the trailing axis": (dict(axes=(1,)), "are not the trailing axes"),
+}
+
+
+@pytest.mark.parametrize("trap", sorted(RMS_TRAPS))
+def test_rms_norm_trap(trap: str, caplog) -> None:
+    options, reason = RMS_TRAPS[trap]
+    net = Net(opset=23)
+    rms_norm(net, **options)
+    _refused(_model(net, SHAPE), reason, caplog)
+
+
+def test_a_widened_rms_norm_not_cast_back_is_not_fused(caplog) -> None:
+    """Statistics in float32 and a float32 weight: the output is float32, not x's float16."""
+    net = Net(np.float32, opset=23)
+    xs = net.op("Cast", "x", to=onnx.TensorProto.FLOAT)
+    var = net.reduce_mean(net.op("Mul", xs, xs), (-1,))
+    n = net.op("Mul", xs, net.op("Reciprocal", net.op("Sqrt", net.op("Add", var, net.const(1e-6)))))
+    net.op("Mul", net.const(RNG.uniform(0.5, 1.5, 16)), n, out="y")
+    graph = helper.make_graph(net.nodes, "g", [_io("x", list(SHAPE), np.float16)], [_io("y", [None] * 3)],
+                              initializer=net.initializers)
+    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        result, stats = _simplify(original)
+    assert stats["fused"] == 0 and "the result is not cast back to x's type" in caplog.text, stats
+
+
+def test_below_opset_23_rms_norm_is_counted_as_fusable_at_a_higher_opset(caplog) -> None:
+    net = Net(opset=20)
+    rms_norm(net)
+    stats = _refused(_model(net, SHAPE), "RMSNormalization is an op from opset 23", caplog)
+    assert stats["fusable_at_higher_opset"] == {"RMSNormalization@23": 1}, stats
+
+
+def test_no_fuse_leaves_the_rms_norm() -> None:
+    net = Net(opset=23)
+    rms_norm(net)
+    result, stats = _simplify(_model(net, SHAPE), fuse=False)
+    assert "RMSNormalization" not in _ops(result) and stats["rewrites"] == {}
+
+
+def test_rms_norm_in_if_branches_but_not_in_a_function(caplog) -> None:
+    branches, initializers = [], []
+    for net in (Net(opset=23, inline=True, suffix="_then"), Net(opset=23, suffix="_else")):
+        rms_norm(net)
+        branches.append(helper.make_graph(net.nodes, "b" + net.suffix, [], [_io("y" + net.suffix, [2, 5, 16])]))
+        initializers += net.initializers
+    if_node = helper.make_node("If", ["cond"], ["y"], then_branch=branches[0], else_branch=branches[1])
+    graph = helper.make_graph([if_node], "g", [_io("x", [2, 5, 16]), _io("cond", [], np.bool_)], [_io("y", [2, 5, 16])],
+                              initializer=initializers)
+    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    result, stats = _simplify(original)
+    assert stats["rewrites"]["fusions/rms_norm"] == 2, stats
+    for cond in (True, False):
+        _same(original, result, (2, 5, 16), extra={"cond": np.array(cond)})
+
+    net = Net(opset=23, inline=True)
+    rms_norm(net)
+    _refused(_in_function(net, (2, 5, 16)), "the rank of x is not known", caplog, shape=(2, 5, 16))
+
+
+def test_a_layer_norm_at_opset_23_is_a_layer_norm_not_an_rms_norm_of_x_minus_mean() -> None:
+    net = Net(opset=23)
+    layer_norm(net)
+    original = _model(net, SHAPE)
+    result, stats = _simplify(original)
+    assert _ops(result) == ["LayerNormalization"], stats
+    _same(original, result, SHAPE)

@@ -31,9 +31,13 @@ and model-local function until nothing changes (bounded):
   (no hidden broadcast). Constants are compared exactly.
 * ``fusions`` (``--no-fuse`` turns them off): BatchNormalization into a
   preceding Conv/ConvTranspose/Gemm, a per-channel Mul/Add into a Conv, and
-  MatMul+Add of proved matrices into a Gemm. These are the only rules that
-  change float results (by rounding, ~1e-6); the report counts them and the
-  check covers them.
+  MatMul+Add of proved matrices into a Gemm; the exporters' LayerNorm, GELU
+  and RMSNorm into the standard ``LayerNormalization`` (opset 17), ``Gelu``
+  (20) and ``RMSNormalization`` (23), where onnxruntime has the kernel
+  (patterns only a higher opset would take are counted as
+  ``fusable_at_higher_opset``). These are the only rules that change float
+  results (by rounding, ~1e-6); the report counts them and the check covers
+  them.
 
 Shapes come from onnx shape inference run on the model with the shapes it
 declares for computed values removed, so a declared shape that the graph

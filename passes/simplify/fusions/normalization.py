@@ -1,4 +1,5 @@
-"""The normalisations exporters write as primitive ops, into ``LayerNormalization`` (opset 17).
+"""The normalisations exporters write as primitive ops, into ``LayerNormalization`` (opset 17) and
+``RMSNormalization`` (opset 23).
 
 ``Add(Mul(Div(d, Sqrt(Add(ReduceMean(Pow(d, 2)), eps))), scale), bias)`` with
 ``d = Sub(x, ReduceMean(x))`` becomes ``LayerNormalization(x, scale, bias)``
@@ -27,6 +28,16 @@ for the division, ``eps + v``, either operand order of every Mul and Add, no
   model's opset is 17 or later (below it the pattern is counted as fusable at
   a higher opset), and onnxruntime's CPU provider runs LayerNormalization at
   that opset and type (probed once a pattern is found).
+
+``Mul(scale, Mul(x, Reciprocal(Sqrt(Add(ReduceMean(Pow(x, 2)), eps)))))``
+(T5, Llama; ``Div(x, Sqrt(...))`` too, and with the statistics computed on
+``Cast(x, to=float)`` and the result cast back to x's type before the scale)
+becomes ``RMSNormalization(x, scale)`` (``stash_type`` 1), under the same
+conditions on the axes, eps, the scale and the types, from opset 23; an ``x``
+that is ``x' - ReduceMean(x')`` is a LayerNorm's and left to that rule. x (or
+its Cast) may have other users: the fused op reads it. Compared with
+onnxruntime's kernel on the same edge values, no zero changes sign, so no bias
+is needed.
 """
 
 from __future__ import annotations
@@ -61,7 +72,7 @@ class _Statistics:
     x: ir.Value
     axes: list[int]
     epsilon: float
-    eps_rank: int
+    widened: bool = False  # x is cast to float for the statistics (RMSNorm's Llama/T5 form)
 
 
 @rule("Add", family="fuse")
@@ -150,10 +161,9 @@ def _statistics(ctx: Context, value: ir.Value | None, graph: ir.Graph | ir.Funct
     reduced = normalised[0]
     if not reduced or reduced != list(range(rank - len(reduced), rank)):
         return f"the reduced axes {reduced} are not the trailing axes of rank {rank}"
-    eps_rank = len(ctx.dims(epsilon_value) or ())
-    if eps_rank > rank:
+    if len(ctx.dims(epsilon_value) or ()) > rank:
         return "eps has a higher rank than x"
-    return _Statistics(x, reduced, epsilon, eps_rank)
+    return _Statistics(x, reduced, epsilon)
 
 
 def _square_of(ctx: Context, value: ir.Value | None, d: ir.Value, graph: ir.Graph | ir.Function | None) -> ir.Node | str:
@@ -263,3 +273,124 @@ def _layer_norm(node: ir.Node, ctx: Context, stats: _Statistics, scale: ir.Value
 
     return rewrite
 
+
+
+# --- RMSNormalization ---------------------------------------------------------------------------------
+
+
+@rule("Mul", family="fuse")
+def rms_norm(node: ir.Node, ctx: Context) -> Outcome:
+    """``Mul(scale, x · 1/sqrt(mean(x²) + eps))`` -> ``RMSNormalization(x, scale)`` (opset 23)."""
+    if len(node.inputs) != 2 or any(v is None for v in node.inputs):
+        return "not two inputs"
+    reason = "no input is x / sqrt(mean(x²) + eps)"
+    for index in (0, 1):
+        head, scale = node.inputs[index], node.inputs[1 - index]
+        back = inner(ctx, head, "Cast", node.graph)  # the statistics in float32, cast back (Llama, T5)
+        found = _root_mean_square(ctx, back.inputs[0] if back is not None else head, node.graph)
+        if isinstance(found, str):
+            if not found.startswith("not "):
+                reason = found
+            continue
+        outcome = _rms_norm(node, ctx, found, scale, back)
+        if callable(outcome) or isinstance(outcome, AtHigherOpset):
+            return outcome
+        reason = outcome
+    return reason
+
+
+def _root_mean_square(ctx: Context, value: ir.Value | None, graph: ir.Graph | ir.Function | None) -> _Statistics | str:
+    """``value = xs / sqrt(mean(xs²) + eps)`` (``Div``, or ``Mul`` by a ``Reciprocal``); ``x`` is ``xs``
+    or, where ``xs = Cast(x, to=float)`` is used by the pattern alone, ``x`` (``widened``)."""
+    pairs: list[tuple[ir.Value | None, ir.Node | None]] = []
+    division = inner(ctx, value, "Div", graph)
+    if division is not None and len(division.inputs) == 2:
+        pairs.append((division.inputs[0], inner(ctx, division.inputs[1], "Sqrt", graph)))
+    else:
+        multiplication = inner(ctx, value, "Mul", graph)
+        if multiplication is None:
+            return "not x divided by a root"
+        for reciprocal, xs in operands(multiplication, ctx, "Reciprocal"):
+            pairs.append((xs, inner(ctx, reciprocal.inputs[0] if reciprocal.inputs else None, "Sqrt", graph)))
+        if not pairs:
+            return "not x times the reciprocal of a root"
+    xs, root = pairs[0]
+    if root is None or xs is None:
+        return "the divisor is not a square root used by it alone"
+    shifted = inner(ctx, root.inputs[0], "Add", graph)
+    if shifted is None:
+        return "the root is not of a sum (mean + eps) used by it alone"
+    found = operands(shifted, ctx, "ReduceMean")
+    if not found:
+        return "the root is not of mean + eps"
+    mean, epsilon_value = found[0]
+    epsilon = scalar(ctx, epsilon_value)
+    if epsilon is None:
+        return "eps is not a one-element float constant"
+    if not np.isfinite(epsilon) or epsilon < 0:
+        return f"eps is {epsilon}"
+    square = _square_of(ctx, mean.inputs[0] if mean.inputs else None, xs, graph)
+    if isinstance(square, str):
+        return square.replace("x - mean", "x")
+    # x (or its Cast) stays where it has other users: the fused op reads x, nothing it removes.
+    axes = _axes(ctx, mean)
+    if isinstance(axes, str):
+        return axes
+    cast = ctx.producer(xs, "Cast")
+    widened = (cast is not None and cast.graph is graph and bool(cast.inputs) and cast.inputs[0] is not None
+               and cast.attributes.get_int("to", 0) == ir.DataType.FLOAT.value)  # fmt: skip
+    x = cast.inputs[0] if widened else xs  # type: ignore[union-attr]
+    assert x is not None
+    centred = ctx.producer(x, "Sub")
+    if centred is not None and len(centred.inputs) == 2 and ctx.producer(centred.inputs[1], "ReduceMean") is not None:
+        return "x is x - ReduceMean(x): a LayerNorm's statistics (the layer_norm rule's)"
+    dims = ctx.dims(x)
+    if dims is None:
+        return "the rank of x is not known"
+    rank = len(dims)
+    reduced = sorted({a + rank if a < 0 else a for a in axes})
+    if reduced != list(range(rank - len(reduced), rank)):
+        return f"the reduced axes {reduced} are not the trailing axes of rank {rank}"
+    if len(ctx.dims(epsilon_value) or ()) > rank:
+        return "eps has a higher rank than x"
+    return _Statistics(x, reduced, epsilon, widened)
+
+
+def _rms_norm(node: ir.Node, ctx: Context, stats: _Statistics, scale: ir.Value | None,
+              back: ir.Node | None) -> Outcome:  # fmt: skip
+    dtype = ctx.dtype(stats.x)
+    if dtype not in _FLOATS:
+        return f"x is {dtype.name if dtype else 'of an unknown type'} (RMSNormalization is fused for floats)"
+    if stats.widened:
+        if back is None or back.attributes.get_int("to", 0) != dtype.value:
+            return "the result is not cast back to x's type"
+    elif back is not None:
+        return "the result is cast, and x was not"
+    dims = ctx.dims(stats.x) or ()
+    target = tuple(dims[a] for a in stats.axes)
+    if not all(isinstance(d, int) for d in target):
+        return f"the normalised shape {list(target)} is not static"
+    static: tuple[int, ...] = target  # type: ignore[assignment]
+    scale_array = _parameter(ctx, scale, dtype, static, len(dims), "scale")
+    if isinstance(scale_array, str):
+        return scale_array
+    if ctx.opset < 23:
+        return AtHigherOpset("RMSNormalization", 23, ctx.opset)
+    attributes = (("axis", -len(static)), ("epsilon", stats.epsilon), ("stash_type", 1))
+    if not ort_runs("RMSNormalization", ctx.opset, dtype, [(2, *static), static], attributes):
+        return f"onnxruntime's CPU provider has no RMSNormalization-{ctx.opset} kernel for {dtype.name}"
+    if float(np.float32(stats.epsilon)) != stats.epsilon:
+        return f"eps {stats.epsilon!r} is not a float32 value (the attribute's type)"
+
+    def rewrite() -> None:
+        if scale is not None and scale.shape is not None and tuple(scale.shape) == static:
+            parameter = scale
+        else:
+            parameter = ctx.new_constant(np.ascontiguousarray(scale_array), "rms_norm_scale", node)
+        fused = ir.Node("", "RMSNormalization", [stats.x, parameter],
+                        [ir.AttrInt64("axis", -len(static)), ir.AttrFloat32("epsilon", stats.epsilon),
+                         ir.AttrInt64("stash_type", 1)],
+                        name=ctx.names().node(f"{node.name or 'Mul'}_rms_norm"))  # fmt: skip
+        replace_output(node, ctx, fused)
+
+    return rewrite
