@@ -19,11 +19,12 @@ for the division, ``eps + v``, either operand order of every Mul and Add, no
   output (a mean used elsewhere keeps the pattern);
 * the scale and the bias are constants that broadcast over the normalised axes
   only (a scalar or a trailing shape; written out to the normalised shape when
-  they are smaller), finite; the bias is required and has no zero entry:
-  onnxruntime's kernel gives a row of -0 the output -0 where the primitive ops
-  give +0, and its float16 kernel gives some zero outputs the other sign; a
-  bias without zeros makes every zero output an exact ``a + (-a) = +0`` in
-  both;
+  they are smaller), finite; the bias is required: onnxruntime's kernel gives
+  a row of -0 the output -0 where the primitive ops give +0, and adding a bias
+  makes every zero output +0 in both (``a + (-a)``, ``±0 + (+0)``), so a float
+  bias has no -0 entry; its float16 kernel also gives some zero outputs of a
+  zero-centred row the other sign before the bias, so a float16 bias has no
+  zero entry at all;
 * ``x`` is float or float16 (see ``_FLOATS``), the
   model's opset is 17 or later (below it the pattern is counted as fusable at
   a higher opset), and onnxruntime's CPU provider runs LayerNormalization at
@@ -240,9 +241,12 @@ def _layer_norm(node: ir.Node, ctx: Context, stats: _Statistics, scale: ir.Value
     bias_array = _parameter(ctx, bias, dtype, static, len(dims), "bias")
     if isinstance(bias_array, str):
         return bias_array
-    if np.any(bias_array == 0):
-        return ("the bias has a zero entry (onnxruntime's kernel may give a zero output the other sign; "
-                "a bias without zeros makes every zero output +0 in both)")  # fmt: skip
+    zeros = bias_array == 0
+    if dtype == ir.DataType.FLOAT and np.any(zeros & np.signbit(bias_array)):
+        return "the bias has a -0 entry (a zero output would keep the sign onnxruntime's kernel gives it)"
+    if dtype != ir.DataType.FLOAT and np.any(zeros):
+        return (f"the {dtype.name} bias has a zero entry (onnxruntime's {dtype.name} kernel gives some zero "
+                "outputs the other sign; a bias without zeros makes every zero output +0 in both)")  # fmt: skip
     if scale is None:
         scale_array: np.ndarray | str = np.ones(static, dtype=bias_array.dtype)
     else:
