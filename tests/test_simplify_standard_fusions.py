@@ -669,3 +669,45 @@ def test_a_layer_norm_at_opset_23_is_a_layer_norm_not_an_rms_norm_of_x_minus_mea
     result, stats = _simplify(original)
     assert _ops(result) == ["LayerNormalization"], stats
     _same(original, result, SHAPE)
+
+
+def test_the_command_fuses_rms_norm_at_target_23(tmp_path: pathlib.Path, capsys) -> None:
+    net = Net(np.float16, opset=18)
+    rms_norm(net, x=net.op("Relu", "x"), widen=True)
+    src, out, report = tmp_path / "rms.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save(_model(net, (1, 8, 16)), str(src))
+    assert cli.main([str(src), "-o", str(out), "--report", str(report), "-q"]) == 0
+    stats = {r["name"]: r for r in json.loads(report.read_text())["passes"]}["simplify"]["stats"]
+    assert stats["fusable_at_higher_opset"] == {"RMSNormalization@23": 1}, stats
+    assert cli.main([str(src), "-o", str(out), "--target-opset", "23"]) == 0
+    assert "check passed" in capsys.readouterr().out
+    assert _ops(onnx.load(str(out))) == ["Relu", "RMSNormalization"]
+
+
+def test_onnxruntime_is_imported_only_once_a_pattern_is_found() -> None:
+    """The probe imports onnxruntime; simplify on a model without these patterns never asks it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, onnx_ir as ir; from passes.simplify import SimplifyPass; "
+            "m = ir.load(sys.argv[1]); SimplifyPass()(m); print('onnxruntime' in sys.modules)")  # fmt: skip
+    demo = pathlib.Path(__file__).resolve().parent.parent / "models" / "demo.onnx"
+    found = subprocess.run([sys.executable, "-c", code, str(demo)], capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "False", found.stderr
+
+
+def test_a_long_chain_of_products_is_not_walked_from_every_mul(monkeypatch: pytest.MonkeyPatch) -> None:
+    """3,000 Muls in a row: the Gelu rule reads at most five factors from each (not the chain: O(n²))."""
+    from passes.simplify.fusions import gelu as gelu_module
+
+    net = Net(opset=20)
+    value = "x"
+    for _ in range(3000):
+        value = net.op("Mul", value, net.const(1.0001))
+    net.op("Identity", value, out="y")
+    model = ir.serde.deserialize_model(_model(net, (4,)))
+    calls = []
+    original = gelu_module.sole_user
+    monkeypatch.setattr(gelu_module, "sole_user", lambda v: calls.append(v) or original(v))
+    SimplifyPass()(model)
+    assert len(calls) < 10 * 3000, len(calls)

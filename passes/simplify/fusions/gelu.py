@@ -38,14 +38,22 @@ from passes.simplify.rules import Context, Outcome, rule, sole_user
 __all__: list[str] = []
 
 
-def _factors(ctx: Context, value: ir.Value, graph: ir.Graph | ir.Function | None, root: bool) -> list[ir.Value]:
-    """The factors of the product ``value`` is (its Mul nodes used by the product alone), else ``[value]``."""
-    node = ctx.producer(value, "Mul")
-    if node is None or node.graph is not graph or len(node.inputs) != 2 or any(v is None for v in node.inputs):
-        return [value]
-    if not root and not sole_user(value):
-        return [value]
-    return [f for v in node.inputs for f in _factors(ctx, v, graph, root=False)]  # type: ignore[arg-type]
+def _factors(ctx: Context, value: ir.Value, graph: ir.Graph | ir.Function | None, root: bool,
+             limit: int = 4) -> list[ir.Value]:  # fmt: skip
+    """The factors of the product ``value`` is (through its Mul nodes used by the product alone), in
+    order, else ``[value]``; at most ``limit + 1`` of them (a longer product is no pattern here, and
+    a chain of thousands of Muls is not walked from each of them)."""
+    factors: list[ir.Value] = []
+    pending = [(value, root)]
+    while pending and len(factors) + len(pending) <= limit + 1:
+        current, top = pending.pop()
+        node = ctx.producer(current, "Mul")
+        if (node is None or node.graph is not graph or len(node.inputs) != 2 or any(v is None for v in node.inputs)
+                or (not top and not sole_user(current))):  # fmt: skip
+            factors.append(current)
+            continue
+        pending += [(node.inputs[1], False), (node.inputs[0], False)]  # type: ignore[list-item]
+    return factors + [v for v, _ in pending][: max(0, limit + 1 - len(factors))]
 
 
 def _is(ctx: Context, value: ir.Value | None, exact: float, dtype: ir.DataType) -> bool:
