@@ -711,3 +711,15 @@ def test_a_long_chain_of_products_is_not_walked_from_every_mul(monkeypatch: pyte
     monkeypatch.setattr(gelu_module, "sole_user", lambda v: calls.append(v) or original(v))
     SimplifyPass()(model)
     assert len(calls) < 10 * 3000, len(calls)
+
+
+@pytest.mark.parametrize("build, opset, op", [(layer_norm, 18, "LayerNormalization"), (gelu_erf, 20, "Gelu"),
+                                              (rms_norm, 23, "RMSNormalization")])  # fmt: skip
+def test_no_kernel_in_onnxruntime_means_no_fusion(build, opset, op, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    """The probe's answer decides (here a runtime that lacks the kernel, for every type)."""
+    from passes.verify import probe
+
+    monkeypatch.setattr(probe, "runs_op", lambda *args: False)
+    net = Net(opset=opset)
+    build(net)
+    _refused(_model(net, SHAPE), f"onnxruntime's CPU provider has no {op}-{opset} kernel for FLOAT", caplog)

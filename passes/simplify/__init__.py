@@ -101,9 +101,12 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
     """Applies the simplification rules (see the module docstring) until nothing changes.
 
     ``stats`` after a call: ``rewrites`` (count per rule name), ``rounds``,
-    ``fused`` (how many rewrites changed float rounding: the fusions), and
+    ``fused`` (how many rewrites changed float rounding: the fusions),
     ``not_applied`` (per rule, how often it matched an op but its check said
-    no; the reasons are logged at debug level, ``-v``).
+    no; the reasons are logged at debug level, ``-v``) and, when there are
+    any, ``fusable_at_higher_opset`` (fusion patterns only a higher opset would
+    take, by ``"Op@opset"``; each call reports the change since this pass's
+    previous call, so the pass loop's sum over its runs is the final count).
 
     Attributes:
         fuse: Apply the fusions (they change float results by rounding).

@@ -107,18 +107,16 @@ def _statistics(ctx: Context, value: ir.Value | None, graph: ir.Graph | ir.Funct
     pairs: list[tuple[ir.Value | None, ir.Value | None]] = []
     if division is not None and len(division.inputs) == 2:
         pairs.append((division.inputs[0], division.inputs[1]))
-        root_of = "Sqrt"
     else:
         multiplication = inner(ctx, value, "Mul", graph)
         if multiplication is None:
             return "not (x - mean) divided by a root"
         for reciprocal, d in operands(multiplication, ctx, "Reciprocal"):
             pairs.append((d, reciprocal.inputs[0] if reciprocal.inputs else None))
-        root_of = "Sqrt"
         if not pairs:
             return "not (x - mean) times the reciprocal of a root"
     d, root_value = pairs[0]
-    root = inner(ctx, root_value, root_of, graph)
+    root = inner(ctx, root_value, "Sqrt", graph)
     if root is None:
         return "the divisor is not a square root used by it alone"
     shifted = inner(ctx, root.inputs[0], "Add", graph)
