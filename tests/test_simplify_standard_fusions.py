@@ -78,8 +78,8 @@ def _io(name: str, shape, dtype=np.float32) -> onnx.ValueInfoProto:
 
 
 def _model(net: Net, shape, out: str = "y") -> onnx.ModelProto:
-    graph = helper.make_graph(net.nodes, "g", [_io("x", list(shape), net.dtype)], [_io(out, [None] * len(shape), net.dtype)],
-                              initializer=net.initializers)
+    graph = helper.make_graph(net.nodes, "g", [_io("x", list(shape), net.dtype)],
+                              [_io(out, [None] * len(shape), net.dtype)], initializer=net.initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", net.opset)])
 
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import onnx_ir as ir
 
 from passes.simplify.rules import Context, sole_user
 
-__all__ = ["AtHigherOpset", "exactly", "fusable_producer", "inner", "operands", "ort_runs", "replace_output", "scalar"]
+__all__ = ["AtHigherOpset", "fusable_producer", "inner", "operands", "ort_runs", "replace_output", "scalar"]
 
 
 def fusable_producer(node: ir.Node, ctx: Context, value: ir.Value | None, op_type: str) -> ir.Node | str:
@@ -80,11 +79,6 @@ def ort_runs(op_type: str, opset: int, dtype: ir.DataType, shapes: Sequence[tupl
     from passes.verify.probe import runs_op  # onnxruntime, only where a fusion would be written
 
     return runs_op(op_type, opset, int(dtype), tuple(tuple(s) for s in shapes), tuple(attributes))
-
-
-def exactly(array: np.ndarray | None, value: float) -> bool:
-    """Whether a one-element constant is ``value`` exactly."""
-    return array is not None and array.size == 1 and float(array.reshape(-1)[0]) == value
 
 
 def replace_output(node: ir.Node, ctx: Context, fused: ir.Node) -> None:

@@ -164,7 +164,8 @@ def _tanh_argument(ctx: Context, value: ir.Value | None, x: ir.Value, dtype: ir.
         return None
     if len(rest) == 1:
         power = inner(ctx, rest[0], "Pow", graph)
-        if power is not None and len(power.inputs) == 2 and power.inputs[0] is x and _exactly(ctx, power.inputs[1], 3.0):
+        cube = power is not None and len(power.inputs) == 2 and power.inputs[0] is x
+        if cube and _exactly(ctx, power.inputs[1], 3.0):  # type: ignore[union-attr]
             return None
     return "the cubic term is not 0.044715 · x³"
 

@@ -165,7 +165,8 @@ def _statistics(ctx: Context, value: ir.Value | None, graph: ir.Graph | ir.Funct
     return _Statistics(x, reduced, epsilon)
 
 
-def _square_of(ctx: Context, value: ir.Value | None, d: ir.Value, graph: ir.Graph | ir.Function | None) -> ir.Node | str:
+def _square_of(ctx: Context, value: ir.Value | None, d: ir.Value,
+               graph: ir.Graph | ir.Function | None) -> ir.Node | str:  # fmt: skip
     """The node computing ``d * d`` or ``Pow(d, 2)`` as ``value``, used by the variance alone."""
     power = inner(ctx, value, "Pow", graph)
     if power is not None:
