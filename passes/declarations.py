@@ -116,8 +116,9 @@ SIMPLIFY = PassSpec(
     "constants as initializers, common subexpressions, no-ops, chains, partial shapes, fusions",
     implementation("passes.simplify:SimplifyPass"),
     (
-        Option("fuse", True, "do not fuse BatchNormalization or per-channel Mul/Add into Conv/Gemm, "
-               "nor MatMul+Add into Gemm (the only simplifications that change float results, by rounding)"),
+        Option("fuse", True, "do not fuse: BatchNormalization or per-channel Mul/Add into Conv/Gemm, "
+               "MatMul+Add into Gemm, LayerNorm/Gelu/RMSNorm patterns into the standard ops (the only "
+               "simplifications that change float results, by rounding)"),
         Option("freeze_initializer_inputs", False, "treat initializers that are also graph inputs "
                "(every initializer of an IR 3 model) as constants that fold and fuse, and remove them "
                "from the inputs: callers can no longer override them"),

@@ -38,9 +38,13 @@ and model-local function until nothing changes (bounded):
   (no hidden broadcast). Constants are compared exactly.
 * ``fusions`` (``--no-fuse`` turns them off): BatchNormalization into a
   preceding Conv/ConvTranspose/Gemm, a per-channel Mul/Add into a Conv, and
-  MatMul+Add of proved matrices into a Gemm. These are the only rules that
-  change float results (by rounding, ~1e-6); the report counts them and the
-  check covers them.
+  MatMul+Add of proved matrices into a Gemm; the exporters' LayerNorm, GELU
+  and RMSNorm into the standard ``LayerNormalization`` (opset 17), ``Gelu``
+  (20) and ``RMSNormalization`` (23), where onnxruntime has the kernel
+  (patterns only a higher opset would take are counted as
+  ``fusable_at_higher_opset``). These are the only rules that change float
+  results (by rounding, ~1e-6); the report counts them and the check covers
+  them.
 
 Shapes come from onnx shape inference run on the model with the shapes it
 declares for computed values removed, so a declared shape that the graph
@@ -108,8 +112,11 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
 
     ``stats`` after a call (:func:`passes.base.pass_stats`): ``applied`` (count per
     rule name), ``declined`` (per rule, how often it matched an op but its check
-    said no; the reasons are logged at debug level, ``-v``), ``rounds`` and
-    ``fused`` (how many rewrites changed float rounding: the fusions).
+    said no; the reasons are logged at debug level, ``-v``), ``rounds``,
+    ``fused`` (how many rewrites changed float rounding: the fusions) and, when
+    there are any, ``fusable_at_higher_opset`` (fusion patterns only a higher
+    opset would take, by ``"Op@opset"``; each call reports the change since this
+    pass's previous call, so the pass loop's sum over its runs is the final count).
 
     Attributes:
         fuse: Apply the fusions (they change float results by rounding).
@@ -126,6 +133,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         self.freeze_initializer_inputs = freeze_initializer_inputs
         self.stats: dict[str, Any] = {}
         self._inferred: dict[ir.Value, Any] | None = None  # the inference of the current sweep, if it ran
+        self._reported_later: collections.Counter[str] = collections.Counter()
 
     def _rules(self) -> dict[str, list[Rule]]:
         by_op: dict[str, list[Rule]] = collections.defaultdict(list)
@@ -144,9 +152,11 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             _freeze_initializer_inputs(model, applied)
         rounds = 0
         self._inferred = None
+        later: collections.Counter[str] = collections.Counter()
         while rounds < _MAX_ROUNDS:
             rounds += 1
-            changed = self._round(model, rules, applied, refused)
+            later = collections.Counter()  # the patterns of the last round, which sees the final graph
+            changed = self._round(model, rules, applied, refused, later)
             changed |= control_flow.resolve_known_conditions(model, applied)
             changed |= constants.lift_main_graph_constants(model, applied)
             changed |= constants.lift_subgraph_constants(model, applied)
@@ -161,6 +171,13 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             applied["constants/shared_initializer"] += 1
         self.stats = pass_stats(applied, refused, rounds=rounds,
                                 fused=sum(n for name, n in applied.items() if name.startswith("fusions/")))
+        # Fusion patterns only a higher opset would take ("Gelu@20": n). The pass loop sums a pass's
+        # stats over its runs, so each run reports the change since this pass's previous run: the
+        # sum is what the last run found in the final graph.
+        delta = {key: later[key] - self._reported_later[key] for key in {*later, *self._reported_later}}
+        self._reported_later = later
+        if any(delta.values()):
+            self.stats["fusable_at_higher_opset"] = dict(sorted(delta.items()))
         return ir.passes.PassResult(model, modified=bool(applied))
 
     def _correct_declared_shapes(self, model: ir.Model, applied: collections.Counter[str]) -> None:
@@ -174,7 +191,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             add_model_notes(model, notes)
 
     def _round(self, model: ir.Model, rules: dict[str, list[Rule]], applied: collections.Counter[str],
-               refused: collections.Counter[str]) -> bool:  # fmt: skip
+               refused: collections.Counter[str], later: collections.Counter[str]) -> bool:  # fmt: skip
         """One sweep of the node rules over every scope; whether anything changed.
 
         Inference and the derived dims are computed once, on first use, and hold for the whole
@@ -223,6 +240,8 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
                         changed = True
                         break
                     refused[rule.name] += 1
+                    if getattr(outcome, "key", None):  # fusions.AtHigherOpset: the opset alone refused it
+                        later[outcome.key] += 1
                     logger.debug("%s does not apply to %s node %r: %s", rule.name, node.op_type, node.name, outcome)
         return changed
 

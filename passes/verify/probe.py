@@ -1,34 +1,45 @@
-"""Which default-domain opsets onnxruntime runs: probed by loading a one-node model per opset.
+"""What onnxruntime runs: probed with one-node models, once per process (cached in memory).
 
-Importing this module imports onnxruntime, so only what needs the real
-highest opset imports it, and only then: the upgrade pass for a target above
-the opsets every supported onnxruntime runs, the CLI or pipeline to tell the
-user the range.
+* :func:`max_supported_opset`: the highest default-domain opset it loads;
+* :func:`runs_op`: whether its CPU provider has a kernel for an op at an opset
+  and element type (a fused op is written only where the check can run it).
+
+Importing this module imports onnxruntime, so only what needs the answer
+imports it, and only then: the upgrade pass for a target above the opsets
+every supported onnxruntime runs, the CLI or pipeline to tell the user the
+range, the simplify fusions into standard ops once a pattern is found.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from typing import Any
 
+import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 
 from passes.declarations import DEFAULT_TARGET_OPSET as MIN_TARGET_OPSET
 from passes.ir.schemas import min_ir_version
 
-__all__ = ["max_supported_opset", "ort_loads"]
+__all__ = ["max_supported_opset", "ort_loads", "runs_op"]
 
 logger = logging.getLogger(__name__)
 
 
-def ort_loads(opset: int) -> bool:
-    """Whether onnxruntime (CPU) loads a model of default-domain ``opset``."""
-    errors = tuple(
+def _errors() -> tuple[type[BaseException], ...]:
+    return tuple(
         getattr(ort.capi.onnxruntime_pybind11_state, name)
         for name in ("Fail", "InvalidGraph", "InvalidArgument", "NotImplemented", "RuntimeException")
         if hasattr(ort.capi.onnxruntime_pybind11_state, name)
     )
+
+
+def ort_loads(opset: int) -> bool:
+    """Whether onnxruntime (CPU) loads a model of default-domain ``opset``."""
+    errors = _errors()
     graph = onnx.helper.make_graph(
         [onnx.helper.make_node("Identity", ["x"], ["y"])],
         "probe",
@@ -60,3 +71,45 @@ def max_supported_opset() -> int:
         if ort_loads(opset):
             return opset
     return MIN_TARGET_OPSET - 1
+
+
+@functools.cache
+def runs_op(op_type: str, opset: int, dtype: int, shapes: tuple[tuple[int, ...], ...],
+            attributes: tuple[tuple[str, Any], ...] = ()) -> bool:  # fmt: skip
+    """Whether onnxruntime's CPU provider runs a one-node ``op_type`` model (probed once per process).
+
+    Args:
+        op_type: A default-domain op.
+        opset: The model's default-domain opset.
+        dtype: The element type of every input and of the output (``onnx.TensorProto.FLOAT16``).
+        shapes: One shape per input (every input an initializer of ones).
+        attributes: The node's attributes, as ``(name, value)`` pairs.
+
+    The model must load (a kernel for that op, opset and type is registered) and
+    run (some kernels are registered for a type they then refuse).
+    """
+    element, numpy_type = int(dtype), ir.DataType(int(dtype)).numpy()  # bfloat16 too (ml_dtypes)
+    names = [f"input{i}" for i in range(len(shapes))]
+    # The inputs are initializers: no feed to convert (onnxruntime takes no bfloat16 numpy array).
+    initializers = [onnx.numpy_helper.from_array(np.ones(s, dtype=numpy_type), n) for n, s in zip(names, shapes)]
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node(op_type, names, ["output"], **dict(attributes))],
+        "probe",
+        [],
+        [onnx.helper.make_tensor_value_info("output", element, None)],
+        initializer=initializers,
+    )
+    model = onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=min_ir_version(opset)
+    )
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the kernel runs, not folded
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session.run_with_ort_values(None, {})  # OrtValues: no numpy type needed for the output
+    except (*_errors(), ValueError, TypeError) as error:
+        logger.debug("onnxruntime does not run %s-%s for %s: %s", op_type, opset,
+                     onnx.TensorProto.DataType.Name(element), error)
+        return False
+    return True

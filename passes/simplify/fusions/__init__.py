@@ -1,5 +1,10 @@
 """Fusions: BatchNormalization and per-channel Mul/Add into a preceding Conv/ConvTranspose/Gemm, MatMul+Add
-into Gemm, a zero Pad into the Conv after it.
+into Gemm, a zero Pad into the Conv after it; and the primitive forms of LayerNorm, GELU and RMSNorm into the
+standard ``LayerNormalization`` (opset 17), ``Gelu`` (20) and ``RMSNormalization`` (23): see
+:mod:`~passes.simplify.fusions.normalization` and :mod:`~passes.simplify.fusions.gelu`. Those are
+written only where onnxruntime's CPU provider has the kernel for the opset and type (probed with a
+one-node model once a pattern is found, cached for the process); a pattern that only a higher opset
+would take is counted in ``stats["fusable_at_higher_opset"]`` (``{"Gelu@20": n}``).
 
 * ``BatchNormalization(Conv(x, W, b))`` -> ``Conv(x, W', b')`` with, per output
   channel, ``s = scale / sqrt(var + epsilon)``, ``W' = W * s`` and
@@ -98,5 +103,7 @@ input.
 from passes.simplify.fusions import weights  # noqa: F401  isort: skip
 from passes.simplify.fusions import gemm  # noqa: F401  isort: skip
 from passes.simplify.fusions import pad  # noqa: F401  isort: skip
+from passes.simplify.fusions import normalization  # noqa: F401  isort: skip
+from passes.simplify.fusions import gelu  # noqa: F401  isort: skip
 
 __all__: list[str] = []
