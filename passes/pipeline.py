@@ -41,6 +41,7 @@ from passes.declarations import (
     PASSES,
     PassSpec,
 )
+from passes import shapes  # light: --input-shape / --fix-dim validated once
 from passes.dim_names import refuse_unknown_dims  # light
 from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
 from passes.lazy import lazy_module
@@ -64,6 +65,7 @@ _walk = lazy_module("passes.ir.walk")
 _destinations = lazy_module("passes.modelio.destinations")
 _gate = lazy_module("passes.verify.gate")
 _loop = lazy_module("passes.loop")
+_inference = lazy_module("passes.ir.inference")
 
 __all__ = [
     "DEFAULT_FOLD_SIZE_LIMIT",
@@ -118,22 +120,29 @@ class RunSpec:
         passes: The passes to run, in order.
         options: Every declared option's value (defaults filled in).
         cleanup: Whether the clean-up runs after the passes.
+        input_shapes: Static shapes of graph inputs (``--input-shape``), declared before the passes.
+        fix_dims: Sizes of symbolic dims (``--fix-dim``), set everywhere before the passes.
     """
 
     passes: tuple[str, ...]
     options: Mapping[str, Any]
     cleanup: bool = True
+    input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    fix_dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def build(cls, passes: Iterable[str] | None = None, skip: Iterable[str] = (), *, cleanup: bool = True,
+              input_shapes: Mapping[str, Sequence[int]] | None = None, fix_dims: Mapping[str, int] | None = None,
               **options: Any) -> RunSpec:  # fmt: skip
-        """Validates the pass names and option values.
+        """Validates the pass names, option values and static shapes (:mod:`passes.shapes`).
 
         Raises:
-            InputError: an unknown pass or option, a value an option's declaration refuses, or
-                an option set (to other than its default) for a pass that does not run.
+            InputError: an unknown pass or option, a value an option's declaration refuses,
+                an option set (to other than its default) for a pass that does not run, or a
+                static size that is not a positive integer.
         """
         names = select_passes(passes, skip)
+        static, fixed = shapes.normalize(input_shapes, fix_dims)
         declared = {o.name: o for o in pass_options()}
         unknown = sorted(set(options) - set(declared))
         if unknown:
@@ -150,7 +159,7 @@ class RunSpec:
             for option in spec.options:
                 if option.name not in running and values[option.name] != option.default:
                     raise InputError(f"{option.flag} is an option of {name}, which does not run")
-        return cls(tuple(names), values, cleanup)
+        return cls(tuple(names), values, cleanup, static, fixed)
 
     def without(self, keep: int, cleanup: bool) -> RunSpec:
         """The same run with only the first ``keep`` passes (and the clean-up or not)."""
@@ -158,15 +167,41 @@ class RunSpec:
         running = {option.name for name in kept for option in PASSES[name].options}
         declared = {o.name: o for o in pass_options()}
         values = {k: (v if k in running else declared[k].default) for k, v in self.options.items()}
-        return RunSpec(kept, values, cleanup)
+        return RunSpec(kept, values, cleanup, self.input_shapes, self.fix_dims)
+
+    @property
+    def static(self) -> bool:
+        """Whether the run declares static shapes."""
+        return bool(self.input_shapes or self.fix_dims)
+
+    def check_options(self, model: ir.Model, check: CheckOptions) -> CheckOptions:
+        """``check`` with the check's inputs at the declared static sizes (``--dim`` refused where it
+        contradicts them; see :func:`passes.shapes.check_dims`)."""
+        refuse_unknown_dims(model, check.dims)
+        if not self.static:
+            return check
+        from passes.shapes.declare import symbolic_dim_names
+
+        problem = shapes.refusal(model, self.input_shapes, self.fix_dims, symbolic_dim_names(model))
+        if problem is not None:
+            raise InputError(problem)
+        dims = shapes.check_dims(model, self.input_shapes, self.fix_dims, check.dims)
+        return dataclasses.replace(check, dims=dims, shapes=dict(self.input_shapes))
 
     def manager(self, record: Any = None) -> ir.passes.PassManager:
         """The pass loop of this run (see :mod:`passes.loop`), recording into ``record``."""
         steps = [(name, PASSES[name].build(self.options), PASSES[name].repeats) for name in self.passes]
+        if self.static:
+            from passes.shapes.declare import DeclareShapesPass
+
+            steps.insert(0, ("shapes", DeclareShapesPass(self.input_shapes, self.fix_dims), False))
         if self.cleanup:
             from passes.cleanup import CleanupPass
 
+            from passes.shapes.value_info import TypeValuesPass
+
             steps.append(("cleanup", CleanupPass(), False))
+            steps.append(("types", TypeValuesPass(), False))  # after the clean-up: see passes.shapes.value_info
         return _loop.build(steps, record if record is not None else _loop.Record())
 
     def run(self, model: ir.Model, progress: Callable[[str], None] | None = None) -> list[PassRun]:
@@ -225,6 +260,8 @@ def optimize_file(
     warn: Callable[[str], None] = logger.warning,
     on_commit: Callable[[bool], None] | None = None,
     replace_data: bool = False,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    fix_dims: Mapping[str, int] | None = None,
     **options: Any,
 ) -> Report:
     """Loads ``source``, optimises it, checks the result and writes it to ``output`` atomically.
@@ -247,6 +284,8 @@ def optimize_file(
         on_commit: Called with True once the output is in place (False if it was not written).
         replace_data: Replace an existing ``OUTPUT.data`` even when it is not the
             existing OUTPUT's own data file (it may be another model's weights).
+        input_shapes: Static shapes of graph inputs by name (``--input-shape``).
+        fix_dims: Sizes of symbolic dims by name (``--fix-dim``).
         **options: Values of the passes' declared options.
 
     Returns:
@@ -257,7 +296,7 @@ def optimize_file(
         OptimizeError: a pass refused the model.
         CheckFailedError: the result is invalid or differs (``error.report`` holds the report).
     """
-    run = RunSpec.build(passes, skip, **options)
+    run = RunSpec.build(passes, skip, input_shapes=input_shapes, fix_dims=fix_dims, **options)
     check = check or CheckOptions()
     worker = _gate.start_worker(check)  # its imports overlap with the passes
     try:
@@ -275,12 +314,13 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
     phases = Phases(progress)
     with phases.phase("load", f"loading {src}"):
         model = modelio.load_model(src)
-    refuse_unknown_dims(model, check.dims)
+    check = run.check_options(model, check)
     _destinations.check_destinations(src, dst, report_path, model, replace_data)
     report = _report.Report(str(src), str(dst), _report.summarize(model))
     report.phases = phases.seconds
     with phases.phase("passes", None):
         report.passes = run.run(model, progress)
+        _refuse_impossible_shapes(run, model, lambda: modelio.load_model(src))
     report.after = _report.summarize(model)
 
     with modelio.staged_output(dst, replace_data=replace_data) as staged:
@@ -313,6 +353,25 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
         error.report = report  # type: ignore[attr-defined]
         raise error
     return report
+
+
+def _refuse_impossible_shapes(run: RunSpec, model: ir.Model, fresh: Callable[[], ir.Model]) -> None:
+    """Refuses static shapes the model cannot run at (exit 2, nothing written).
+
+    Folding makes a contradiction visible that the declared inputs alone do not
+    (a 128-long sequence added to a 32-row position table): when onnx shape
+    inference refuses the result, and the same passes without the static shapes
+    give a result it accepts, the shapes are the cause.
+    """
+    if not run.static or (error := _inference.inference_error(model)) is None:
+        return
+    dynamic = RunSpec(run.passes, run.options, run.cleanup)
+    plain = fresh()
+    dynamic.run(plain)
+    if _inference.inference_error(plain) is None:
+        shown = error if len(error) <= 200 else error[:197] + "..."
+        raise InputError(f"{shapes.requests_text(run.input_shapes, run.fix_dims)}: the model cannot run at these "
+                         f"shapes (onnx shape inference: {shown})")
 
 
 def _blame(gate: Gate, verdict: Any, run: RunSpec, fresh: Callable[[], ir.Model]) -> None:
@@ -381,6 +440,8 @@ def optimize(
     skip: Iterable[str] = (),
     output: str | os.PathLike[str] | None = None,
     check: bool | CheckOptions = True,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    fix_dims: Mapping[str, int] | None = None,
     **options: Any,
 ) -> Any:
     """Optimises a model with the named passes (default: all) and the clean-up.
@@ -398,6 +459,10 @@ def optimize(
         skip: Pass names not to run.
         output: With a path input, write the result there atomically and return its path.
         check: False to skip the onnxruntime comparison, or :class:`CheckOptions`.
+        input_shapes: Static shapes of graph inputs by name, e.g. ``{"x": (1, 3, 224, 224)}``
+            (``--input-shape``): declared before the passes, and the check runs at those sizes.
+        fix_dims: Sizes of symbolic dims by name, e.g. ``{"batch": 1}`` (``--fix-dim``), set
+            everywhere they appear.
         **options: Values of the passes' declared options, e.g. ``target_opset=18``,
             ``fold_size_limit=1 << 20`` (see :func:`pass_options`).
 
@@ -411,11 +476,12 @@ def optimize(
         OptimizeError: a pass refused the model.
         CheckFailedError: the optimised model is invalid or computes something else.
     """
-    run = RunSpec.build(passes, skip, **options)
+    run = RunSpec.build(passes, skip, input_shapes=input_shapes, fix_dims=fix_dims, **options)
     checking = _check_options(check)
     if isinstance(model, (str, os.PathLike)):
         if output is not None:
-            optimize_file(model, output, passes=run.passes, check=checking, **run.options)
+            optimize_file(model, output, passes=run.passes, check=checking, input_shapes=run.input_shapes,
+                          fix_dims=run.fix_dims, **run.options)  # fmt: skip
             return pathlib.Path(output)
         ir_model = modelio.load_model(model)
         original: Any = pathlib.Path(model)
@@ -436,7 +502,7 @@ def optimize(
         )
     if output is not None:
         raise TypeError("optimize(): output= is only for a path input")
-    refuse_unknown_dims(ir_model, checking.dims)
+    checking = run.check_options(ir_model, checking)
     worker = _gate.start_worker(checking)  # its imports overlap with the passes
     try:
         return _optimize_in_memory(model, original, ir_model, run, checking, worker)
@@ -458,6 +524,7 @@ def _fresh(original: Any) -> ir.Model:
 def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, run: RunSpec, checking: CheckOptions,
                         worker: Any) -> Any:  # fmt: skip
     run.run(ir_model)
+    _refuse_impossible_shapes(run, ir_model, lambda: _fresh(original))
     proto = modelio.model_to_proto(ir_model)
     with _gate.Gate(original, checking, logger.warning, worker) as gate:
         verdict = gate.verify(proto)

@@ -175,7 +175,8 @@ _LEAVES = {"errors", "options", "limits", "lazy", "phases"}
 MAY_IMPORT: dict[str, set[str]] = {
     "__main__": {"cli"},
     "cli": {"pipeline", "report", "verify", "declarations", *_LEAVES},
-    "pipeline": {"loop", "report", "verify", "modelio", "ir", "declarations", "cleanup", "dim_names", *_LEAVES},
+    "pipeline": {"loop", "report", "verify", "modelio", "ir", "declarations", "cleanup", "dim_names", "shapes",
+                 *_LEAVES},
     "loop": {"report", *_LEAVES},
     "report": {"verify", "ir", *_LEAVES},
     **{name: {"base", "declarations", "ir", "refimpl", *_LEAVES} for name in _PASSES},
@@ -185,6 +186,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "base": {"declarations", "options"},
     "declarations": {"options"},
     "dim_names": {"errors", "options"},
+    "shapes": {"ir", *_LEAVES},
     "refimpl": set(),
     **{leaf: set() for leaf in _LEAVES},
 }

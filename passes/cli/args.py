@@ -7,7 +7,7 @@ import math
 from typing import Any, NoReturn
 
 from passes import __version__, pipeline
-from passes.errors import EXIT_ERROR
+from passes.errors import EXIT_ERROR, InputError
 from passes.options import Option, parse_int, parse_nonnegative_int, parse_size, short
 from passes.verify.result import DEFAULT_TIMEOUT
 
@@ -69,6 +69,29 @@ def _dim(text: str) -> tuple[str, int]:
     if not sep or not name or value is None:
         raise argparse.ArgumentTypeError(f"invalid --dim {short(text)} (expected NAME=SIZE)")
     return name, value
+
+
+def _size(text: str) -> int | str:
+    """A size as an int when it reads as one; else the text, which the pipeline refuses by name."""
+    try:
+        return parse_int(text)
+    except ValueError:
+        return text
+
+
+def _input_shape(text: str) -> tuple[str, list[int | str]]:
+    """``NAME:D0,D1,...`` (the name may hold ``:``, as TensorFlow's ``input:0`` does)."""
+    name, sep, sizes = text.rpartition(":")
+    if not sep or not name or not sizes.strip():
+        raise argparse.ArgumentTypeError(f"invalid --input-shape {short(text)} (expected NAME:D0,D1,...)")
+    return name, [_size(s.strip()) for s in sizes.split(",")]
+
+
+def _fix_dim(text: str) -> tuple[str, int | str]:
+    name, sep, size = text.rpartition("=")
+    if not sep or not name or not size.strip():
+        raise argparse.ArgumentTypeError(f"invalid --fix-dim {short(text)} (expected NAME=SIZE)")
+    return name, _size(size.strip())
 
 
 def _seed(text: str) -> int:
@@ -146,6 +169,13 @@ def parser() -> argparse.ArgumentParser:
         else:
             result.add_argument(option.flag, dest=option.name, type=_typed(option), default=option.default,
                                 metavar=option.metavar, help=option.help)
+    result.add_argument("--input-shape", "--overwrite-input-shape", dest="input_shape", type=_input_shape,
+                        action="append", default=[], metavar="NAME:D0,D1,...",
+                        help="declare a graph input with this static shape before the passes (shape "
+                             "arithmetic then folds; the check runs at it); repeatable")
+    result.add_argument("--fix-dim", type=_fix_dim, action="append", default=[], metavar="NAME=SIZE",
+                        help="set a symbolic dim to SIZE everywhere it appears (inputs, outputs, value "
+                             "infos, subgraphs) before the passes; repeatable")
     result.add_argument("--no-check", action="store_true", help="do not compare the models in onnxruntime")
     result.add_argument("--require-check", action="store_true",
                         help="fail (exit 1, output not written unless --force) when the check cannot run")
@@ -176,6 +206,21 @@ def parser() -> argparse.ArgumentParser:
                                 "-vv adds other libraries' debug lines")
     result.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     return result
+
+
+def static_shapes(args: argparse.Namespace) -> dict[str, Any]:
+    """``input_shapes`` and ``fix_dims`` from parsed arguments (the pipeline validates them).
+
+    Raises:
+        InputError: the same input or dim given twice with different sizes.
+    """
+    found: dict[str, dict[str, Any]] = {"input_shapes": {}, "fix_dims": {}}
+    for key, flag, pairs in (("input_shapes", "--input-shape", args.input_shape),
+                             ("fix_dims", "--fix-dim", args.fix_dim)):  # fmt: skip
+        for name, value in pairs:
+            if found[key].setdefault(name, value) != value:
+                raise InputError(f"{flag} {short(name)} given twice with different sizes")
+    return found
 
 
 def option_values(args: argparse.Namespace) -> dict[str, Any]:

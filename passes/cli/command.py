@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from passes import pipeline
-from passes.cli.args import PROG, option_values, parser, resolve_output
+from passes.cli.args import PROG, option_values, parser, resolve_output, static_shapes
 from passes.cli.progress import TerminalProgress
 from passes.errors import EXIT_CHECK, EXIT_ERROR, EXIT_OK, CheckFailedError, InputError, OptimizeError, first_line
 
@@ -142,7 +142,7 @@ def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) ->
         report = pipeline.optimize_file(
             args.input, args.output, passes=args.passes, skip=args.skip, check=check, force=args.force,
             report_path=args.report, progress=console.progress, warn=console.not_checked, on_commit=committed,
-            replace_data=args.replace_data, **option_values(args),
+            replace_data=args.replace_data, **static_shapes(args), **option_values(args),
         )  # fmt: skip
     except CheckFailedError as e:
         report = getattr(e, "report", None)

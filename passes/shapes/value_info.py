@@ -1,0 +1,76 @@
+"""The last step of a run: every value a node computes carries its element type and shape.
+
+Like onnxsim's and onnxslim's outputs, the result states a ``value_info``
+(type and shape) for every intermediate value of the main graph and of its
+subgraphs that onnx shape inference can type, so that viewers show a shape on
+every edge. Inference runs once, on the weight-free view
+(:func:`passes.ir.inference.infer_all`), so a model over 2 GB is no obstacle.
+Symbolic dims are kept (inference carries the inputs' dim names through the
+ops). Graph outputs keep their declared type; a dim inference proves static
+where the declaration has a name or nothing becomes that size. Initializers
+and graph inputs are left alone (they carry their own types).
+
+It runs after the clean-up, as a step of the pass loop rather than in the
+save: every route (the command, ``passes.optimize`` in memory, the reruns that
+look for the pass that brought a mismatch) then returns the same typed model,
+and the save stays a writer that knows nothing of inference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import onnx_ir as ir
+
+from passes.ir import walk
+from passes.ir.inference import infer_all
+
+__all__ = ["TypeValuesPass"]
+
+
+def _tighter(declared: ir.Shape | None, inferred: ir.Shape | None) -> ir.Shape | None:
+    """``declared`` with the dims inference proves static; None if that changes nothing."""
+    if inferred is None:
+        return None
+    if declared is None:
+        return inferred
+    if len(declared) != len(inferred):
+        return None
+    dims = [i if not isinstance(d, int) and isinstance(i, int) else d for d, i in zip(declared, inferred)]
+    new = ir.Shape(dims)
+    return new if new != declared else None
+
+
+class TypeValuesPass(ir.passes.InPlacePass):
+    """Sets the type and shape inference finds on every computed value (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stats: dict[str, Any] = {}
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        inferred = infer_all(model)
+        typed = outputs = 0
+        for graph in walk.graphs(model):
+            graph_outputs = set(graph.outputs)
+            for node in graph:
+                for value in node.outputs:
+                    found = inferred.get(value)
+                    if found is None or value.name in graph.initializers:
+                        continue
+                    dtype, shape = found
+                    if value in graph_outputs:
+                        if graph is model.graph and (new := _tighter(value.shape, shape)) is not None:
+                            value.shape = new
+                            outputs += 1
+                        continue
+                    changed = False
+                    if dtype is not None and value.type is None:
+                        value.type = ir.TensorType(dtype)
+                        changed = True
+                    if shape is not None and (value.shape is None or tuple(value.shape) != tuple(shape)):
+                        value.shape = shape
+                        changed = True
+                    typed += changed
+        self.stats = {"typed": typed, "outputs_tightened": outputs}
+        return ir.passes.PassResult(model, modified=bool(typed or outputs))

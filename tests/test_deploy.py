@@ -1,0 +1,233 @@
+"""Deploy-ready output: static shapes (``--input-shape``, ``--fix-dim``), typed values, the summary.
+
+* A CNN with a dynamic batch and spatial dims declared static: its Shape chains
+  fold away, its outputs become static, the check runs at those sizes.
+* A transformer-style model with ``--fix-dim batch=1 --fix-dim seq=128``.
+* Each refusal: exit 2, one line, nothing written, the input untouched, and
+  the API refuses with the same message.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import helpers
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import passes
+from passes.cli import command as cli
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+BERT = REPO / "models" / "real" / "tiny_bert_opset17.onnx"
+RNG = np.random.default_rng(0)
+
+
+def _init(name: str, array: np.ndarray) -> onnx.TensorProto:
+    return onnx.numpy_helper.from_array(array, name)
+
+
+def _cnn() -> onnx.ModelProto:
+    """x[N, 3, H, W] -> Conv -> Relu -> flattened by a Shape/Gather/Concat chain -> y[N, ?]."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Shape", ["r"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "axes0"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["r", "target"], ["y"]),
+        helper.make_node("ReduceMean", ["r"], ["pooled"], axes=[2, 3], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes, "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", None]),
+         helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["N", 4])],
+        [_init("w", RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)),
+         _init("b", RNG.standard_normal(4).astype(np.float32)),
+         _init("zero", np.array(0, np.int64)), _init("axes0", np.array([0], np.int64)),
+         _init("minus1", np.array([-1], np.int64))],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def _attention(width: int = 16, heads: int = 2) -> onnx.ModelProto:
+    """Self-attention over x[batch, seq, width], its heads split and merged by Shape chains."""
+    head = width // heads
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "i0"], ["b"], axis=0),
+        helper.make_node("Gather", ["s", "i1"], ["t"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "axes0"], ["b1"]),
+        helper.make_node("Unsqueeze", ["t", "axes0"], ["t1"]),
+        helper.make_node("Concat", ["b1", "t1", "split_tail"], ["split_shape"], axis=0),
+        helper.make_node("Concat", ["b1", "t1", "merge_tail"], ["merge_shape"], axis=0),
+    ]
+    for name in "qkv":
+        nodes += [
+            helper.make_node("MatMul", ["x", f"w{name}"], [f"{name}0"]),
+            helper.make_node("Reshape", [f"{name}0", "split_shape"], [f"{name}1"]),
+            helper.make_node("Transpose", [f"{name}1"], [f"{name}h"],
+                             perm=[0, 2, 3, 1] if name == "k" else [0, 2, 1, 3]),
+        ]  # fmt: skip
+    nodes += [
+        helper.make_node("MatMul", ["qh", "kh"], ["scores"]),
+        helper.make_node("Mul", ["scores", "scale"], ["scaled"]),
+        helper.make_node("Softmax", ["scaled"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "vh"], ["ctx"]),
+        helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ctx_t", "merge_shape"], ["y"]),
+    ]
+    inits = [_init(f"w{n}", RNG.standard_normal((width, width)).astype(np.float32) / 4) for n in "qkv"]
+    inits += [_init("i0", np.array(0, np.int64)), _init("i1", np.array(1, np.int64)),
+              _init("axes0", np.array([0], np.int64)), _init("split_tail", np.array([heads, head], np.int64)),
+              _init("merge_tail", np.array([width], np.int64)),
+              _init("scale", np.array(1 / np.sqrt(head), np.float32))]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", width])], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _save(model: onnx.ModelProto, path: pathlib.Path) -> pathlib.Path:
+    onnx.save_model(model, str(path))
+    return path
+
+
+def _dims(info: onnx.ValueInfoProto) -> list[int | str | None]:
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in info.type.tensor_type.shape.dim]  # fmt: skip
+
+
+def _run(args: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        code = cli.main(args)
+    except SystemExit as e:  # a usage error, from argparse
+        code = int(e.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# --- static shapes ---------------------------------------------------------------------------------
+
+
+def test_a_cnn_with_dynamic_batch_and_spatial_dims_made_static(tmp_path: pathlib.Path, capsys) -> None:
+    src, out, report = _save(_cnn(), tmp_path / "cnn.onnx"), tmp_path / "out.onnx", tmp_path / "r.json"
+    code, text, err = _run([str(src), "-o", str(out), "--input-shape", "x:2,3,8,8", "--report", str(report)], capsys)
+    assert code == 0, err
+    result = onnx.load(str(out))
+    ops = [n.op_type for n in result.graph.node]
+    assert not {"Shape", "Gather", "Concat", "Unsqueeze"} & set(ops), ops
+    assert _dims(result.graph.input[0]) == [2, 3, 8, 8]
+    assert {o.name: _dims(o) for o in result.graph.output} == {"y": [2, 256], "pooled": [2, 4]}
+    check = json.loads(report.read_text())["check"]
+    assert check["checked"] and check["ok"]
+    assert check["inputs"]["shapes"]["x"] == [2, 3, 8, 8]
+    assert "inputs: generated (seed 0): x[2, 3, 8, 8]" in text
+    x = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    for expected, actual in zip(helpers.ort_run(str(src), {"x": x}), helpers.ort_run(str(out), {"x": x})):
+        np.testing.assert_array_equal(actual, expected)
+
+
+def test_the_api_declares_the_same_shapes(tmp_path: pathlib.Path) -> None:
+    result = passes.optimize(_cnn(), input_shapes={"x": (1, 3, 4, 6)})
+    assert "Shape" not in [n.op_type for n in result.graph.node]
+    assert {o.name: _dims(o) for o in result.graph.output} == {"y": [1, 96], "pooled": [1, 4]}
+    src = _save(_cnn(), tmp_path / "cnn.onnx")
+    out = passes.optimize(src, output=tmp_path / "o.onnx", fix_dims={"N": 3, "H": 4, "W": 4})
+    assert _dims(onnx.load(str(out)).graph.input[0]) == [3, 3, 4, 4]
+
+
+def test_a_transformer_with_fixed_batch_and_sequence(tmp_path: pathlib.Path, capsys) -> None:
+    src, out = _save(_attention(), tmp_path / "attn.onnx"), tmp_path / "out.onnx"
+    code, text, err = _run([str(src), str(out), "--fix-dim", "batch=1", "--fix-dim", "seq=128"], capsys)
+    assert code == 0, err
+    result = onnx.load(str(out))
+    assert "Shape" not in [n.op_type for n in result.graph.node]
+    assert _dims(result.graph.input[0]) == [1, 128, 16] and _dims(result.graph.output[0]) == [1, 128, 16]
+    assert "inputs: generated (seed 0): batch=1, seq=128" in text and "check passed" in text
+
+
+def test_fix_dim_sets_the_dim_everywhere_in_a_real_model(tmp_path: pathlib.Path, capsys) -> None:
+    out = tmp_path / "bert.onnx"
+    code, text, err = _run([str(BERT), str(out), "--fix-dim", "batch=1", "--fix-dim", "seq=16", "-q"], capsys)
+    assert code == 0, err
+    result = onnx.load(str(out))
+    assert "Shape" not in [n.op_type for n in result.graph.node]
+    assert [_dims(i) for i in result.graph.input] == [[1, 16], [1, 16]]
+    assert _dims(result.graph.output[0]) == [1, 16, 64] and _dims(result.graph.output[2]) == [1, 3]
+
+
+def test_a_fixed_dim_needs_no_dim_flag_and_a_same_dim_is_accepted(tmp_path: pathlib.Path, capsys) -> None:
+    src, out = _save(_cnn(), tmp_path / "cnn.onnx"), tmp_path / "out.onnx"
+    code, text, err = _run([str(src), str(out), "--fix-dim", "N=2", "--dim", "N=2", "--dim", "H=4", "--dim", "W=4"],
+                           capsys)  # fmt: skip
+    assert code == 0, err
+    assert "inputs: generated (seed 0): H=4, N=2, W=4" in text
+
+
+REFUSALS = {
+    "unknown input": (["--input-shape", "nope:1,2"], dict(input_shapes={"nope": [1, 2]}),
+                      "--input-shape 'nope:1,2': the model has no input named 'nope' (its inputs: 'x')"),
+    "unknown dim": (["--fix-dim", "nope=3"], dict(fix_dims={"nope": 3}),
+                    "--fix-dim 'nope=3': the model has no dim named 'nope' (its dim names: 'N', 'H', 'W')"),
+    "rank": (["--input-shape", "x:1,3,8"], dict(input_shapes={"x": [1, 3, 8]}),
+             "--input-shape 'x:1,3,8': 'x' has rank 4 [N, 3, H, W], not 3"),
+    "static dim": (["--input-shape", "x:1,4,8,8"], dict(input_shapes={"x": [1, 4, 8, 8]}),
+                   "--input-shape 'x:1,4,8,8': dim 1 of 'x' is 3 [N, 3, H, W], not 4"),
+    "zero": (["--input-shape", "x:1,3,0,8"], dict(input_shapes={"x": [1, 3, 0, 8]}),
+             "--input-shape 'x:1,3,0,8': size 0 is not a positive integer"),
+    "negative": (["--fix-dim", "N=-1"], dict(fix_dims={"N": -1}), "--fix-dim 'N=-1': size -1 is not a positive integer"),
+    "not a number": (["--input-shape", "x:1,3,a,8"], dict(input_shapes={"x": [1, 3, "a", 8]}),
+                     "--input-shape 'x:1,3,a,8': size 'a' is not a positive integer"),
+    "two requests disagree": (["--fix-dim", "N=2", "--input-shape", "x:1,3,8,8"],
+                              dict(fix_dims={"N": 2}, input_shapes={"x": [1, 3, 8, 8]}),
+                              "--input-shape 'x:1,3,8,8': dim 0 of 'x' is 'N', which --fix-dim 'N=2' sets to 2"),
+    "dim contradicts": (["--fix-dim", "N=2", "--dim", "N=3"], dict(fix_dims={"N": 2}, check=passes.CheckOptions(dims={"N": 3})),
+                        "--dim 'N=3' contradicts --fix-dim 'N=2' ('N' is 2 there)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_each_refusal_is_one_line_exit_2_nothing_written(case: str, tmp_path: pathlib.Path, capsys) -> None:
+    args, keywords, message = REFUSALS[case]
+    src, out = _save(_cnn(), tmp_path / "cnn.onnx"), tmp_path / "out.onnx"
+    before = src.read_bytes()
+    code, text, err = _run([str(src), "-o", str(out), *args], capsys)
+    assert code == 2
+    assert err.splitlines() == [f"optimize: error: {message}"]
+    assert not out.exists() and src.read_bytes() == before and text == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cnn.onnx"]
+    with pytest.raises(passes.InputError) as api:
+        passes.optimize(onnx.load(str(src)), **keywords)
+    assert str(api.value) == message
+
+
+def test_a_shape_the_model_cannot_run_at_is_refused(tmp_path: pathlib.Path, capsys) -> None:
+    """tiny_bert's position table has 32 rows: a sequence of 128 is no shape it runs at."""
+    out = tmp_path / "bert.onnx"
+    code, text, err = _run([str(BERT), str(out), "--fix-dim", "seq=128"], capsys)
+    assert code == 2 and not out.exists()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("optimize: error: --fix-dim 'seq=128': the model cannot run at these shapes")
+
+
+def test_a_malformed_flag_is_a_usage_error(tmp_path: pathlib.Path, capsys) -> None:
+    src = _save(_cnn(), tmp_path / "cnn.onnx")
+    for args in (["--input-shape", "x"], ["--fix-dim", "N"], ["--input-shape", "x:1,3,8,8", "--input-shape", "x:2,3,8,8"]):
+        code, text, err = _run([str(src), str(tmp_path / "o.onnx"), *args], capsys)
+        assert code == 2 and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_overwrite_input_shape_is_an_alias(tmp_path: pathlib.Path, capsys) -> None:
+    src, out = _save(_cnn(), tmp_path / "cnn.onnx"), tmp_path / "out.onnx"
+    code, _, err = _run([str(src), str(out), "--overwrite-input-shape", "x:1,3,8,8", "-q"], capsys)
+    assert code == 0, err
+    assert _dims(onnx.load(str(out)).graph.input[0]) == [1, 3, 8, 8]
