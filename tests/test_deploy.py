@@ -231,3 +231,106 @@ def test_overwrite_input_shape_is_an_alias(tmp_path: pathlib.Path, capsys) -> No
     code, _, err = _run([str(src), str(out), "--overwrite-input-shape", "x:1,3,8,8", "-q"], capsys)
     assert code == 0, err
     assert _dims(onnx.load(str(out)).graph.input[0]) == [1, 3, 8, 8]
+
+
+# --- typed values in the output --------------------------------------------------------------------
+
+
+def _typed_values(graph: onnx.GraphProto) -> None:
+    """Every value a node computes has a value_info (type and shape); initializers, inputs and outputs none."""
+    infos = {v.name for v in graph.value_info}
+    boundary = {t.name for t in graph.initializer} | {i.name for i in graph.input} | {o.name for o in graph.output}
+    computed = {o for n in graph.node for o in n.output if o}
+    assert computed - boundary <= infos, sorted(computed - boundary - infos)
+    assert not infos & boundary, sorted(infos & boundary)
+    for info in graph.value_info:
+        assert info.type.tensor_type.elem_type and info.type.tensor_type.HasField("shape"), info.name
+
+
+def _against_onnxruntime(path: pathlib.Path, feeds_by_size: list[dict[str, np.ndarray]]) -> None:
+    """Each value_info matches the shape onnxruntime computes, at each input size: static dims equal,
+    each symbolic name one size within a run (and the inputs' names their sizes)."""
+    model = onnx.load(str(path))
+    infos = list(model.graph.value_info)
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    exposed.graph.output.extend(infos)
+    for feeds in feeds_by_size:
+        sizes: dict[str, int] = {}
+        for info in model.graph.input:
+            for d, n in zip(_dims(info), feeds[info.name].shape):
+                if isinstance(d, str):
+                    sizes[d] = n
+        results = helpers.ort_run(exposed, feeds)[len(model.graph.output):]
+        for info, array in zip(infos, results):
+            declared = _dims(info)
+            assert onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type) == array.dtype, info.name
+            assert len(declared) == array.ndim, (info.name, declared, array.shape)
+            for d, n in zip(declared, array.shape):
+                if isinstance(d, int):
+                    assert d == n, (info.name, declared, array.shape)
+                elif isinstance(d, str):
+                    assert sizes.setdefault(d, n) == n, (info.name, d, sizes[d], array.shape)
+
+
+def test_value_info_on_a_dynamic_transformer_matches_onnxruntime(tmp_path: pathlib.Path, capsys) -> None:
+    out = tmp_path / "bert.onnx"
+    code, _, err = _run([str(BERT), str(out), "-q"], capsys)
+    assert code == 0, err
+    result = onnx.load(str(out))
+    _typed_values(result.graph)
+    assert len(result.graph.value_info) > 50
+    feeds = [{"input_ids": RNG.integers(0, 256, (b, s)), "attention_mask": np.ones((b, s), np.int64)}
+             for b, s in ((1, 5), (3, 17))]  # fmt: skip
+    _against_onnxruntime(out, feeds)
+
+
+def test_value_info_on_the_cnn_and_attention_models(tmp_path: pathlib.Path) -> None:
+    for model, feeds in (
+        (_cnn(), [{"x": RNG.standard_normal(s).astype(np.float32)} for s in ((1, 3, 4, 4), (2, 3, 6, 5))]),
+        (_attention(), [{"x": RNG.standard_normal(s).astype(np.float32)} for s in ((1, 3, 16), (2, 9, 16))]),
+    ):
+        out = passes.optimize(_save(model, tmp_path / "m.onnx"), output=tmp_path / "o.onnx")
+        _typed_values(onnx.load(str(out)).graph)
+        _against_onnxruntime(out, feeds)
+
+
+def _branching() -> onnx.ModelProto:
+    """An If whose branches compute intermediate values of x[N, 4]."""
+
+    def branch(name: str, op: str) -> onnx.GraphProto:
+        return helper.make_graph(
+            [helper.make_node(op, ["x", "k"], [f"{name}_a"]), helper.make_node("Relu", [f"{name}_a"], [f"{name}_b"]),
+             helper.make_node("Cast", [f"{name}_b"], [f"{name}_c"], to=TensorProto.DOUBLE),
+             helper.make_node("ReduceSum", [f"{name}_c", "axes1"], [f"{name}_out"], keepdims=1)],
+            name, [], [helper.make_tensor_value_info(f"{name}_out", TensorProto.DOUBLE, ["N", 1])],
+        )  # fmt: skip
+
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        helper.make_node("Greater", ["total", "zero"], ["cond"]),
+        helper.make_node("If", ["cond"], ["y"], then_branch=branch("then", "Mul"), else_branch=branch("else", "Sub")),
+    ]
+    graph = helper.make_graph(
+        nodes, "branching", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["N", None])],
+        [_init("k", RNG.standard_normal(4).astype(np.float32)), _init("zero", np.array(0, np.float32)),
+         _init("axes1", np.array([1], np.int64))],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def test_value_info_in_subgraphs(tmp_path: pathlib.Path) -> None:
+    out = passes.optimize(_save(_branching(), tmp_path / "m.onnx"), output=tmp_path / "o.onnx")
+    result = onnx.load(str(out))
+    _typed_values(result.graph)
+    if_node = next(n for n in result.graph.node if n.op_type == "If")
+    for attr in if_node.attribute:
+        body = attr.g
+        _typed_values(body)
+        shapes = {v.name: (v.type.tensor_type.elem_type, _dims(v)) for v in body.value_info}
+        name = body.name
+        assert shapes[f"{name}_a"] == (TensorProto.FLOAT, ["N", 4]) and shapes[f"{name}_c"] == (TensorProto.DOUBLE, ["N", 4])
+    assert _dims(result.graph.output[0])[0] == "N"  # the declared output keeps its names
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(helpers.ort_run(str(out), {"x": x})[0], helpers.ort_run(str(tmp_path / "m.onnx"), {"x": x})[0])

@@ -8,7 +8,8 @@ every edge. Inference runs once, on the weight-free view
 Symbolic dims are kept (inference carries the inputs' dim names through the
 ops). Graph outputs keep their declared type; a dim inference proves static
 where the declaration has a name or nothing becomes that size. Initializers
-and graph inputs are left alone (they carry their own types).
+and graph inputs state no value_info (an initializer's tensor carries its own
+type; an initializer that is a graph input keeps its type there).
 
 It runs after the clean-up, as a step of the pass loop rather than in the
 save: every route (the command, ``passes.optimize`` in memory, the reruns that
@@ -72,5 +73,12 @@ class TypeValuesPass(ir.passes.InPlacePass):
                         value.shape = shape
                         changed = True
                     typed += changed
+        untyped = 0
+        for graph in walk.graphs(model):
+            for value in graph.initializers.values():
+                # A tensor carries its own type: stated again it would be a value_info per weight.
+                if not value.is_graph_input() and value.const_value is not None and (value.type or value.shape):
+                    value.type, value.shape = None, None
+                    untyped += 1
         self.stats = {"typed": typed, "outputs_tightened": outputs}
         return ir.passes.PassResult(model, modified=bool(typed or outputs))
