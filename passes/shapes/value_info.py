@@ -6,8 +6,11 @@ subgraphs that onnx shape inference can type, so that viewers show a shape on
 every edge. Inference runs once, on the weight-free view
 (:func:`passes.ir.inference.infer_all`), so a model over 2 GB is no obstacle.
 Symbolic dims are kept (inference carries the inputs' dim names through the
-ops). Graph outputs keep their declared type; a dim inference proves static
-where the declaration has a name or nothing becomes that size. Initializers
+ops). A shape already stated is never replaced, only completed: a dim
+inference proves static where the statement has a name or nothing becomes
+that size (so a graph output declared ``[batch, ?]`` becomes ``[1, 256]`` once
+the inputs are static), and a statement inference contradicts is left for the
+ONNX checker to refuse (it would be a pass's bug, not to be hidden here). Initializers
 and graph inputs state no value_info (an initializer's tensor carries its own
 type; an initializer that is a graph input keeps its type there).
 
@@ -60,8 +63,11 @@ class TypeValuesPass(ir.passes.InPlacePass):
                     if found is None or value.name in graph.initializers:
                         continue
                     dtype, shape = found
+                    if value in graph_outputs and graph is not model.graph:
+                        continue
+                    new = _tighter(value.shape, shape)
                     if value in graph_outputs:
-                        if graph is model.graph and (new := _tighter(value.shape, shape)) is not None:
+                        if new is not None:
                             value.shape = new
                             outputs += 1
                         continue
@@ -69,8 +75,8 @@ class TypeValuesPass(ir.passes.InPlacePass):
                     if dtype is not None and value.type is None:
                         value.type = ir.TensorType(dtype)
                         changed = True
-                    if shape is not None and (value.shape is None or tuple(value.shape) != tuple(shape)):
-                        value.shape = shape
+                    if new is not None:
+                        value.shape = new
                         changed = True
                     typed += changed
         untyped = 0
