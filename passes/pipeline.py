@@ -317,6 +317,7 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
     check = run.check_options(model, check)
     _destinations.check_destinations(src, dst, report_path, model, replace_data)
     report = _report.Report(str(src), str(dst), _report.summarize(model))
+    report.before.file_bytes = _report.disk_bytes([src, *sorted(modelio.data_files(model))])
     report.phases = phases.seconds
     with phases.phase("passes", None):
         report.passes = run.run(model, progress)
@@ -326,6 +327,7 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
     with modelio.staged_output(dst, replace_data=replace_data) as staged:
         with phases.phase("save", f"saving {dst}", modelio.weights_nbytes(model) or None, "B") as advance:
             staged_path = staged.save(model, progress=advance)
+        report.after.file_bytes = _report.disk_bytes(staged.files)
         _release(model)
         del model
         with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):

@@ -334,3 +334,38 @@ def test_value_info_in_subgraphs(tmp_path: pathlib.Path) -> None:
     assert _dims(result.graph.output[0])[0] == "N"  # the declared output keeps its names
     x = RNG.standard_normal((3, 4)).astype(np.float32)
     np.testing.assert_array_equal(helpers.ort_run(str(out), {"x": x})[0], helpers.ort_run(str(tmp_path / "m.onnx"), {"x": x})[0])
+
+
+# --- the summary: signature and size on disk -------------------------------------------------------
+
+
+def test_the_summary_shows_the_signature_and_the_size_on_disk(tmp_path: pathlib.Path, capsys) -> None:
+    src, out, report = _save(_cnn(), tmp_path / "cnn.onnx"), tmp_path / "out.onnx", tmp_path / "r.json"
+    code, text, err = _run([str(src), str(out), "--input-shape", "x:2,3,8,8", "--report", str(report)], capsys)
+    assert code == 0, err
+    lines = text.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("signature")))
+    assert lines[start].split() == ["signature", "before", "after"]
+    assert lines[start + 1].split() == ["input", "x", "float[N,3,H,W]", "float[2,3,8,8]"]
+    assert lines[start + 2].split() == ["output", "y", "float[N,?]", "float[2,256]"]
+    assert lines[start + 3].split() == ["output", "pooled", "float[N,4]", "float[2,4]"]
+    size = next(line for line in lines if line.startswith("size on disk"))
+    assert size.split()[3:] == [str(src.stat().st_size), "B", str(out.stat().st_size), "B"]
+    data = json.loads(report.read_text())
+    assert data["before"]["inputs"] == [{"name": "x", "dtype": "float", "shape": ["N", 3, "H", "W"]}]
+    assert data["after"]["outputs"][0] == {"name": "y", "dtype": "float", "shape": [2, 256]}
+    assert (data["before"]["file_bytes"], data["after"]["file_bytes"]) == (src.stat().st_size, out.stat().st_size)
+
+
+def test_the_size_on_disk_counts_external_data(tmp_path: pathlib.Path, capsys) -> None:
+    model = onnx.load(str(BERT))
+    src = tmp_path / "bert.onnx"
+    onnx.save_model(model, str(src), save_as_external_data=True, location="bert.weights", size_threshold=0)
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    code, text, err = _run([str(src), str(out), "--report", str(report), "-q"], capsys)
+    assert code == 0, err
+    data = json.loads(report.read_text())
+    assert data["before"]["file_bytes"] == src.stat().st_size + (tmp_path / "bert.weights").stat().st_size
+    written = [out] + ([out.with_name("out.onnx.data")] if out.with_name("out.onnx.data").exists() else [])
+    assert data["after"]["file_bytes"] == sum(f.stat().st_size for f in written)
+    assert data["after"]["file_bytes"] > 300_000  # the weights are counted wherever they are
