@@ -317,7 +317,7 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
     check = run.check_options(model, check)
     _destinations.check_destinations(src, dst, report_path, model, replace_data)
     report = _report.Report(str(src), str(dst), _report.summarize(model))
-    report.before.file_bytes = _report.disk_bytes([src, *sorted(modelio.data_files(model))])
+    report.before.file_bytes = _report.disk_bytes([src, *modelio.source_files(model)])
     report.phases = phases.seconds
     with phases.phase("passes", None):
         report.passes = run.run(model, progress)

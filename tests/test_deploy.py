@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import helpers
 import numpy as np
@@ -369,3 +374,89 @@ def test_the_size_on_disk_counts_external_data(tmp_path: pathlib.Path, capsys) -
     written = [out] + ([out.with_name("out.onnx.data")] if out.with_name("out.onnx.data").exists() else [])
     assert data["after"]["file_bytes"] == sum(f.stat().st_size for f in written)
     assert data["after"]["file_bytes"] > 300_000  # the weights are counted wherever they are
+
+
+# --- a folder of models ----------------------------------------------------------------------------
+
+REAL = REPO / "models" / "real"
+
+
+def _mixed_folder(root: pathlib.Path) -> pathlib.Path:
+    """Two good models (one in a subfolder, one with external data), an invalid file, and a model whose
+    check fails at a zero tolerance (the BatchNormalization fusion's rounding)."""
+    folder = root / "in"
+    (folder / "sub").mkdir(parents=True)
+    shutil.copy(REAL / "sk_mlp_opset13.onnx", folder / "mlp.onnx")
+    model = onnx.load(str(REAL / "sk_scaler_pca_logreg_opset11.onnx"))
+    for i, tensor in enumerate(model.graph.initializer):  # as raw bytes: only those go to external data
+        model.graph.initializer[i].CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(tensor), tensor.name))
+    onnx.save_model(model, str(folder / "sub" / "ext.onnx"), save_as_external_data=True, location="ext.weights",
+                    size_threshold=0)  # fmt: skip
+    assert (folder / "sub" / "ext.weights").exists()
+    (folder / "sub" / "bad.onnx").write_bytes(b"not a model")
+    shutil.copy(REAL / "small_cnn_opset11_nofold.onnx", folder / "cnn.onnx")
+    return folder
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_mixed_folder(jobs: str, tmp_path: pathlib.Path) -> None:
+    folder = _mixed_folder(tmp_path)
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    out, report = tmp_path / "out", tmp_path / "all.json"
+    proc = helpers_run(str(folder), "-o", str(out), "--jobs", jobs, "--report", str(report), "--rtol", "0", "--atol", "0")
+    assert proc.returncode == 2, proc.stderr  # the worst: the invalid file
+    records = {r["model"]: r for r in json.loads(report.read_text())["models"]}
+    assert {m: r["exit"] for m, r in records.items()} == {"cnn.onnx": 1, "mlp.onnx": 0, "sub/bad.onnx": 2,
+                                                          "sub/ext.onnx": 0}  # fmt: skip
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == ["mlp.onnx", "sub/ext.onnx"]
+    assert records["sub/ext.onnx"]["report"]["check"]["ok"] is True
+    assert records["sub/ext.onnx"]["report"]["before"]["file_bytes"] > (folder / "sub" / "ext.onnx").stat().st_size
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["model", "nodes", "size", "check", "seconds", "status"]
+    assert any(line.startswith("cnn.onnx") and "FAILED" in line and "check failed" in line for line in lines)
+    assert any(line.startswith("sub/bad.onnx") and "error: " in line for line in lines)
+    assert sorted(proc.stderr.splitlines())[0].startswith("optimize: error: cnn.onnx: check failed")
+    for r in records.values():
+        if r["exit"] == 0:
+            helpers.ort_session(r["output"])  # each output runs
+
+
+def test_a_folder_of_good_models_exits_0(tmp_path: pathlib.Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(REAL / "sk_mlp_opset13.onnx", folder / "a.onnx")
+    shutil.copy(REPO / "models" / "demo.onnx", folder / "b.onnx")
+    proc = helpers_run(str(folder), str(tmp_path / "out"), "--jobs", "2", "-q")
+    assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.onnx", "b.onnx"]
+
+
+def test_jobs_with_a_single_file_is_refused(tmp_path: pathlib.Path, capsys) -> None:
+    code, _, err = _run([str(REPO / "models" / "demo.onnx"), str(tmp_path / "o.onnx"), "--jobs", "2"], capsys)
+    assert code == 2 and err.startswith("optimize: error: --jobs is for a folder of models")
+
+
+def test_an_interrupted_folder_leaves_no_partial_output(tmp_path: pathlib.Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(6):
+        shutil.copy(REAL / "tiny_bert_opset17.onnx", folder / f"m{i}.onnx")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "passes", str(folder), "-o", str(out), "--jobs", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)  # fmt: skip
+    time.sleep(4)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.decode().strip().splitlines()[-1].startswith("optimize: error: interrupted")
+    left = [p for p in out.rglob("*")] if out.exists() else []
+    assert all(p.suffix == ".onnx" and not p.name.startswith(".") for p in left), left
+    for p in left:
+        onnx.checker.check_model(str(p))  # every model written is whole
+    assert len(left) < 6
+
+
+def helpers_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "passes", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=600)  # fmt: skip

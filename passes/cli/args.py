@@ -94,6 +94,16 @@ def _fix_dim(text: str) -> tuple[str, int | str]:
     return name, _size(size.strip())
 
 
+def _jobs(text: str) -> int:
+    try:
+        value = parse_int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid --jobs {short(text)} (expected a whole number >= 1)")
+    return value
+
+
 def _seed(text: str) -> int:
     try:
         return parse_nonnegative_int(text)
@@ -155,7 +165,8 @@ def parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    result.add_argument("input", help="the .onnx model to optimise (never modified)")
+    result.add_argument("input", help="the .onnx model to optimise (never modified), or a folder: every "
+                                      ".onnx under it, into the folder OUTPUT (subfolders kept)")
     result.add_argument("output_path", nargs="?", metavar="OUTPUT",
                         help="where to write the optimised model (or -o OUTPUT)")
     result.add_argument("-o", "--output", metavar="OUTPUT", help="where to write the optimised model")
@@ -193,6 +204,9 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--rtol", type=_tolerance, default=None, help="relative tolerance for float outputs")
     result.add_argument("--atol", type=_tolerance, default=None, help="absolute tolerance for float outputs")
     result.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
+    result.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+                        help="with a folder as INPUT: optimise its models in N processes at once "
+                             "(default: the cores)")
     result.add_argument("--force", action="store_true",
                         help="write the output even if the check fails (the exit code is still 1); "
                              "it does not make any other refusal go away")

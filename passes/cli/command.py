@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import logging
 import os
+import pathlib
 import signal
 import sys
 import traceback
@@ -234,13 +235,33 @@ def _interrupted(error: KeyboardInterrupt, state: dict[str, bool]) -> int:
     return 128 + (error.signum if isinstance(error, _Interrupted) else signal.SIGINT)
 
 
+def _folder(args: argparse.Namespace, argv: Sequence[str], output_path: str | None) -> int:
+    """``optimize DIR -o OUTDIR``: each model a single run (see :mod:`passes.cli.folder`)."""
+    from passes.cli import folder
+
+    try:
+        return folder.run_folder(pathlib.Path(args.input), pathlib.Path(args.output),
+                                 folder.child_arguments(argv, args.input, output_path), jobs=args.jobs,
+                                 report_path=args.report, quiet=args.quiet)  # fmt: skip
+    except KeyboardInterrupt as e:
+        print(f"{PROG}: error: interrupted; the models not finished were not written (no partial output)",
+              file=sys.stderr, flush=True)
+        return 128 + (e.signum if isinstance(e, _Interrupted) else signal.SIGINT)
+
+
 def _main(argv: Sequence[str] | None, state: dict[str, bool]) -> int:
     verbose = False
     try:
         parser_ = parser()
-        args = parser_.parse_args(argv)
+        raw = list(sys.argv[1:] if argv is None else argv)
+        args = parser_.parse_args(raw)
+        output_path = args.output_path
         resolve_output(parser_, args)
         verbose = args.verbose
+        if os.path.isdir(args.input):
+            return _folder(args, raw, output_path)
+        if args.jobs is not None:
+            raise InputError(f"--jobs is for a folder of models; {args.input} is not a folder")
         console = _Console(args.quiet)
         try:
             with _logging(args.verbose, args.quiet), warnings.catch_warnings():
