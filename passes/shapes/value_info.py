@@ -17,7 +17,10 @@ type; an initializer that is a graph input keeps its type there).
 It runs after the clean-up, as a step of the pass loop rather than in the
 save: every route (the command, ``passes.optimize`` in memory, the reruns that
 look for the pass that brought a mismatch) then returns the same typed model,
-and the save stays a writer that knows nothing of inference.
+and the save stays a writer that knows nothing of inference. The list
+attributes of ops outside the ONNX domain (ai.onnx.ml's trees) are never
+decoded for this: inference sees them empty, and the values computed from
+such a node keep what the model states, typed or not.
 """
 
 from __future__ import annotations
@@ -45,6 +48,57 @@ def _tighter(declared: ir.Shape | None, inferred: ir.Shape | None) -> ir.Shape |
     return new if new != declared else None
 
 
+_LISTS = (ir.AttributeType.INTS, ir.AttributeType.FLOATS, ir.AttributeType.STRINGS)
+
+
+def _list_ops(model: ir.Model) -> list[ir.Node]:
+    """Nodes outside the ONNX domain with list attributes (ai.onnx.ml's trees, classifiers...).
+
+    Their lists may be large and left in the file undecoded (:mod:`passes.modelio.detach`);
+    inference reads some of their lengths (a classifier's width), so what it finds
+    downstream of them is not taken (see :func:`_tainted`).
+    """
+    return [node for node, _ in walk.iter_nodes(model, functions=False)
+            if walk.normalize_domain(node.domain) != ""
+            and any(a.type in _LISTS for a in node.attributes.values() if not a.is_ref())]  # fmt: skip
+
+
+def _tainted(model: ir.Model, sources: list[ir.Node]) -> set[ir.Value]:
+    """Values computed by ``sources`` or by a node that reads one of them (directly or in a subgraph)."""
+    tainted = {v for node in sources for v in node.outputs}
+    nodes = [node for node, _ in walk.iter_nodes(model, functions=False)]
+    changed = True
+    while changed:
+        changed = False
+        for node in nodes:
+            if all(v in tainted for v in node.outputs):
+                continue
+            reads = set(node.inputs)
+            for attr in node.attributes.values():
+                if not attr.is_ref() and attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+                    for graph in attr.value if attr.type == ir.AttributeType.GRAPHS else [attr.value]:
+                        reads.update(v for inner in ir.traversal.RecursiveGraphIterator(graph) for v in inner.inputs)
+            if reads & tainted:
+                tainted.update(node.outputs)
+                changed = True
+    return tainted
+
+
+def _infer_without_lists(model: ir.Model, nodes: list[ir.Node]) -> dict[ir.Value, Any]:
+    """:func:`infer_all` with the list attributes of ``nodes`` empty (never decoded), then restored."""
+    saved = []
+    for node in nodes:
+        for name, attr in list(node.attributes.items()):
+            if not attr.is_ref() and attr.type in _LISTS:
+                saved.append((node, name, attr))
+                node.attributes[name] = ir.Attr(name, attr.type, [])
+    try:
+        return infer_all(model)
+    finally:
+        for node, name, attr in saved:
+            node.attributes[name] = attr
+
+
 class TypeValuesPass(ir.passes.InPlacePass):
     """Sets the type and shape inference finds on every computed value (see the module docstring)."""
 
@@ -53,7 +107,10 @@ class TypeValuesPass(ir.passes.InPlacePass):
         self.stats: dict[str, Any] = {}
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        inferred = infer_all(model)
+        lists = _list_ops(model)
+        inferred = _infer_without_lists(model, lists) if lists else infer_all(model)
+        for value in _tainted(model, lists) if lists else ():
+            inferred.pop(value, None)
         typed = outputs = 0
         for graph in walk.graphs(model):
             graph_outputs = set(graph.outputs)
