@@ -258,8 +258,8 @@ def _main(argv: Sequence[str] | None, state: dict[str, bool]) -> int:
         output_path = args.output_path
         resolve_output(parser_, args)
         verbose = args.verbose
-        if os.path.isdir(args.input):
-            return _folder(args, raw, output_path)
+        if os.path.isdir(args.input) and not args.input.rstrip(os.sep).lower().endswith(".onnx"):
+            return _folder(args, raw, output_path)  # (a folder named *.onnx stays "not a regular file")
         if args.jobs is not None:
             raise InputError(f"--jobs is for a folder of models; {args.input} is not a folder")
         console = _Console(args.quiet)
