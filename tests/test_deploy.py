@@ -460,3 +460,16 @@ def test_an_interrupted_folder_leaves_no_partial_output(tmp_path: pathlib.Path) 
 def helpers_run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "passes", *args], capture_output=True, text=True, cwd=REPO,
                           timeout=600)  # fmt: skip
+
+
+def test_an_initializer_that_is_a_graph_output_keeps_its_type(tmp_path: pathlib.Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Abs", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"]), helper.make_tensor_value_info("c", TensorProto.FLOAT, [2])],
+        [_init("c", np.array([1, -2], np.float32))],
+    )  # fmt: skip
+    src = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), tmp_path / "m.onnx")
+    out = passes.optimize(src, output=tmp_path / "o.onnx")
+    result = onnx.load(str(out))
+    onnx.checker.check_model(result, full_check=True)
+    assert _dims(result.graph.output[1]) == [2] and not result.graph.value_info

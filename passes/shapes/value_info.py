@@ -132,7 +132,7 @@ class TypeValuesPass(ir.passes.InPlacePass):
                     if dtype is not None and value.type is None:
                         value.type = ir.TensorType(dtype)
                         changed = True
-                    if new is not None:
+                    if new is not None and value.type is not None:  # a value_info needs its type
                         value.shape = new
                         changed = True
                     typed += changed
@@ -140,7 +140,8 @@ class TypeValuesPass(ir.passes.InPlacePass):
         for graph in walk.graphs(model):
             for value in graph.initializers.values():
                 # A tensor carries its own type: stated again it would be a value_info per weight.
-                if not value.is_graph_input() and value.const_value is not None and (value.type or value.shape):
+                if (not value.is_graph_input() and not value.is_graph_output() and value.const_value is not None
+                        and (value.type or value.shape)):
                     value.type, value.shape = None, None
                     untyped += 1
         self.stats = {"typed": typed, "outputs_tightened": outputs}
