@@ -24,11 +24,12 @@ does not run, a target opset below the model's (the upgrade pass refuses it).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pathlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 # Only light modules at the top: ``--help`` and early errors need no more.
@@ -40,6 +41,7 @@ from passes.declarations import (
     PASSES,
     PassSpec,
 )
+from passes import shapes  # light: --input-shape / --fix-dim validated once
 from passes.dim_names import refuse_unknown_dims  # light
 from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
 from passes.lazy import lazy_module
@@ -62,6 +64,7 @@ _report = lazy_module("passes.report")
 _walk = lazy_module("passes.ir.walk")
 _destinations = lazy_module("passes.modelio.destinations")
 _gate = lazy_module("passes.verify.gate")
+_inference = lazy_module("passes.ir.inference")
 
 __all__ = [
     "DEFAULT_FOLD_SIZE_LIMIT",
@@ -79,6 +82,21 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def _check_at_static_sizes(run: RunSpec, model: ir.Model, check: CheckOptions) -> CheckOptions:
+    """``check`` with the check's inputs at the run's declared static sizes (a ``--dim`` name the model
+    does not have, or one that contradicts them, refused; see :func:`passes.shapes.check_dims`)."""
+    refuse_unknown_dims(model, check.dims)
+    if not run.static:
+        return check
+    from passes.shapes.declare import symbolic_dim_names
+
+    problem = shapes.refusal(model, run.input_shapes, run.fix_dims, symbolic_dim_names(model))
+    if problem is not None:
+        raise InputError(problem)
+    dims = shapes.check_dims(model, run.input_shapes, run.fix_dims, check.dims)
+    return dataclasses.replace(check, dims=dims, shapes=dict(run.input_shapes))
 
 
 def build_pass_manager(
@@ -130,6 +148,8 @@ def optimize_file(
     warn: Callable[[str], None] = logger.warning,
     on_commit: Callable[[bool], None] | None = None,
     replace_data: bool = False,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    fix_dims: Mapping[str, int] | None = None,
     **options: Any,
 ) -> Report:
     """Loads ``source``, optimises it, checks the result and writes it to ``output`` atomically.
@@ -152,6 +172,8 @@ def optimize_file(
         on_commit: Called with True once the output is in place (False if it was not written).
         replace_data: Replace an existing ``OUTPUT.data`` even when it is not the
             existing OUTPUT's own data file (it may be another model's weights).
+        input_shapes: Static shapes of graph inputs by name (``--input-shape``).
+        fix_dims: Sizes of symbolic dims by name (``--fix-dim``).
         **options: Values of the passes' declared options.
 
     Returns:
@@ -162,7 +184,7 @@ def optimize_file(
         OptimizeError: a pass refused the model.
         CheckFailedError: the result is invalid or differs (``error.report`` holds the report).
     """
-    run = RunSpec.build(passes, skip, **options)
+    run = RunSpec.build(passes, skip, input_shapes=input_shapes, fix_dims=fix_dims, **options)
     check = check or CheckOptions()
     worker = _gate.start_worker(check)  # its imports overlap with the passes
     try:
@@ -180,18 +202,21 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
     phases = Phases(progress)
     with phases.phase("load", f"loading {src}"):
         model = modelio.load_model(src)
-    refuse_unknown_dims(model, check.dims)
+    check = _check_at_static_sizes(run, model, check)
     _destinations.check_destinations(src, dst, report_path, model, replace_data)
     report = _report.Report(str(src), str(dst), _report.summarize(model))
+    report.before.file_bytes = _report.disk_bytes([src, *modelio.source_files(model)])
     report.phases = phases.seconds
     with phases.phase("passes", None):
         report.passes = run.run(model, progress)
+        _refuse_impossible_shapes(run, model, lambda: modelio.load_model(src))
     report.notes.extend(modelio.model_notes(model))  # the load's lossless repairs, the passes' corrections
     report.after = _report.summarize(model)
 
     with modelio.staged_output(dst, replace_data=replace_data) as staged:
         with phases.phase("save", f"saving {dst}", modelio.weights_nbytes(model) or None, "B") as advance:
             staged_path = staged.save(model, progress=advance)
+        report.after.file_bytes = _report.disk_bytes(staged.files)
         _release(model)
         del model
         with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):
@@ -226,6 +251,25 @@ def _rounding(runs: Sequence[PassRun]) -> bool:
     an exact one applied named rewrites that are not (``fused``)."""
     return any((r.modified and r.name in PASSES and not PASSES[r.name].exact) or r.stats.get("fused", 0)
                for r in runs)  # fmt: skip
+
+
+def _refuse_impossible_shapes(run: RunSpec, model: ir.Model, fresh: Callable[[], ir.Model]) -> None:
+    """Refuses static shapes the model cannot run at (exit 2, nothing written).
+
+    Folding makes a contradiction visible that the declared inputs alone do not
+    (a 128-long sequence added to a 32-row position table): when onnx shape
+    inference refuses the result, and the same passes without the static shapes
+    give a result it accepts, the shapes are the cause.
+    """
+    if not run.static or (error := _inference.inference_error(model)) is None:
+        return
+    dynamic = RunSpec(run.passes, run.options, run.cleanup)
+    plain = fresh()
+    dynamic.run(plain)
+    if _inference.inference_error(plain) is None:
+        shown = error if len(error) <= 200 else error[:197] + "..."
+        raise InputError(f"{shapes.requests_text(run.input_shapes, run.fix_dims)}: the model cannot run at these "
+                         f"shapes (onnx shape inference: {shown})")
 
 
 def _blame(gate: Gate, verdict: Any, run: RunSpec, fresh: Callable[[], ir.Model]) -> None:
@@ -294,6 +338,8 @@ def optimize(
     skip: Iterable[str] = (),
     output: str | os.PathLike[str] | None = None,
     check: bool | CheckOptions = True,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    fix_dims: Mapping[str, int] | None = None,
     **options: Any,
 ) -> Any:
     """Optimises a model with the named passes (default: all) and the clean-up.
@@ -311,6 +357,10 @@ def optimize(
         skip: Pass names not to run.
         output: With a path input, write the result there atomically and return its path.
         check: False to skip the onnxruntime comparison, or :class:`CheckOptions`.
+        input_shapes: Static shapes of graph inputs by name, e.g. ``{"x": (1, 3, 224, 224)}``
+            (``--input-shape``): declared before the passes, and the check runs at those sizes.
+        fix_dims: Sizes of symbolic dims by name, e.g. ``{"batch": 1}`` (``--fix-dim``), set
+            everywhere they appear.
         **options: Values of the passes' declared options, e.g. ``target_opset=18``,
             ``fold_size_limit=1 << 20`` (see :func:`pass_options`).
 
@@ -324,11 +374,12 @@ def optimize(
         OptimizeError: a pass refused the model.
         CheckFailedError: the optimised model is invalid or computes something else.
     """
-    run = RunSpec.build(passes, skip, **options)
+    run = RunSpec.build(passes, skip, input_shapes=input_shapes, fix_dims=fix_dims, **options)
     checking = _check_options(check)
     if isinstance(model, (str, os.PathLike)):
         if output is not None:
-            optimize_file(model, output, passes=run.passes, check=checking, **run.options)
+            optimize_file(model, output, passes=run.passes, check=checking, input_shapes=run.input_shapes,
+                          fix_dims=run.fix_dims, **run.options)  # fmt: skip
             return pathlib.Path(output)
         ir_model = modelio.load_model(model)
         original: Any = pathlib.Path(model)
@@ -349,7 +400,7 @@ def optimize(
         )
     if output is not None:
         raise TypeError("optimize(): output= is only for a path input")
-    refuse_unknown_dims(ir_model, checking.dims)
+    checking = _check_at_static_sizes(run, ir_model, checking)
     worker = _gate.start_worker(checking)  # its imports overlap with the passes
     try:
         return _optimize_in_memory(model, original, ir_model, run, checking, worker)
@@ -371,6 +422,7 @@ def _fresh(original: Any) -> ir.Model:
 def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, run: RunSpec, checking: CheckOptions,
                         worker: Any) -> Any:  # fmt: skip
     runs = run.run(ir_model)
+    _refuse_impossible_shapes(run, ir_model, lambda: _fresh(original))
     proto = modelio.model_to_proto(ir_model)
     with _gate.Gate(original, checking, logger.warning, worker, rounding=_rounding(runs)) as gate:
         verdict = gate.verify(proto)

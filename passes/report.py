@@ -9,6 +9,7 @@ import math
 import os
 import pathlib
 import tempfile
+from collections.abc import Iterable
 from typing import IO, Any
 
 import numpy as np
@@ -18,7 +19,8 @@ from passes.errors import InputError
 from passes.ir.walk import default_opset, iter_scopes
 from passes.verify.result import TOLERANCES, CheckResult, name_text
 
-__all__ = ["ModelSummary", "PassRun", "Report", "check_hint", "summarize"]
+__all__ = ["ModelSummary", "PassRun", "Report", "check_hint", "disk_bytes", "human_bytes", "signature_text",
+           "summarize"]
 
 
 @dataclasses.dataclass
@@ -33,13 +35,22 @@ class PassRun:
 
 @dataclasses.dataclass
 class ModelSummary:
-    """Counts of a model: op types (main graph, subgraphs and functions), nodes, initializers."""
+    """Counts of a model: op types (main graph, subgraphs and functions), nodes, initializers;
+    its signature (the graph's inputs and outputs: name, dtype, shape) and its size on disk.
+
+    ``inputs`` and ``outputs`` hold ``{"name", "dtype", "shape"}`` per value (a dim: its size,
+    its name, or None when unknown; ``shape`` None when the rank is unknown); ``file_bytes`` is
+    the ``.onnx`` file with its external data (None for a model that is not in a file).
+    """
 
     op_counts: dict[str, int]
     nodes: int
     initializers: int
     initializer_bytes: int
     opset: dict[str, int]
+    inputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    outputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    file_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -67,6 +78,46 @@ def _op_key(node: ir.Node) -> str:
     return node.op_type if node.domain == "" else f"{node.domain}::{node.op_type}"
 
 
+def _signature(value: ir.Value) -> dict[str, Any]:
+    """``{"name", "dtype", "shape"}`` of a graph input or output."""
+    kind = value.type
+    dtype = kind.dtype.name.lower() if isinstance(kind, ir.TensorType) else (str(kind) if kind is not None else None)
+    shape = None
+    if value.shape is not None:
+        shape = [d if isinstance(d, int) else (d.value if isinstance(d.value, str) and d.value else None)
+                 for d in value.shape]  # fmt: skip
+    return {"name": value.name, "dtype": dtype, "shape": shape}
+
+
+def signature_text(entry: dict[str, Any]) -> str:
+    """``float[N,3,224,224]`` (``?`` an unknown dim, ``[...]`` an unknown rank)."""
+    shape = entry["shape"]
+    dims = "..." if shape is None else ",".join("?" if d is None else str(d) for d in shape)
+    return f"{entry['dtype'] or '?'}[{dims}]"
+
+
+def disk_bytes(files: Iterable[str | os.PathLike[str]]) -> int | None:
+    """The total size of ``files`` (a model and its external data), or None if one cannot be read."""
+    try:
+        return sum(os.stat(f).st_size for f in files)
+    except OSError:
+        return None
+
+
+def human_bytes(n: int | None) -> str:
+    """``39.0 KiB``; ``-`` for None."""
+    if n is None:
+        return "-"
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}"
+    return f"{n} B"
+
+
 def summarize(model: ir.Model) -> ModelSummary:
     """Counts ops, nodes and initializers of ``model`` without reading external data."""
     counts: collections.Counter[str] = collections.Counter()
@@ -87,6 +138,8 @@ def summarize(model: ir.Model) -> ModelSummary:
         initializers,
         nbytes,
         dict(model.opset_imports),
+        [_signature(v) for v in model.graph.inputs if v.name not in model.graph.initializers],
+        [_signature(v) for v in model.graph.outputs],
     )
 
 
@@ -218,6 +271,10 @@ class Report:
             ("opset", default_opset(self.before.opset) or "-", default_opset(after.opset) or "-"),
         ):
             lines.append(f"{label:<{width}}  {b:>9}  {a:>9}")
+        if self.before.file_bytes is not None or after.file_bytes is not None:
+            b, a = human_bytes(self.before.file_bytes), human_bytes(after.file_bytes)
+            lines.append(f"{'size on disk':<{width}}  {b:>9}  {a:>9}")
+        lines.extend(_signature_lines(self.before, after, verbose))
         if self.passes:
             lines.append("")
             lines.append(f"{'pass':<12}{'time (s)':>10}  {'changed':<8} details")
@@ -234,6 +291,33 @@ class Report:
             lines.extend(_check_lines(self.check))
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
+
+
+#: Inputs and outputs listed without ``-v`` (the JSON report has them all).
+_SIGNATURE_LINES = 8
+
+
+def _signature_lines(before: ModelSummary, after: ModelSummary, verbose: bool) -> list[str]:
+    """The graph's inputs and outputs, before and after: name, dtype, shape (``same`` when unchanged)."""
+    rows: list[tuple[str, str, str, str]] = []
+    for kind, old, new in (("input", before.inputs, after.inputs), ("output", before.outputs, after.outputs)):
+        olds = {e["name"]: e for e in old}
+        news = {e["name"]: e for e in new}
+        names = list(dict.fromkeys([*olds, *news]))
+        shown = names if verbose else names[:_SIGNATURE_LINES]
+        for name in shown:
+            b = signature_text(olds[name]) if name in olds else "-"
+            a = signature_text(news[name]) if name in news else "-"
+            rows.append((kind, name, b, "same" if a == b else a))
+        if len(shown) < len(names):
+            rows.append((kind, f"... {len(names) - len(shown)} more (-v)", "", ""))
+    if not rows:
+        return []
+    label = max(len(f"{k} {n}") for k, n, _, _ in rows)
+    width = max(len("before"), *(len(b) for _, _, b, _ in rows))
+    lines = ["", f"{'signature':<{label}}  {'before':<{width}}  after"]
+    lines.extend(f"{k + ' ' + n:<{label}}  {b:<{width}}  {a}".rstrip() for k, n, b, a in rows)
+    return lines
 
 
 def _check_lines(check: CheckResult) -> list[str]:

@@ -9,9 +9,10 @@ neither onnx, onnx_ir nor numpy: a bad request fails before any of them loads.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from passes import shapes  # light: --input-shape / --fix-dim validated once
 from passes.declarations import PASSES
 from passes.errors import InputError
 from passes.options import Option
@@ -58,23 +59,30 @@ class RunSpec:
     Attributes:
         passes: The passes to run, in order.
         options: Every declared option's value (defaults filled in).
-        cleanup: Whether the clean-up runs after the passes.
+        cleanup: Whether the clean-up (and the typing of values) runs after the passes.
+        input_shapes: Static shapes of graph inputs (``--input-shape``), declared before the passes.
+        fix_dims: Sizes of symbolic dims (``--fix-dim``), set everywhere before the passes.
     """
 
     passes: tuple[str, ...]
     options: Mapping[str, Any]
     cleanup: bool = True
+    input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    fix_dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def build(cls, passes: Iterable[str] | None = None, skip: Iterable[str] = (), *, cleanup: bool = True,
+              input_shapes: Mapping[str, Sequence[int]] | None = None, fix_dims: Mapping[str, int] | None = None,
               **options: Any) -> RunSpec:  # fmt: skip
-        """Validates the pass names and option values.
+        """Validates the pass names, option values and static shapes (:mod:`passes.shapes`).
 
         Raises:
-            InputError: an unknown pass or option, a value an option's declaration refuses, or
-                an option set (to other than its default) for a pass that does not run.
+            InputError: an unknown pass or option, a value an option's declaration refuses,
+                an option set (to other than its default) for a pass that does not run, or a
+                static size that is not a positive integer.
         """
         names = select_passes(passes, skip)
+        static, fixed = shapes.normalize(input_shapes, fix_dims)
         declared = {o.name: o for o in pass_options()}
         unknown = sorted(set(options) - set(declared))
         if unknown:
@@ -91,7 +99,7 @@ class RunSpec:
             for option in spec.options:
                 if option.name not in running and values[option.name] != option.default:
                     raise InputError(f"{option.flag} is an option of {name}, which does not run")
-        return cls(tuple(names), values, cleanup)
+        return cls(tuple(names), values, cleanup, static, fixed)
 
     def without(self, keep: int, cleanup: bool) -> RunSpec:
         """The same run with only the first ``keep`` passes (and the clean-up or not)."""
@@ -99,15 +107,26 @@ class RunSpec:
         running = {option.name for name in kept for option in PASSES[name].options}
         declared = {o.name: o for o in pass_options()}
         values = {k: (v if k in running else declared[k].default) for k, v in self.options.items()}
-        return RunSpec(kept, values, cleanup)
+        return RunSpec(kept, values, cleanup, self.input_shapes, self.fix_dims)
+
+    @property
+    def static(self) -> bool:
+        """Whether the run declares static shapes."""
+        return bool(self.input_shapes or self.fix_dims)
 
     def manager(self, record: Any = None) -> ir.passes.PassManager:
         """The pass loop of this run (see :mod:`passes.loop`), recording into ``record``."""
         steps = [(name, PASSES[name].build(self.options), PASSES[name].repeats) for name in self.passes]
+        if self.static:
+            from passes.shapes.declare import DeclareShapesPass
+
+            steps.insert(0, ("shapes", DeclareShapesPass(self.input_shapes, self.fix_dims), False))
         if self.cleanup:
             from passes.cleanup import CleanupPass
+            from passes.shapes.value_info import TypeValuesPass
 
             steps.append(("cleanup", CleanupPass(), False))
+            steps.append(("types", TypeValuesPass(), False))  # after the clean-up: see passes.shapes.value_info
         from passes import loop
 
         return loop.build(steps, record if record is not None else loop.Record())

@@ -175,8 +175,8 @@ _LEAVES = {"errors", "options", "limits", "lazy", "phases"}
 MAY_IMPORT: dict[str, set[str]] = {
     "__main__": {"cli"},
     "cli": {"pipeline", "report", "verify", "declarations", *_LEAVES},
-    "pipeline": {"runspec", "report", "verify", "modelio", "ir", "declarations", "dim_names", *_LEAVES},
-    "runspec": {"loop", "cleanup", "report", "declarations", *_LEAVES},
+    "pipeline": {"runspec", "report", "verify", "modelio", "ir", "declarations", "dim_names", "shapes", *_LEAVES},
+    "runspec": {"loop", "cleanup", "report", "declarations", "shapes", *_LEAVES},
     "loop": {"report", *_LEAVES},
     "report": {"verify", "ir", *_LEAVES},
     **{name: {"base", "declarations", "ir", "refimpl", *_LEAVES} for name in _PASSES},
@@ -186,6 +186,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "base": {"declarations", "options"},
     "declarations": {"options"},
     "dim_names": {"errors", "options"},
+    "shapes": {"ir", *_LEAVES},
     "refimpl": set(),
     **{leaf: set() for leaf in _LEAVES},
 }

@@ -7,7 +7,7 @@ import math
 from typing import Any, NoReturn
 
 from passes import __version__, pipeline
-from passes.errors import EXIT_ERROR
+from passes.errors import EXIT_ERROR, InputError
 from passes.options import Option, parse_int, parse_nonnegative_int, parse_size, short
 from passes.verify.result import DEFAULT_TIMEOUT
 
@@ -71,6 +71,39 @@ def _dim(text: str) -> tuple[str, int]:
     return name, value
 
 
+def _size(text: str) -> int | str:
+    """A size as an int when it reads as one; else the text, which the pipeline refuses by name."""
+    try:
+        return parse_int(text)
+    except ValueError:
+        return text
+
+
+def _input_shape(text: str) -> tuple[str, list[int | str]]:
+    """``NAME:D0,D1,...`` (the name may hold ``:``, as TensorFlow's ``input:0`` does)."""
+    name, sep, sizes = text.rpartition(":")
+    if not sep or not name or not sizes.strip():
+        raise argparse.ArgumentTypeError(f"invalid --input-shape {short(text)} (expected NAME:D0,D1,...)")
+    return name, [_size(s.strip()) for s in sizes.split(",")]
+
+
+def _fix_dim(text: str) -> tuple[str, int | str]:
+    name, sep, size = text.rpartition("=")
+    if not sep or not name or not size.strip():
+        raise argparse.ArgumentTypeError(f"invalid --fix-dim {short(text)} (expected NAME=SIZE)")
+    return name, _size(size.strip())
+
+
+def _jobs(text: str) -> int:
+    try:
+        value = parse_int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid --jobs {short(text)} (expected a whole number >= 1)")
+    return value
+
+
 def _seed(text: str) -> int:
     try:
         return parse_nonnegative_int(text)
@@ -132,7 +165,8 @@ def parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    result.add_argument("input", help="the .onnx model to optimise (never modified)")
+    result.add_argument("input", help="the .onnx model to optimise (never modified), or a folder: every "
+                                      ".onnx under it, into the folder OUTPUT (subfolders kept)")
     result.add_argument("output_path", nargs="?", metavar="OUTPUT",
                         help="where to write the optimised model (or -o OUTPUT)")
     result.add_argument("-o", "--output", metavar="OUTPUT", help="where to write the optimised model")
@@ -146,6 +180,13 @@ def parser() -> argparse.ArgumentParser:
         else:
             result.add_argument(option.flag, dest=option.name, type=_typed(option), default=option.default,
                                 metavar=option.metavar, help=option.help)
+    result.add_argument("--input-shape", "--overwrite-input-shape", dest="input_shape", type=_input_shape,
+                        action="append", default=[], metavar="NAME:D0,D1,...",
+                        help="declare a graph input with this static shape before the passes (shape "
+                             "arithmetic then folds; the check runs at it); repeatable")
+    result.add_argument("--fix-dim", type=_fix_dim, action="append", default=[], metavar="NAME=SIZE",
+                        help="set a symbolic dim to SIZE everywhere it appears (inputs, outputs, value "
+                             "infos, subgraphs) before the passes; repeatable")
     result.add_argument("--no-check", action="store_true", help="do not compare the models in onnxruntime")
     result.add_argument("--require-check", action="store_true",
                         help="fail (exit 1, output not written unless --force) when the check cannot run")
@@ -163,6 +204,9 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--rtol", type=_tolerance, default=None, help="relative tolerance for float outputs")
     result.add_argument("--atol", type=_tolerance, default=None, help="absolute tolerance for float outputs")
     result.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
+    result.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+                        help="with a folder as INPUT: optimise its models in N processes at once "
+                             "(default: the cores)")
     result.add_argument("--force", action="store_true",
                         help="write the output even if the check fails (the exit code is still 1); "
                              "it does not make any other refusal go away")
@@ -176,6 +220,21 @@ def parser() -> argparse.ArgumentParser:
                                 "-vv adds other libraries' debug lines")
     result.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     return result
+
+
+def static_shapes(args: argparse.Namespace) -> dict[str, Any]:
+    """``input_shapes`` and ``fix_dims`` from parsed arguments (the pipeline validates them).
+
+    Raises:
+        InputError: the same input or dim given twice with different sizes.
+    """
+    found: dict[str, dict[str, Any]] = {"input_shapes": {}, "fix_dims": {}}
+    for key, flag, pairs in (("input_shapes", "--input-shape", args.input_shape),
+                             ("fix_dims", "--fix-dim", args.fix_dim)):  # fmt: skip
+        for name, value in pairs:
+            if found[key].setdefault(name, value) != value:
+                raise InputError(f"{flag} {short(name)} given twice with different sizes")
+    return found
 
 
 def option_values(args: argparse.Namespace) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import logging
 import os
+import pathlib
 import signal
 import sys
 import traceback
@@ -23,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from passes import pipeline
-from passes.cli.args import PROG, option_values, parser, resolve_output
+from passes.cli.args import PROG, option_values, parser, resolve_output, static_shapes
 from passes.cli.progress import TerminalProgress
 from passes.errors import EXIT_CHECK, EXIT_ERROR, EXIT_OK, CheckFailedError, InputError, OptimizeError, first_line
 
@@ -142,7 +143,7 @@ def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) ->
         report = pipeline.optimize_file(
             args.input, args.output, passes=args.passes, skip=args.skip, check=check, force=args.force,
             report_path=args.report, progress=console.progress, warn=console.not_checked, on_commit=committed,
-            replace_data=args.replace_data, **option_values(args),
+            replace_data=args.replace_data, **static_shapes(args), **option_values(args),
         )  # fmt: skip
     except CheckFailedError as e:
         report = getattr(e, "report", None)
@@ -236,13 +237,33 @@ def _interrupted(error: KeyboardInterrupt, state: dict[str, bool]) -> int:
     return 128 + (error.signum if isinstance(error, _Interrupted) else signal.SIGINT)
 
 
+def _folder(args: argparse.Namespace, argv: Sequence[str], output_path: str | None) -> int:
+    """``optimize DIR -o OUTDIR``: each model a single run (see :mod:`passes.cli.folder`)."""
+    from passes.cli import folder
+
+    try:
+        return folder.run_folder(pathlib.Path(args.input), pathlib.Path(args.output),
+                                 folder.child_arguments(argv, args.input, output_path), jobs=args.jobs,
+                                 report_path=args.report, quiet=args.quiet)  # fmt: skip
+    except KeyboardInterrupt as e:
+        print(f"{PROG}: error: interrupted; the models not finished were not written (no partial output)",
+              file=sys.stderr, flush=True)
+        return 128 + (e.signum if isinstance(e, _Interrupted) else signal.SIGINT)
+
+
 def _main(argv: Sequence[str] | None, state: dict[str, bool]) -> int:
     verbose = False
     try:
         parser_ = parser()
-        args = parser_.parse_args(argv)
+        raw = list(sys.argv[1:] if argv is None else argv)
+        args = parser_.parse_args(raw)
+        output_path = args.output_path
         resolve_output(parser_, args)
         verbose = args.verbose
+        if os.path.isdir(args.input) and not args.input.rstrip(os.sep).lower().endswith(".onnx"):
+            return _folder(args, raw, output_path)  # (a folder named *.onnx stays "not a regular file")
+        if args.jobs is not None:
+            raise InputError(f"--jobs is for a folder of models; {args.input} is not a folder")
         console = _Console(args.quiet)
         try:
             with _logging(args.verbose, args.quiet), warnings.catch_warnings():

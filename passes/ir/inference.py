@@ -28,7 +28,7 @@ from passes.errors import InputError
 from passes.ir import tensors, walk
 from passes.limits import PROTOBUF_MAX
 
-__all__ = ["infer_all", "infer_static_shapes", "infer_types", "is_static", "shape_slice"]
+__all__ = ["infer_all", "infer_static_shapes", "infer_types", "inference_error", "is_static", "shape_slice"]
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +202,24 @@ def infer_types(
     found: dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] = {}
     _walk(model.graph, inferred.graph, wanted, found)
     return found
+
+
+def inference_error(model: ir.Model) -> str | None:
+    """What strict onnx shape inference finds wrong in ``model`` (on the weight-free view), or None.
+
+    Shapes the model states for computed values are forgotten first, so that a
+    contradiction is one of the ops with the graph inputs (a declared static
+    input that a weight's size does not allow, for one).
+    """
+    proto = _serialize_without_weights(model)
+    _forget_declared_shapes(proto.graph)
+    if proto.ByteSize() >= PROTOBUF_MAX:
+        return None
+    try:
+        onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
+        return " ".join(str(e).split())
+    return None
 
 
 def infer_static_shapes(model: ir.Model, values: Iterable[ir.Value]) -> dict[ir.Value, tuple[int, ...]]:

@@ -32,6 +32,7 @@ from passes.modelio.load import (
     proto_from_bytes,
     read_graph,
     read_whole,
+    source_files,
     validate_proto,
 )
 from passes.limits import PROTOBUF_LIMIT
@@ -44,6 +45,7 @@ __all__ = [
     "check_unchanged",
     "check_view",
     "data_files",
+    "source_files",
     "weights_nbytes",
     "has_external_data",
     "load_model",

@@ -87,7 +87,7 @@ def check_encodable(path: pathlib.Path | str, label: str, why: str) -> None:
         raise InputError(f"{label}: the path is not valid UTF-8 text; {why}") from None
 
 
-def _external_locations(proto: onnx.ModelProto) -> set[str]:
+def external_locations(proto: onnx.ModelProto) -> set[str]:
     """The external-data locations any tensor of ``proto`` refers to, at any depth."""
     found: set[str] = set()
     stack: list[google.protobuf.message.Message] = [proto]
@@ -116,7 +116,7 @@ def _refers_to(model_path: pathlib.Path, data: pathlib.Path) -> bool:
     except (OSError, ValueError, RuntimeError, UnicodeDecodeError, _protobuf.DecodeError):
         return False
     target = os.path.normpath(data.name)
-    return any(os.path.normpath(location) == target for location in _external_locations(proto))
+    return any(os.path.normpath(location) == target for location in external_locations(proto))
 
 
 def check_data_file(destination: pathlib.Path, *, replace: bool = False) -> None:

@@ -24,7 +24,7 @@ from passes.ir.notes import add_model_notes, model_notes, set_model_notes
 from passes.errors import InputError, first_line as _first_line
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_MAX
-from passes.modelio.destinations import check_encodable, shown
+from passes.modelio.destinations import check_encodable, external_locations, shown
 
 # The command's early errors come from load_model's first lines, before any of these is needed.
 if TYPE_CHECKING:
@@ -121,9 +121,15 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
     try:
         whole = functools.partial(read_whole, path) if view.attributes else None
         notes: list[str] = []
+        # Before validation, which reads small external tensors into the proto.
+        locations = {e.value for t in view.proto.graph.initializer if t.data_location == 1  # EXTERNAL
+                     for e in t.external_data if e.key == "location"}  # fmt: skip
         external = validate_proto(view.proto, path.parent, path=path, check=check, identities=identities,
                                   whole=whole, notes=notes)  # fmt: skip
         model = model_from_proto(view.proto, detached=view.attributes, weights=view.weights)
+        if external:  # the files on disk the model is made of (its size on disk, in the report)
+            locations |= external_locations(view.proto)
+            model.meta[_FILES_KEY] = sorted({(real.parent / loc).resolve() for loc in locations})
         del view
         set_model_notes(model, notes)  # the validation's, which include the repairs model_from_proto noted
         if identities:
@@ -143,6 +149,12 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
 
 #: Key of the validated external-data files' identities in ``ir.Model.meta``.
 _IDENTITY_KEY = "onnx_optimize.external_identity"
+_FILES_KEY = "onnx_optimize.external_files"
+
+
+def source_files(model: ir.Model) -> list[pathlib.Path]:
+    """The external-data files the model was loaded from (read into memory or not); empty for none."""
+    return list(model.meta.get(_FILES_KEY, []))
 
 
 def check_unchanged(model: ir.Model) -> None:

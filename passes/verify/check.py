@@ -37,7 +37,7 @@ import pathlib
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import google.protobuf.message
@@ -111,6 +111,8 @@ class Checker:
         inputs: Input arrays by name; missing ones are generated.
         inputs_file: An ``.npz`` of input arrays by name (read bounded, see :mod:`passes.verify.npz`).
         dims: Sizes of named dynamic dimensions for generated inputs.
+        shapes: Static shapes of inputs by name (``--input-shape``): generated inputs take them,
+            and the names of their dims take their sizes.
         seed: Seed of the generated inputs.
         rtol: Relative tolerance for float outputs (default: from the dtype, see :data:`TOLERANCES`).
         atol: Absolute tolerance for float outputs (default: from the dtype).
@@ -128,6 +130,7 @@ class Checker:
         inputs: Mapping[str, Any] | None = None,
         inputs_file: str | os.PathLike[str] | None = None,
         dims: Mapping[str, int] | None = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
         seed: int = 0,
         rtol: float | None = None,
         atol: float | None = None,
@@ -141,6 +144,7 @@ class Checker:
         self.inputs = dict(inputs or {})
         self.inputs_file = os.fspath(inputs_file) if inputs_file is not None else None
         self.dims = dict(dims or {})
+        self.shapes = dict(shapes or {})
         self.seed = seed
         self.rtol, self.atol = rtol, atol
         self.timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
@@ -215,6 +219,7 @@ class Checker:
         except (OSError, ValueError, google.protobuf.message.DecodeError) as e:
             return CheckResult(True, skipped=f"the original model cannot be read: {_first_line(e)}")
         specs = plan.input_specs(self.original_proto)
+        pinned = plan.pin_shapes(specs, self.shapes)
         given, refused = self._given(specs)
         if refused is not None:
             return CheckResult(True, skipped=refused, inputs_rejected=True)
@@ -223,7 +228,7 @@ class Checker:
             if spec.dtype is None and spec.name not in given_names:
                 return CheckResult(True, skipped=f"cannot generate input {shown(spec.name)} of type {spec.type_text}",
                                    hint="pass --inputs FILE.npz")  # fmt: skip
-        tries, dropped = plan.size_tries(specs, dims=self.dims, given=given["shapes"] if given else None)
+        tries, dropped = plan.size_tries(specs, dims={**pinned, **self.dims}, given=given["shapes"] if given else None)
         if not tries:
             return CheckResult(True, skipped=dropped[0], hint="pass --inputs FILE.npz or smaller --dim sizes")
         self._set_tolerances()

@@ -21,7 +21,7 @@ import logging
 import os
 import pathlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from passes import modelio  # light: it imports onnx and onnx_ir on first use
@@ -55,6 +55,7 @@ class CheckOptions:
         inputs_source: Where ``inputs`` came from, for messages (``--inputs FILE``).
         inputs_file: An ``.npz`` of input arrays by name, read bounded (``--inputs FILE``).
         dims: Sizes of named dynamic dimensions for generated inputs.
+        shapes: Static shapes of inputs by name (``--input-shape``): generated inputs take them.
         seed: Seed of generated inputs.
         rtol: Relative tolerance for float outputs (default per dtype).
         atol: Absolute tolerance for float outputs (default per dtype).
@@ -70,6 +71,7 @@ class CheckOptions:
     inputs_source: str = ""
     inputs_file: str | os.PathLike[str] | None = None
     dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    shapes: Mapping[str, Sequence[int]] = dataclasses.field(default_factory=dict)
     seed: int = 0
     rtol: float | None = None
     atol: float | None = None
@@ -266,6 +268,7 @@ class Gate:
 
         self._checker = self._stack.enter_context(check_module.Checker(
             self.original, inputs=check.inputs, inputs_file=check.inputs_file, dims=dict(check.dims),
+            shapes=dict(check.shapes),
             rtol=check.rtol, atol=check.atol, seed=check.seed, timeout=check.timeout,
             memory_limit=check.memory_limit, worker=self.worker, rounding=self.rounding,
         ))  # fmt: skip

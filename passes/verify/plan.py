@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import onnx
@@ -342,6 +342,22 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
                 spec.high, spec.high_reason = bound
         specs.append(spec)
     return specs
+
+
+def pin_shapes(specs: list[InputSpec], shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """Gives the inputs in ``shapes`` those static shapes (``--input-shape``), in place; returns the
+    sizes their named dims take, which the other inputs carrying those names follow."""
+    fixed: dict[str, int] = {}
+    for spec in specs:
+        shape = shapes.get(spec.name)
+        if shape is None:
+            continue
+        for d, size in zip(spec.dims, shape):
+            if isinstance(d, str):
+                fixed.setdefault(d, int(size))
+        spec.dims = [int(size) for size in shape]
+        spec.roles = ["static"] * len(shape)
+    return fixed
 
 
 def _nbytes(dtype: str, shape: list[int]) -> int:

@@ -1,0 +1,168 @@
+"""Static shapes (``--input-shape NAME:D0,D1,...``, ``--fix-dim NAME=SIZE``): the requests, validated once.
+
+The command parses the flags, ``passes.optimize(input_shapes=..., fix_dims=...)``
+takes the same values; :class:`passes.pipeline.RunSpec` validates them here,
+so that every route refuses the same request with the same one-line message:
+
+* :func:`refuse_malformed` (no model needed): a size that is not a positive
+  integer, an empty name, an empty shape;
+* :func:`refusal` (against the loaded model): an input or dim name the model
+  does not have, a rank that differs from the declared one, a size that
+  contradicts a static declared dim (or another request);
+* :func:`check_dims`: ``--dim`` against them (a fixed dim no longer needs
+  ``--dim``; one of another size is refused).
+
+The declaration itself (:mod:`passes.shapes.declare`) and the typed values of
+the output (:mod:`passes.shapes.value_info`) import onnx_ir; this module
+imports nothing heavy, so an early refusal costs only Python's start-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from passes.errors import InputError
+from passes.options import short
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+__all__ = ["check_dims", "input_shape_text", "requests_text", "normalize", "refusal", "refuse_malformed"]
+
+
+def input_shape_text(name: str, shape: Sequence[Any]) -> str:
+    """``--input-shape 'x:1,3,224,224'`` as the user wrote it (for messages)."""
+    return f"--input-shape {short(f'{name}:' + ','.join(str(d) for d in shape), 60)}"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def requests_text(input_shapes: Mapping[str, Sequence[int]], fix_dims: Mapping[str, int]) -> str:
+    """Every request as flags, for a message: ``--input-shape x:1,3 --fix-dim seq=128``."""
+    parts = [input_shape_text(n, s) for n, s in input_shapes.items()]
+    parts += [f"--fix-dim {short(f'{n}={s}')}" for n, s in fix_dims.items()]
+    return _cut(" ".join(parts), 160)
+
+
+def _size_text(size: Any) -> str:
+    return str(size) if isinstance(size, int) and not isinstance(size, bool) else short(str(size))
+
+
+def _is_size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def refuse_malformed(input_shapes: Mapping[str, Sequence[Any]], fix_dims: Mapping[str, Any]) -> None:
+    """Raises :class:`InputError` for a request that no model could satisfy.
+
+    Sizes must be positive integers (a static shape has no -1, 0 or ``?``).
+    """
+    for name, shape in input_shapes.items():
+        shown = input_shape_text(str(name), shape if isinstance(shape, (list, tuple)) else [shape])
+        if not isinstance(name, str) or not name:
+            raise InputError(f"{shown}: the input name is empty")
+        if not isinstance(shape, (list, tuple)) or not shape:
+            raise InputError(f"{shown}: expected NAME:D0,D1,... with at least one size")
+        for size in shape:
+            if not _is_size(size):
+                raise InputError(f"{shown}: size {_size_text(size)} is not a positive integer")
+    for name, size in fix_dims.items():
+        shown = f"--fix-dim {short(f'{name}={size}')}"
+        if not isinstance(name, str) or not name:
+            raise InputError(f"{shown}: the dim name is empty")
+        if not _is_size(size):
+            raise InputError(f"{shown}: size {_size_text(size)} is not a positive integer")
+
+
+def normalize(input_shapes: Mapping[str, Sequence[Any]] | None,
+              fix_dims: Mapping[str, Any] | None) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:  # fmt: skip
+    """The requests, validated (:func:`refuse_malformed`), as plain dicts of ints."""
+    shapes = dict(input_shapes or {})
+    dims = dict(fix_dims or {})
+    refuse_malformed(shapes, dims)
+    return {k: tuple(int(d) for d in v) for k, v in shapes.items()}, {k: int(v) for k, v in dims.items()}
+
+
+def _dim(d: Any) -> int | str | None:
+    """A dim of an onnx_ir shape: its size, its name, or None (unknown)."""
+    if isinstance(d, int):
+        return d
+    value = getattr(d, "value", None)
+    return value if isinstance(value, (int, str)) and value != "" else None
+
+
+def _listed(names: Sequence[str], what: str) -> str:
+    if not names:
+        return f"it has no {what}"
+    return f"its {what}: " + ", ".join(short(n) for n in names[:20]) + (", ..." if len(names) > 20 else "")
+
+
+def _shape_text(dims: Sequence[int | str | None]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def refusal(model: ir.Model, input_shapes: Mapping[str, tuple[int, ...]], fix_dims: Mapping[str, int],
+            dim_names: Sequence[str]) -> str | None:  # fmt: skip
+    """Why ``model`` cannot take these static shapes, or None.
+
+    Args:
+        model: The loaded model (not changed).
+        input_shapes: Static shapes by graph input name.
+        fix_dims: Sizes by symbolic dim name.
+        dim_names: Every symbolic dim name of the model (inputs, outputs, value infos, subgraphs).
+    """
+    graph = model.graph
+    inputs = {v.name: v for v in graph.inputs if v.name not in graph.initializers}
+    bound: dict[str, tuple[int, str]] = {}  # dim name -> (size, the request that set it)
+    for name, size in fix_dims.items():
+        if name not in dim_names:
+            return f"--fix-dim {short(f'{name}={size}')}: the model has no dim named {short(name)} " \
+                   f"({_listed(list(dim_names), 'dim names')})"
+        bound[name] = (size, f"--fix-dim {short(f'{name}={size}')}")
+    for name, shape in input_shapes.items():
+        shown = input_shape_text(name, shape)
+        value = inputs.get(name)
+        if value is None:
+            return f"{shown}: the model has no input named {short(name)} ({_listed(list(inputs), 'inputs')})"
+        if value.shape is None:
+            continue  # no declared rank: any shape is a declaration
+        declared = [_dim(d) for d in value.shape]
+        if len(declared) != len(shape):
+            return f"{shown}: {short(name)} has rank {len(declared)} {_shape_text(declared)}, not {len(shape)}"
+        for axis, (d, size) in enumerate(zip(declared, shape)):
+            if isinstance(d, int) and d != size:
+                return f"{shown}: dim {axis} of {short(name)} is {d} {_shape_text(declared)}, not {size}"
+            if isinstance(d, str):
+                if d in bound and bound[d][0] != size:
+                    return f"{shown}: dim {axis} of {short(name)} is {short(d)}, which {bound[d][1]} sets to {bound[d][0]}"
+                bound.setdefault(d, (size, shown))
+    return None
+
+
+def check_dims(model: ir.Model, input_shapes: Mapping[str, tuple[int, ...]], fix_dims: Mapping[str, int],
+               dims: Mapping[str, int]) -> dict[str, int]:  # fmt: skip
+    """The sizes of named dims for the check's generated inputs: ``--dim`` and what the static shapes fix.
+
+    A dim fixed by ``--fix-dim`` or by an input's ``--input-shape`` needs no ``--dim``; a ``--dim`` of
+    the same size is accepted, one of another size is refused.
+
+    Raises:
+        InputError: a ``--dim`` that contradicts a static shape.
+    """
+    graph = model.graph
+    fixed: dict[str, tuple[int, str]] = {n: (s, f"--fix-dim {short(f'{n}={s}')}") for n, s in fix_dims.items()}
+    for value in graph.inputs:
+        shape = input_shapes.get(value.name)
+        if shape is None or value.shape is None or value.name in graph.initializers:
+            continue
+        for d, size in zip((_dim(d) for d in value.shape), shape):
+            if isinstance(d, str):
+                fixed.setdefault(d, (size, input_shape_text(value.name, shape)))
+    for name, size in dims.items():
+        if name in fixed and fixed[name][0] != size:
+            raise InputError(f"--dim {short(f'{name}={size}')} contradicts {fixed[name][1]} "
+                             f"({short(name)} is {fixed[name][0]} there)")
+    return {**{n: s for n, (s, _) in fixed.items()}, **dims}
