@@ -46,6 +46,12 @@ class Pass(ir.passes.InPlacePass):
             cls.NAME, cls.DESCRIPTION, cls.OPTIONS = spec.name, spec.description, spec.options
             cls.REPEATS, cls.EXACT = spec.repeats, spec.exact
 
+    def close(self) -> None:
+        """Releases what the pass holds between its runs (fold: its onnxruntime child process).
+
+        The pipeline calls it when its run ends; a pass used on its own releases it when it is
+        garbage-collected."""
+
     @classmethod
     def from_options(cls, values: Mapping[str, Any]) -> Pass:
         """The pass built with the values of its declared options (defaults where absent)."""

@@ -114,8 +114,8 @@ class RunSpec:
         """Whether the run declares static shapes."""
         return bool(self.input_shapes or self.fix_dims)
 
-    def manager(self, record: Any = None) -> ir.passes.PassManager:
-        """The pass loop of this run (see :mod:`passes.loop`), recording into ``record``."""
+    def _steps(self) -> list[tuple[str, ir.passes.PassBase, bool]]:
+        """(name, pass, repeats) of each step, built now."""
         steps = [(name, PASSES[name].build(self.options), PASSES[name].repeats) for name in self.passes]
         if self.static:
             from passes.shapes.declare import DeclareShapesPass
@@ -127,14 +127,25 @@ class RunSpec:
 
             steps.append(("cleanup", CleanupPass(), False))
             steps.append(("types", TypeValuesPass(), False))  # after the clean-up: see passes.shapes.value_info
+        return steps
+
+    def manager(self, record: Any = None) -> ir.passes.PassManager:
+        """The pass loop of this run (see :mod:`passes.loop`), recording into ``record``."""
         from passes import loop
 
-        return loop.build(steps, record if record is not None else loop.Record())
+        return loop.build(self._steps(), record if record is not None else loop.Record())
 
     def run(self, model: ir.Model, progress: Callable[[str], None] | None = None) -> list[PassRun]:
         """Runs the passes on ``model`` in place; what each pass did, in order."""
         from passes import loop
 
         record = loop.Record(progress)
-        loop.run(self.manager(record), model)
+        steps = self._steps()
+        try:
+            loop.run(loop.build(steps, record), model)
+        finally:  # a pass may hold a child process between its runs (fold's onnxruntime): not past this run
+            for _, pass_, _ in steps:
+                close = getattr(pass_, "close", None)
+                if callable(close):
+                    close()
         return record.runs

@@ -186,6 +186,10 @@ class ConstantFoldingPass(Pass, spec=FOLD):
         self._runner = _confirm.Runner()
         weakref.finalize(self, self._runner.close)
 
+    def close(self) -> None:
+        """Ends onnxruntime's child process if the pass started its own (a borrowed one is the check's)."""
+        self._runner.close()
+
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         sweep = _Sweep(model, self.size_limit, self.confirm, self._unconfirmed, self._runner)
         sweep.run()
