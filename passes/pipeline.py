@@ -246,11 +246,16 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
     return report
 
 
+#: Stats of an exact pass that count changes after which onnxruntime may round differently:
+#: simplify's named fusions, and fold's constants that became a weight onnxruntime prepacks.
+_ROUNDING_STATS = ("fused", "weights_made_constant")
+
+
 def _rounding(runs: Sequence[PassRun]) -> bool:
     """Whether a pass may have changed float rounding: one that is not exact changed the model, or
-    an exact one applied named rewrites that are not (``fused``)."""
-    return any((r.modified and r.name in PASSES and not PASSES[r.name].exact) or r.stats.get("fused", 0)
-               for r in runs)  # fmt: skip
+    an exact one made changes after which onnxruntime rounds differently (:data:`_ROUNDING_STATS`)."""
+    return any((r.modified and r.name in PASSES and not PASSES[r.name].exact)
+               or any(r.stats.get(key, 0) for key in _ROUNDING_STATS) for r in runs)  # fmt: skip
 
 
 def _refuse_impossible_shapes(run: RunSpec, model: ir.Model, fresh: Callable[[], ir.Model]) -> None:

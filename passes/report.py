@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from passes.errors import InputError
 from passes.ir.walk import default_opset, iter_scopes
-from passes.verify.result import TOLERANCES, CheckResult, name_text
+from passes.verify.result import QUOTE_LIMIT, TOLERANCES, CheckResult, name_text
 
 __all__ = ["ModelSummary", "PassRun", "Report", "check_hint", "disk_bytes", "human_bytes", "signature_text",
            "summarize"]
@@ -92,8 +92,9 @@ def _signature(value: ir.Value) -> dict[str, Any]:
 def signature_text(entry: dict[str, Any]) -> str:
     """``float[N,3,224,224]`` (``?`` an unknown dim, ``[...]`` an unknown rank)."""
     shape = entry["shape"]
-    dims = "..." if shape is None else ",".join("?" if d is None else str(d) for d in shape)
-    return f"{entry['dtype'] or '?'}[{dims}]"
+    dims = "..." if shape is None else ",".join("?" if d is None else name_text(str(d)) for d in shape)
+    text = f"{entry['dtype'] or '?'}[{dims}]"
+    return text if len(text) <= 2 * QUOTE_LIMIT else text[: 2 * QUOTE_LIMIT - 4] + "...]"
 
 
 def disk_bytes(files: Iterable[str | os.PathLike[str]]) -> int | None:
@@ -308,7 +309,7 @@ def _signature_lines(before: ModelSummary, after: ModelSummary, verbose: bool) -
         for name in shown:
             b = signature_text(olds[name]) if name in olds else "-"
             a = signature_text(news[name]) if name in news else "-"
-            rows.append((kind, name, b, "same" if a == b else a))
+            rows.append((kind, name_text(name), b, "same" if a == b else a))
         if len(shown) < len(names):
             rows.append((kind, f"... {len(names) - len(shown)} more (-v)", "", ""))
     if not rows:

@@ -293,7 +293,8 @@ def test_a_check_failure_on_an_output_with_a_huge_name_quotes_it_cut(tmp_path: p
     model.graph.node[2].output[0] = model.graph.output[0].name = name
     src = tmp_path / "m.onnx"
     onnx.save_model(model, str(src))
-    assert cli.main([str(src), "-o", str(tmp_path / "o.onnx")]) == 1
+    # --no-fold-confirm: onnxruntime's confirmation would keep the wrong fold out before the check.
+    assert cli.main([str(src), "-o", str(tmp_path / "o.onnx"), "--no-fold-confirm"]) == 1
     captured = capsys.readouterr()
     lines = (captured.out + captured.err).splitlines()
     assert any("check failed:" in line and "'yyy" in line for line in lines), captured.err
@@ -349,7 +350,9 @@ def test_a_wrong_fold_behind_where_above_100_fails_the_command(tmp_path: pathlib
     monkeypatch.setattr(refimpl, "run", wrong)
     src, out, report = tmp_path / "m.onnx", tmp_path / "o.onnx", tmp_path / "r.json"
     onnx.save_model(_where_over_100(-0.0), str(src))
-    code = cli.main([str(src), "-o", str(out), "--report", str(report), "-q"])
+    # Without --no-fold-confirm onnxruntime's confirmation keeps the wrong value out (the next
+    # test file, test_fold_confirm, shows it); here the check is the last line of defence.
+    code = cli.main([str(src), "-o", str(out), "--report", str(report), "-q", "--no-fold-confirm"])
     err = capsys.readouterr().err
     assert calls, "the fold did not evaluate the Reciprocal: the test injects nothing"
     assert code == 1 and not out.exists(), err
@@ -357,8 +360,13 @@ def test_a_wrong_fold_behind_where_above_100_fails_the_command(tmp_path: pathlib
     check = json.loads(report.read_text())["check"]
     assert {s["name"]: s["ok"] for s in check["inputs"]["sets"]}["normal"] is True
     # Without the injected bug the same model is optimised and passes.
+    monkeypatch.setattr(refimpl, "run", wrong)
+    calls.clear()
+    assert cli.main([str(src), "-o", str(out), "-q"]) == 0, capsys.readouterr().err  # confirmation on
+    assert calls and out.exists()
+    out.unlink()
     monkeypatch.setattr(refimpl, "run", real)
-    assert cli.main([str(src), "-o", str(out), "-q"]) == 0, capsys.readouterr().err
+    assert cli.main([str(src), "-o", str(out), "-q", "--no-fold-confirm"]) == 0, capsys.readouterr().err
 
 
 def _ort(path: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

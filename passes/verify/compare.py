@@ -133,7 +133,7 @@ def _signs_text(signs: int) -> str:
 def _compare_close(result: OutputComparison, e_flat: np.ndarray, a_flat: np.ndarray, rtol: float,
                    atol: float, scale: float = 0.0) -> None:  # fmt: skip
     tiny = np.finfo(np.float64).tiny
-    signs = 0
+    signs = placement = 0
     for start in range(0, e_flat.size, CHUNK):
         e_own, a_own = e_flat[start : start + CHUNK], a_flat[start : start + CHUNK]
         zeros = _zero_sign_differs(e_own, a_own)
@@ -143,7 +143,9 @@ def _compare_close(result: OutputComparison, e_flat: np.ndarray, a_flat: np.ndar
         e, a = e_own.astype(np.float64), a_own.astype(np.float64)
         e_nan, a_nan = np.isnan(e), np.isnan(a)
         finite = np.isfinite(e) & np.isfinite(a)
-        bad = (e_nan != a_nan) | (~finite & ~e_nan & ~a_nan & (e != a)) | zeros
+        placed = (e_nan != a_nan) | (~finite & ~e_nan & ~a_nan & (e != a))
+        placement += int(np.count_nonzero(placed))
+        bad = placed | zeros
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, x / tiny: masked or meant
             delta = np.where(finite, np.abs(e - a), 0.0)
             rel = np.where(finite, delta / np.maximum(np.abs(e), tiny), 0.0)
@@ -162,8 +164,12 @@ def _compare_close(result: OutputComparison, e_flat: np.ndarray, a_flat: np.ndar
         result.message = (
             f"{result.mismatches} of {e_flat.size} element(s) differ beyond rtol={rtol:g}, atol={atol:g} "
             f"(max abs error {result.max_abs_error:.3g}, max rel error {result.max_rel_error:.3g}; "
-            f"NaN/inf placement and the sign of zero must match{_signs_text(signs)})"
+            f"NaN/inf placement and the sign of zero must match{_placement_text(placement)}{_signs_text(signs)})"
         )
+
+
+def _placement_text(placement: int) -> str:
+    return f"; {placement} in NaN/inf placement" if placement else ""
 
 
 def _flatten(value: Any) -> tuple[list[Any], Any]:
