@@ -401,3 +401,51 @@ def test_a_crash_of_onnxruntime_leaves_the_values_unconfirmed(monkeypatch: pytes
     assert "Neg" in ops(out.graph)
     assert fold_pass.stats["unconfirmed"] == {"Neg": 1} and fold_pass.stats["folded"] == 0
     same_in_ort(proto, out, HIGH)
+
+
+def _children() -> set[int]:
+    """The pids of this process's ``passes.verify.worker`` children (from /proc)."""
+    import os
+
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == os.getpid() and b"passes.verify.worker" in command:
+            found.add(int(entry))
+    return found
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="reads /proc")
+def test_runs_in_one_process_share_one_idle_child_and_a_dead_one_is_replaced() -> None:
+    """Many runs in one process start onnxruntime once; one child at most waits between them."""
+    confirm._close_idle()
+    proto = where_model()
+    before = _children()
+    pids = []
+    for _ in range(4):
+        out, fold_pass, _ = fold(proto)
+        fold_pass.close()
+        assert fold_pass.stats["folded"] == 1 and "Neg" not in ops(out.graph)
+        new = _children() - before
+        assert len(new) == 1
+        pids.append(new.pop())
+    assert len(set(pids)) == 1
+    import os
+    import signal
+
+    os.kill(pids[0], signal.SIGKILL)  # an idle child that died is not used again
+    out, fold_pass, _ = fold(proto)
+    fold_pass.close()
+    assert fold_pass.stats["folded"] == 1
+    new = _children() - before
+    assert len(new) == 1 and new != {pids[0]}
+    confirm._close_idle()
+    assert _children() - before == set()
