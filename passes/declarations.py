@@ -92,8 +92,9 @@ UPGRADE = PassSpec(
     implementation("passes.upgrade:UpgradeOpsetPass"),
     (
         Option("target_opset", None,
-               f"opset the upgrade converts to (default: {DEFAULT_TARGET_OPSET}; a model already at or above "
-               "it is left at its opset; asking for a lower opset than the model's is an error)",
+               f"opset the upgrade converts to, from 7 up to the newest onnxruntime runs (default: "
+               f"{DEFAULT_TARGET_OPSET}; a model already at or above it is left at its opset; asking for a "
+               "lower opset than the model's is an error)",
                parse=parse_int, check=_positive_opset, metavar="N"),
     ),  # fmt: skip
 )

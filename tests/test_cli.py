@@ -281,7 +281,30 @@ def test_lower_target_opset(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
     at_19 = tmp_path / "m19.onnx"
     assert cli.main([str(demo), "-o", str(at_19), "--passes", "upgrade", "--target-opset", "19", "-q"]) == 0
     _expect_refusal(at_19, tmp_path / "out.onnx", "--target-opset", "18", needle="lower than the model's opset 19")
-    _expect_refusal(demo, tmp_path / "out.onnx", "--target-opset", "11", needle="not supported")
+    _expect_refusal(demo, tmp_path / "out.onnx", "--target-opset", "11", needle="lower than the model's opset 13")
+    _expect_refusal(demo, tmp_path / "out.onnx", "--target-opset", "6", needle="not supported: choose 7 to")
+
+
+REAL = pathlib.Path(__file__).resolve().parents[1] / "models" / "real"
+
+
+@pytest.mark.parametrize(("name", "target"), [
+    ("small_cnn_opset11_nofold", 13), ("tiny_bert_opset11", 13), ("tiny_bert_opset11", 15),
+    ("sk_logreg_zipmap_opset13", 15), ("sk_scaler_pca_logreg_opset11", 17), ("tiny_rnn_opset12", 17),
+])  # fmt: skip
+def test_targets_below_18_on_real_models(name: str, target: int, tmp_path: pathlib.Path) -> None:
+    """The whole command at a deployment runtime's opset: valid there, proved by the check, or refused
+    in one line naming the opset that can express it (never a model at another opset)."""
+    out = tmp_path / "out.onnx"
+    proc = run_cli(str(REAL / f"{name}.onnx"), "-o", str(out), "--target-opset", str(target), "-q")
+    if proc.returncode == 2:
+        assert name == "tiny_bert_opset11" and target < 14 and not out.exists()
+        assert "needs Reshape's allowzero (opset 14)" in proc.stderr and proc.stderr.count("\n") == 1
+        return
+    assert proc.returncode == 0, proc.stderr
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model, full_check=True)
+    assert {o.domain or "ai.onnx": o.version for o in model.opset_import}["ai.onnx"] == target
 
 
 def test_bad_usage(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:

@@ -658,7 +658,7 @@ def test_a_model_above_the_target_is_left_as_it_is() -> None:
     assert ir.to_proto(ir_model).SerializeToString() == reference
 
 
-@pytest.mark.parametrize("target", [17, 7, max_supported_opset() + 1])
+@pytest.mark.parametrize("target", [6, 1, max_supported_opset() + 1])
 def test_unsupported_targets_are_refused(target: int) -> None:
     with pytest.raises(UpgradeError, match=str(target)):
         UpgradeOpsetPass(target)
@@ -680,8 +680,12 @@ def test_every_supported_target() -> None:
     nodes = [oh.make_node(op, ["x"], [f"y{i}"], axes=[1]) for i, op in enumerate(ops)]
     nodes += [oh.make_node("Split", ["x"], ["p0", "p1"], axis=1, split=[1, 2])]
     model = make_model(nodes, {"x": X}, [f"y{i}" for i in range(len(ops))] + ["p0", "p1"], opset=12)
-    for target in range(18, max_supported_opset() + 1):
-        convert(model, target)
+    for target in range(13, max_supported_opset() + 1):
+        after, _ = convert(model, target)
+        # Reduce ops keep `axes` in the target's form: an attribute up to 17, an input from 18.
+        for node in after.graph.node:
+            if node.op_type.startswith("Reduce"):
+                assert ("axes" in attrs(node)) == (target < 18) and len(node.input) == (1 if target < 18 else 2)
 
 
 def test_reduce_logsumexp_above_27_is_the_same_op() -> None:
@@ -700,7 +704,8 @@ def test_reduce_logsumexp_above_27_is_the_same_op() -> None:
             np.testing.assert_array_max_ulp(expected, actual, maxulp=1)
 
 
-def test_opset_9_network_of_common_ops() -> None:
+@pytest.mark.parametrize("target", [13, 15, 17, 18])
+def test_opset_9_network_of_common_ops(target: int) -> None:
     """A network of the ops an opset-9 exporter emits: every node converts, every output keeps its bits."""
     w = {
         "w": RNG.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.2,
@@ -764,9 +769,10 @@ def test_opset_9_network_of_common_ops() -> None:
     }
     outputs = ["fl", "gap", "ca", "cos", "wh", "ly", "lh", "sq", "am", "sp1", "sp2", "ti"]
     model = make_model(nodes, feeds, outputs, opset=9, initializers=w)
-    after, upgrade_pass = convert(model, feeds=feeds)
+    after, upgrade_pass = convert(model, target, feeds=feeds)
     assert sum(upgrade_pass.stats["converted"].values()) == len(nodes)
     assert [n.op_type for n in after.graph.node].count("Resize") == 1
+    assert ("axes" in attrs(node_of(after.graph, "ReduceMean"))) == (target < 18)
 
 
 # --- other adapters --------------------------------------------------------------------------
@@ -1115,3 +1121,83 @@ def test_softmax_11_over_a_non_last_axis_runs_with_a_zero_sized_dim(op_type, axi
     if branch:
         feeds["cond"] = np.array(True)
     assert_identical(model, after, feeds)
+
+
+# --- targets below 18 --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", [13, 14])
+def test_softmax_12_wrapping_below_14_needs_positive_static_dims(target: int) -> None:
+    """Reshape-13 has no allowzero (a 0 in the shape copies a dim): the wrapping is written at 13 only
+    where no dim can be 0, and refused (naming the opset that can) where one might be."""
+    model = make_model([oh.make_node("Softmax", ["x"], ["y"], axis=1)], {"x": X4}, ["y"], opset=12)
+    after, _ = convert(model, target, feeds={"x": X4})
+    assert [n.op_type for n in after.graph.node] == ["Shape", "Flatten", "Softmax", "Reshape"]
+    assert attrs(after.graph.node[-1]) == ({} if target < 14 else {"allowzero": 1})
+    dynamic = copy.deepcopy(model)
+    dynamic.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    if target < 14:
+        assert_refused(dynamic, "Softmax", "allowzero (opset 14)", "--target-opset 14", target=target)
+    else:
+        empty = np.zeros((0, 3, 5, 6), np.float32)
+        after, _ = convert(dynamic, target, feeds={"x": empty})
+        assert_identical(dynamic, after, {"x": X4})
+
+
+@pytest.mark.parametrize("target", [13, 14, 15])
+def test_clip_10_with_unknown_input_type_needs_castlike_from_15(target: int) -> None:
+    nodes = [oh.make_node("Relu", ["x"], ["r"]), oh.make_node("Clip", ["r"], ["y"], min=0.5)]
+    model = make_model(nodes, {"x": X}, ["y"], opset=10, infer=False)
+    model.graph.output[0].CopyFrom(info("y", elem=1, shape=list(X.shape)))
+    if target < 15:
+        assert_refused(model, "Clip", "CastLike (opset 15)", "--target-opset 15", target=target)
+    else:
+        after, _ = convert(model, target)
+        assert [n.op_type for n in after.graph.node] == ["Relu", "CastLike", "Clip"]
+
+
+@pytest.mark.parametrize("target", [11, 13, 15, 17])
+def test_lower_targets_of_mixed_forms_and_subgraphs(target: int) -> None:
+    """Opset-9 nodes in the main graph, an If branch and a function reach each target, bit for bit."""
+    branch = oh.make_graph(
+        [oh.make_node("ReduceMax", ["x"], ["bm"], axes=[2]), oh.make_node("Unsqueeze", ["bm"], ["bo"], axes=[0])],
+        "then", [], [info("bo", elem=1, shape=None)],
+    )
+    other = oh.make_graph(
+        [oh.make_node("ReduceMin", ["x"], ["om"], axes=[2]), oh.make_node("Unsqueeze", ["om"], ["oo"], axes=[0])],
+        "else", [], [info("oo", elem=1, shape=None)],
+    )
+    function = oh.make_function(
+        "local", "F", ["a"], ["v"],
+        [oh.make_node("Slice", ["a"], ["sl"], starts=[0], ends=[2], axes=[2]),
+         oh.make_node("ReduceSum", ["sl"], ["v"], axes=[1])],
+        [oh.make_opsetid("", 9)],
+    )  # fmt: skip
+    nodes = [
+        oh.make_node("ReduceSum", ["x"], ["rs"], axes=[0], keepdims=0),
+        oh.make_node("Greater", ["rs", "zero"], ["g"]),
+        oh.make_node("Constant", [], ["cond"], value=oh.make_tensor("c", onnx.TensorProto.BOOL, [], [True])),
+        oh.make_node("If", ["cond"], ["iy"], then_branch=branch, else_branch=other),
+        oh.make_node("F", ["x"], ["fy"], domain="local"),
+        oh.make_node("Pad", ["x"], ["pd"], pads=[0, 0, 1, 0, 0, 1], value=-2.5),
+    ]
+    model = make_model(nodes, {"x": X}, ["rs", "g", "iy", "fy", "pd"], opset=9, functions=[function],
+                       domains={"local": 1}, initializers={"zero": np.zeros((1,), np.float32)})  # fmt: skip
+    after, upgrade_pass = convert(model, target)
+    assert opset(after.functions[0]) == target
+    assert upgrade_pass.stats["source_opsets"] == [9]
+    reduces = [n for n in after.graph.node if n.op_type == "ReduceSum"]
+    reduces += [n for n in after.functions[0].node if n.op_type == "ReduceSum"]
+    if_node = node_of(after.graph, "If")
+    reduces += [n for g in if_node.attribute for n in g.g.node if n.op_type.startswith("Reduce")]
+    for node in reduces:  # ReduceSum takes axes as an input from 13, the others from 18
+        as_input = target >= (13 if node.op_type == "ReduceSum" else 18)
+        assert ("axes" in attrs(node)) != as_input
+
+
+def test_a_lower_target_than_the_model_is_refused_and_18_stays_the_default() -> None:
+    model = make_model([oh.make_node("ReduceMean", ["x"], ["y"], axes=[1])], {"x": X}, ["y"], opset=13)
+    with pytest.raises(InputError, match="--target-opset 11 is lower than the model's opset 13"):
+        UpgradeOpsetPass(11)(ir.from_proto(copy.deepcopy(model)))
+    after, _, _ = upgrade(model, target=None)
+    assert opset(after) == 18

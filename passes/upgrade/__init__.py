@@ -94,7 +94,7 @@ class UpgradeOpsetPass(Pass, spec=UPGRADE):
     ``constants_added`` (Constant nodes, in functions) and ``nodes_added``.
 
     Args:
-        target_opset: The default-domain opset to reach (18 up to
+        target_opset: The default-domain opset to reach (7 up to
             :func:`passes.verify.probe.max_supported_opset`; only a target above
             21 needs that probe, which imports onnxruntime). None: 18, and a model
             already above it is left at its opset.

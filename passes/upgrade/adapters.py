@@ -258,6 +258,8 @@ def _softmax_13(draft: Draft, ctx: PlanContext) -> str | None:
 
     If ``axis`` is the last axis that is the same as opset 13; otherwise
     ``Reshape(op(Flatten(x, axis), axis=-1), Shape(x), allowzero=1)``, exact for zero-sized dims too.
+    At a target below 14 Reshape has no ``allowzero`` (a 0 in ``Shape(x)`` would copy a dim of the
+    2-D value): the wrapping is then written only where every dim of ``x`` is known and positive.
     """
     axis = int_attr(draft, "axis", 1)
     if axis is None:
@@ -268,12 +270,23 @@ def _softmax_13(draft: Draft, ctx: PlanContext) -> str | None:
     if last:
         draft.attributes["axis"] = ir.AttrInt64("axis", axis)
         return None
+    allowzero = ctx.target >= _RESHAPE_ALLOWZERO
+    if not allowzero:
+        shape = ctx.shape_of(x) if isinstance(x, ir.Value) else None
+        if shape is None or not all(isinstance(d, int) and d > 0 for d in shape):
+            return (f"flattening at axis {axis} and back needs Reshape's allowzero (opset {_RESHAPE_ALLOWZERO})"
+                    " unless every dim of the input is known and positive: choose --target-opset"
+                    f" {_RESHAPE_ALLOWZERO} or higher")
     draft.attributes["axis"] = ir.AttrInt64("axis", -1)
-    draft.hooks.append(lambda node, rw: _wrap_in_flatten(node, rw, axis))
+    draft.hooks.append(lambda node, rw: _wrap_in_flatten(node, rw, axis, allowzero))
     return None
 
 
-def _wrap_in_flatten(node: ir.Node, rw: ScopeRewriter, axis: int) -> None:
+#: The opset whose Reshape has ``allowzero``.
+_RESHAPE_ALLOWZERO = 14
+
+
+def _wrap_in_flatten(node: ir.Node, rw: ScopeRewriter, axis: int, allowzero: bool) -> None:
     x = node.inputs[0]
     assert x is not None
     base = node.name or node.op_type
@@ -283,8 +296,8 @@ def _wrap_in_flatten(node: ir.Node, rw: ScopeRewriter, axis: int) -> None:
     y = node.outputs[0]
     uses = list(y.uses())
     # allowzero=1: a 0 in Shape(x) is a zero-sized dim, not "copy the 2-D input's dim" (which fails or
-    # is wrong). Reshape-14 has it; every target is at least MIN_TARGET_OPSET (18).
-    reshape = rw.add_node("Reshape", [y, shape.outputs[0]], [ir.AttrInt64("allowzero", 1)],
+    # is wrong). Without it (a target below 14) the planner made sure no dim is 0.
+    reshape = rw.add_node("Reshape", [y, shape.outputs[0]], [ir.AttrInt64("allowzero", 1)] if allowzero else [],
                           base_name=f"{base}_reshape", after=node)  # fmt: skip
     result = reshape.outputs[0]
     for use in uses:

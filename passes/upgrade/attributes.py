@@ -106,7 +106,14 @@ def typed_scalar(attr: ir.Attr, ctx: PlanContext, like: DraftInput, base_name: s
         return dataclasses.replace(const, array=const.array.astype(dtype.numpy()))
     if not isinstance(like, ir.Value):
         return f"cannot tell the element type for attribute '{attr.name}'"
+    if ctx.target < _CASTLIKE:
+        return (f"cannot tell the element type for attribute '{attr.name}' without CastLike"
+                f" (opset {_CASTLIKE}): choose --target-opset {_CASTLIKE} or higher")
     return dataclasses.replace(const, like=like)
+
+
+#: The opset that has CastLike.
+_CASTLIKE = 15
 
 
 @dataclasses.dataclass(frozen=True)

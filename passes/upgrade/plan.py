@@ -153,12 +153,16 @@ class PlanContext:
         function: The model-local function the node belongs to, if any.
         ref_attr_is_set: Tells whether a function attribute is always bound
             (it has a default, or every call site sets it).
+        target: The opset the node is carried to: what an adapter writes must be valid there.
         rank_of: The rank of a value: from the model, else from shape inference.
+        shape_of: The shape of a value, likewise (None when unknown).
     """
 
     function: ir.Function | None
     ref_attr_is_set: Callable[[str], bool]
+    target: int
     rank_of: Callable[[ir.Value], int | None] = lambda value: _rank_of(value)
+    shape_of: Callable[[ir.Value], ir.Shape | None] = lambda value: value.shape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,16 +266,19 @@ def plan_scopes(
     call_sites: dict[ir.OperatorIdentifier, list[ir.Node]] | None = None
     inferred: dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] | None = None
 
-    def rank_of(value: ir.Value) -> int | None:
-        """The model's rank for ``value``, else shape inference's (run once, on first need)."""
+    def shape_of(value: ir.Value) -> ir.Shape | None:
+        """The model's shape for ``value``, else shape inference's (run once, on first need)."""
         nonlocal inferred
         if value.shape is not None:
-            return value.shape.rank()
+            return value.shape
         if inferred is None:
             unshaped = {v for node, _ in walk.iter_nodes(model) for v in node.inputs
                         if v is not None and v.shape is None}  # fmt: skip
             inferred = inference.infer_types(model, unshaped)
-        shape = inferred.get(value, (None, None))[1]
+        return inferred.get(value, (None, None))[1]
+
+    def rank_of(value: ir.Value) -> int | None:
+        shape = shape_of(value)
         return shape.rank() if shape is not None else None
 
     def ref_attr_is_set(function: ir.Function, name: str) -> bool:
@@ -294,7 +301,9 @@ def plan_scopes(
         ctx = PlanContext(
             function,
             functools.partial(ref_attr_is_set, function) if function else lambda name: False,
+            target,
             rank_of,
+            shape_of,
         )
         drafts = []
         for node in scope.body:

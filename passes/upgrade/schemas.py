@@ -43,8 +43,10 @@ __all__ = [
     "reduce_ops_by_axes_version",
 ]
 
-#: The lowest target opset: the first at which every Reduce op takes ``axes`` as an input.
-MIN_TARGET_OPSET = DEFAULT_TARGET_OPSET
+#: The lowest target opset: the lowest onnxruntime runs (its CPU provider starts at opset 7, the
+#: first with numpy-style broadcasting). Below 18 what the upgrade writes keeps the target's forms
+#: (Reduce ops other than ReduceSum take ``axes`` as an attribute up to 17).
+MIN_TARGET_OPSET = 7
 
 
 @functools.cache
