@@ -12,8 +12,13 @@ cheap: onnxruntime and the passes load only when needed.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+import importlib  # already loaded by the interpreter (runpy uses it): costs nothing
+
+# `python -m passes` runs this module before passes/__main__.py installs its signal handlers, so it
+# imports nothing that takes time (typing takes 5 ms): a SIGINT then still lands in Python's start-up.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 

@@ -14,7 +14,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import Any, NoReturn
+
+TYPE_CHECKING = False  # typing is not imported before the handlers are in (5 ms of start-up)
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 
 def _interrupted_during_start_up(signum: int, frame: Any) -> NoReturn:

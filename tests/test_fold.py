@@ -1180,6 +1180,8 @@ def test_model_without_constants_is_not_modified() -> None:
         "failed": {},
         "kernel_bugs": {},
         "confirmed": 0,
+        "weights_made_constant": 0,
+        "onnxruntime_rounding": 0,
         "disagrees_with_onnxruntime": {},
         "unconfirmed": {},
     }

@@ -126,9 +126,43 @@ def _terminate(signum: int, frame: Any) -> NoReturn:
     raise _Interrupted(signum)
 
 
+#: The C++ extension modules every run loads (numpy's, onnx's nanobind module, onnx_ir's imports).
+_EXTENSIONS = ("numpy", "onnx", "onnx_ir")
+
+
+def _exit_at_once(signum: int, frame: Any) -> NoReturn:
+    sys.stderr.write(f"{PROG}: error: interrupted; no output written\n")
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+def _import_extensions() -> None:
+    """Loads the extension modules while SIGINT/SIGTERM still end the process at once (as in start-up).
+
+    The exception :func:`_terminate` raises, landing inside an extension module's initialisation,
+    does not unwind: onnx's nanobind module calls std::terminate (the process dies of SIGABRT or
+    SIGSEGV with a C++ message). Nothing is written before the run, so exiting is what the
+    exception would have led to. Only for the command as a process (:func:`run`).
+    """
+    missing = [name for name in _EXTENSIONS if name not in sys.modules]
+    if not missing:
+        return
+    previous = {s: signal.getsignal(s) for s in _SIGNALS}
+    for s in _SIGNALS:
+        signal.signal(s, _exit_at_once)
+    try:
+        for name in missing:
+            __import__(name)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) -> int:
     if args.no_check and args.require_check:
         raise InputError("--no-check and --require-check contradict each other")
+    if state.get("process"):
+        _import_extensions()
     check = pipeline.CheckOptions(
         enabled=not args.no_check, inputs_file=_inputs_file(args.inputs) if args.inputs else None,
         inputs_source=args.inputs or "", dims=dict(args.dim), seed=args.seed, rtol=args.rtol,
@@ -211,7 +245,7 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
     process ends with ``os._exit`` without that shutdown (every file is
     closed and every temporary file removed by then).
     """
-    state = {"written": False}
+    state = {"written": False, "process": True}
     for s in _SIGNALS:
         signal.signal(s, _terminate)
     try:
