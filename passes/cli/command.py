@@ -161,7 +161,7 @@ def _import_extensions() -> None:
 def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) -> int:
     if args.no_check and args.require_check:
         raise InputError("--no-check and --require-check contradict each other")
-    if state.get("process"):
+    if state.get("process") and os.path.isfile(args.input):  # (a missing input fails before any import)
         _import_extensions()
     check = pipeline.CheckOptions(
         enabled=not args.no_check, inputs_file=_inputs_file(args.inputs) if args.inputs else None,
