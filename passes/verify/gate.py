@@ -64,6 +64,10 @@ class CheckOptions:
         memory_limit: Address-space bound of the check's process in bytes (None: 3/4 of
             physical memory; 0: none).
         locate: After a mismatch, find the first differing node and the pass that caused it.
+        precision: The half type the optimised model computes in (``--precision``: ``"float16"``,
+            ``"bfloat16"``), set by the pipeline when the precision pass converted the model: its
+            tolerance and other standard-normal sets instead of float32's edge values (see
+            :class:`passes.verify.check.Checker`).
     """
 
     enabled: bool = True
@@ -79,6 +83,7 @@ class CheckOptions:
     timeout: float = DEFAULT_TIMEOUT
     memory_limit: int | None = None
     locate: bool = True
+    precision: str | None = None
 
 
 def _validity(model: Any, *, with_data: bool = False) -> tuple[str | None, list[_validate.ShapeConflict]]:
@@ -271,6 +276,7 @@ class Gate:
             shapes=dict(check.shapes),
             rtol=check.rtol, atol=check.atol, seed=check.seed, timeout=check.timeout,
             memory_limit=check.memory_limit, worker=self.worker, rounding=self.rounding,
+            precision=check.precision,
         ))  # fmt: skip
         result = verdict.result = self._checker.check(staged)
         if check.locate and result.checked and not result.ok:

@@ -1,0 +1,209 @@
+"""``--precision fp16|bf16``: float32 weights and computation in a half type, proven by the check.
+
+Off unless asked (``precision=None`` changes nothing). With a half type, the
+pass converts the model (:mod:`passes.precision.convert`: half nodes, Casts at
+the boundaries, float32 graph inputs and outputs) except for *islands*, nodes
+kept in float32, each found and listed with its reason:
+
+1. **fixed**: nodes whose schema does not allow the half type for their
+   float32 type parameter, nodes with a float32 type attribute, calls of
+   functions and other domains' ops (their bodies are converted inside), and
+   control-flow nodes (their subgraphs are converted inside);
+2. **kernel**: nodes whose half form onnxruntime's CPU provider has no kernel
+   for (probed by loading the one-node model, :func:`passes.verify.probe.has_kernel`);
+3. **range**: nodes that take or make a value whose magnitude exceeds the half
+   type's largest value / :data:`RANGE_MARGIN` on the check's inputs (the
+   float32 model run once with its values as outputs, in the check's child);
+4. **check**: the check compares the converted model with the float32 model at
+   the half type's tolerance on three standard-normal input sets; while an
+   output differs, the locator's first differing node goes back to float32
+   (or, if it already is, the half nodes that feed it), at most :data:`MAX_ROUNDS` times.
+
+When the check still fails after that, the model is left converted as the
+last round made it: the pipeline's own check then refuses it (exit 1,
+nothing written), naming the output and the node.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from passes.base import Pass, pass_stats
+from passes.declarations import PRECISION
+from passes.precision import convert as _convert
+
+__all__ = ["MAX_ROUNDS", "RANGE_MARGIN", "PrecisionPass"]
+
+logger = logging.getLogger(__name__)
+
+#: Rounds of check-locate-island after the range islands.
+MAX_ROUNDS = 12
+#: A value whose magnitude on the check's inputs exceeds the half type's largest value divided by this stays float32.
+RANGE_MARGIN = 16.0
+_TYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+class PrecisionPass(Pass, spec=PRECISION):
+    """Converts float32 to float16 or bfloat16 but for the islands (see the module docstring)."""
+
+    def __init__(self, precision: str | None = None, *, check: bool = True) -> None:
+        super().__init__()
+        self.precision = precision
+        self.check = check
+        self.stats: dict[str, Any] = {}
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if self.precision is None:
+            self.stats = pass_stats({}, {})
+            return ir.passes.PassResult(model, modified=False)
+        half = _convert.HALF_TYPES[self.precision]
+        type_name = _TYPE_NAMES[self.precision]
+        _convert.name_nodes(model)
+        plan = _convert.plan_model(model, half)
+        islands: dict[tuple[str, str], str] = {}
+        nodes = {(scope.key, node.name): (scope, node) for scope in _convert.scopes(model) for node in scope.body}
+        self._kernel_islands(plan, nodes, half, type_name, islands)
+        checked: dict[str, Any] = {"type": type_name, "rounds": 0, "ok": None, "outputs": {}}
+        if self.check:
+            self._search(model, plan, half, type_name, islands, checked)
+        counts = _convert.convert(model, plan, half, set(islands))
+        reasons: dict[str, int] = {}
+        for reason in islands.values():
+            kind = reason.split(":", 1)[0]
+            reasons[kind] = reasons.get(kind, 0) + 1
+        for reason in plan.fixed.values():
+            kind = "fixed: " + reason.split(":", 1)[0]
+            reasons[kind] = reasons.get(kind, 0) + 1
+        self.stats = pass_stats(
+            {"half_nodes": counts["half_nodes"], "initializers": counts["initializers"], "casts": counts["casts"]},
+            reasons,
+            precision=type_name,
+            islands=[{"scope": k[0] or "main graph", "node": k[1], "op": nodes[k][1].op_type, "why": why}
+                     for k, why in sorted(islands.items())] + [
+                    {"scope": k[0] or "main graph", "node": k[1], "op": nodes[k][1].op_type, "why": "fixed: " + why}
+                    for k, why in sorted(plan.fixed.items()) if k in nodes],
+            check=checked,
+        )  # fmt: skip
+        return ir.passes.PassResult(model, modified=counts["half_nodes"] > 0 or counts["initializers"] > 0)
+
+    def _kernel_islands(self, plan: _convert.Plan, nodes: dict[tuple[str, str], Any], half: ir.DataType,
+                        type_name: str, islands: dict[tuple[str, str], str]) -> None:  # fmt: skip
+        import onnx
+
+        from passes.verify import probe
+
+        for key, (ins, outs) in plan.slots.items():
+            scope, node = nodes[key]
+            types = plan.types.get(scope.key, {})
+
+            def element(value: ir.Value | None, to_half: bool) -> int:
+                if value is None:
+                    return 0
+                if to_half:
+                    return int(half)
+                dtype = types.get(value.name) or value.dtype
+                return int(dtype) if dtype is not None else int(ir.DataType.FLOAT)
+
+            in_types = tuple(element(v, ins[i]) for i, v in enumerate(node.inputs))
+            out_types = tuple(element(v, outs[i]) for i, v in enumerate(node.outputs))
+            holder = onnx.NodeProto()
+            for attr in node.attributes.values():
+                proto = ir.serde.serialize_attribute(attr)
+                if node.op_type == "Cast" and attr.name == "to" and attr.as_int() == int(ir.DataType.FLOAT):
+                    proto = onnx.helper.make_attribute("to", int(half))
+                holder.attribute.append(proto)
+            opset = _convert.opset_of(dict(scope.opsets), node.domain) or 1
+            if not probe.has_kernel(node.op_type, node.domain, opset, in_types, out_types,
+                                    holder.SerializeToString(deterministic=True)):  # fmt: skip
+                islands[key] = f"kernel: onnxruntime's CPU provider has no {type_name} {node.op_type} kernel"
+
+    def _search(self, model: ir.Model, plan: _convert.Plan, half: ir.DataType, type_name: str,
+                islands: dict[tuple[str, str], str], checked: dict[str, Any]) -> None:  # fmt: skip
+        """Adds the range and check islands (see the module docstring), recording the check in ``checked``."""
+        from passes.verify import check as check_module
+
+        reference = model.clone()
+        limit = float(half.max) / RANGE_MARGIN
+
+        def candidate() -> ir.Model:
+            copy = model.clone()
+            _convert.convert(copy, plan, half, set(islands))
+            return copy
+
+        with check_module.Checker(reference, rounding=True, precision=type_name) as checker:
+            converted = candidate()
+            result = checker.check(converted)
+            checked["rounds"] = 1
+            if not result.checked:
+                checked["ok"] = None
+                checked["skipped"] = result.summary()
+                return
+            magnitudes = checker.magnitudes()
+            added = self._range_islands(reference, plan, magnitudes, limit, islands)
+            if added:
+                converted = candidate()
+                result = checker.recheck(converted)
+                checked["rounds"] += 1
+            for _ in range(MAX_ROUNDS):
+                if result.ok or not result.checked:
+                    break
+                found = checker.locate(converted)
+                if not self._check_islands(plan, found, islands, reference):
+                    checked["unlocated"] = found.message or f"the locator named {found.node or 'no node'}"
+                    break
+                converted = candidate()
+                result = checker.recheck(converted)
+                checked["rounds"] += 1
+            checked["ok"] = bool(result.checked and result.ok)
+            checked["outputs"] = {o.name: {"max_abs_error": o.max_abs_error, "max_rel_error": o.max_rel_error,
+                                           "ok": o.ok} for o in result.outputs}  # fmt: skip
+            if not result.ok:
+                checked["failure"] = result.summary()
+
+    @staticmethod
+    def _range_islands(reference: ir.Model, plan: _convert.Plan, magnitudes: dict[str, float], limit: float,
+                       islands: dict[tuple[str, str], str]) -> int:  # fmt: skip
+        added = 0
+        for node in reference.graph:
+            key = ("", node.name)
+            if key not in plan.slots or key in islands:
+                continue
+            values = [v for v in (*node.inputs, *node.outputs) if v is not None]
+            for v in values:
+                if v.name not in magnitudes and v.const_value is not None and v.dtype == ir.DataType.FLOAT:
+                    array = v.const_value.numpy()
+                    finite = abs(array[np.isfinite(array)])
+                    magnitudes[v.name] = float(finite.max()) if finite.size else 0.0
+            big = [(v.name, magnitudes[v.name]) for v in values if magnitudes.get(v.name, 0.0) > limit]
+            if big:
+                name, size = max(big, key=lambda x: x[1])
+                islands[key] = f"range: {name} reaches {size:.3g} on the check's inputs (limit {limit:g})"
+                added += 1
+        return added
+
+    @staticmethod
+    def _check_islands(plan: _convert.Plan, found: Any, islands: dict[tuple[str, str], str],
+                       reference: ir.Model) -> bool:  # fmt: skip
+        """Puts the located node (or the half nodes feeding it) back to float32; False if none."""
+        if not found.node:
+            return False
+        why = f"check: {found.output} differs by {found.max_abs_error:.3g} in the half type"
+        key = ("", found.node)
+        if key in plan.slots and key not in islands:
+            islands[key] = why
+            return True
+        producers = {v.name: v.producer() for n in reference.graph if n.name == found.node for v in n.inputs if v}
+        added = False
+        for item in found.inputs:
+            producer = producers.get(item.get("name"))
+            if producer is None:
+                continue
+            pkey = ("", producer.name)
+            if pkey in plan.slots and pkey not in islands:
+                islands[pkey] = f"check: feeds {found.node}, whose output {found.output} differs"
+                added = True
+        return added

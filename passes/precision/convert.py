@@ -1,0 +1,352 @@
+"""The float32 -> half conversion of one model, given the nodes that stay float32 (the islands).
+
+Deterministic: the same model and the same islands give the same result, so
+the pass converts copies while it looks for the islands and the model itself
+once they are known.
+
+* Every node is *half* or *float32*. A half node computes in the half type:
+  each of its inputs and outputs that is float32 and whose type parameter
+  (``T``) allows the half type becomes the half type; an input or output of a
+  fixed type (``tensor(float)``: Resize's scales) keeps float32. A float32
+  node computes as before.
+* A value whose type differs from what a consumer takes gets one Cast per
+  value, type and scope (never a Cast pair that cancels).
+* Float32 initializers become half when a half node takes them and their
+  values fit the half type; the others stay float32.
+* Graph inputs and outputs keep float32 (Casts at the boundary), and so do
+  the inputs and outputs of subgraphs (If/Loop/Scan bodies) and of
+  model-local functions: each body is converted inside, consistently, and
+  what crosses its boundary is float32.
+* Integers, booleans, strings and float64 are left as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.defs
+import onnx_ir as ir
+
+from passes.ir import inference
+from passes.ir.names import Names
+from passes.ir.schemas import schema_at
+from passes.ir.walk import opset_of
+
+__all__ = ["HALF_TYPES", "Plan", "Scope", "convert", "name_nodes", "plan_model", "scopes"]
+
+FLOAT = ir.DataType.FLOAT
+#: The half types by option value.
+HALF_TYPES = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
+_TYPE_STRING = {ir.DataType.FLOAT16: "tensor(float16)", ir.DataType.BFLOAT16: "tensor(bfloat16)"}
+#: Attributes that name an element type; a node with one set to float32 (other than a Cast's) stays float32.
+_TYPE_ATTRIBUTES = ("dtype", "output_dtype", "to")
+
+
+@dataclasses.dataclass
+class Scope:
+    """A graph, subgraph or function body, with its key (stable across copies of the model)."""
+
+    key: str
+    body: ir.Graph | ir.Function
+    opsets: Mapping[str, int]
+    owner: ir.Node | None
+    function: ir.Function | None
+
+
+def scopes(model: ir.Model) -> Iterator[Scope]:
+    """Every scope, each graph before its subgraphs, keyed by its path of node names."""
+
+    def walk(body: ir.Graph | ir.Function, key: str, opsets: Mapping[str, int], owner: ir.Node | None,
+             function: ir.Function | None) -> Iterator[Scope]:  # fmt: skip
+        yield Scope(key, body, opsets, owner, function)
+        for node in body:
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.GRAPH:
+                    yield from walk(attr.as_graph(), f"{key}/{node.name}.{attr.name}", opsets, node, function)
+                elif attr.type == ir.AttributeType.GRAPHS:
+                    for i, sub in enumerate(attr.as_graphs()):
+                        yield from walk(sub, f"{key}/{node.name}.{attr.name}[{i}]", opsets, node, function)
+
+    yield from walk(model.graph, "", model.opset_imports, None, None)
+    for function in model.functions.values():
+        yield from walk(function, f"function {function.domain}::{function.name}", function.opset_imports,
+                        None, function)  # fmt: skip
+
+
+def name_nodes(model: ir.Model) -> int:
+    """Gives every unnamed node a unique name (the islands are kept by name); how many it named."""
+    names = Names(model)
+    named = 0
+    for scope in scopes(model):
+        for node in scope.body:
+            if not node.name:
+                node.name = names.node(node.op_type)
+                named += 1
+    return named
+
+
+@dataclasses.dataclass
+class Plan:
+    """What the conversion knows of a model before it changes anything.
+
+    Attributes:
+        types: The element type of each value, by scope key and value name (float32 ones matter).
+        slots: For each node (by scope key and node name) that may be half: which inputs and
+            outputs become half (the others keep their type).
+        fixed: Nodes that stay float32 whatever the islands, with the reason.
+    """
+
+    types: dict[str, dict[str, ir.DataType]]
+    slots: dict[tuple[str, str], tuple[tuple[bool, ...], tuple[bool, ...]]]
+    fixed: dict[tuple[str, str], str]
+
+
+def _formal(params: list[Any], index: int) -> Any | None:
+    if index < len(params):
+        return params[index]
+    if params and params[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic:
+        return params[-1]
+    return None
+
+
+def _node_slots(node: ir.Node, opset: int | None, types: Mapping[str, ir.DataType],
+                half: ir.DataType) -> tuple[tuple[bool, ...], tuple[bool, ...]] | str | None:  # fmt: skip
+    """Which inputs and outputs of ``node`` become half, a reason it cannot be half, or None (no float32)."""
+    def is_float(value: ir.Value | None) -> bool:
+        return value is not None and types.get(value.name) == FLOAT
+
+    floats_in = [is_float(v) for v in node.inputs]
+    floats_out = [is_float(v) for v in node.outputs]
+    if not any(floats_in) and not any(floats_out):
+        return None
+    if any(attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for attr in node.attributes.values()):
+        return "control flow: its subgraphs are converted inside, their boundary stays float32"
+    schema = schema_at(node.op_type, opset, node.domain) if opset is not None else None
+    if schema is None:
+        return "no ONNX schema (a function call or another domain's op): its inputs and outputs stay float32"
+    for name in _TYPE_ATTRIBUTES:
+        attr = node.attributes.get(name)
+        if attr is not None and attr.type == ir.AttributeType.INT and attr.as_int() == FLOAT and node.op_type != "Cast":
+            return f"its attribute {name} asks for float32"
+    allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    wanted = _TYPE_STRING[half]
+    result = []
+    for params, floats in ((schema.inputs, floats_in), (schema.outputs, floats_out)):
+        slots = []
+        for i, is_f in enumerate(floats):
+            formal = _formal(params, i)
+            if not is_f or formal is None:
+                slots.append(False)
+                continue
+            if formal.type_str in allowed:
+                if wanted not in allowed[formal.type_str]:
+                    return f"its type constraint {formal.type_str} does not allow {wanted}"
+                slots.append(True)
+            else:
+                slots.append(False)  # a fixed type (tensor(float)): stays float32
+        result.append(tuple(slots))
+    if not any(result[0]) and not any(result[1]):
+        return None
+    return result[0], result[1]
+
+
+def _function_types(model: ir.Model, function: ir.Function,
+                    calls: list[tuple[ir.Node, Mapping[str, ir.DataType]]]) -> dict[str, ir.DataType]:  # fmt: skip
+    """The element types of a function's values, by onnx inference on its body with the input
+    types of its calls (empty when the calls disagree or inference cannot tell)."""
+    input_types: list[ir.DataType | None] = []
+    for position in range(len(function.inputs)):
+        seen = {types.get(node.inputs[position].name) if position < len(node.inputs) and node.inputs[position]
+                is not None else None for node, types in calls}  # fmt: skip
+        if len(seen) != 1:
+            return {}
+        input_types.append(seen.pop())
+    proto = ir.serde.serialize_function(function)
+    inputs = [onnx.helper.make_tensor_value_info(name, int(t) if t is not None else 0, None)
+              for name, t in zip(proto.input, input_types)]  # fmt: skip
+    outputs = [onnx.helper.make_empty_tensor_value_info(name) for name in proto.output]
+    graph = onnx.helper.make_graph(list(proto.node), "function", inputs, outputs)
+    temp = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in
+                                                        function.opset_imports.items()])  # fmt: skip
+    temp.ir_version = model.ir_version or 8
+    temp.functions.extend(ir.serde.serialize_function(f) for f in model.functions.values())
+    try:
+        inferred = onnx.shape_inference.infer_shapes(temp, check_type=False, strict_mode=False)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        return {}
+    found: dict[str, ir.DataType] = {}
+    for info in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
+            found[info.name] = ir.DataType(info.type.tensor_type.elem_type)
+    return found
+
+
+def plan_model(model: ir.Model, half: ir.DataType) -> Plan:
+    """The types and half slots of every node (the model is not changed)."""
+    inferred = inference.infer_all(model)
+    all_scopes = list(scopes(model))
+    types: dict[str, dict[str, ir.DataType]] = {}
+    parent_types: dict[int, dict[str, ir.DataType]] = {}
+    for scope in all_scopes:
+        if scope.function is not None:
+            continue
+        own: dict[str, ir.DataType] = dict(parent_types.get(id(scope.owner), {})) if scope.owner else {}
+        body = scope.body
+        for value in [*body.inputs, *(body.initializers.values() if isinstance(body, ir.Graph) else ())]:
+            if value.dtype is not None:
+                own[value.name] = value.dtype
+        for node in body:
+            for value in node.outputs:
+                dtype = (inferred.get(value) or (None, None))[0] or value.dtype
+                if dtype is not None:
+                    own[value.name] = dtype
+            parent_types[id(node)] = own  # subgraphs see the values defined before their node
+        types[scope.key] = own
+    # Functions: their values typed from their calls.
+    calls: dict[tuple[str, str], list[tuple[ir.Node, Mapping[str, ir.DataType]]]] = {}
+    for scope in all_scopes:
+        if scope.function is None:
+            for node in scope.body:
+                calls.setdefault((node.domain, node.op_type), []).append((node, types[scope.key]))
+    for scope in all_scopes:
+        if scope.function is not None and scope.owner is None:
+            function = scope.function
+            types[scope.key] = _function_types(model, function, calls.get((function.domain, function.name), []))
+        elif scope.function is not None:
+            types[scope.key] = dict(types.get(scope.key.rsplit("/", 1)[0], {}))
+    slots: dict[tuple[str, str], tuple[tuple[bool, ...], tuple[bool, ...]]] = {}
+    fixed: dict[tuple[str, str], str] = {}
+    for scope in all_scopes:
+        for node in scope.body:
+            found = _node_slots(node, opset_of(dict(scope.opsets), node.domain), types[scope.key], half)
+            if isinstance(found, str):
+                fixed[(scope.key, node.name)] = found
+            elif found is not None:
+                slots[(scope.key, node.name)] = found
+    return Plan(types, slots, fixed)
+
+
+def _half_array(array: np.ndarray, half: ir.DataType) -> np.ndarray:
+    return array.astype(half.numpy())
+
+
+def _fits(array: np.ndarray, half: ir.DataType) -> bool:
+    """Whether every finite value of ``array`` stays finite in the half type."""
+    finite = array[np.isfinite(array)]
+    if not finite.size:
+        return True
+    return float(np.abs(finite).max()) <= float(ir.DataType(half).max)
+
+
+def convert(model: ir.Model, plan: Plan, half: ir.DataType, islands: set[tuple[str, str]],
+            float_functions: set[str] = frozenset()) -> dict[str, int]:  # fmt: skip
+    """Converts ``model`` in place; the nodes in ``islands`` (scope key, node name) stay float32.
+
+    A function in ``float_functions`` (its scope key) and the subgraphs of an island are left
+    whole in float32. Returns counts: half nodes, Casts added, initializers converted.
+    """
+    names = Names(model)
+    counts = {"half_nodes": 0, "casts": 0, "initializers": 0}
+    frozen: set[str] = set()  # scope keys left whole in float32
+    for scope in scopes(model):
+        whole = scope.key in float_functions or any(scope.key.startswith(k + "/") for k in frozen)
+        if scope.owner is not None and (scope.key.rsplit("/", 1)[0], scope.owner.name) in islands:
+            whole = True
+        if whole:  # every node float32; outer values it takes that became half are cast back
+            frozen.add(scope.key)
+        _convert_scope(scope, plan, half, islands, names, counts, whole)
+    return counts
+
+
+def _convert_scope(scope: Scope, plan: Plan, half: ir.DataType, islands: set[tuple[str, str]], names: Names,
+                   counts: dict[str, int], whole: bool = False) -> None:  # fmt: skip
+    body = scope.body
+    key = scope.key
+    casts: dict[tuple[int, ir.DataType], ir.Value] = {}
+
+    def cast(value: ir.Value, to: ir.DataType, before: ir.Node) -> ir.Value:
+        found = casts.get((id(value), to))
+        if found is not None:
+            return found
+        suffix = "fp16" if to == ir.DataType.FLOAT16 else "bf16" if to == ir.DataType.BFLOAT16 else "fp32"
+        out = ir.Value(name=names.value(f"{value.name}_{suffix}"), type=ir.TensorType(to), shape=value.shape)
+        node = ir.Node("", "Cast", [value], attributes=[ir.AttrInt64("to", int(to))], outputs=[out],
+                       name=names.node(f"{value.name}_cast_{suffix}"))  # fmt: skip
+        body.insert_before(before, node)
+        casts[(id(value), to)] = out
+        counts["casts"] += 1
+        return out
+
+    def half_node(node: ir.Node) -> tuple[tuple[bool, ...], tuple[bool, ...]] | None:
+        if whole or (key, node.name) in islands or (key, node.name) in plan.fixed:
+            return None
+        return plan.slots.get((key, node.name))
+
+    # Initializers a half node takes become half (when their values fit).
+    if isinstance(body, ir.Graph):
+        graph_inputs = {id(v) for v in body.inputs}
+        for value in list(body.initializers.values()):
+            if value.dtype != FLOAT or id(value) in graph_inputs or value.const_value is None:
+                continue
+            wanted = False
+            for usage in value.uses():
+                slots = half_node(usage.node) if usage.node.graph is body else None
+                if slots is not None and usage.idx < len(slots[0]) and slots[0][usage.idx]:
+                    wanted = True
+            if not wanted:
+                continue
+            array = value.const_value.numpy()
+            if not _fits(array, half):
+                continue
+            value.const_value = ir.Tensor(_half_array(array, half), name=value.name)
+            value.type = ir.TensorType(half)
+            counts["initializers"] += 1
+
+    for node in list(body):
+        slots = half_node(node)
+        for i, value in enumerate(node.inputs):
+            if value is None or plan.types.get(key, {}).get(value.name) != FLOAT:
+                continue
+            want = half if slots is not None and i < len(slots[0]) and slots[0][i] else FLOAT
+            if (value.dtype or FLOAT) != want:
+                node.replace_input_with(i, cast(value, want, node))
+        if slots is None:
+            continue
+        counts["half_nodes"] += 1
+        for i, value in enumerate(node.outputs):
+            if i < len(slots[1]) and slots[1][i]:
+                value.type = ir.TensorType(half)
+        if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+            to = node.attributes.get("to")
+            if to is not None and to.as_int() == FLOAT:
+                node.attributes["to"] = ir.AttrInt64("to", int(half))
+        for name in ("value",):  # ConstantOfShape, Constant
+            attr = node.attributes.get(name)
+            if attr is not None and attr.type == ir.AttributeType.TENSOR and attr.as_tensor().dtype == FLOAT:
+                tensor = attr.as_tensor()
+                node.attributes[name] = ir.AttrTensor(name, ir.Tensor(_half_array(tensor.numpy(), half),
+                                                                      name=tensor.name))  # fmt: skip
+        if node.op_type == "Constant":
+            for name in ("value_float", "value_floats"):
+                attr = node.attributes.get(name)
+                if attr is not None:
+                    array = np.asarray(attr.value, dtype=np.float32)
+                    del node.attributes[name]
+                    node.attributes["value"] = ir.AttrTensor("value", ir.Tensor(_half_array(array, half)))
+
+    # Outputs keep float32: a Cast takes the output's name.
+    for i, value in enumerate(list(body.outputs)):
+        if value.dtype != half:
+            continue
+        name = value.name
+        value.name = names.value(f"{name}_{'fp16' if half == ir.DataType.FLOAT16 else 'bf16'}")
+        out = ir.Value(name=name, type=ir.TensorType(FLOAT), shape=value.shape)
+        node = ir.Node("", "Cast", [value], attributes=[ir.AttrInt64("to", int(FLOAT))], outputs=[out],
+                       name=names.node(f"{name}_cast_fp32"))  # fmt: skip
+        body.append(node)
+        body.outputs[i] = out
+        counts["casts"] += 1
