@@ -34,6 +34,7 @@ import onnx_ir as ir
 
 from passes.base import Pass, pass_stats
 from passes.declarations import PRECISION
+from passes.ir.tensors import KEEP_EXTERNAL, InlineData
 from passes.precision import convert as _convert
 
 __all__ = ["MAX_ROUNDS", "RANGE_MARGIN", "PrecisionPass"]
@@ -70,24 +71,31 @@ class PrecisionPass(Pass, spec=PRECISION):
         checked: dict[str, Any] = {"type": type_name, "rounds": 0, "ok": None, "outputs": {}}
         if self.check:
             self._search(model, plan, half, type_name, islands, checked)
-        counts = _convert.convert(model, plan, half, set(islands))
+        exact = {k for k, why in islands.items() if why.startswith("check:")}
+        if any(isinstance(v.const_value, ir.ExternalTensor) and not isinstance(v.const_value, InlineData)
+               for v in model.graph.initializers.values()):  # fmt: skip
+            model.meta[KEEP_EXTERNAL] = True  # converted weights are arrays now: still saved as external data
+        counts = _convert.convert(model, plan, half, set(islands), exact)
         reasons: dict[str, int] = {}
-        for reason in islands.values():
-            kind = reason.split(":", 1)[0]
+        for reason in [*islands.values(), *("fixed: " + why for why in plan.fixed.values())]:
+            kind = reason.split(":", 1)[0] if not reason.startswith("fixed:") else "fixed: " + reason[7:].split(":")[0]
             reasons[kind] = reasons.get(kind, 0) + 1
-        for reason in plan.fixed.values():
-            kind = "fixed: " + reason.split(":", 1)[0]
-            reasons[kind] = reasons.get(kind, 0) + 1
+
+        def label(key: tuple[str, str]) -> str:
+            return f"{key[1]} ({nodes[key][1].op_type}{', in ' + key[0] if key[0] else ''})"
+
+        described = {label(k): why for k, why in sorted(islands.items()) if k in nodes}
+        described.update({label(k): "fixed: " + why for k, why in sorted(plan.fixed.items()) if k in nodes})
         self.stats = pass_stats(
             {"half_nodes": counts["half_nodes"], "initializers": counts["initializers"], "casts": counts["casts"]},
             reasons,
             precision=type_name,
-            islands=[{"scope": k[0] or "main graph", "node": k[1], "op": nodes[k][1].op_type, "why": why}
-                     for k, why in sorted(islands.items())] + [
-                    {"scope": k[0] or "main graph", "node": k[1], "op": nodes[k][1].op_type, "why": "fixed: " + why}
-                    for k, why in sorted(plan.fixed.items()) if k in nodes],
-            check=checked,
-        )  # fmt: skip
+            check_ok=checked["ok"],
+            check_rounds=checked["rounds"],
+            islands=described,
+            max_abs_error={name: o["max_abs_error"] for name, o in checked["outputs"].items()},
+            **{k: checked[k] for k in ("skipped", "unlocated", "failure") if k in checked},
+        )
         return ir.passes.PassResult(model, modified=counts["half_nodes"] > 0 or counts["initializers"] > 0)
 
     def _kernel_islands(self, plan: _convert.Plan, nodes: dict[tuple[str, str], Any], half: ir.DataType,
@@ -131,7 +139,8 @@ class PrecisionPass(Pass, spec=PRECISION):
 
         def candidate() -> ir.Model:
             copy = model.clone()
-            _convert.convert(copy, plan, half, set(islands))
+            _convert.convert(copy, plan, half, set(islands),
+                             {k for k, why in islands.items() if why.startswith("check:")})
             return copy
 
         with check_module.Checker(reference, rounding=True, precision=type_name) as checker:

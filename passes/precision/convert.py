@@ -98,11 +98,14 @@ class Plan:
         slots: For each node (by scope key and node name) that may be half: which inputs and
             outputs become half (the others keep their type).
         fixed: Nodes that stay float32 whatever the islands, with the reason.
+        widen: For the nodes fixed by their type constraint: which inputs are of a type
+            parameter (a weight there may be stored in the half type and widened by a Cast).
     """
 
     types: dict[str, dict[str, ir.DataType]]
     slots: dict[tuple[str, str], tuple[tuple[bool, ...], tuple[bool, ...]]]
     fixed: dict[tuple[str, str], str]
+    widen: dict[tuple[str, str], tuple[bool, ...]] = dataclasses.field(default_factory=dict)
 
 
 def _formal(params: list[Any], index: int) -> Any | None:
@@ -114,7 +117,7 @@ def _formal(params: list[Any], index: int) -> Any | None:
 
 
 def _node_slots(node: ir.Node, opset: int | None, types: Mapping[str, ir.DataType],
-                half: ir.DataType) -> tuple[tuple[bool, ...], tuple[bool, ...]] | str | None:  # fmt: skip
+                half: ir.DataType) -> Any:  # fmt: skip
     """Which inputs and outputs of ``node`` become half, a reason it cannot be half, or None (no float32)."""
     def is_float(value: ir.Value | None) -> bool:
         return value is not None and types.get(value.name) == FLOAT
@@ -144,7 +147,9 @@ def _node_slots(node: ir.Node, opset: int | None, types: Mapping[str, ir.DataTyp
                 continue
             if formal.type_str in allowed:
                 if wanted not in allowed[formal.type_str]:
-                    return f"its type constraint {formal.type_str} does not allow {wanted}"
+                    widen = tuple(is_f and (f := _formal(schema.inputs, i)) is not None and f.type_str in allowed
+                                  for i, is_f in enumerate(floats_in))  # fmt: skip
+                    return f"its type constraint {formal.type_str} does not allow {wanted}", widen
                 slots.append(True)
             else:
                 slots.append(False)  # a fixed type (tensor(float)): stays float32
@@ -220,14 +225,18 @@ def plan_model(model: ir.Model, half: ir.DataType) -> Plan:
             types[scope.key] = dict(types.get(scope.key.rsplit("/", 1)[0], {}))
     slots: dict[tuple[str, str], tuple[tuple[bool, ...], tuple[bool, ...]]] = {}
     fixed: dict[tuple[str, str], str] = {}
+    widen: dict[tuple[str, str], tuple[bool, ...]] = {}
     for scope in all_scopes:
         for node in scope.body:
             found = _node_slots(node, opset_of(dict(scope.opsets), node.domain), types[scope.key], half)
             if isinstance(found, str):
                 fixed[(scope.key, node.name)] = found
+            elif found is not None and isinstance(found[0], str):
+                fixed[(scope.key, node.name)] = found[0]
+                widen[(scope.key, node.name)] = found[1]
             elif found is not None:
                 slots[(scope.key, node.name)] = found
-    return Plan(types, slots, fixed)
+    return Plan(types, slots, fixed, widen)
 
 
 def _half_array(array: np.ndarray, half: ir.DataType) -> np.ndarray:
@@ -243,27 +252,59 @@ def _fits(array: np.ndarray, half: ir.DataType) -> bool:
 
 
 def convert(model: ir.Model, plan: Plan, half: ir.DataType, islands: set[tuple[str, str]],
-            float_functions: set[str] = frozenset()) -> dict[str, int]:  # fmt: skip
+            exact: set[tuple[str, str]] = frozenset(), float_functions: set[str] = frozenset()) -> dict[str, int]:  # fmt: skip
     """Converts ``model`` in place; the nodes in ``islands`` (scope key, node name) stay float32.
 
-    A function in ``float_functions`` (its scope key) and the subgraphs of an island are left
-    whole in float32. Returns counts: half nodes, Casts added, initializers converted.
+    The weights of an island are stored in the half type too (a Cast widens them, exactly)
+    unless the island is in ``exact`` (an island the check asked for: its weights' rounding
+    may be what the check saw). A function in ``float_functions`` (its scope key) and the
+    subgraphs of an island are left whole in float32. Returns counts: half nodes, Casts added,
+    initializers converted.
     """
     names = Names(model)
     counts = {"half_nodes": 0, "casts": 0, "initializers": 0}
     frozen: set[str] = set()  # scope keys left whole in float32
-    for scope in scopes(model):
+    every = list(scopes(model))
+    for scope in every:
         whole = scope.key in float_functions or any(scope.key.startswith(k + "/") for k in frozen)
         if scope.owner is not None and (scope.key.rsplit("/", 1)[0], scope.owner.name) in islands:
             whole = True
         if whole:  # every node float32; outer values it takes that became half are cast back
             frozen.add(scope.key)
-        _convert_scope(scope, plan, half, islands, names, counts, whole)
+    keys = {id(scope.body.graph if isinstance(scope.body, ir.Function) else scope.body): scope.key
+            for scope in every}  # fmt: skip
+
+    def half_slots(node: ir.Node) -> tuple[tuple[bool, ...], tuple[bool, ...]] | None:
+        key = keys.get(id(node.graph))
+        if key is None or key in frozen or (key, node.name) in islands or (key, node.name) in plan.fixed:
+            return None
+        return plan.slots.get((key, node.name))
+
+    functions = {(f.domain, f.name) for f in model.functions.values()}
+
+    def weight_use(node: ir.Node, index: int) -> str:
+        """What a weight taken by ``node`` at ``index`` may be: "half" (a half node computes with it),
+        "widen" (stored half, widened for a float32 node of type parameter T or a function call),
+        or "keep" (float32: a fixed float32 input, an exact island, a whole-float32 scope)."""
+        slots = half_slots(node)
+        if slots is not None:
+            return "half" if index < len(slots[0]) and slots[0][index] else "keep"
+        key = keys.get(id(node.graph))
+        if key is None or key in frozen or (key, node.name) in exact:
+            return "keep"
+        if (node.domain, node.op_type) in functions:
+            return "widen"
+        found = plan.slots.get((key, node.name))
+        taken = found[0] if found is not None else plan.widen.get((key, node.name), ())
+        return "widen" if index < len(taken) and taken[index] else "keep"
+
+    for scope in every:
+        _convert_scope(scope, plan, half, half_slots, weight_use, names, counts)
     return counts
 
 
-def _convert_scope(scope: Scope, plan: Plan, half: ir.DataType, islands: set[tuple[str, str]], names: Names,
-                   counts: dict[str, int], whole: bool = False) -> None:  # fmt: skip
+def _convert_scope(scope: Scope, plan: Plan, half: ir.DataType, half_node: Any, weight_use: Any, names: Names,
+                   counts: dict[str, int]) -> None:  # fmt: skip
     body = scope.body
     key = scope.key
     casts: dict[tuple[int, ir.DataType], ir.Value] = {}
@@ -281,23 +322,14 @@ def _convert_scope(scope: Scope, plan: Plan, half: ir.DataType, islands: set[tup
         counts["casts"] += 1
         return out
 
-    def half_node(node: ir.Node) -> tuple[tuple[bool, ...], tuple[bool, ...]] | None:
-        if whole or (key, node.name) in islands or (key, node.name) in plan.fixed:
-            return None
-        return plan.slots.get((key, node.name))
-
     # Initializers a half node takes become half (when their values fit).
     if isinstance(body, ir.Graph):
         graph_inputs = {id(v) for v in body.inputs}
         for value in list(body.initializers.values()):
             if value.dtype != FLOAT or id(value) in graph_inputs or value.const_value is None:
                 continue
-            wanted = False
-            for usage in value.uses():
-                slots = half_node(usage.node) if usage.node.graph is body else None
-                if slots is not None and usage.idx < len(slots[0]) and slots[0][usage.idx]:
-                    wanted = True
-            if not wanted:
+            uses = {weight_use(usage.node, usage.idx) for usage in value.uses()}
+            if not uses or "keep" in uses:
                 continue
             array = value.const_value.numpy()
             if not _fits(array, half):
