@@ -278,15 +278,23 @@ def _assert_converted(source: pathlib.Path, target: pathlib.Path, precision: str
             np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol)
 
 
-def _islands(report: dict) -> list[dict]:
+def _islands(report: dict) -> dict[str, str]:
     (run,) = [p for p in report["passes"] if p["name"] == "precision"]
     return run["stats"]["islands"]
+
+
+def _min_share(report: dict) -> float:
+    """90% of the float weight bytes in the half type, unless the check needed islands whose weights
+    stay float32 (the transformer block: the attention scores and the residual sums do not meet
+    float16's element-wise tolerance with float16 weights; the report says which and why)."""
+    exact = [label for label, why in _islands(report).items() if "weights too" in why]
+    return 0.9 if not exact else 0.3
 
 
 @pytest.mark.parametrize("name", ["cnn", "transformer", "transformer_layernorm_op", "if", "function"])
 def test_float16(tmp_path: pathlib.Path, name: str) -> None:
     source, target, report = _convert(tmp_path, MODELS[name](), "fp16")
-    _assert_converted(source, target, "fp16")
+    _assert_converted(source, target, "fp16", _min_share(report))
     assert report["check"]["ok"]
     outputs = report["check"]["outputs"]
     assert all(o["tolerance_dtype"] == "float16" for o in outputs)
@@ -327,7 +335,7 @@ def test_external_data_stays_external(tmp_path: pathlib.Path) -> None:
     model = transformer()
     source, target, report = _convert(tmp_path, model, "fp16", save_as_external_data=True, size_threshold=0,
                                       location="m.onnx.data")  # fmt: skip
-    _assert_converted(source, target, "fp16")
+    _assert_converted(source, target, "fp16", _min_share(report))
     converted = onnx.load(str(target), load_external_data=False)
     assert any(onnx.external_data_helper.uses_external_data(t) for t in converted.graph.initializer)
 
@@ -359,3 +367,48 @@ def test_no_precision_changes_nothing(tmp_path: pathlib.Path) -> None:
 def test_refuses_an_unknown_precision(tmp_path: pathlib.Path) -> None:
     with pytest.raises(passes.InputError, match="fp16 or bf16"):
         passes.optimize(cnn(), precision="fp8")
+
+
+def cancellation() -> onnx.ModelProto:
+    """(x + 1000) - 1000: in float16 the sum keeps 0.5 steps near 1000, so the difference loses the
+    input's digits; within range (no range island), only the check and its locator find it."""
+    rng = np.random.default_rng(7)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Add", ["h", "k"], ["shifted"]),
+        helper.make_node("Sub", ["shifted", "k"], ["back"]),
+        helper.make_node("MatMul", ["back", "w2"], ["y"]),
+    ]
+    inits = [_w(rng, "w", 16, 16), numpy_helper.from_array(np.array(1000.0, np.float32), "k"),
+             _w(rng, "w2", 16, 8)]
+    return _model(nodes, [helper.make_tensor_value_info("x", F32, ["N", 16])],
+                  [helper.make_tensor_value_info("y", F32, ["N", 8])], inits)  # fmt: skip
+
+
+def test_the_check_finds_the_islands_the_ranges_miss(tmp_path: pathlib.Path) -> None:
+    source, target, report = _convert(tmp_path, cancellation(), "fp16")
+    islands = _islands(report)
+    checked = [label for label, why in islands.items() if why.startswith("check:")]
+    # Sub, and what makes its input: the Add (fused with the MatMul into a Gemm by simplify)
+    assert any("(Sub" in label for label in checked) and len(checked) >= 2, islands
+    _assert_converted(source, target, "fp16")
+
+
+def test_a_model_the_rounds_cannot_fix_is_refused(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No round of the locator left: the check fails, exit 1, nothing written, the pass named."""
+    import passes.precision
+
+    monkeypatch.setattr(passes.precision, "MAX_ROUNDS", 0)
+    source, target = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save_model(cancellation(), str(source))
+    assert cli.main([str(source), "-o", str(target), "--precision", "fp16"]) == 1
+    assert not target.exists()
+
+
+def test_io_keeps_float32_at_the_boundary_only(tmp_path: pathlib.Path) -> None:
+    """One Cast per graph input and output: inputs to the half type, outputs back."""
+    _, target, _ = _convert(tmp_path, cnn(), "fp16")
+    model = onnx.load(str(target))
+    casts = [n for n in model.graph.node if n.op_type == "Cast"]
+    assert sorted(n.input[0] for n in casts) == ["x", "y_fp16"]
+    assert {n.output[0] for n in casts} == {"x_fp16", "y"}

@@ -37,12 +37,14 @@ from passes.declarations import PRECISION
 from passes.ir.tensors import KEEP_EXTERNAL, InlineData
 from passes.precision import convert as _convert
 
-__all__ = ["MAX_ROUNDS", "RANGE_MARGIN", "PrecisionPass"]
+__all__ = ["MAX_ROUNDS", "PRUNE_ROUNDS", "RANGE_MARGIN", "PrecisionPass"]
 
 logger = logging.getLogger(__name__)
 
 #: Rounds of check-locate-island after the range islands.
-MAX_ROUNDS = 12
+MAX_ROUNDS = 24
+#: Rechecks spent trying the locator's islands back in the half type once the check passes.
+PRUNE_ROUNDS = 24
 #: A value whose magnitude on the check's inputs exceeds the half type's largest value divided by this stays float32.
 RANGE_MARGIN = 16.0
 _TYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
@@ -56,6 +58,7 @@ class PrecisionPass(Pass, spec=PRECISION):
         self.precision = precision
         self.check = check
         self.stats: dict[str, Any] = {}
+        self._exact: set[tuple[str, str]] = set()  # islands whose weights stay float32 too
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         if self.precision is None:
@@ -63,6 +66,7 @@ class PrecisionPass(Pass, spec=PRECISION):
             return ir.passes.PassResult(model, modified=False)
         half = _convert.HALF_TYPES[self.precision]
         type_name = _TYPE_NAMES[self.precision]
+        self._exact = set()
         _convert.name_nodes(model)
         plan = _convert.plan_model(model, half)
         islands: dict[tuple[str, str], str] = {}
@@ -71,7 +75,7 @@ class PrecisionPass(Pass, spec=PRECISION):
         checked: dict[str, Any] = {"type": type_name, "rounds": 0, "ok": None, "outputs": {}}
         if self.check:
             self._search(model, plan, half, type_name, islands, checked)
-        exact = {k for k, why in islands.items() if why.startswith("check:")}
+        exact = set(self._exact)
         if any(isinstance(v.const_value, ir.ExternalTensor) and not isinstance(v.const_value, InlineData)
                for v in model.graph.initializers.values()):  # fmt: skip
             model.meta[KEEP_EXTERNAL] = True  # converted weights are arrays now: still saved as external data
@@ -137,10 +141,9 @@ class PrecisionPass(Pass, spec=PRECISION):
         reference = model.clone()
         limit = float(half.max) / RANGE_MARGIN
 
-        def candidate() -> ir.Model:
+        def candidate() -> ir.Model:  # the emulation: each half node's rounding (see convert.convert)
             copy = model.clone()
-            _convert.convert(copy, plan, half, set(islands),
-                             {k for k, why in islands.items() if why.startswith("check:")})
+            _convert.convert(copy, plan, half, set(islands), set(self._exact), emulate=True)
             return copy
 
         with check_module.Checker(reference, rounding=True, precision=type_name) as checker:
@@ -161,17 +164,57 @@ class PrecisionPass(Pass, spec=PRECISION):
                 if result.ok or not result.checked:
                     break
                 found = checker.locate(converted)
-                if not self._check_islands(plan, found, islands, reference):
+                if not self._check_islands(plan, found, islands, reference, self._exact):
                     checked["unlocated"] = found.message or f"the locator named {found.node or 'no node'}"
                     break
                 converted = candidate()
                 result = checker.recheck(converted)
                 checked["rounds"] += 1
+            if result.checked and result.ok:
+                result = self._prune(islands, candidate, checker, result, checked)
             checked["ok"] = bool(result.checked and result.ok)
             checked["outputs"] = {o.name: {"max_abs_error": o.max_abs_error, "max_rel_error": o.max_rel_error,
                                            "ok": o.ok} for o in result.outputs}  # fmt: skip
             if not result.ok:
                 checked["failure"] = result.summary()
+                if result.checked:
+                    from passes.errors import CheckFailedError
+
+                    raise CheckFailedError(
+                        f"--precision {self.precision}: the {type_name} model still differs from the float32 "
+                        f"model after {checked['rounds']} rounds of float32 islands "
+                        f"({len(islands)} islands): {result.summary()}"
+                        + (f"; {checked['unlocated']}" if checked.get("unlocated") else ""))
+
+    def _prune(self, islands: dict[tuple[str, str], str], candidate: Any, checker: Any, result: Any,
+               checked: dict[str, Any]) -> Any:  # fmt: skip
+        """The locator's islands, tried back in the half type one at a time (the search is greedy:
+        an island added early may not be needed once later ones are): each whose return still
+        passes the check is returned, at most :data:`PRUNE_ROUNDS` tries."""
+        tries = 0
+        for key in [k for k, why in islands.items() if why.startswith("check:")]:
+            if tries >= PRUNE_ROUNDS:
+                break
+            why, was_exact = islands.pop(key), key in self._exact
+            self._exact.discard(key)
+            tries += 1
+            again = checker.recheck(candidate())
+            checked["rounds"] += 1
+            if again.checked and again.ok:
+                result = again
+                checked["pruned"] = checked.get("pruned", 0) + 1
+                continue
+            islands[key] = why
+            if was_exact:  # back in float32, but its weights in the half type?
+                tries += 1
+                again = checker.recheck(candidate())
+                checked["rounds"] += 1
+                if again.checked and again.ok:
+                    result = again
+                    islands[key] = why.split("; its weights too")[0]
+                    continue
+                self._exact.add(key)
+        return result
 
     @staticmethod
     def _range_islands(reference: ir.Model, plan: _convert.Plan, magnitudes: dict[str, float], limit: float,
@@ -196,23 +239,44 @@ class PrecisionPass(Pass, spec=PRECISION):
 
     @staticmethod
     def _check_islands(plan: _convert.Plan, found: Any, islands: dict[tuple[str, str], str],
-                       reference: ir.Model) -> bool:  # fmt: skip
-        """Puts the located node (or the half nodes feeding it) back to float32; False if none."""
+                       reference: ir.Model, exact: set[tuple[str, str]]) -> bool:  # fmt: skip
+        """Puts the located node back to float32 (its weights still stored in the half type); if it
+        already is, its weights back to float32 too; if they already are (or it has none), the
+        nearest half nodes upstream of it (through float32 ones). False if there is none."""
         if not found.node:
             return False
-        why = f"check: {found.output} differs by {found.max_abs_error:.3g} in the half type"
         key = ("", found.node)
         if key in plan.slots and key not in islands:
-            islands[key] = why
+            islands[key] = f"check: {found.output} differs by {found.max_abs_error:.3g} in the half type"
             return True
-        producers = {v.name: v.producer() for n in reference.graph if n.name == found.node for v in n.inputs if v}
-        added = False
-        for item in found.inputs:
-            producer = producers.get(item.get("name"))
-            if producer is None:
-                continue
-            pkey = ("", producer.name)
-            if pkey in plan.slots and pkey not in islands:
-                islands[pkey] = f"check: feeds {found.node}, whose output {found.output} differs"
-                added = True
+        by_name = {node.name: node for node in reference.graph}
+        start = by_name.get(found.node)
+        if start is None:
+            return False
+        weights = any(v is not None and v.const_value is not None and v.dtype == ir.DataType.FLOAT
+                      for v in start.inputs)  # fmt: skip
+        if key in islands and key not in exact and weights:
+            exact.add(key)
+            islands[key] += "; its weights too"
+            return True
+        added, seen, queue = False, {start.name}, [start]
+        while queue:
+            node = queue.pop(0)
+            for value in node.inputs:
+                producer = value.producer() if value is not None else None
+                if producer is None or producer.name in seen or producer.graph is not reference.graph:
+                    continue
+                seen.add(producer.name)
+                pkey = ("", producer.name)
+                if pkey in plan.slots and pkey not in islands:
+                    islands[pkey] = f"check: feeds {found.node}, whose output {found.output} differs"
+                    added = True
+                    continue
+                if pkey in islands and pkey not in exact and any(
+                        v is not None and v.const_value is not None and v.dtype == ir.DataType.FLOAT
+                        for v in producer.inputs):  # fmt: skip
+                    exact.add(pkey)
+                    islands[pkey] += f"; its weights too (feeds {found.node})"
+                    added = True
+                queue.append(producer)
         return added

@@ -252,7 +252,8 @@ def _fits(array: np.ndarray, half: ir.DataType) -> bool:
 
 
 def convert(model: ir.Model, plan: Plan, half: ir.DataType, islands: set[tuple[str, str]],
-            exact: set[tuple[str, str]] = frozenset(), float_functions: set[str] = frozenset()) -> dict[str, int]:  # fmt: skip
+            exact: set[tuple[str, str]] = frozenset(), float_functions: set[str] = frozenset(), *,
+            emulate: bool = False) -> dict[str, int]:  # fmt: skip
     """Converts ``model`` in place; the nodes in ``islands`` (scope key, node name) stay float32.
 
     The weights of an island are stored in the half type too (a Cast widens them, exactly)
@@ -260,6 +261,14 @@ def convert(model: ir.Model, plan: Plan, half: ir.DataType, islands: set[tuple[s
     may be what the check saw). A function in ``float_functions`` (its scope key) and the
     subgraphs of an island are left whole in float32. Returns counts: half nodes, Casts added,
     initializers converted.
+
+    With ``emulate``, the same decisions are written as float32 arithmetic rounded to the half
+    type: a half weight holds its rounded values in float32, and each value a half node makes
+    (or a half input it takes) goes through ``Cast(to=half)`` then ``Cast(to=float)`` under its
+    own name. onnxruntime's CPU provider runs most float16 nodes by Casts it inserts around a
+    float32 kernel, and drops a Cast pair between two such nodes: the converted model itself
+    shows it little of the half type's rounding; the emulation shows it each node's, as a
+    device computing in the half type rounds, and the locator compares it value by value.
     """
     names = Names(model)
     counts = {"half_nodes": 0, "casts": 0, "initializers": 0}
@@ -299,28 +308,63 @@ def convert(model: ir.Model, plan: Plan, half: ir.DataType, islands: set[tuple[s
         return "widen" if index < len(taken) and taken[index] else "keep"
 
     for scope in every:
-        _convert_scope(scope, plan, half, half_slots, weight_use, names, counts)
+        _convert_scope(scope, plan, half, half_slots, weight_use, names, counts, emulate)
     return counts
 
 
+_ROUNDED = "passes.precision.rounded"  # Value.meta key: (emulation) holds values rounded to the half type
+
+
+def _cast_node(value: ir.Value, to: ir.DataType, names: Names, name: str | None = None) -> ir.Node:
+    suffix = "fp16" if to == ir.DataType.FLOAT16 else "bf16" if to == ir.DataType.BFLOAT16 else "fp32"
+    out = ir.Value(name=name or names.value(f"{value.name}_{suffix}"), type=ir.TensorType(to), shape=value.shape)
+    return ir.Node("", "Cast", [value], attributes=[ir.AttrInt64("to", int(to))], outputs=[out],
+                   name=names.node(f"{value.name}_cast_{suffix}"))  # fmt: skip
+
+
 def _convert_scope(scope: Scope, plan: Plan, half: ir.DataType, half_node: Any, weight_use: Any, names: Names,
-                   counts: dict[str, int]) -> None:  # fmt: skip
+                   counts: dict[str, int], emulate: bool = False) -> None:  # fmt: skip
     body = scope.body
     key = scope.key
     casts: dict[tuple[int, ir.DataType], ir.Value] = {}
+
+    def kind(value: ir.Value) -> ir.DataType:
+        if emulate:
+            return half if value.meta.get(_ROUNDED) else FLOAT
+        return value.dtype or FLOAT
 
     def cast(value: ir.Value, to: ir.DataType, before: ir.Node) -> ir.Value:
         found = casts.get((id(value), to))
         if found is not None:
             return found
-        suffix = "fp16" if to == ir.DataType.FLOAT16 else "bf16" if to == ir.DataType.BFLOAT16 else "fp32"
-        out = ir.Value(name=names.value(f"{value.name}_{suffix}"), type=ir.TensorType(to), shape=value.shape)
-        node = ir.Node("", "Cast", [value], attributes=[ir.AttrInt64("to", int(to))], outputs=[out],
-                       name=names.node(f"{value.name}_cast_{suffix}"))  # fmt: skip
+        if emulate and to == FLOAT:
+            return value  # a rounded value is its own exact widening
+        node = _cast_node(value, to, names)
         body.insert_before(before, node)
-        casts[(id(value), to)] = out
+        out = node.outputs[0]
         counts["casts"] += 1
+        if emulate:  # ... and back: float32 holding the half type's values
+            back = _cast_node(out, FLOAT, names)
+            body.insert_before(before, back)
+            out = back.outputs[0]
+            out.meta[_ROUNDED] = True
+        casts[(id(value), to)] = out
         return out
+
+    def round_outputs(node: ir.Node, converted: list[ir.Value]) -> None:
+        """(emulation) Each converted output rounded to the half type under its own name."""
+        after = node
+        for value in converted:
+            name = value.name
+            value.name = names.value(f"{name}_exact")
+            there = _cast_node(value, half, names)
+            back = _cast_node(there.outputs[0], FLOAT, names, name)
+            rounded = back.outputs[0]
+            value.replace_all_uses_with(rounded, replace_graph_outputs=True)
+            there.replace_input_with(0, value)
+            rounded.meta[_ROUNDED] = True
+            body.insert_after(after, [there, back])
+            after = back
 
     # Initializers a half node takes become half (when their values fit).
     if isinstance(body, ir.Graph):
@@ -334,9 +378,13 @@ def _convert_scope(scope: Scope, plan: Plan, half: ir.DataType, half_node: Any, 
             array = value.const_value.numpy()
             if not _fits(array, half):
                 continue
+            counts["initializers"] += 1
+            if emulate:
+                value.const_value = ir.Tensor(_half_array(array, half).astype(np.float32), name=value.name)
+                value.meta[_ROUNDED] = True
+                continue
             value.const_value = ir.Tensor(_half_array(array, half), name=value.name)
             value.type = ir.TensorType(half)
-            counts["initializers"] += 1
 
     for node in list(body):
         slots = half_node(node)
@@ -344,14 +392,17 @@ def _convert_scope(scope: Scope, plan: Plan, half: ir.DataType, half_node: Any, 
             if value is None or plan.types.get(key, {}).get(value.name) != FLOAT:
                 continue
             want = half if slots is not None and i < len(slots[0]) and slots[0][i] else FLOAT
-            if (value.dtype or FLOAT) != want:
+            if kind(value) != want:
                 node.replace_input_with(i, cast(value, want, node))
         if slots is None:
             continue
         counts["half_nodes"] += 1
-        for i, value in enumerate(node.outputs):
-            if i < len(slots[1]) and slots[1][i]:
-                value.type = ir.TensorType(half)
+        converted = [value for i, value in enumerate(node.outputs) if i < len(slots[1]) and slots[1][i]]
+        if emulate:
+            round_outputs(node, converted)
+            continue
+        for value in converted:
+            value.type = ir.TensorType(half)
         if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
             to = node.attributes.get("to")
             if to is not None and to.as_int() == FLOAT:
@@ -372,7 +423,7 @@ def _convert_scope(scope: Scope, plan: Plan, half: ir.DataType, half_node: Any, 
 
     # Outputs keep float32: a Cast takes the output's name.
     for i, value in enumerate(list(body.outputs)):
-        if value.dtype != half:
+        if emulate or value.dtype != half:
             continue
         name = value.name
         value.name = names.value(f"{name}_{'fp16' if half == ir.DataType.FLOAT16 else 'bf16'}")
