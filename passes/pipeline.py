@@ -208,7 +208,11 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
     report.before.file_bytes = _report.disk_bytes([src, *modelio.source_files(model)])
     report.phases = phases.seconds
     with phases.phase("passes", None):
-        report.passes = run.run(model, progress)
+        token = _gate.current_check.set(check)  # a pass that checks its candidates uses the same inputs
+        try:
+            report.passes = run.run(model, progress)
+        finally:
+            _gate.current_check.reset(token)
         _refuse_impossible_shapes(run, model, lambda: modelio.load_model(src))
     report.notes.extend(modelio.model_notes(model))  # the load's lossless repairs, the passes' corrections
     report.after = _report.summarize(model)
@@ -436,7 +440,11 @@ def _fresh(original: Any) -> ir.Model:
 
 def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, run: RunSpec, checking: CheckOptions,
                         worker: Any) -> Any:  # fmt: skip
-    runs = run.run(ir_model)
+    token = _gate.current_check.set(checking)  # a pass that checks its candidates uses the same inputs
+    try:
+        runs = run.run(ir_model)
+    finally:
+        _gate.current_check.reset(token)
     checking = _with_precision(checking, runs)
     _refuse_impossible_shapes(run, ir_model, lambda: _fresh(original))
     proto = modelio.model_to_proto(ir_model)

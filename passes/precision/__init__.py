@@ -137,6 +137,9 @@ class PrecisionPass(Pass, spec=PRECISION):
                 islands: dict[tuple[str, str], str], checked: dict[str, Any]) -> None:  # fmt: skip
         """Adds the range and check islands (see the module docstring), recording the check in ``checked``."""
         from passes.verify import check as check_module
+        from passes.verify.gate import CheckOptions, current_check
+
+        options = current_check.get() or CheckOptions()  # the run's inputs, sizes, seed and limits
 
         reference = model.clone()
         limit = float(half.max) / RANGE_MARGIN
@@ -146,7 +149,11 @@ class PrecisionPass(Pass, spec=PRECISION):
             _convert.convert(copy, plan, half, set(islands), set(self._exact), emulate=True)
             return copy
 
-        with check_module.Checker(reference, rounding=True, precision=type_name) as checker:
+        with check_module.Checker(
+            reference, inputs=options.inputs, inputs_file=options.inputs_file, dims=dict(options.dims),
+            shapes=dict(options.shapes), seed=options.seed, rtol=options.rtol, atol=options.atol,
+            timeout=options.timeout, memory_limit=options.memory_limit, rounding=True, precision=type_name,
+        ) as checker:
             converted = candidate()
             result = checker.check(converted)
             checked["rounds"] = 1

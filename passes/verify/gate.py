@@ -16,6 +16,7 @@ only in the check's child process.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import os
@@ -40,7 +41,7 @@ else:
 _declared = lazy_module("passes.modelio.declared")
 _detach = lazy_module("passes.modelio.detach")
 
-__all__ = ["CheckOptions", "Gate", "Verdict", "start_worker"]
+__all__ = ["CheckOptions", "Gate", "Verdict", "current_check", "start_worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,12 @@ class CheckOptions:
     memory_limit: int | None = None
     locate: bool = True
     precision: str | None = None
+
+
+#: The check options of the run under way (set by the pipeline while the passes run): a pass that checks
+#: its own candidates (``--precision``'s search for float32 islands) uses the same inputs, sizes and seed.
+current_check: contextvars.ContextVar[CheckOptions | None] = contextvars.ContextVar("passes_check_options",
+                                                                                    default=None)
 
 
 def _validity(model: Any, *, with_data: bool = False) -> tuple[str | None, list[_validate.ShapeConflict]]:
