@@ -84,6 +84,7 @@ class PrecisionPass(Pass, spec=PRECISION):
         for reason in [*islands.values(), *("fixed: " + why for why in plan.fixed.values())]:
             kind = reason.split(":", 1)[0] if not reason.startswith("fixed:") else "fixed: " + reason[7:].split(":")[0]
             reasons[kind] = reasons.get(kind, 0) + 1
+        reasons["between float32 nodes"] = counts["lone"]
 
         def label(key: tuple[str, str]) -> str:
             return f"{key[1]} ({nodes[key][1].op_type}{', in ' + key[0] if key[0] else ''})"

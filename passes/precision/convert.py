@@ -283,11 +283,43 @@ def convert(model: ir.Model, plan: Plan, half: ir.DataType, islands: set[tuple[s
     keys = {id(scope.body.graph if isinstance(scope.body, ir.Function) else scope.body): scope.key
             for scope in every}  # fmt: skip
 
+    lone: set[tuple[str, str]] = set()  # half nodes between float32 ones: computed in float32 (nothing to gain)
+
     def half_slots(node: ir.Node) -> tuple[tuple[bool, ...], tuple[bool, ...]] | None:
         key = keys.get(id(node.graph))
         if key is None or key in frozen or (key, node.name) in islands or (key, node.name) in plan.fixed:
             return None
+        if (key, node.name) in lone:
+            return None
         return plan.slots.get((key, node.name))
+
+    def half_source(value: ir.Value) -> bool:
+        producer = value.producer()
+        if producer is None:
+            return value.const_value is not None  # a weight (a graph input stays float32)
+        return half_slots(producer) is not None
+
+    def half_sink(value: ir.Value) -> bool:
+        for usage in value.uses():
+            slots = half_slots(usage.node)
+            if slots is not None and usage.idx < len(slots[0]) and slots[0][usage.idx]:
+                return True
+        return False
+
+    changed = True
+    while changed:  # a node left alone by its neighbours' islands is not worth two Casts and a rounding
+        changed = False
+        for scope in every:
+            for node in scope.body:
+                slots = half_slots(node)
+                if slots is None:
+                    continue
+                ins = [v for i, v in enumerate(node.inputs) if v is not None and i < len(slots[0]) and slots[0][i]]
+                outs = [v for i, v in enumerate(node.outputs) if i < len(slots[1]) and slots[1][i]]
+                if not any(half_source(v) for v in ins) and not any(half_sink(v) for v in outs):
+                    lone.add((keys[id(node.graph)], node.name))
+                    changed = True
+    counts["lone"] = len(lone)
 
     functions = {(f.domain, f.name) for f in model.functions.values()}
 
