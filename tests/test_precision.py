@@ -412,3 +412,28 @@ def test_io_keeps_float32_at_the_boundary_only(tmp_path: pathlib.Path) -> None:
     casts = [n for n in model.graph.node if n.op_type == "Cast"]
     assert sorted(n.input[0] for n in casts) == ["x", "y_fp16"]
     assert {n.output[0] for n in casts} == {"x_fp16", "y"}
+
+
+def test_float64_and_integers_are_untouched_through_the_api() -> None:
+    """The in-memory route (a ModelProto in, a ModelProto out) converts too; float64 and int64
+    values and weights keep their types."""
+    rng = np.random.default_rng(8)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Cast", ["h"], ["h64"], to=TensorProto.DOUBLE),
+        helper.make_node("Mul", ["h64", "d"], ["m64"]),
+        helper.make_node("Cast", ["m64"], ["m"], to=F32),
+        helper.make_node("Relu", ["m"], ["y"]),
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Mul", ["shape", "k"], ["size"]),
+    ]
+    inits = [_w(rng, "w", 16, 8), numpy_helper.from_array(np.full(8, 0.5), "d"),
+             numpy_helper.from_array(np.array([3, 3], np.int64), "k")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F32, ["N", 16])],
+                   [helper.make_tensor_value_info("y", F32, ["N", 8]),
+                    helper.make_tensor_value_info("size", TensorProto.INT64, [2])], inits)  # fmt: skip
+    converted = passes.optimize(model, precision="fp16")
+    types = {t.name: t.data_type for t in converted.graph.initializer}
+    assert types["w"] == TensorProto.FLOAT16 and types["d"] == TensorProto.DOUBLE and types["k"] == TensorProto.INT64
+    mul = [n for n in converted.graph.node if n.op_type == "Mul" and "d" in n.input]
+    assert len(mul) == 1
