@@ -9,19 +9,24 @@ kept in float32, each found and listed with its reason:
    float32 type parameter, nodes with a float32 type attribute, calls of
    functions and other domains' ops (their bodies are converted inside), and
    control-flow nodes (their subgraphs are converted inside);
-2. **kernel**: nodes whose half form onnxruntime's CPU provider has no kernel
-   for (probed by loading the one-node model, :func:`passes.verify.probe.has_kernel`);
+2. **kernel**: nodes whose half form onnxruntime's CPU provider refuses to load
+   (:func:`passes.verify.probe.has_kernel`; it loads most float16 nodes by running
+   its float32 kernel between Casts it inserts);
 3. **range**: nodes that take or make a value whose magnitude exceeds the half
    type's largest value / :data:`RANGE_MARGIN` on the check's inputs (the
    float32 model run once with its values as outputs, in the check's child);
-4. **check**: the check compares the converted model with the float32 model at
-   the half type's tolerance on three standard-normal input sets; while an
-   output differs, the locator's first differing node goes back to float32
-   (or, if it already is, the half nodes that feed it), at most :data:`MAX_ROUNDS` times.
+4. **check**: the check compares an *emulation* of the converted model (the same
+   islands, each half node's output rounded to the half type by a Cast pair:
+   onnxruntime's CPU provider would otherwise compute the chain in float32) with
+   the float32 model at the half type's tolerance on three standard-normal input
+   sets; while an output differs, the locator's first differing node goes back
+   to float32 (if it already is: its weights; if they already are: the half
+   nodes upstream), at most :data:`MAX_ROUNDS` times; then the islands it added
+   are tried back in the half type, at most :data:`PRUNE_ROUNDS` times.
 
-When the check still fails after that, the model is left converted as the
-last round made it: the pipeline's own check then refuses it (exit 1,
-nothing written), naming the output and the node.
+When the check still fails, the pass raises :class:`passes.errors.CheckFailedError`
+(exit 1, nothing written), naming the output. The search uses the run's check
+options (``--inputs``, ``--dim``, the seed: :data:`passes.verify.gate.current_check`).
 """
 
 from __future__ import annotations
