@@ -6,7 +6,8 @@ The models: a CNN (Conv, BatchNormalization, Relu, GlobalAveragePool, Gemm), a t
 block (MatMul, Softmax, the LayerNorm pattern, Erf GELU, residual Add), a block whose values
 pass through 3e5, an op without a float16 kernel in onnxruntime's CPU provider
 (HannWindow: found by probing every op, see ``test_the_kernel_probe_finds_the_op``), an
-If, a model-local function, external data.
+If, a Loop, a model-local function, external data; the check's own islands (a cancellation), a
+refusal, float64 and integers untouched.
 """
 
 from __future__ import annotations
@@ -176,6 +177,29 @@ def with_if() -> onnx.ModelProto:
                   [helper.make_tensor_value_info("y", F32, [4, 8])], inits)  # fmt: skip
 
 
+def with_loop() -> onnx.ModelProto:
+    """A Loop carrying a float value through three MatMul+Tanh steps."""
+    rng = np.random.default_rng(9)
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["acc_in", "w"], ["m"]), helper.make_node("Tanh", ["m"], ["acc_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_in", F32, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", F32, None)],
+    )  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["h"]),
+        helper.make_node("Loop", ["n", "t", "h"], ["final"], body=body),
+        helper.make_node("MatMul", ["final", "w2"], ["y"]),
+    ]
+    inits = [_w(rng, "w0", 16, 32), _w(rng, "w", 32, 32, scale=0.2), _w(rng, "w2", 32, 8, scale=0.2),
+             numpy_helper.from_array(np.array(3, np.int64), "n"), numpy_helper.from_array(np.array(True), "t")]
+    return _model(nodes, [helper.make_tensor_value_info("x", F32, ["N", 16])],
+                  [helper.make_tensor_value_info("y", F32, ["N", 8])], inits)  # fmt: skip
+
+
 def with_function() -> onnx.ModelProto:
     rng = np.random.default_rng(6)
     body = [
@@ -204,6 +228,7 @@ MODELS = {
     "large_values": large_values,
     "no_half_kernel": no_half_kernel,
     "if": with_if,
+    "loop": with_loop,
     "function": with_function,
 }
 
@@ -291,7 +316,7 @@ def _min_share(report: dict) -> float:
     return 0.9 if not exact else 0.3
 
 
-@pytest.mark.parametrize("name", ["cnn", "transformer", "transformer_layernorm_op", "if", "function"])
+@pytest.mark.parametrize("name", ["cnn", "transformer", "transformer_layernorm_op", "if", "loop", "function"])
 def test_float16(tmp_path: pathlib.Path, name: str) -> None:
     source, target, report = _convert(tmp_path, MODELS[name](), "fp16")
     _assert_converted(source, target, "fp16", _min_share(report))
