@@ -135,5 +135,32 @@ DECOMPOSE = PassSpec(
     exact=False,
 )
 
+
+
+def _parse_precision(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("fp16", "bf16"):
+        raise ValueError(f"{text!r}: fp16 or bf16")
+    return value
+
+
+def _known_precision(value: str) -> str | None:
+    return None if value in ("fp16", "bf16") else "must be fp16 or bf16"
+
+
+PRECISION = PassSpec(
+    "precision",
+    "with --precision fp16|bf16: float32 weights and compute in the half type, float32 islands found by "
+    "onnxruntime's kernels, the check's value ranges and the check itself (off unless asked)",
+    implementation("passes.precision:PrecisionPass"),
+    (
+        Option("precision", None, "convert float32 weights and computation to float16 (fp16) or bfloat16 "
+               "(bf16), graph inputs and outputs kept float32; nodes that need float32 stay float32 and "
+               "the check compares with the float32 model at the half type's tolerance (default: off)",
+               parse=_parse_precision, check=_known_precision, metavar="fp16|bf16"),
+    ),  # fmt: skip
+    exact=False,
+)
+
 #: The passes by name, in their default order. One line per pass.
-PASSES: dict[str, PassSpec] = {spec.name: spec for spec in (UPGRADE, FOLD, SIMPLIFY, DECOMPOSE)}
+PASSES: dict[str, PassSpec] = {spec.name: spec for spec in (UPGRADE, FOLD, SIMPLIFY, DECOMPOSE, PRECISION)}

@@ -208,7 +208,11 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
     report.before.file_bytes = _report.disk_bytes([src, *modelio.source_files(model)])
     report.phases = phases.seconds
     with phases.phase("passes", None):
-        report.passes = run.run(model, progress)
+        token = _gate.current_check.set(check)  # a pass that checks its candidates uses the same inputs
+        try:
+            report.passes = run.run(model, progress)
+        finally:
+            _gate.current_check.reset(token)
         _refuse_impossible_shapes(run, model, lambda: modelio.load_model(src))
     report.notes.extend(modelio.model_notes(model))  # the load's lossless repairs, the passes' corrections
     report.after = _report.summarize(model)
@@ -219,6 +223,7 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
         report.after.file_bytes = _report.disk_bytes(staged.files)
         _release(model)
         del model
+        check = _with_precision(check, report.passes)
         with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):
             with _gate.Gate(src, check, warn, worker, rounding=_rounding(report.passes)) as gate:
                 verdict = gate.verify(staged_path)
@@ -256,6 +261,15 @@ def _rounding(runs: Sequence[PassRun]) -> bool:
     an exact one made changes after which onnxruntime rounds differently (:data:`_ROUNDING_STATS`)."""
     return any((r.modified and r.name in PASSES and not PASSES[r.name].exact)
                or any(r.stats.get(key, 0) for key in _ROUNDING_STATS) for r in runs)  # fmt: skip
+
+
+def _with_precision(check: CheckOptions, runs: Sequence[PassRun]) -> CheckOptions:
+    """``check`` told the half type the precision pass converted the model to (its tolerance and
+    input sets, see :class:`passes.verify.check.Checker`), if it did."""
+    for r in runs:
+        if r.name == "precision" and r.modified and r.stats.get("precision"):
+            return dataclasses.replace(check, precision=r.stats["precision"])
+    return check
 
 
 def _refuse_impossible_shapes(run: RunSpec, model: ir.Model, fresh: Callable[[], ir.Model]) -> None:
@@ -426,7 +440,12 @@ def _fresh(original: Any) -> ir.Model:
 
 def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, run: RunSpec, checking: CheckOptions,
                         worker: Any) -> Any:  # fmt: skip
-    runs = run.run(ir_model)
+    token = _gate.current_check.set(checking)  # a pass that checks its candidates uses the same inputs
+    try:
+        runs = run.run(ir_model)
+    finally:
+        _gate.current_check.reset(token)
+    checking = _with_precision(checking, runs)
     _refuse_impossible_shapes(run, ir_model, lambda: _fresh(original))
     proto = modelio.model_to_proto(ir_model)
     with _gate.Gate(original, checking, logger.warning, worker, rounding=_rounding(runs)) as gate:

@@ -170,8 +170,13 @@ def _format_stats(stats: dict[str, Any], limit: int = 6, *, verbose: bool = True
         if isinstance(value, dict):
             if not value:
                 continue
-            if len(value) <= limit:
-                nested.append(f"{key}: " + ", ".join(f"{k} x{v}" for k, v in value.items()))
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()):
+                shown = [f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}" for k, v in value.items()]
+                more = f"; and {len(shown) - limit} more" if len(shown) > limit else ""
+                nested.append(f"{key}: " + "; ".join(shown[:limit]) + more)  # named things and why (islands)
+            elif len(value) <= limit:
+                nested.append(f"{key}: " + ", ".join(f"{k} x{v}" if isinstance(v, int) else f"{k} {v:.3g}"
+                                                     for k, v in value.items()))  # fmt: skip
             else:
                 total = sum(v for v in value.values() if isinstance(v, (int, float)))
                 nested.append(f"{key}: {total} in {len(value)} kinds")

@@ -168,7 +168,7 @@ def _refusal_of_manager(request: dict[str, Any], model: onnx.ModelProto) -> str:
 # --- the floors: data flows down, never back up ----------------------------------------------------
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-_PASSES = {"upgrade", "fold", "simplify", "decompose", "cleanup"}
+_PASSES = {"upgrade", "fold", "simplify", "decompose", "precision", "cleanup"}
 _LEAVES = {"errors", "options", "limits", "lazy", "phases"}
 #: What each room of the house may import (see docs/architecture.md). Rooms are the packages and
 #: top-level modules of passes/, and refimpl/.
@@ -197,6 +197,9 @@ EXCEPTIONS = {
                         "own when it runs, passed by verify.child.current)",
     ("ir", "modelio"): "ir.inference serialises the attribute lists the load left in the file as their markers "
                        "(modelio.detach.swapped), so inference never decodes them",
+    ("precision", "verify"): "verify.probe: which half kernels onnxruntime's CPU provider has; verify.check: the "
+                             "check and its locator find the float32 islands (the float32 model's value ranges, "
+                             "the first node that differs)",
     ("simplify", "verify"): "verify.probe: a fusion into a standard op is written only where onnxruntime's CPU "
                             "provider has its kernel (asked once a pattern is found)",
 }

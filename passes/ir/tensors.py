@@ -27,6 +27,7 @@ import onnx_ir as ir
 from passes.errors import InputError
 
 __all__ = [
+    "KEEP_EXTERNAL",
     "InlineData",
     "attribute_values",
     "constant_tensor",
@@ -40,6 +41,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Key of ``ir.Model.meta``: a pass that replaced a model's external weights by arrays (``--precision``
+#: converts them) sets it so that the save still writes large weights to external data.
+KEEP_EXTERNAL = "passes.keep_external_data"
 
 
 class InlineData(ir.ExternalTensor):

@@ -95,7 +95,8 @@ def save_model(
     """
     path = pathlib.Path(path)
     if external_data is None:
-        external_data = has_external_data(model) or _inline_nbytes(model) >= PROTOBUF_LIMIT
+        external_data = (has_external_data(model) or bool(model.meta.get(_tensors.KEEP_EXTERNAL))
+                         or _inline_nbytes(model) >= PROTOBUF_LIMIT)
     if not external_data:
         _write_model(model, path, progress)
         return [path]
@@ -134,7 +135,8 @@ def weights_nbytes(model: ir.Model, *, external_data: bool | None = None) -> int
     written from an array or copied from the input file (see :func:`_placeholder`).
     """
     if external_data is None:
-        external_data = has_external_data(model) or _inline_nbytes(model) >= PROTOBUF_LIMIT
+        external_data = (has_external_data(model) or bool(model.meta.get(_tensors.KEEP_EXTERNAL))
+                         or _inline_nbytes(model) >= PROTOBUF_LIMIT)
     if external_data:
         return sum(v.const_value.nbytes for v in _split_initializers(model)[1])
     return sum(v.const_value.nbytes for v in model.graph.initializers.values() if _written_as_piece(v.const_value))

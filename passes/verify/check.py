@@ -121,6 +121,12 @@ class Checker:
         worker: A child already started (see :meth:`Worker.start`) to use instead of a new one;
             the checker closes it on exit like its own.
         rounding: Whether the optimised models may round differently (see :func:`check`).
+        precision: The half type an optimised model computes in (``"float16"``, ``"bfloat16"``:
+            ``--precision``): float outputs are compared at that type's tolerance (at least), and
+            the sets after the seeded standard-normal one are two more standard-normal sets
+            (other seeds) and the 0-sized dimensions, not float32's edge values (1e30, 3e38 and
+            float32 subnormals are outside the half type's range: a half model is not asked to
+            hold them).
     """
 
     def __init__(
@@ -138,9 +144,11 @@ class Checker:
         memory_limit: int | None = None,
         worker: Worker | None = None,
         rounding: bool = False,
+        precision: str | None = None,
     ) -> None:
         self.original = original
         self.rounding = rounding
+        self.precision = precision
         self.inputs = dict(inputs or {})
         self.inputs_file = os.fspath(inputs_file) if inputs_file is not None else None
         self.dims = dict(dims or {})
@@ -279,6 +287,15 @@ class Checker:
         first = plan.zero_sizes(specs, dims=self.dims, given=shapes, base=chosen)
         if zero is not None and first is not None and first["inputs"] != zero["inputs"]:
             zero["then"] = {"name": "zero-dims", "label": "0-sized-dimension", "kind": "sizes", **first}
+        if self.precision is not None:
+            generated = "" if chosen["inputs"] else "every input is given: no other seed to draw"
+            return [
+                *(({"name": f"normal-{k}", "label": f"seeded standard-normal (seed {self.seed + k})",
+                    "kind": "sizes", "inputs": chosen["inputs"], "dims": chosen["dims"], "seed": self.seed + k},
+                   generated) for k in (1, 2)),
+                ({"name": "zero-dims", "label": "0-sized-dimension", "kind": "sizes", **(zero or {})},
+                 "" if zero else "no dynamic dimension left free to be 0"),
+            ]  # fmt: skip
         return [
             ({"name": "edge", "label": "edge-value", "kind": "edge", "keep": keep},
              "" if values else "no input takes edge values (each is an index, a shape, a size or a bool)"),
@@ -370,6 +387,8 @@ class Checker:
             found = lowest.get(output.name)
             if found is None:
                 continue
+            if self.precision is not None:
+                found = plan.lower(found, (self.precision, f"--precision ({self.precision})"))
             default_rtol, default_atol = TOLERANCES[found[0]]
             rtol = default_rtol if self.rtol is None else self.rtol
             atol = default_atol if self.atol is None else self.atol
@@ -510,10 +529,12 @@ class Checker:
         label = f"located-{len(list(self.folder.glob('located-*')))}"
         opt_path, _ = _files.materialize(optimized, self.folder, label)
         original, opt_proto = _files.whole(self.original_path), _files.whole(opt_path)  # copies that run need every attribute
+        if self.precision is not None:  # half values compared as float32 under their own names
+            opt_proto = _locate.widened(original, opt_proto)
         names, types = _locate.comparable_values(original, opt_proto)
         if not names:
             return FirstDifference(message="the two models have no intermediate value in common")
-        tolerances = _locate.value_tolerances(original, names, self.rtol, self.atol)
+        tolerances = _locate.value_tolerances(original, names, self.rtol, self.atol, self.precision)
         original_copy = _locate.augmented(original, self.original_path, names, types,
                                           self.folder / f"{label}-original")  # fmt: skip
         optimized_copy = _locate.augmented(opt_proto, opt_path, names, types, self.folder / f"{label}-optimized")
@@ -528,6 +549,29 @@ class Checker:
         if not answer.get("ok"):
             return FirstDifference(message=f"onnxruntime could not run the copies: {answer.get('error', '')}")
         return _locate.first_difference(original, answer["values"])
+
+    def magnitudes(self) -> dict[str, float]:
+        """The largest finite magnitude of each float32 value of the original's main graph over
+        the inputs the check ran it on (the chosen set and the kept ones); empty when the
+        check has not run or the child could not answer. After :meth:`check`."""
+        if not self._prepared or self.original_path is None or self.worker is None or self.folder is None:
+            return {}
+        original = _files.whole(self.original_path)
+        types = _locate._tensor_types(original)
+        outputs = {o.name for o in original.graph.output}
+        names = [n for node in original.graph.node for n in node.output
+                 if n and types.get(n) == onnx.TensorProto.FLOAT and n not in outputs]  # fmt: skip
+        names += [o.name for o in original.graph.output if types.get(o.name) == onnx.TensorProto.FLOAT]
+        label = f"magnitudes-{len(list(self.folder.glob('magnitudes-*')))}"
+        copy = _locate.augmented(original, self.original_path, names, types, self.folder / label)
+        deadline = self._deadline()
+        try:
+            if not self.worker.alive:
+                self._restore(deadline)
+            answer = self.worker.request({"op": "magnitudes", "model": str(copy), "names": names}, deadline)
+        except WorkerError:
+            return {}
+        return dict(answer.get("values", {})) if answer.get("ok") else {}
 
 
 def check(

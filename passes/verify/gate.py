@@ -16,6 +16,7 @@ only in the check's child process.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import os
@@ -40,7 +41,7 @@ else:
 _declared = lazy_module("passes.modelio.declared")
 _detach = lazy_module("passes.modelio.detach")
 
-__all__ = ["CheckOptions", "Gate", "Verdict", "start_worker"]
+__all__ = ["CheckOptions", "Gate", "Verdict", "current_check", "start_worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,10 @@ class CheckOptions:
         memory_limit: Address-space bound of the check's process in bytes (None: 3/4 of
             physical memory; 0: none).
         locate: After a mismatch, find the first differing node and the pass that caused it.
+        precision: The half type the optimised model computes in (``--precision``: ``"float16"``,
+            ``"bfloat16"``), set by the pipeline when the precision pass converted the model: its
+            tolerance and other standard-normal sets instead of float32's edge values (see
+            :class:`passes.verify.check.Checker`).
     """
 
     enabled: bool = True
@@ -79,6 +84,13 @@ class CheckOptions:
     timeout: float = DEFAULT_TIMEOUT
     memory_limit: int | None = None
     locate: bool = True
+    precision: str | None = None
+
+
+#: The check options of the run under way (set by the pipeline while the passes run): a pass that checks
+#: its own candidates (``--precision``'s search for float32 islands) uses the same inputs, sizes and seed.
+current_check: contextvars.ContextVar[CheckOptions | None] = contextvars.ContextVar("passes_check_options",
+                                                                                    default=None)
 
 
 def _validity(model: Any, *, with_data: bool = False) -> tuple[str | None, list[_validate.ShapeConflict]]:
@@ -271,6 +283,7 @@ class Gate:
             shapes=dict(check.shapes),
             rtol=check.rtol, atol=check.atol, seed=check.seed, timeout=check.timeout,
             memory_limit=check.memory_limit, worker=self.worker, rounding=self.rounding,
+            precision=check.precision,
         ))  # fmt: skip
         result = verdict.result = self._checker.check(staged)
         if check.locate and result.checked and not result.ok:

@@ -22,7 +22,7 @@ import onnx
 from passes.verify import plan
 from passes.verify.result import TOLERANCES, FirstDifference
 
-__all__ = ["augmented", "comparable_values", "first_difference", "value_tolerances"]
+__all__ = ["augmented", "comparable_values", "first_difference", "value_tolerances", "widened"]
 
 #: Element types onnxruntime's Python API can return (not bfloat16, float8, int4...).
 _FETCHABLE = frozenset(t for t, name in plan.NUMPY_TYPES.items() if name != "bfloat16")
@@ -61,9 +61,11 @@ def comparable_values(original: onnx.ModelProto, optimized: onnx.ModelProto) -> 
 
 
 def value_tolerances(
-    original: onnx.ModelProto, names: list[str], rtol: float | None, atol: float | None
+    original: onnx.ModelProto, names: list[str], rtol: float | None, atol: float | None,
+    precision: str | None = None,
 ) -> dict[str, tuple[float, float] | None]:
-    """Each value's tolerance, from the lowest-precision float type it depends on."""
+    """Each value's tolerance, from the lowest-precision float type it depends on (and
+    ``precision``, the half type an optimised model computes in, for a float value)."""
     lowest = plan.float_dependencies(original.graph)
     result: dict[str, tuple[float, float] | None] = {}
     for name in names:
@@ -71,6 +73,8 @@ def value_tolerances(
         if found is None:
             result[name] = None
             continue
+        if precision is not None:
+            found = plan.lower(found, (precision, name))
         default_rtol, default_atol = TOLERANCES[found[0]]
         result[name] = (default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
     return result
@@ -153,3 +157,46 @@ def first_difference(original: onnx.ModelProto, values: Mapping[str, Mapping[str
         message=f"none of the {len(values)} values both models have differs beyond tolerance; "
         "the difference arises in values only one of them has",
     )
+
+
+_HALF = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+def widened(original: onnx.ModelProto, optimized: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``optimized`` in which each main-graph value that the original computes in
+    float32 and ``optimized`` in a half type (``--precision``) keeps its name as float32: the
+    half value is renamed and a Cast back to float32 takes its name, so the locator compares
+    them (and onnxruntime returns bfloat16 values this way)."""
+    a, b = _tensor_types(original), _tensor_types(optimized)
+    outputs = {o.name for o in optimized.graph.output}
+    targets = [n for node in optimized.graph.node for n in node.output
+               if n and n not in outputs and b.get(n) in _HALF and a.get(n) == onnx.TensorProto.FLOAT]
+    copy = onnx.ModelProto()
+    copy.CopyFrom(optimized)
+    if not targets:
+        return copy
+    used = set(a) | set(b)
+    rename = {}
+    for name in targets:
+        new, k = f"{name}__half", 1
+        while new in used:
+            new, k = f"{name}__half{k}", k + 1
+        used.add(new)
+        rename[name] = new
+
+    def renamed(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            node.input[:] = [rename.get(n, n) for n in node.input]
+            node.output[:] = [rename.get(n, n) for n in node.output]
+            for attr in node.attribute:
+                for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                    renamed(sub)
+
+    renamed(copy.graph)
+    kept = [info for info in copy.graph.value_info if info.name not in rename]
+    del copy.graph.value_info[:]
+    copy.graph.value_info.extend(kept)
+    for name, new in rename.items():
+        copy.graph.node.append(onnx.helper.make_node("Cast", [new], [name], to=onnx.TensorProto.FLOAT,
+                                                     name=f"{new}__to_float"))  # fmt: skip
+    return copy

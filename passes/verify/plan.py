@@ -535,7 +535,8 @@ _SHAPE_ONLY = frozenset({"Shape", "Size", "ConstantOfShape"})
 Lowest = tuple[str, str] | None
 
 
-def _lower(a: Lowest, b: Lowest) -> Lowest:
+def lower(a: Lowest, b: Lowest) -> Lowest:
+    """The lower-precision of two (None: no float)."""
     if a is None:
         return b
     if b is None:
@@ -563,14 +564,14 @@ def _node_introduces(node: onnx.NodeProto, where: str) -> Lowest:
         if attr.name in ("to", "dtype", "output_dtype") and attr.type == onnx.AttributeProto.INT:
             name = FLOAT_TYPES.get(attr.i)
             if name:
-                found = _lower(found, (name, where))
+                found = lower(found, (name, where))
         elif attr.type == onnx.AttributeProto.TENSOR:
-            found = _lower(found, _tensor_lowest(attr.t, where))
+            found = lower(found, _tensor_lowest(attr.t, where))
         elif attr.type == onnx.AttributeProto.TENSORS:
             for t in attr.tensors:
-                found = _lower(found, _tensor_lowest(t, where))
+                found = lower(found, _tensor_lowest(t, where))
         elif attr.type in (onnx.AttributeProto.FLOAT, onnx.AttributeProto.FLOATS) and node.op_type == "Constant":
-            found = _lower(found, ("float32", where))
+            found = lower(found, ("float32", where))
     return found
 
 
@@ -581,7 +582,7 @@ def _subgraph_lowest(graph: onnx.GraphProto, outer: Mapping[str, Lowest]) -> Low
     defined |= {name for node in graph.node for name in node.output}
     found: Lowest = None
     for name in defined | {o.name for o in graph.output}:
-        found = _lower(found, inner.get(name))
+        found = lower(found, inner.get(name))
     return found
 
 
@@ -611,13 +612,13 @@ def float_dependencies(graph: onnx.GraphProto, outer: Mapping[str, Lowest] | Non
         shape_only = node.op_type in _SHAPE_ONLY and node.domain in ("", "ai.onnx")
         for name in node.input if not shape_only else ():
             if name:
-                found = _lower(found, lowest.get(name))
+                found = lower(found, lowest.get(name))
         for attr in node.attribute:
             for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-                found = _lower(found, _subgraph_lowest(sub, lowest))
+                found = lower(found, _subgraph_lowest(sub, lowest))
         for name in node.output:
             if name:
-                lowest[name] = _lower(found, declared.get(name))
+                lowest[name] = lower(found, declared.get(name))
     for info in graph.output:
-        lowest[info.name] = _lower(lowest.get(info.name), declared.get(info.name))
+        lowest[info.name] = lower(lowest.get(info.name), declared.get(info.name))
     return lowest

@@ -24,7 +24,7 @@ import onnxruntime as ort
 from passes.declarations import DEFAULT_TARGET_OPSET as MIN_TARGET_OPSET
 from passes.ir.schemas import min_ir_version
 
-__all__ = ["max_supported_opset", "ort_loads", "runs_op"]
+__all__ = ["has_kernel", "max_supported_opset", "ort_loads", "runs_op"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,5 +111,46 @@ def runs_op(op_type: str, opset: int, dtype: int, shapes: tuple[tuple[int, ...],
     except (*_errors(), ValueError, TypeError) as error:
         logger.debug("onnxruntime does not run %s-%s for %s: %s", op_type, opset,
                      onnx.TensorProto.DataType.Name(element), error)
+        return False
+    return True
+
+
+@functools.cache
+def has_kernel(op_type: str, domain: str, opset: int, input_types: tuple[int, ...], output_types: tuple[int, ...],
+               attributes: bytes = b"") -> bool:  # fmt: skip
+    """Whether onnxruntime's CPU provider has a kernel for a node with these element types
+    (``--precision``: is there a float16 Conv?), probed once per process.
+
+    A one-node model whose inputs are graph inputs of the given types (0: an omitted
+    optional input) and of unknown shape is loaded with every graph optimisation off:
+    onnxruntime resolves each node's kernel by its types when it builds the session, so a
+    load that succeeds means the kernel exists. ``attributes`` is a serialized ``NodeProto``
+    holding the node's attributes (subgraphs excluded).
+    """
+    holder = onnx.NodeProto()
+    if attributes:
+        holder.ParseFromString(attributes)
+    inputs = [f"input{i}" if t else "" for i, t in enumerate(input_types)]
+    outputs = [f"output{i}" for i in range(len(output_types))]
+    node = onnx.helper.make_node(op_type, inputs, outputs, domain=domain or None)
+    node.attribute.extend(holder.attribute)
+    graph = onnx.helper.make_graph(
+        [node], "probe",
+        [onnx.helper.make_tensor_value_info(n, t, None) for n, t in zip(inputs, input_types) if t],
+        [onnx.helper.make_tensor_value_info(n, t, None) for n, t in zip(outputs, output_types)],
+    )  # fmt: skip
+    imports = [onnx.helper.make_opsetid(domain, opset)]
+    if domain:
+        imports.append(onnx.helper.make_opsetid("", max_supported_opset()))
+    model = onnx.helper.make_model(graph, opset_imports=imports,
+                                   ir_version=min_ir_version(opset if not domain else max_supported_opset()))  # fmt: skip
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except (*_errors(), ValueError, TypeError) as error:
+        logger.debug("onnxruntime has no %s-%s kernel for %s -> %s: %s", op_type, opset, input_types,
+                     output_types, error)  # fmt: skip
         return False
     return True

@@ -259,8 +259,9 @@ def _set_feeds(state: _State, description: dict[str, Any] | None) -> dict[str, A
     if description is None:
         return state.feeds
     kind = description["kind"]
-    if kind == "sizes":
-        return _generated({k: state.feeds[k] for k in state.given}, description["inputs"], state.seed)
+    if kind == "sizes":  # other sizes, or (--precision) other seeds
+        return _generated({k: state.feeds[k] for k in state.given}, description["inputs"],
+                          description.get("seed", state.seed))
     from passes.verify import edges
 
     return edges.edge_feeds(state.feeds, set(description.get("keep", ())), state.seed,
@@ -407,6 +408,36 @@ def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "values": found}
 
 
+def _magnitudes(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """The largest finite magnitude of each named value of a model (the original with them as
+    outputs) over the chosen inputs and every kept set (``--precision``'s range islands)."""
+    import numpy as np
+
+    state.session = None
+    _phase("loading the original model with extra outputs")
+    try:
+        session = _session(request["model"])
+    except Exception as e:  # noqa: BLE001
+        return {"ok": False, "stage": "load", "error": _first_line(e)}
+    names = list(request["names"])
+    largest: dict[str, float] = {}
+    for kept in [None, *(k["set"] for k in state.sets)]:
+        feeds = _set_feeds(state, kept)
+        for start in range(0, len(names), 64):
+            part = names[start : start + 64]
+            _phase(f"measuring values {start + 1}..{start + len(part)} of {len(names)}")
+            try:
+                values = _run(session, feeds, part)
+            except Exception:  # noqa: BLE001  a set the values cannot be fetched on says nothing
+                continue
+            for name, value in zip(part, values):
+                if isinstance(value, np.ndarray) and value.size and value.dtype.kind == "f":
+                    finite = np.abs(value[np.isfinite(value)])
+                    if finite.size:
+                        largest[name] = max(largest.get(name, 0.0), float(finite.max()))
+    return {"ok": True, "values": largest}
+
+
 def _constants(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     """Runs a model of constants and saves the requested outputs' bytes one after the other in
     ``folder/outputs.bin`` (answering each one's offset, dtype and shape; a string output as
@@ -453,7 +484,7 @@ def main() -> None:
     _isolate(memory_limit, parent)
     state = _State()
     handlers = {"prepare": _prepare, "add_set": _add_set, "compare": _compare, "values": _values,
-                "constants": _constants}
+                "constants": _constants, "magnitudes": _magnitudes}
     try:
         import numpy  # noqa: F401
         import onnxruntime  # noqa: F401

@@ -1,0 +1,295 @@
+"""``--precision fp16|bf16``: float32 weights and computation in a half type, proven by the check.
+
+Off unless asked (``precision=None`` changes nothing). With a half type, the
+pass converts the model (:mod:`passes.precision.convert`: half nodes, Casts at
+the boundaries, float32 graph inputs and outputs) except for *islands*, nodes
+kept in float32, each found and listed with its reason:
+
+1. **fixed**: nodes whose schema does not allow the half type for their
+   float32 type parameter, nodes with a float32 type attribute, calls of
+   functions and other domains' ops (their bodies are converted inside), and
+   control-flow nodes (their subgraphs are converted inside);
+2. **kernel**: nodes whose half form onnxruntime's CPU provider refuses to load
+   (:func:`passes.verify.probe.has_kernel`; it loads most float16 nodes by running
+   its float32 kernel between Casts it inserts);
+3. **range**: nodes that take or make a value whose magnitude exceeds the half
+   type's largest value / :data:`RANGE_MARGIN` on the check's inputs (the
+   float32 model run once with its values as outputs, in the check's child);
+4. **check**: the check compares an *emulation* of the converted model (the same
+   islands, each half node's output rounded to the half type by a Cast pair:
+   onnxruntime's CPU provider would otherwise compute the chain in float32) with
+   the float32 model at the half type's tolerance on three standard-normal input
+   sets; while an output differs, the locator's first differing node goes back
+   to float32 (if it already is: its weights; if they already are: the half
+   nodes upstream), at most :data:`MAX_ROUNDS` times; then the islands it added
+   are tried back in the half type, at most :data:`PRUNE_ROUNDS` times.
+
+When the check still fails, the pass raises :class:`passes.errors.CheckFailedError`
+(exit 1, nothing written), naming the output. The search uses the run's check
+options (``--inputs``, ``--dim``, the seed: :data:`passes.verify.gate.current_check`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from passes.base import Pass, pass_stats
+from passes.declarations import PRECISION
+from passes.ir.tensors import KEEP_EXTERNAL, InlineData
+from passes.precision import convert as _convert
+
+__all__ = ["MAX_ROUNDS", "PRUNE_ROUNDS", "RANGE_MARGIN", "PrecisionPass"]
+
+logger = logging.getLogger(__name__)
+
+#: Rounds of check-locate-island after the range islands.
+MAX_ROUNDS = 24
+#: Rechecks spent trying the locator's islands back in the half type once the check passes.
+PRUNE_ROUNDS = 24
+#: A value whose magnitude on the check's inputs exceeds the half type's largest value divided by this stays float32.
+RANGE_MARGIN = 16.0
+_TYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+class PrecisionPass(Pass, spec=PRECISION):
+    """Converts float32 to float16 or bfloat16 but for the islands (see the module docstring)."""
+
+    def __init__(self, precision: str | None = None, *, check: bool = True) -> None:
+        super().__init__()
+        self.precision = precision
+        self.check = check
+        self.stats: dict[str, Any] = {}
+        self._exact: set[tuple[str, str]] = set()  # islands whose weights stay float32 too
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if self.precision is None:
+            self.stats = pass_stats({}, {})
+            return ir.passes.PassResult(model, modified=False)
+        half = _convert.HALF_TYPES[self.precision]
+        type_name = _TYPE_NAMES[self.precision]
+        self._exact = set()
+        _convert.name_nodes(model)
+        plan = _convert.plan_model(model, half)
+        islands: dict[tuple[str, str], str] = {}
+        nodes = {(scope.key, node.name): (scope, node) for scope in _convert.scopes(model) for node in scope.body}
+        self._kernel_islands(plan, nodes, half, type_name, islands)
+        checked: dict[str, Any] = {"type": type_name, "rounds": 0, "ok": None, "outputs": {}}
+        if self.check:
+            self._search(model, plan, half, type_name, islands, checked)
+        exact = set(self._exact)
+        if any(isinstance(v.const_value, ir.ExternalTensor) and not isinstance(v.const_value, InlineData)
+               for v in model.graph.initializers.values()):  # fmt: skip
+            model.meta[KEEP_EXTERNAL] = True  # converted weights are arrays now: still saved as external data
+        counts = _convert.convert(model, plan, half, set(islands), exact)
+        reasons: dict[str, int] = {}
+        for reason in [*islands.values(), *("fixed: " + why for why in plan.fixed.values())]:
+            kind = reason.split(":", 1)[0] if not reason.startswith("fixed:") else "fixed: " + reason[7:].split(":")[0]
+            reasons[kind] = reasons.get(kind, 0) + 1
+        reasons["between float32 nodes"] = counts["lone"]
+
+        def label(key: tuple[str, str]) -> str:
+            return f"{key[1]} ({nodes[key][1].op_type}{', in ' + key[0] if key[0] else ''})"
+
+        described = {label(k): why for k, why in sorted(islands.items()) if k in nodes}
+        described.update({label(k): "fixed: " + why for k, why in sorted(plan.fixed.items()) if k in nodes})
+        self.stats = pass_stats(
+            {"half_nodes": counts["half_nodes"], "initializers": counts["initializers"], "casts": counts["casts"]},
+            reasons,
+            precision=type_name,
+            check_ok=checked["ok"],
+            check_rounds=checked["rounds"],
+            islands=described,
+            max_abs_error={name: o["max_abs_error"] for name, o in checked["outputs"].items()},
+            **{k: checked[k] for k in ("skipped", "unlocated", "failure") if k in checked},
+        )
+        return ir.passes.PassResult(model, modified=counts["half_nodes"] > 0 or counts["initializers"] > 0)
+
+    def _kernel_islands(self, plan: _convert.Plan, nodes: dict[tuple[str, str], Any], half: ir.DataType,
+                        type_name: str, islands: dict[tuple[str, str], str]) -> None:  # fmt: skip
+        import onnx
+
+        from passes.verify import probe
+
+        for key, (ins, outs) in plan.slots.items():
+            scope, node = nodes[key]
+            types = plan.types.get(scope.key, {})
+
+            def element(value: ir.Value | None, to_half: bool) -> int:
+                if value is None:
+                    return 0
+                if to_half:
+                    return int(half)
+                dtype = types.get(value.name) or value.dtype
+                return int(dtype) if dtype is not None else int(ir.DataType.FLOAT)
+
+            in_types = tuple(element(v, ins[i]) for i, v in enumerate(node.inputs))
+            out_types = tuple(element(v, outs[i]) for i, v in enumerate(node.outputs))
+            holder = onnx.NodeProto()
+            for attr in node.attributes.values():
+                proto = ir.serde.serialize_attribute(attr)
+                if node.op_type == "Cast" and attr.name == "to" and attr.as_int() == int(ir.DataType.FLOAT):
+                    proto = onnx.helper.make_attribute("to", int(half))
+                holder.attribute.append(proto)
+            opset = _convert.opset_of(dict(scope.opsets), node.domain) or 1
+            if not probe.has_kernel(node.op_type, node.domain, opset, in_types, out_types,
+                                    holder.SerializeToString(deterministic=True)):  # fmt: skip
+                islands[key] = f"kernel: onnxruntime's CPU provider has no {type_name} {node.op_type} kernel"
+
+    def _search(self, model: ir.Model, plan: _convert.Plan, half: ir.DataType, type_name: str,
+                islands: dict[tuple[str, str], str], checked: dict[str, Any]) -> None:  # fmt: skip
+        """Adds the range and check islands (see the module docstring), recording the check in ``checked``."""
+        from passes.verify import check as check_module
+        from passes.verify.gate import CheckOptions, current_check
+
+        options = current_check.get() or CheckOptions()  # the run's inputs, sizes, seed and limits
+
+        reference = model.clone()
+        limit = float(half.max) / RANGE_MARGIN
+
+        def candidate() -> ir.Model:  # the emulation: each half node's rounding (see convert.convert)
+            copy = model.clone()
+            _convert.convert(copy, plan, half, set(islands), set(self._exact), emulate=True)
+            return copy
+
+        with check_module.Checker(
+            reference, inputs=options.inputs, inputs_file=options.inputs_file, dims=dict(options.dims),
+            shapes=dict(options.shapes), seed=options.seed, rtol=options.rtol, atol=options.atol,
+            timeout=options.timeout, memory_limit=options.memory_limit, rounding=True, precision=type_name,
+        ) as checker:
+            converted = candidate()
+            result = checker.check(converted)
+            checked["rounds"] = 1
+            if not result.checked:
+                checked["ok"] = None
+                checked["skipped"] = result.summary()
+                return
+            magnitudes = checker.magnitudes()
+            added = self._range_islands(reference, plan, magnitudes, limit, islands)
+            if added:
+                converted = candidate()
+                result = checker.recheck(converted)
+                checked["rounds"] += 1
+            for _ in range(MAX_ROUNDS):
+                if result.ok or not result.checked:
+                    break
+                found = checker.locate(converted)
+                if not self._check_islands(plan, found, islands, reference, self._exact):
+                    checked["unlocated"] = found.message or f"the locator named {found.node or 'no node'}"
+                    break
+                converted = candidate()
+                result = checker.recheck(converted)
+                checked["rounds"] += 1
+            if result.checked and result.ok:
+                result = self._prune(islands, candidate, checker, result, checked)
+            checked["ok"] = bool(result.checked and result.ok)
+            checked["outputs"] = {o.name: {"max_abs_error": o.max_abs_error, "max_rel_error": o.max_rel_error,
+                                           "ok": o.ok} for o in result.outputs}  # fmt: skip
+            if not result.ok:
+                checked["failure"] = result.summary()
+                if result.checked:
+                    from passes.errors import CheckFailedError
+
+                    raise CheckFailedError(
+                        f"--precision {self.precision}: the {type_name} model still differs from the float32 "
+                        f"model after {checked['rounds']} rounds of float32 islands "
+                        f"({len(islands)} islands): {result.summary()}"
+                        + (f"; {checked['unlocated']}" if checked.get("unlocated") else ""))
+
+    def _prune(self, islands: dict[tuple[str, str], str], candidate: Any, checker: Any, result: Any,
+               checked: dict[str, Any]) -> Any:  # fmt: skip
+        """The locator's islands, tried back in the half type one at a time (the search is greedy:
+        an island added early may not be needed once later ones are): each whose return still
+        passes the check is returned, at most :data:`PRUNE_ROUNDS` tries."""
+        tries = 0
+        for key in [k for k, why in islands.items() if why.startswith("check:")]:
+            if tries >= PRUNE_ROUNDS:
+                break
+            why, was_exact = islands.pop(key), key in self._exact
+            self._exact.discard(key)
+            tries += 1
+            again = checker.recheck(candidate())
+            checked["rounds"] += 1
+            if again.checked and again.ok:
+                result = again
+                checked["pruned"] = checked.get("pruned", 0) + 1
+                continue
+            islands[key] = why
+            if was_exact:  # back in float32, but its weights in the half type?
+                tries += 1
+                again = checker.recheck(candidate())
+                checked["rounds"] += 1
+                if again.checked and again.ok:
+                    result = again
+                    islands[key] = why.split("; its weights too")[0]
+                    continue
+                self._exact.add(key)
+        return result
+
+    @staticmethod
+    def _range_islands(reference: ir.Model, plan: _convert.Plan, magnitudes: dict[str, float], limit: float,
+                       islands: dict[tuple[str, str], str]) -> int:  # fmt: skip
+        added = 0
+        for node in reference.graph:
+            key = ("", node.name)
+            if key not in plan.slots or key in islands:
+                continue
+            values = [v for v in (*node.inputs, *node.outputs) if v is not None]
+            for v in values:
+                if v.name not in magnitudes and v.const_value is not None and v.dtype == ir.DataType.FLOAT:
+                    array = v.const_value.numpy()
+                    finite = abs(array[np.isfinite(array)])
+                    magnitudes[v.name] = float(finite.max()) if finite.size else 0.0
+            big = [(v.name, magnitudes[v.name]) for v in values if magnitudes.get(v.name, 0.0) > limit]
+            if big:
+                name, size = max(big, key=lambda x: x[1])
+                islands[key] = f"range: {name} reaches {size:.3g} on the check's inputs (limit {limit:g})"
+                added += 1
+        return added
+
+    @staticmethod
+    def _check_islands(plan: _convert.Plan, found: Any, islands: dict[tuple[str, str], str],
+                       reference: ir.Model, exact: set[tuple[str, str]]) -> bool:  # fmt: skip
+        """Puts the located node back to float32 (its weights still stored in the half type); if it
+        already is, its weights back to float32 too; if they already are (or it has none), the
+        nearest half nodes upstream of it (through float32 ones). False if there is none."""
+        if not found.node:
+            return False
+        key = ("", found.node)
+        if key in plan.slots and key not in islands:
+            islands[key] = f"check: {found.output} differs by {found.max_abs_error:.3g} in the half type"
+            return True
+        by_name = {node.name: node for node in reference.graph}
+        start = by_name.get(found.node)
+        if start is None:
+            return False
+        weights = any(v is not None and v.const_value is not None and v.dtype == ir.DataType.FLOAT
+                      for v in start.inputs)  # fmt: skip
+        if key in islands and key not in exact and weights:
+            exact.add(key)
+            islands[key] += "; its weights too"
+            return True
+        added, seen, queue = False, {start.name}, [start]
+        while queue:
+            node = queue.pop(0)
+            for value in node.inputs:
+                producer = value.producer() if value is not None else None
+                if producer is None or producer.name in seen or producer.graph is not reference.graph:
+                    continue
+                seen.add(producer.name)
+                pkey = ("", producer.name)
+                if pkey in plan.slots and pkey not in islands:
+                    islands[pkey] = f"check: feeds {found.node}, whose output {found.output} differs"
+                    added = True
+                    continue
+                if pkey in islands and pkey not in exact and any(
+                        v is not None and v.const_value is not None and v.dtype == ir.DataType.FLOAT
+                        for v in producer.inputs):  # fmt: skip
+                    exact.add(pkey)
+                    islands[pkey] += f"; its weights too (feeds {found.node})"
+                    added = True
+                queue.append(producer)
+        return added

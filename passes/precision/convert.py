@@ -1,0 +1,467 @@
+"""The float32 -> half conversion of one model, given the nodes that stay float32 (the islands).
+
+Deterministic: the same model and the same islands give the same result, so
+the pass converts copies while it looks for the islands and the model itself
+once they are known.
+
+* Every node is *half* or *float32*. A half node computes in the half type:
+  each of its inputs and outputs that is float32 and whose type parameter
+  (``T``) allows the half type becomes the half type; an input or output of a
+  fixed type (``tensor(float)``: Resize's scales) keeps float32. A float32
+  node computes as before.
+* A value whose type differs from what a consumer takes gets one Cast per
+  value, type and scope (never a Cast pair that cancels).
+* Float32 initializers become half when a half node takes them and their
+  values fit the half type; the others stay float32.
+* Graph inputs and outputs keep float32 (Casts at the boundary), and so do
+  the inputs and outputs of subgraphs (If/Loop/Scan bodies) and of
+  model-local functions: each body is converted inside, consistently, and
+  what crosses its boundary is float32.
+* Integers, booleans, strings and float64 are left as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.defs
+import onnx_ir as ir
+
+from passes.ir import inference
+from passes.ir.names import Names
+from passes.ir.schemas import schema_at
+from passes.ir.walk import opset_of
+
+__all__ = ["HALF_TYPES", "Plan", "Scope", "convert", "name_nodes", "plan_model", "scopes"]
+
+FLOAT = ir.DataType.FLOAT
+#: The half types by option value.
+HALF_TYPES = {"fp16": ir.DataType.FLOAT16, "bf16": ir.DataType.BFLOAT16}
+_TYPE_STRING = {ir.DataType.FLOAT16: "tensor(float16)", ir.DataType.BFLOAT16: "tensor(bfloat16)"}
+#: Attributes that name an element type; a node with one set to float32 (other than a Cast's) stays float32.
+_TYPE_ATTRIBUTES = ("dtype", "output_dtype", "to")
+
+
+@dataclasses.dataclass
+class Scope:
+    """A graph, subgraph or function body, with its key (stable across copies of the model)."""
+
+    key: str
+    body: ir.Graph | ir.Function
+    opsets: Mapping[str, int]
+    owner: ir.Node | None
+    function: ir.Function | None
+
+
+def scopes(model: ir.Model) -> Iterator[Scope]:
+    """Every scope, each graph before its subgraphs, keyed by its path of node names."""
+
+    def walk(body: ir.Graph | ir.Function, key: str, opsets: Mapping[str, int], owner: ir.Node | None,
+             function: ir.Function | None) -> Iterator[Scope]:  # fmt: skip
+        yield Scope(key, body, opsets, owner, function)
+        for node in body:
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.GRAPH:
+                    yield from walk(attr.as_graph(), f"{key}/{node.name}.{attr.name}", opsets, node, function)
+                elif attr.type == ir.AttributeType.GRAPHS:
+                    for i, sub in enumerate(attr.as_graphs()):
+                        yield from walk(sub, f"{key}/{node.name}.{attr.name}[{i}]", opsets, node, function)
+
+    yield from walk(model.graph, "", model.opset_imports, None, None)
+    for function in model.functions.values():
+        yield from walk(function, f"function {function.domain}::{function.name}", function.opset_imports,
+                        None, function)  # fmt: skip
+
+
+def name_nodes(model: ir.Model) -> int:
+    """Gives every unnamed node a unique name (the islands are kept by name); how many it named."""
+    names = Names(model)
+    named = 0
+    for scope in scopes(model):
+        for node in scope.body:
+            if not node.name:
+                node.name = names.node(node.op_type)
+                named += 1
+    return named
+
+
+@dataclasses.dataclass
+class Plan:
+    """What the conversion knows of a model before it changes anything.
+
+    Attributes:
+        types: The element type of each value, by scope key and value name (float32 ones matter).
+        slots: For each node (by scope key and node name) that may be half: which inputs and
+            outputs become half (the others keep their type).
+        fixed: Nodes that stay float32 whatever the islands, with the reason.
+        widen: For the nodes fixed by their type constraint: which inputs are of a type
+            parameter (a weight there may be stored in the half type and widened by a Cast).
+    """
+
+    types: dict[str, dict[str, ir.DataType]]
+    slots: dict[tuple[str, str], tuple[tuple[bool, ...], tuple[bool, ...]]]
+    fixed: dict[tuple[str, str], str]
+    widen: dict[tuple[str, str], tuple[bool, ...]] = dataclasses.field(default_factory=dict)
+
+
+def _formal(params: list[Any], index: int) -> Any | None:
+    if index < len(params):
+        return params[index]
+    if params and params[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic:
+        return params[-1]
+    return None
+
+
+def _node_slots(node: ir.Node, opset: int | None, types: Mapping[str, ir.DataType],
+                half: ir.DataType) -> Any:  # fmt: skip
+    """Which inputs and outputs of ``node`` become half, a reason it cannot be half, or None (no float32)."""
+    def is_float(value: ir.Value | None) -> bool:
+        return value is not None and types.get(value.name) == FLOAT
+
+    floats_in = [is_float(v) for v in node.inputs]
+    floats_out = [is_float(v) for v in node.outputs]
+    if not any(floats_in) and not any(floats_out):
+        return None
+    if any(attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for attr in node.attributes.values()):
+        return "control flow: its subgraphs are converted inside, their boundary stays float32"
+    schema = schema_at(node.op_type, opset, node.domain) if opset is not None else None
+    if schema is None:
+        return "no ONNX schema (a function call or another domain's op): its inputs and outputs stay float32"
+    for name in _TYPE_ATTRIBUTES:
+        attr = node.attributes.get(name)
+        if attr is not None and attr.type == ir.AttributeType.INT and attr.as_int() == FLOAT and node.op_type != "Cast":
+            return f"its attribute {name} asks for float32"
+    allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    wanted = _TYPE_STRING[half]
+    result = []
+    for params, floats in ((schema.inputs, floats_in), (schema.outputs, floats_out)):
+        slots = []
+        for i, is_f in enumerate(floats):
+            formal = _formal(params, i)
+            if not is_f or formal is None:
+                slots.append(False)
+                continue
+            if formal.type_str in allowed:
+                if wanted not in allowed[formal.type_str]:
+                    widen = tuple(is_f and (f := _formal(schema.inputs, i)) is not None and f.type_str in allowed
+                                  for i, is_f in enumerate(floats_in))  # fmt: skip
+                    return f"its type constraint {formal.type_str} does not allow {wanted}", widen
+                slots.append(True)
+            else:
+                slots.append(False)  # a fixed type (tensor(float)): stays float32
+        result.append(tuple(slots))
+    if not any(result[0]) and not any(result[1]):
+        return None
+    return result[0], result[1]
+
+
+def _function_types(model: ir.Model, function: ir.Function,
+                    calls: list[tuple[ir.Node, Mapping[str, ir.DataType]]]) -> dict[str, ir.DataType]:  # fmt: skip
+    """The element types of a function's values, by onnx inference on its body with the input
+    types of its calls (empty when the calls disagree or inference cannot tell)."""
+    input_types: list[ir.DataType | None] = []
+    for position in range(len(function.inputs)):
+        seen = {types.get(node.inputs[position].name) if position < len(node.inputs) and node.inputs[position]
+                is not None else None for node, types in calls}  # fmt: skip
+        if len(seen) != 1:
+            return {}
+        input_types.append(seen.pop())
+    proto = ir.serde.serialize_function(function)
+    inputs = [onnx.helper.make_tensor_value_info(name, int(t) if t is not None else 0, None)
+              for name, t in zip(proto.input, input_types)]  # fmt: skip
+    outputs = [onnx.helper.make_empty_tensor_value_info(name) for name in proto.output]
+    graph = onnx.helper.make_graph(list(proto.node), "function", inputs, outputs)
+    temp = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in
+                                                        function.opset_imports.items()])  # fmt: skip
+    temp.ir_version = model.ir_version or 8
+    temp.functions.extend(ir.serde.serialize_function(f) for f in model.functions.values())
+    try:
+        inferred = onnx.shape_inference.infer_shapes(temp, check_type=False, strict_mode=False)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        return {}
+    found: dict[str, ir.DataType] = {}
+    for info in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
+            found[info.name] = ir.DataType(info.type.tensor_type.elem_type)
+    return found
+
+
+def plan_model(model: ir.Model, half: ir.DataType) -> Plan:
+    """The types and half slots of every node (the model is not changed)."""
+    inferred = inference.infer_all(model)
+    all_scopes = list(scopes(model))
+    types: dict[str, dict[str, ir.DataType]] = {}
+    parent_types: dict[int, dict[str, ir.DataType]] = {}
+    for scope in all_scopes:
+        if scope.function is not None:
+            continue
+        own: dict[str, ir.DataType] = dict(parent_types.get(id(scope.owner), {})) if scope.owner else {}
+        body = scope.body
+        for value in [*body.inputs, *(body.initializers.values() if isinstance(body, ir.Graph) else ())]:
+            if value.dtype is not None:
+                own[value.name] = value.dtype
+        for node in body:
+            for value in node.outputs:
+                dtype = (inferred.get(value) or (None, None))[0] or value.dtype
+                if dtype is not None:
+                    own[value.name] = dtype
+            parent_types[id(node)] = own  # subgraphs see the values defined before their node
+        types[scope.key] = own
+    # Functions: their values typed from their calls.
+    calls: dict[tuple[str, str], list[tuple[ir.Node, Mapping[str, ir.DataType]]]] = {}
+    for scope in all_scopes:
+        if scope.function is None:
+            for node in scope.body:
+                calls.setdefault((node.domain, node.op_type), []).append((node, types[scope.key]))
+    for scope in all_scopes:
+        if scope.function is not None and scope.owner is None:
+            function = scope.function
+            types[scope.key] = _function_types(model, function, calls.get((function.domain, function.name), []))
+        elif scope.function is not None:
+            types[scope.key] = dict(types.get(scope.key.rsplit("/", 1)[0], {}))
+    slots: dict[tuple[str, str], tuple[tuple[bool, ...], tuple[bool, ...]]] = {}
+    fixed: dict[tuple[str, str], str] = {}
+    widen: dict[tuple[str, str], tuple[bool, ...]] = {}
+    for scope in all_scopes:
+        for node in scope.body:
+            found = _node_slots(node, opset_of(dict(scope.opsets), node.domain), types[scope.key], half)
+            if isinstance(found, str):
+                fixed[(scope.key, node.name)] = found
+            elif found is not None and isinstance(found[0], str):
+                fixed[(scope.key, node.name)] = found[0]
+                widen[(scope.key, node.name)] = found[1]
+            elif found is not None:
+                slots[(scope.key, node.name)] = found
+    return Plan(types, slots, fixed, widen)
+
+
+def _half_array(array: np.ndarray, half: ir.DataType) -> np.ndarray:
+    return array.astype(half.numpy())
+
+
+def _fits(array: np.ndarray, half: ir.DataType) -> bool:
+    """Whether every finite value of ``array`` stays finite in the half type."""
+    finite = array[np.isfinite(array)]
+    if not finite.size:
+        return True
+    return float(np.abs(finite).max()) <= float(ir.DataType(half).max)
+
+
+def convert(model: ir.Model, plan: Plan, half: ir.DataType, islands: set[tuple[str, str]],
+            exact: set[tuple[str, str]] = frozenset(), float_functions: set[str] = frozenset(), *,
+            emulate: bool = False) -> dict[str, int]:  # fmt: skip
+    """Converts ``model`` in place; the nodes in ``islands`` (scope key, node name) stay float32.
+
+    The weights of an island are stored in the half type too (a Cast widens them, exactly)
+    unless the island is in ``exact`` (an island the check asked for: its weights' rounding
+    may be what the check saw). A function in ``float_functions`` (its scope key) and the
+    subgraphs of an island are left whole in float32. Returns counts: half nodes, Casts added,
+    initializers converted.
+
+    With ``emulate``, the same decisions are written as float32 arithmetic rounded to the half
+    type: a half weight holds its rounded values in float32, and each value a half node makes
+    (or a half input it takes) goes through ``Cast(to=half)`` then ``Cast(to=float)`` under its
+    own name. onnxruntime's CPU provider runs most float16 nodes by Casts it inserts around a
+    float32 kernel, and drops a Cast pair between two such nodes: the converted model itself
+    shows it little of the half type's rounding; the emulation shows it each node's, as a
+    device computing in the half type rounds, and the locator compares it value by value.
+    """
+    names = Names(model)
+    counts = {"half_nodes": 0, "casts": 0, "initializers": 0}
+    frozen: set[str] = set()  # scope keys left whole in float32
+    every = list(scopes(model))
+    for scope in every:
+        whole = scope.key in float_functions or any(scope.key.startswith(k + "/") for k in frozen)
+        if scope.owner is not None and (scope.key.rsplit("/", 1)[0], scope.owner.name) in islands:
+            whole = True
+        if whole:  # every node float32; outer values it takes that became half are cast back
+            frozen.add(scope.key)
+    keys = {id(scope.body.graph if isinstance(scope.body, ir.Function) else scope.body): scope.key
+            for scope in every}  # fmt: skip
+
+    lone: set[tuple[str, str]] = set()  # half nodes between float32 ones: computed in float32 (nothing to gain)
+
+    def half_slots(node: ir.Node) -> tuple[tuple[bool, ...], tuple[bool, ...]] | None:
+        key = keys.get(id(node.graph))
+        if key is None or key in frozen or (key, node.name) in islands or (key, node.name) in plan.fixed:
+            return None
+        if (key, node.name) in lone:
+            return None
+        return plan.slots.get((key, node.name))
+
+    def half_source(value: ir.Value) -> bool:
+        producer = value.producer()
+        if producer is None:
+            return value.const_value is not None  # a weight (a graph input stays float32)
+        return half_slots(producer) is not None
+
+    def half_sink(value: ir.Value) -> bool:
+        for usage in value.uses():
+            slots = half_slots(usage.node)
+            if slots is not None and usage.idx < len(slots[0]) and slots[0][usage.idx]:
+                return True
+        return False
+
+    changed = True
+    while changed:  # a node left alone by its neighbours' islands is not worth two Casts and a rounding
+        changed = False
+        for scope in every:
+            for node in scope.body:
+                slots = half_slots(node)
+                if slots is None:
+                    continue
+                ins = [v for i, v in enumerate(node.inputs) if v is not None and i < len(slots[0]) and slots[0][i]]
+                outs = [v for i, v in enumerate(node.outputs) if i < len(slots[1]) and slots[1][i]]
+                if not any(half_source(v) for v in ins) and not any(half_sink(v) for v in outs):
+                    lone.add((keys[id(node.graph)], node.name))
+                    changed = True
+    counts["lone"] = len(lone)
+
+    functions = {(f.domain, f.name) for f in model.functions.values()}
+
+    def weight_use(node: ir.Node, index: int) -> str:
+        """What a weight taken by ``node`` at ``index`` may be: "half" (a half node computes with it),
+        "widen" (stored half, widened for a float32 node of type parameter T or a function call),
+        or "keep" (float32: a fixed float32 input, an exact island, a whole-float32 scope)."""
+        slots = half_slots(node)
+        if slots is not None:
+            return "half" if index < len(slots[0]) and slots[0][index] else "keep"
+        key = keys.get(id(node.graph))
+        if key is None or key in frozen or (key, node.name) in exact:
+            return "keep"
+        if (node.domain, node.op_type) in functions:
+            return "widen"
+        found = plan.slots.get((key, node.name))
+        taken = found[0] if found is not None else plan.widen.get((key, node.name), ())
+        return "widen" if index < len(taken) and taken[index] else "keep"
+
+    for scope in every:
+        _convert_scope(scope, plan, half, half_slots, weight_use, names, counts, emulate)
+    return counts
+
+
+_ROUNDED = "passes.precision.rounded"  # Value.meta key: (emulation) holds values rounded to the half type
+
+
+def _cast_node(value: ir.Value, to: ir.DataType, names: Names, name: str | None = None) -> ir.Node:
+    suffix = "fp16" if to == ir.DataType.FLOAT16 else "bf16" if to == ir.DataType.BFLOAT16 else "fp32"
+    out = ir.Value(name=name or names.value(f"{value.name}_{suffix}"), type=ir.TensorType(to), shape=value.shape)
+    return ir.Node("", "Cast", [value], attributes=[ir.AttrInt64("to", int(to))], outputs=[out],
+                   name=names.node(f"{value.name}_cast_{suffix}"))  # fmt: skip
+
+
+def _convert_scope(scope: Scope, plan: Plan, half: ir.DataType, half_node: Any, weight_use: Any, names: Names,
+                   counts: dict[str, int], emulate: bool = False) -> None:  # fmt: skip
+    body = scope.body
+    key = scope.key
+    casts: dict[tuple[int, ir.DataType], ir.Value] = {}
+
+    def kind(value: ir.Value) -> ir.DataType:
+        if emulate:
+            return half if value.meta.get(_ROUNDED) else FLOAT
+        return value.dtype or FLOAT
+
+    def cast(value: ir.Value, to: ir.DataType, before: ir.Node) -> ir.Value:
+        found = casts.get((id(value), to))
+        if found is not None:
+            return found
+        if emulate and to == FLOAT:
+            return value  # a rounded value is its own exact widening
+        node = _cast_node(value, to, names)
+        body.insert_before(before, node)
+        out = node.outputs[0]
+        counts["casts"] += 1
+        if emulate:  # ... and back: float32 holding the half type's values
+            back = _cast_node(out, FLOAT, names)
+            body.insert_before(before, back)
+            out = back.outputs[0]
+            out.meta[_ROUNDED] = True
+        casts[(id(value), to)] = out
+        return out
+
+    def round_outputs(node: ir.Node, converted: list[ir.Value]) -> None:
+        """(emulation) Each converted output rounded to the half type under its own name."""
+        after = node
+        for value in converted:
+            name = value.name
+            value.name = names.value(f"{name}_exact")
+            there = _cast_node(value, half, names)
+            back = _cast_node(there.outputs[0], FLOAT, names, name)
+            rounded = back.outputs[0]
+            value.replace_all_uses_with(rounded, replace_graph_outputs=True)
+            there.replace_input_with(0, value)
+            rounded.meta[_ROUNDED] = True
+            body.insert_after(after, [there, back])
+            after = back
+
+    # Initializers a half node takes become half (when their values fit).
+    if isinstance(body, ir.Graph):
+        graph_inputs = {id(v) for v in body.inputs}
+        for value in list(body.initializers.values()):
+            if value.dtype != FLOAT or id(value) in graph_inputs or value.const_value is None:
+                continue
+            uses = {weight_use(usage.node, usage.idx) for usage in value.uses()}
+            if not uses or "keep" in uses:
+                continue
+            array = value.const_value.numpy()
+            if not _fits(array, half):
+                continue
+            counts["initializers"] += 1
+            if emulate:
+                value.const_value = ir.Tensor(_half_array(array, half).astype(np.float32), name=value.name)
+                value.meta[_ROUNDED] = True
+                continue
+            value.const_value = ir.Tensor(_half_array(array, half), name=value.name)
+            value.type = ir.TensorType(half)
+
+    for node in list(body):
+        slots = half_node(node)
+        for i, value in enumerate(node.inputs):
+            if value is None or plan.types.get(key, {}).get(value.name) != FLOAT:
+                continue
+            want = half if slots is not None and i < len(slots[0]) and slots[0][i] else FLOAT
+            if kind(value) != want:
+                node.replace_input_with(i, cast(value, want, node))
+        if slots is None:
+            continue
+        counts["half_nodes"] += 1
+        converted = [value for i, value in enumerate(node.outputs) if i < len(slots[1]) and slots[1][i]]
+        if emulate:
+            round_outputs(node, converted)
+            continue
+        for value in converted:
+            value.type = ir.TensorType(half)
+        if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+            to = node.attributes.get("to")
+            if to is not None and to.as_int() == FLOAT:
+                node.attributes["to"] = ir.AttrInt64("to", int(half))
+        for name in ("value",):  # ConstantOfShape, Constant
+            attr = node.attributes.get(name)
+            if attr is not None and attr.type == ir.AttributeType.TENSOR and attr.as_tensor().dtype == FLOAT:
+                tensor = attr.as_tensor()
+                node.attributes[name] = ir.AttrTensor(name, ir.Tensor(_half_array(tensor.numpy(), half),
+                                                                      name=tensor.name))  # fmt: skip
+        if node.op_type == "Constant":
+            for name in ("value_float", "value_floats"):
+                attr = node.attributes.get(name)
+                if attr is not None:
+                    array = np.asarray(attr.value, dtype=np.float32)
+                    del node.attributes[name]
+                    node.attributes["value"] = ir.AttrTensor("value", ir.Tensor(_half_array(array, half)))
+
+    # Outputs keep float32: a Cast takes the output's name.
+    for i, value in enumerate(list(body.outputs)):
+        if emulate or value.dtype != half:
+            continue
+        name = value.name
+        value.name = names.value(f"{name}_{'fp16' if half == ir.DataType.FLOAT16 else 'bf16'}")
+        out = ir.Value(name=name, type=ir.TensorType(FLOAT), shape=value.shape)
+        node = ir.Node("", "Cast", [value], attributes=[ir.AttrInt64("to", int(FLOAT))], outputs=[out],
+                       name=names.node(f"{name}_cast_fp32"))  # fmt: skip
+        body.append(node)
+        body.outputs[i] = out
+        counts["casts"] += 1
