@@ -54,6 +54,8 @@ class PassSpec:
             of them changes the model (a pass that makes work for another, or finds work after it).
         exact: Whether what it does keeps every result bit for bit. A pass that is exact but for
             some named rewrites (simplify's fusions) counts those in its stats as ``fused``.
+        opt_in: Whether the default run (no pass list given) includes it only when one of its
+            options is set (``--precision``): otherwise it would be a no-op line in every report.
     """
 
     name: str
@@ -62,6 +64,7 @@ class PassSpec:
     options: tuple[Option, ...] = ()
     repeats: bool = False
     exact: bool = True
+    opt_in: bool = False
 
     @classmethod
     def of(cls, pass_class: type[Pass]) -> PassSpec:
@@ -136,7 +139,6 @@ DECOMPOSE = PassSpec(
 )
 
 
-
 def _parse_precision(text: str) -> str:
     value = text.strip().lower()
     if value not in ("fp16", "bf16"):
@@ -160,6 +162,7 @@ PRECISION = PassSpec(
                parse=_parse_precision, check=_known_precision, metavar="fp16|bf16"),
     ),  # fmt: skip
     exact=False,
+    opt_in=True,
 )
 
 #: The passes by name, in their default order. One line per pass.

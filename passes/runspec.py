@@ -94,6 +94,9 @@ class RunSpec:
             if reason:
                 raise InputError(f"{option.flag} {value}: {reason}")
             values[name] = value
+        if passes is None:  # the default run: an opt-in pass only when one of its options is set
+            names = [n for n in names if not PASSES[n].opt_in
+                     or any(values[o.name] != o.default for o in PASSES[n].options)]  # fmt: skip
         running = {option.name for name in names for option in PASSES[name].options}
         for name, spec in PASSES.items():
             for option in spec.options:
