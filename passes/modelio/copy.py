@@ -109,30 +109,31 @@ def _up_to(end: int, residue: int, modulus: int) -> int:
 
 def plan(tensors: Sequence[ir.TensorProtocol]) -> tuple[list[Placement], int]:
     """The offsets of ``tensors`` in a new data file (see the module docstring) and the file's size."""
+    lengths = [t.nbytes for t in tensors]  # computed from the shape: once each
     sources = [_source(t) for t in tensors]
+    mergeable = [s is not None and _mergeable(t) for t, s in zip(tensors, sources)]
     placements: list[Placement] = []
     end = 0
     i = 0
     while i < len(tensors):
         source = sources[i]
-        if source is None or not _mergeable(tensors[i]):
-            length = tensors[i].nbytes
+        if not mergeable[i]:
+            length = lengths[i]
             offset = _up_to(end, 0, _align(length))
             placements.append(Placement(tensors[i], offset, length, source))
             end = offset + length
             i += 1
             continue
         # A run: the tensors i..j-1, at their input offsets relative to the first.
+        assert source is not None
         path, first = source
-        source_end = first + tensors[i].nbytes
-        anchor = first if tensors[i].nbytes > ALIGN_THRESHOLD else None  # its first large tensor's input offset
+        source_end = first + lengths[i]
+        anchor = first if lengths[i] > ALIGN_THRESHOLD else None  # its first large tensor's input offset
         j = i + 1
-        while j < len(tensors):
-            following = sources[j]
-            if following is None or following[0] != path or not _mergeable(tensors[j]):
-                break
-            offset, length = following[1], tensors[j].nbytes
-            if not source_end <= offset < source_end + _align(length):
+        while j < len(tensors) and mergeable[j]:
+            following_path, offset = sources[j]  # type: ignore[misc]
+            length = lengths[j]
+            if following_path != path or not source_end <= offset < source_end + _align(length):
                 break
             if length > ALIGN_THRESHOLD:
                 if anchor is not None and (offset - anchor) % ALIGN_LARGE:
@@ -146,7 +147,7 @@ def plan(tensors: Sequence[ir.TensorProtocol]) -> tuple[list[Placement], int]:
             start = _up_to(end, first, ALIGN_SMALL)
         for k in range(i, j):
             offset = sources[k][1]  # type: ignore[index]
-            placements.append(Placement(tensors[k], start + offset - first, tensors[k].nbytes, sources[k], k == i))
+            placements.append(Placement(tensors[k], start + offset - first, lengths[k], sources[k], k == i))
         end = start + source_end - first
         i = j
     return placements, end
@@ -156,7 +157,7 @@ def _mergeable(tensor: ir.TensorProtocol) -> bool:
     """External data can share a run; a weight left in a model file cannot (protobuf's bytes lie between them)."""
     from passes.ir.tensors import InlineData
 
-    return not isinstance(tensor, InlineData)
+    return InlineData not in type(tensor).__mro__
 
 
 class Copier:
@@ -287,7 +288,8 @@ def _source(tensor: ir.TensorProtocol) -> tuple[str, int] | None:
     """The input file and offset holding ``tensor``'s bytes, if it is an untouched external tensor."""
     import onnx_ir as ir
 
-    if not isinstance(tensor, ir.ExternalTensor) or not tensor.valid():
+    # Not isinstance: ExternalTensor derives from a Protocol, whose isinstance costs microseconds.
+    if ir.ExternalTensor not in type(tensor).__mro__ or not tensor.valid():  # type: ignore[attr-defined]
         return None
     return tensor.path, tensor.offset or 0
 
