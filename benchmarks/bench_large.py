@@ -21,7 +21,10 @@ then optimize, ...), each pair preceded by ``sync``:
   checker on the output), and the phase times of its report;
 - ``cp``: ``cp IN.data OUT.data`` (GNU cp: ``copy_file_range`` where it can).
 
-The figure is the median over the pairs of optimize's time over cp's. The page
+The figure is the median over the pairs of optimize's time over cp's. With
+``--baseline DIR`` (another checkout of this repository, e.g. ``git archive
+COMMIT | tar -x -C DIR``) each round also runs ``optimize`` from DIR, the three
+in rotating order, for a before/after comparison on the same model. The page
 cache (``--cache``): ``drop`` runs ``sync; echo 3 > /proc/sys/vm/drop_caches``
 before every run (both read the weights from the disk, and optimize its Python
 modules too); ``warm`` reads the input's data file once before every run (both
@@ -52,7 +55,7 @@ checks that twice that is free (``shutil.disk_usage``) and removes what it
 wrote after each run and the model at the end.
 
 Usage:
-    python benchmarks/bench_large.py [--weights N | --quick] [--pairs N] [--cache auto|drop|warm]
+    python benchmarks/bench_large.py [--weights N | --quick] [--pairs N] [--cache auto|drop|warm] [--baseline DIR]
         [--dir DIR] [--seed S] [--tools vc+onnxsim,onnxscript,onnxslim,ort-basic] [--rss-cap GIB]
         [--timeout S] [--json FILE]
 """
@@ -310,11 +313,13 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"{QUICK_WEIGHTS} weights (1 GiB) instead of {FULL_WEIGHTS} (6 GiB)")
     parser.add_argument("--weights", type=int, default=None,
                         help=f"number of 64 MiB weights (default {FULL_WEIGHTS}; overrides --quick)")
-    parser.add_argument("--pairs", type=int, default=3, help="alternating optimize/cp pairs (default: 3)")
+    parser.add_argument("--pairs", type=int, default=3, help="alternating optimize/cp pairs, rounds with --baseline (default: 3)")
     parser.add_argument("--repeat", type=int, default=None, help=argparse.SUPPRESS)  # the old name of --pairs
     parser.add_argument("--cache", choices=("auto", "drop", "warm"), default="auto",
                         help="the page cache before each run: dropped, warm, or dropped if permitted (default)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights' values")
+    parser.add_argument("--baseline", type=pathlib.Path, default=None,
+                        help="another checkout whose optimize also runs in each round (before/after)")
     parser.add_argument("--dir", type=pathlib.Path, default=None,
                         help="where to build the model (default: a temp folder)")
     parser.add_argument("--tools", default="none",
@@ -349,9 +354,17 @@ def main(argv: list[str] | None = None) -> int:
         cache = "drop" if _drop_caches() else "warm"
     elif cache == "drop" and not _drop_caches():
         parser.error(f"--cache drop: cannot write {_DROP_CACHES} (not permitted here); use --cache warm")
+    if args.baseline is not None and not (args.baseline / "passes" / "__main__.py").is_file():
+        parser.error(f"--baseline {args.baseline}: no passes/__main__.py there")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    results: dict[str, list[dict[str, Any]]] = {"optimize": [], "cp": []}
+    envs = {"optimize": env}
+    if args.baseline is not None:
+        envs["baseline"] = dict(os.environ, PYTHONPATH=os.pathsep.join([str(args.baseline.resolve()),
+                                                                         os.environ.get("PYTHONPATH", "")]))
+    order = [*envs, "cp"]
+    results: dict[str, list[dict[str, Any]]] = {tool: [] for tool in order}
     ratios: list[float] = []
+    baseline_ratios: list[float] = []
     folder = pathlib.Path(tempfile.mkdtemp(prefix="bench_large.", dir=parent))
     try:
         start = time.perf_counter()
@@ -363,10 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         copy = folder / "copy.data"
         for i in range(pairs):
             pair: dict[str, dict[str, Any]] = {}
-            for tool in ("optimize", "cp") if i % 2 == 0 else ("cp", "optimize"):
+            for tool in order[i % len(order):] + order[:i % len(order)]:
                 _prepare(cache, data)
-                if tool == "optimize":
-                    run = _optimize_run(src, out, env, check=i == 0)
+                if tool in envs:
+                    run = _optimize_run(src, out, envs[tool], check=i == 0)
                 else:
                     run = _run(["cp", str(data), str(copy)])
                     run["output_bytes"] = copy.stat().st_size if copy.exists() else 0
@@ -375,9 +388,13 @@ def main(argv: list[str] | None = None) -> int:
                 results[tool].append(run)
             ratio = pair["optimize"]["seconds"] / pair["cp"]["seconds"]
             ratios.append(ratio)
-            print(f"bench_large: pair {i + 1} ({'optimize first' if i % 2 == 0 else 'cp first'}): optimize "
+            baseline = ""
+            if "baseline" in pair:
+                baseline_ratios.append(pair["baseline"]["seconds"] / pair["cp"]["seconds"])
+                baseline = f", baseline {pair['baseline']['seconds']:.2f} s (ratio {baseline_ratios[-1]:.2f})"
+            print(f"bench_large: pair {i + 1} ({order[i % len(order)]} first): optimize "
                   f"{pair['optimize']['seconds']:.2f} s ({pair['optimize']['peak_rss_mib']:.0f} MiB), cp "
-                  f"{pair['cp']['seconds']:.2f} s, ratio {ratio:.2f}"
+                  f"{pair['cp']['seconds']:.2f} s, ratio {ratio:.2f}{baseline}"
                   + "".join(f" ({t}: {r['error']})" for t, r in pair.items() if r["error"]),
                   file=sys.stderr, flush=True)  # fmt: skip
         for tool in others:
@@ -411,17 +428,21 @@ def main(argv: list[str] | None = None) -> int:
         }
         for tool, runs in results.items()
     }
-    phase_names = {name for r in results["optimize"] for name in r.get("phases", {})}
-    summary["optimize"]["median_phase_seconds"] = {
-        name: statistics.median(r["phases"].get(name, 0.0) for r in results["optimize"] if "phases" in r)
-        for name in sorted(phase_names)
-    }
+    for tool in envs:
+        phase_names = {name for r in results[tool] for name in r.get("phases", {})}
+        summary[tool]["median_phase_seconds"] = {
+            name: statistics.median(r["phases"].get(name, 0.0) for r in results[tool] if "phases" in r)
+            for name in sorted(phase_names)
+        }
     ratio = statistics.median(ratios)
     cp = summary["cp"]["median_seconds"]
     gib = nbytes / 2**30
     print(f"{gib:.2f} GiB of dense weights ({weights} x 64 MiB); {pairs} alternating pairs; page cache "
           f"{CACHE_STATES[cache]}")  # fmt: skip
     print(f"optimize / cp: median of the pairs' ratios {ratio:.2f} (pairs: {', '.join(f'{r:.2f}' for r in ratios)})")
+    if baseline_ratios:
+        print(f"baseline / cp: median {statistics.median(baseline_ratios):.2f} "
+              f"(pairs: {', '.join(f'{r:.2f}' for r in baseline_ratios)}; baseline: {args.baseline})")
     print(f"{'tool':<11} {'seconds':>8} {'x cp':>6} {'GiB/s':>6} {'peak MiB':>9} {'opset':>5} {'data GiB':>8} "
           f"{'on disk':>7}  ok")  # fmt: skip
     for tool, t in summary.items():
@@ -431,14 +452,16 @@ def main(argv: list[str] | None = None) -> int:
                           for key in ("data_bytes", "allocated_bytes"))  # fmt: skip
         print(f"{tool:<11} {seconds:>8.2f} {seconds / cp:>6.2f} {gib / seconds:>6.2f} {t['max_peak_rss_mib']:>9.0f} "
               f"{opset:>5} {data_gib:>8} {disk:>7}  {'yes' if t['ok'] else 'NO: ' + t['error']}")  # fmt: skip
-    phases = summary["optimize"]["median_phase_seconds"]
-    if phases:
-        print("optimize phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
-              + (f"; save / cp = {phases['save'] / cp:.2f}" if "save" in phases else ""))  # fmt: skip
+    for tool in envs:
+        phases = summary[tool]["median_phase_seconds"]
+        if phases:
+            print(f"{tool} phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+                  + (f"; save / cp = {phases['save'] / cp:.2f}" if "save" in phases else ""))  # fmt: skip
     if args.json:
         meta = {"weights": weights, "bytes": nbytes, "dense": True, "pairs": pairs, "cache": cache,
                 "cache_state": CACHE_STATES[cache], "seed": args.seed, "optimize_over_cp": ratio,
-                "pair_ratios": ratios, "dir": str(parent), "rss_cap_mib": rss_cap_kib / 1024,
+                "pair_ratios": ratios, "baseline": str(args.baseline) if args.baseline else None,
+                "baseline_pair_ratios": baseline_ratios, "dir": str(parent), "rss_cap_mib": rss_cap_kib / 1024,
                 "timeout": args.timeout}  # fmt: skip
         args.json.write_text(json.dumps({"meta": meta, "summary": summary, "results": results}, indent=2) + "\n")
     # Another tool failing is a result, not a failure of the benchmark.

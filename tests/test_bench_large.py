@@ -81,3 +81,15 @@ def test_one_weight_end_to_end(tmp_path: pathlib.Path) -> None:
     assert summary["cp"]["data_bytes"] == bench_large.WEIGHT_BYTES
     assert set(summary) == {"optimize", "cp"}  # no other tool by default
     assert list(tmp_path.iterdir()) == [out]  # the model and the copies are removed
+
+
+def test_a_baseline_checkout_runs_in_each_round(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "large.json"
+    repo = pathlib.Path(bench_large.REPO)
+    code = bench_large.main(["--weights", "1", "--pairs", "1", "--cache", "warm", "--dir", str(tmp_path),
+                             "--baseline", str(repo), "--json", str(out)])  # fmt: skip
+    assert code == 0
+    saved = json.loads(out.read_text())
+    assert set(saved["summary"]) == {"optimize", "baseline", "cp"}
+    assert saved["summary"]["baseline"]["ok"] and saved["summary"]["baseline"]["opset"] == 18
+    assert len(saved["meta"]["baseline_pair_ratios"]) == 1
