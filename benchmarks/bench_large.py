@@ -29,7 +29,11 @@ cache (``--cache``): ``drop`` runs ``sync; echo 3 > /proc/sys/vm/drop_caches``
 before every run (both read the weights from the disk, and optimize its Python
 modules too); ``warm`` reads the input's data file once before every run (both
 read it from memory); ``auto`` (the default) drops when this process may,
-else warm. The state used is printed and saved. Peak RSS is the child's
+else warm. The state used is printed and saved. On a virtual disk whose host
+keeps recently read blocks, dropped is not cold and favours cp, which starts
+copying at once where optimize's save starts seconds later (measured: a copy
+3 s after the drop took 8-36 % longer; see docs/benchmarks.md); warm compares
+like with like. Peak RSS is the child's
 (``/usr/bin/time -v`` when present, else ``ru_maxrss`` of the children).
 
 The other tools (``--tools``, none by default: most load every weight, which
