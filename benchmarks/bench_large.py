@@ -1,53 +1,67 @@
-"""A 15 GB model through ``optimize --no-check``, against copying its weights with ``cp``.
+"""A large model with dense weights through ``optimize --no-check``, against ``cp`` of its weight file.
 
-The model is built at run time and costs no disk until something is written:
-224 float32 4096x4096 MatMul weights (14 GiB) as external data in one file
-made with ``os.truncate`` (a sparse file of zeros), and an opset-13 graph
-``x -> MatMul(w0) -> ... -> MatMul(w223) -> ReduceL2(axes=[-1]) ->
-ReduceLogSum(axes=[-1])``. The passes upgrade the Reduce ops (axes become
-inputs) and touch no weight, so the output's data file is a copy of the
-input's: the floor is the time of copying the file.
+The model is built at run time: ``--weights`` float32 4096x4096 MatMul weights
+(64 MiB each; the default 96 make 6 GiB) as external data in one file, every
+byte written (pseudo-random values from ``numpy.random.default_rng(seed)``, in
+[0.25, 0.75): none is 0 or 1, no block is a hole, no two weights are equal),
+and an opset-13 graph ``x -> MatMul(w0) -> ... -> MatMul(wN-1) ->
+ReduceL2(axes=[-1]) -> ReduceLogSum(axes=[-1])``. The passes upgrade the Reduce
+ops (axes become inputs) and touch no weight, so the output's data file holds
+the input's weights: the floor is copying the file.
 
-Measured, alternating the tools and taking the median of ``--repeat`` runs:
+Earlier versions built the data file with ``os.truncate`` (a sparse file of
+zeros) unless ``--dense`` was given: a copy that keeps holes writes nothing,
+so that measured nothing about real weights. The file is now always dense.
 
-- ``optimize``: ``python -m passes IN -o OUT --no-check -q`` (load with its
-  validation and the ONNX checker, the passes, the save, the checker on the output),
-  and the phase times of its ``--report`` (the ``save`` phase is the one that
-  compares with ``cp``; the rest is start-up, validation and the passes);
-- ``cp``: ``cp --sparse=never IN.data OUT.data`` (writes every byte, as the
-  output's data file must be written);
-- the other tools, once each after those runs (``--tools``; each as a user
-  would run it on a model over 2 GB, saving external data): ``vc+onnxsim``
-  (``onnx.load``, ``onnx.version_converter`` to 18, ``onnxsim.simplify``,
-  ``onnx.save`` with external data), ``onnxscript`` (``ir.load``, its version
-  converter with fallback, ``optimizer.optimize``, ``ir.save`` with external
-  data), ``onnxslim`` (``onnxslim.slim(IN, OUT, save_as_external_data=True)``)
-  and ``ort-basic`` (an onnxruntime session writing its basic-optimised model
-  with external initializers). A tool is stopped when its resident memory
-  passes ``--rss-cap`` (default 16 GiB, at most 70 % of physical memory: the
-  model's weights alone are 14 GiB) or it runs longer than ``--timeout``; its
-  row then says so.
+Measured, in ``--pairs`` pairs that alternate the order (optimize then cp, cp
+then optimize, ...), each pair preceded by ``sync``:
 
-Every output that a tool writes is checked in a child process: ``onnx.checker``
-on the file (which also checks that the external data is there), the opset it
-declares (the passes' target is 18; ``ort-basic`` does not upgrade), the size
-of its data file, which must hold every weight, and the disk space that file
-takes ("on disk": ``optimize`` leaves the input's holes as holes, so on the
-sparse input its copy takes none, where ``cp --sparse=never`` writes zeros).
+- ``optimize``: ``python -m passes IN -o OUT --no-check -q --report R`` (start-up,
+  the load with its validation and the ONNX checker, the passes, the save, the
+  checker on the output), and the phase times of its report;
+- ``cp``: ``cp IN.data OUT.data`` (GNU cp: ``copy_file_range`` where it can).
 
-Both write a real (not sparse) copy, so the disk needs the size of the weights
-free; the script checks first (``shutil.disk_usage``, what ``df`` shows) and
-removes what it wrote after each run. On a sparse input ``cp --sparse=never``
-does not read the source at all (it finds the holes and writes zeros from a
-buffer), while any copy that reads, the kernel's included, pays for reading
-the holes; ``--dense`` writes the input for real, random and each weight
-different, as a real model's weights are, so that both read and write every
-byte (and no tool can share equal weights). Peak RSS is the child's (``/usr/bin/time -v`` when present, else
-``ru_maxrss`` of the child). ``--quick`` uses 16 weights (1 GiB).
+The figure is the median over the pairs of optimize's time over cp's. With
+``--baseline DIR`` (another checkout of this repository, e.g. ``git archive
+COMMIT | tar -x -C DIR``) each round also runs ``optimize`` from DIR, the three
+in rotating order, for a before/after comparison on the same model. The page
+cache (``--cache``): ``drop`` runs ``sync; echo 3 > /proc/sys/vm/drop_caches``
+before every run (both read the weights from the disk, and optimize its Python
+modules too); ``warm`` reads the input's data file once before every run (both
+read it from memory); ``auto`` (the default) drops when this process may,
+else warm. The state used is printed and saved. On a virtual disk whose host
+keeps recently read blocks, dropped is not cold and favours cp, which starts
+copying at once where optimize's save starts seconds later (measured: a copy
+3 s after the drop took 8-36 % longer; see docs/benchmarks.md); warm compares
+like with like. Peak RSS is the child's
+(``/usr/bin/time -v`` when present, else ``ru_maxrss`` of the children).
+
+The other tools (``--tools``, none by default: most load every weight, which
+takes minutes and more memory than the weights) run once each after the pairs,
+each as a user would run it on a model over 2 GB, saving external data:
+``vc+onnxsim`` (``onnx.load``, ``onnx.version_converter`` to 18,
+``onnxsim.simplify``, ``onnx.save`` with external data), ``onnxscript``
+(``ir.load``, its version converter with fallback, ``optimizer.optimize``,
+``ir.save`` with external data), ``onnxslim`` (``onnxslim.slim(IN, OUT,
+save_as_external_data=True)``) and ``ort-basic`` (an onnxruntime session
+writing its basic-optimised model with external initializers). A tool is
+stopped when its resident memory passes ``--rss-cap`` (default 16 GiB, at most
+70 % of physical memory) or it runs longer than ``--timeout``; its row then
+says so.
+
+Every output is checked in a child process: ``onnx.checker`` on the file
+(which also checks that the external data is there), the opset it declares
+(the passes' target is 18; ``ort-basic`` does not upgrade), the size of its
+data file, which must hold every weight, and the disk space it takes.
+
+The input and each copy take the size of the weights on disk; the script
+checks that twice that is free (``shutil.disk_usage``) and removes what it
+wrote after each run and the model at the end.
 
 Usage:
-    python benchmarks/bench_large.py [--quick] [--weights N] [--repeat N] [--dense] [--dir DIR]
-        [--tools vc+onnxsim,onnxscript,onnxslim,ort-basic] [--rss-cap GIB] [--timeout S] [--json FILE]
+    python benchmarks/bench_large.py [--weights N | --quick] [--pairs N] [--cache auto|drop|warm] [--baseline DIR]
+        [--dir DIR] [--seed S] [--tools vc+onnxsim,onnxscript,onnxslim,ort-basic] [--rss-cap GIB]
+        [--timeout S] [--json FILE]
 """
 
 from __future__ import annotations
@@ -70,12 +84,18 @@ REPO = HERE.parent
 
 SIDE = 4096
 WEIGHT_BYTES = SIDE * SIDE * 4
-FULL_WEIGHTS = 224
+FULL_WEIGHTS = 96
 QUICK_WEIGHTS = 16
 
 
-def build_model(folder: pathlib.Path, weights: int, dense: bool = False) -> pathlib.Path:
-    """Writes ``model.onnx`` and its ``model.onnx.data`` (sparse, or ``dense``) into ``folder``; returns its path."""
+def build_model(folder: pathlib.Path, weights: int, seed: int = 0) -> pathlib.Path:
+    """Writes ``model.onnx`` and its dense ``model.onnx.data`` into ``folder``; returns its path.
+
+    Each weight is a fresh draw of ``default_rng(seed)``: float32 in [0.25, 0.75)
+    (none 0 or 1), written in 64 MiB chunks; the file is synced before return so
+    that its write-back does not land in the first timed run.
+    """
+    import numpy as np
     import onnx
     from onnx import TensorProto, helper
 
@@ -101,15 +121,16 @@ def build_model(folder: pathlib.Path, weights: int, dense: bool = False) -> path
                               producer_name="onnx-optimize benchmarks/bench_large.py")  # fmt: skip
     path = folder / "model.onnx"
     onnx.save_model(model, str(path))
+    rng = np.random.default_rng(seed)
+    block = np.empty(SIDE * SIDE, dtype=np.float32)
     with open(folder / data_name, "wb") as f:
-        if dense:  # every block allocated and non-zero, each weight different: what a real model's weights are
-            import numpy as np
-
-            block = np.random.default_rng(0).standard_normal(SIDE * SIDE, dtype=np.float32)
-            for i in range(weights):
-                block[0] = i + 0.5  # no two weights equal (a tool could share equal ones)
-                f.write(memoryview(block))
-        os.truncate(f.fileno(), weights * WEIGHT_BYTES)
+        for _ in range(weights):
+            rng.random(out=block, dtype=np.float32)
+            block *= 0.5
+            block += 0.25
+            f.write(memoryview(block))
+        f.flush()
+        os.fsync(f.fileno())
     return path
 
 
@@ -238,18 +259,75 @@ def _remove(*paths: pathlib.Path) -> None:
         path.unlink(missing_ok=True)
 
 
+_DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+def _drop_caches() -> bool:
+    """``sync; echo 3 > /proc/sys/vm/drop_caches``; whether it could."""
+    os.sync()
+    try:
+        with open(_DROP_CACHES, "w", encoding="ascii") as f:
+            f.write("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def _read_through(path: pathlib.Path) -> None:
+    """Reads ``path`` once, so that its pages are in the page cache."""
+    buffer = bytearray(8 << 20)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buffer):
+            pass
+
+
+def _prepare(cache: str, data: pathlib.Path) -> None:
+    """Before each timed run: nothing dirty left to write back, and the page cache as ``cache`` says."""
+    if cache == "drop":
+        if not _drop_caches():
+            raise SystemExit(f"bench_large: cannot write {_DROP_CACHES} any more")
+    else:
+        os.sync()
+        _read_through(data)
+
+
+CACHE_STATES = {
+    "drop": "dropped before every run (sync; echo 3 > /proc/sys/vm/drop_caches): both read the weights from disk",
+    "warm": "warm: sync, then the input's data file read once before every run (both read it from memory)",
+}
+
+
+def _optimize_run(src: pathlib.Path, out: pathlib.Path, env: dict[str, str], check: bool) -> dict[str, Any]:
+    report = out.with_name("report.json")
+    run = _run([sys.executable, "-m", "passes", str(src), "-o", str(out), "--no-check", "-q",
+                "--report", str(report)], env)  # fmt: skip
+    data = out.with_name(out.name + ".data")
+    run["output_bytes"] = data.stat().st_size if data.exists() else 0
+    if report.exists():
+        run["phases"] = json.loads(report.read_text()).get("phases", {})
+    if check and run["exit"] == 0:  # checked once: the runs write the same bytes
+        run.update(_check_output(out))
+    _remove(out, data, report)
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_WEIGHTS} weights (1 GiB) instead of {FULL_WEIGHTS}")
-    parser.add_argument("--weights", type=int, default=None, help="number of 64 MiB weights (overrides --quick)")
-    parser.add_argument("--repeat", type=int, default=None, help="runs per tool (default: 3, quick: 3)")
-    parser.add_argument("--dense", action="store_true",
-                        help="write the input's weights for real, random and each different (needs twice the "
-                             "disk): cp then has to read them too, as with a real model; a sparse input (zeros) "
-                             "lets cp skip reading its holes")
-    parser.add_argument("--dir", type=pathlib.Path, default=None, help="where to build the model (default: a temp folder)")
-    parser.add_argument("--tools", default=",".join(OTHER_TOOLS),
-                        help=f"the other tools to run once each, comma-separated, or none (default: all of "
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_WEIGHTS} weights (1 GiB) instead of {FULL_WEIGHTS} (6 GiB)")
+    parser.add_argument("--weights", type=int, default=None,
+                        help=f"number of 64 MiB weights (default {FULL_WEIGHTS}; overrides --quick)")
+    parser.add_argument("--pairs", type=int, default=3, help="alternating optimize/cp pairs, rounds with --baseline (default: 3)")
+    parser.add_argument("--repeat", type=int, default=None, help=argparse.SUPPRESS)  # the old name of --pairs
+    parser.add_argument("--cache", choices=("auto", "drop", "warm"), default="auto",
+                        help="the page cache before each run: dropped, warm, or dropped if permitted (default)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights' values")
+    parser.add_argument("--baseline", type=pathlib.Path, default=None,
+                        help="another checkout whose optimize also runs in each round (before/after)")
+    parser.add_argument("--dir", type=pathlib.Path, default=None,
+                        help="where to build the model (default: a temp folder)")
+    parser.add_argument("--tools", default="none",
+                        help=f"other tools to run once each, comma-separated, or none (the default; have: "
                              f"{','.join(OTHER_TOOLS)})")  # fmt: skip
     parser.add_argument("--rss-cap", type=float, default=None,
                         help="GiB of resident memory past which another tool is stopped (default: 16, "
@@ -264,51 +342,74 @@ def main(argv: list[str] | None = None) -> int:
     physical_kib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 1024
     rss_cap_kib = int(min(args.rss_cap * 2**20 if args.rss_cap else 16 * 2**20, 0.7 * physical_kib))
     weights = args.weights or (QUICK_WEIGHTS if args.quick else FULL_WEIGHTS)
-    repeat = args.repeat or 3
+    pairs = args.repeat or args.pairs
     nbytes = weights * WEIGHT_BYTES
     parent = args.dir or pathlib.Path(tempfile.gettempdir())
     free = shutil.disk_usage(parent).free
-    needed = nbytes * (2 if args.dense else 1) + (256 << 20)
+    needed = 2 * nbytes + (256 << 20)
     if free < needed:
         print(f"bench_large: skipped: {free / 2**30:.1f} GiB free in {parent}, needs {needed / 2**30:.1f} GiB",
               file=sys.stderr)  # fmt: skip
         if args.json:
             args.json.write_text(json.dumps({"meta": {"skipped": "not enough free disk"}, "results": []}) + "\n")
         return 0
+    cache = args.cache
+    if cache == "auto":
+        cache = "drop" if _drop_caches() else "warm"
+    elif cache == "drop" and not _drop_caches():
+        parser.error(f"--cache drop: cannot write {_DROP_CACHES} (not permitted here); use --cache warm")
+    if args.baseline is not None and not (args.baseline / "passes" / "__main__.py").is_file():
+        parser.error(f"--baseline {args.baseline}: no passes/__main__.py there")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    results: dict[str, list[dict[str, Any]]] = {"optimize": [], "cp": []}
+    envs = {"optimize": env}
+    if args.baseline is not None:
+        envs["baseline"] = dict(os.environ, PYTHONPATH=os.pathsep.join([str(args.baseline.resolve()),
+                                                                         os.environ.get("PYTHONPATH", "")]))
+    order = [*envs, "cp"]
+    results: dict[str, list[dict[str, Any]]] = {tool: [] for tool in order}
+    ratios: list[float] = []
+    baseline_ratios: list[float] = []
     folder = pathlib.Path(tempfile.mkdtemp(prefix="bench_large.", dir=parent))
     try:
-        src = build_model(folder, weights, dense=args.dense)
+        start = time.perf_counter()
+        src = build_model(folder, weights, args.seed)
+        data = src.with_name(src.name + ".data")
+        print(f"bench_large: built {nbytes / 2**30:.2f} GiB of dense weights in {time.perf_counter() - start:.1f} s; "
+              f"page cache {cache}", file=sys.stderr, flush=True)  # fmt: skip
         out = folder / "out.onnx"
         copy = folder / "copy.data"
-        for i in range(repeat):
-            for tool in ("optimize", "cp") if i % 2 == 0 else ("cp", "optimize"):
-                if tool == "optimize":
-                    report = folder / "report.json"
-                    run = _run([sys.executable, "-m", "passes", str(src), "-o", str(out), "--no-check", "-q",
-                                "--report", str(report)], env)  # fmt: skip
-                    data = out.with_name(out.name + ".data")
-                    run["output_bytes"] = data.stat().st_size if data.exists() else 0
-                    if report.exists():
-                        run["phases"] = json.loads(report.read_text()).get("phases", {})
-                    if i == 0 and run["exit"] == 0:  # checked once: the runs write the same bytes
-                        run.update(_check_output(out))
-                    _remove(out, data, report)
+        for i in range(pairs):
+            pair: dict[str, dict[str, Any]] = {}
+            for tool in order[i % len(order):] + order[:i % len(order)]:
+                _prepare(cache, data)
+                if tool in envs:
+                    run = _optimize_run(src, out, envs[tool], check=i == 0)
                 else:
-                    run = _run(["cp", "--sparse=never", str(src) + ".data", str(copy)])
+                    run = _run(["cp", str(data), str(copy)])
+                    run["output_bytes"] = copy.stat().st_size if copy.exists() else 0
                     _remove(copy)
+                pair[tool] = run
                 results[tool].append(run)
-                print(f"bench_large: {tool} run {i + 1}: {run['seconds']:.2f} s, {run['peak_rss_mib']:.0f} MiB"
-                      + (f" ({run['error']})" if run["error"] else ""), file=sys.stderr, flush=True)  # fmt: skip
+            ratio = pair["optimize"]["seconds"] / pair["cp"]["seconds"]
+            ratios.append(ratio)
+            baseline = ""
+            if "baseline" in pair:
+                baseline_ratios.append(pair["baseline"]["seconds"] / pair["cp"]["seconds"])
+                baseline = f", baseline {pair['baseline']['seconds']:.2f} s (ratio {baseline_ratios[-1]:.2f})"
+            print(f"bench_large: pair {i + 1} ({order[i % len(order)]} first): optimize "
+                  f"{pair['optimize']['seconds']:.2f} s ({pair['optimize']['peak_rss_mib']:.0f} MiB), cp "
+                  f"{pair['cp']['seconds']:.2f} s, ratio {ratio:.2f}{baseline}"
+                  + "".join(f" ({t}: {r['error']})" for t, r in pair.items() if r["error"]),
+                  file=sys.stderr, flush=True)  # fmt: skip
         for tool in others:
             dst = folder / f"{tool}.onnx"
+            _prepare(cache, data)
             run = _run_capped([sys.executable, "-c", OTHER_TOOLS[tool], str(src), str(dst)], rss_cap_kib, args.timeout)
             if run["exit"] == 0:
                 run.update(_check_output(dst))
             results[tool] = [run]
             for path in folder.iterdir():  # whatever the tool wrote (ORT and onnxslim may add files)
-                if path not in (src, src.with_name(src.name + ".data")):
+                if path not in (src, data):
                     _remove(path) if path.is_file() else shutil.rmtree(path, ignore_errors=True)
             print(f"bench_large: {tool}: {run['seconds']:.2f} s, {run['peak_rss_mib']:.0f} MiB"
                   + (f" ({run['error'] or run.get('check_error', '')})" if run["error"] or not run.get("valid", True)
@@ -319,41 +420,53 @@ def main(argv: list[str] | None = None) -> int:
         tool: {
             "median_seconds": statistics.median(r["seconds"] for r in runs),
             "median_peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in runs),
+            "max_peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
             "ok": all(r["exit"] == 0 and r.get("valid", True) for r in runs),
             "runs": len(runs),
             "opset": next((r["opset"] for r in runs if "opset" in r), None),
-            "data_bytes": next((r["data_bytes"] for r in runs if "data_bytes" in r), None),
+            "data_bytes": next((r["data_bytes"] for r in runs if "data_bytes" in r),
+                               next((r["output_bytes"] for r in runs if "output_bytes" in r), None)),
             "allocated_bytes": next((r["allocated_bytes"] for r in runs if "allocated_bytes" in r), None),
             "error": next((r["error"] or r.get("check_error", "") for r in runs
                            if r["error"] or not r.get("valid", True)), ""),
         }
         for tool, runs in results.items()
     }
-    phase_names = {name for r in results["optimize"] for name in r.get("phases", {})}
-    summary["optimize"]["median_phase_seconds"] = {
-        name: statistics.median(r["phases"].get(name, 0.0) for r in results["optimize"] if "phases" in r)
-        for name in sorted(phase_names)
-    }
+    for tool in envs:
+        phase_names = {name for r in results[tool] for name in r.get("phases", {})}
+        summary[tool]["median_phase_seconds"] = {
+            name: statistics.median(r["phases"].get(name, 0.0) for r in results[tool] if "phases" in r)
+            for name in sorted(phase_names)
+        }
+    ratio = statistics.median(ratios)
     cp = summary["cp"]["median_seconds"]
-    ratio = summary["optimize"]["median_seconds"] / cp
     gib = nbytes / 2**30
-    print(f"{gib:.0f} GiB of weights ({'dense' if args.dense else 'sparse'}); optimize and cp: median of {repeat} "
-          f"alternating runs, the other tools once each")  # fmt: skip
+    print(f"{gib:.2f} GiB of dense weights ({weights} x 64 MiB); {pairs} alternating pairs; page cache "
+          f"{CACHE_STATES[cache]}")  # fmt: skip
+    print(f"optimize / cp: median of the pairs' ratios {ratio:.2f} (pairs: {', '.join(f'{r:.2f}' for r in ratios)})")
+    if baseline_ratios:
+        print(f"baseline / cp: median {statistics.median(baseline_ratios):.2f} "
+              f"(pairs: {', '.join(f'{r:.2f}' for r in baseline_ratios)}; baseline: {args.baseline})")
     print(f"{'tool':<11} {'seconds':>8} {'x cp':>6} {'GiB/s':>6} {'peak MiB':>9} {'opset':>5} {'data GiB':>8} "
           f"{'on disk':>7}  ok")  # fmt: skip
     for tool, t in summary.items():
         seconds = t["median_seconds"]
         opset = "-" if t["opset"] is None else str(t["opset"])
-        data, disk = (("-" if t[key] is None else f"{t[key] / 2**30:.2f}") for key in ("data_bytes", "allocated_bytes"))
-        print(f"{tool:<11} {seconds:>8.2f} {seconds / cp:>6.2f} {gib / seconds:>6.2f} {t['median_peak_rss_mib']:>9.0f} "
-              f"{opset:>5} {data:>8} {disk:>7}  {'yes' if t['ok'] else 'NO: ' + t['error']}")  # fmt: skip
-    phases = summary["optimize"]["median_phase_seconds"]
-    if phases:
-        print("optimize phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
-              + (f"; save / cp = {phases['save'] / cp:.2f}" if "save" in phases else ""))  # fmt: skip
+        data_gib, disk = (("-" if t[key] is None else f"{t[key] / 2**30:.2f}")
+                          for key in ("data_bytes", "allocated_bytes"))  # fmt: skip
+        print(f"{tool:<11} {seconds:>8.2f} {seconds / cp:>6.2f} {gib / seconds:>6.2f} {t['max_peak_rss_mib']:>9.0f} "
+              f"{opset:>5} {data_gib:>8} {disk:>7}  {'yes' if t['ok'] else 'NO: ' + t['error']}")  # fmt: skip
+    for tool in envs:
+        phases = summary[tool]["median_phase_seconds"]
+        if phases:
+            print(f"{tool} phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+                  + (f"; save / cp = {phases['save'] / cp:.2f}" if "save" in phases else ""))  # fmt: skip
     if args.json:
-        meta = {"weights": weights, "bytes": nbytes, "dense": args.dense, "repeat": repeat, "optimize_over_cp": ratio,
-                "dir": str(parent), "rss_cap_mib": rss_cap_kib / 1024, "timeout": args.timeout}
+        meta = {"weights": weights, "bytes": nbytes, "dense": True, "pairs": pairs, "cache": cache,
+                "cache_state": CACHE_STATES[cache], "seed": args.seed, "optimize_over_cp": ratio,
+                "pair_ratios": ratios, "baseline": str(args.baseline) if args.baseline else None,
+                "baseline_pair_ratios": baseline_ratios, "dir": str(parent), "rss_cap_mib": rss_cap_kib / 1024,
+                "timeout": args.timeout}  # fmt: skip
         args.json.write_text(json.dumps({"meta": meta, "summary": summary, "results": results}, indent=2) + "\n")
     # Another tool failing is a result, not a failure of the benchmark.
     return 0 if summary["optimize"]["ok"] and summary["cp"]["ok"] else 1

@@ -1,11 +1,13 @@
 """The large-model benchmark's own machinery: stopping another tool, checking what a tool wrote.
 
-``bench_large`` runs the other tools on a 14 GiB model, where most of them load
+``bench_large`` can run the other tools on a 6 GiB model, where most of them load
 every weight: ``_run_capped`` must stop one past its memory cap or its time
 limit and say so, and ``_check_output`` must refuse an output whose external
-data is not there. One small end-to-end run (one 64 MiB weight, no other tool)
-checks that ours is measured, checked and reported as opset 18 with all its
-weight bytes.
+data is not there. The model's weights are dense (every block written, no
+value 0 or 1, no two weights equal): a sparse file would let a copy skip them.
+One small end-to-end run (one 64 MiB weight, no other tool, the page cache
+left warm) checks that ours is measured, checked and reported as opset 18 with
+all its weight bytes.
 """
 
 from __future__ import annotations
@@ -42,20 +44,52 @@ def test_a_failing_tool_reports_its_last_error_line() -> None:
 
 def test_an_output_without_its_external_data_is_not_valid(tmp_path: pathlib.Path) -> None:
     src = bench_large.build_model(tmp_path, 1)
-    assert bench_large._check_output(src)["valid"]  # the sparse data file is there
+    assert bench_large._check_output(src)["valid"]  # the data file is there
     (tmp_path / "model.onnx.data").unlink()
     checked = bench_large._check_output(src)
     assert not checked["valid"]
     assert checked["check_error"]
 
 
+def test_the_weights_are_dense_random_and_different(tmp_path: pathlib.Path) -> None:
+    import numpy as np
+
+    src = bench_large.build_model(tmp_path, 2)
+    data = tmp_path / "model.onnx.data"
+    info = data.stat()
+    assert info.st_size == 2 * bench_large.WEIGHT_BYTES
+    assert info.st_blocks * 512 >= info.st_size  # no hole
+    values = np.fromfile(data, dtype=np.float32).reshape(2, -1)
+    assert np.all((values > 0) & (values < 1)) and np.all(values != 0) and np.all(values != 1)
+    assert not np.array_equal(values[0], values[1])
+    assert len(np.unique(values[0][:4096])) > 4000  # not a repeated pattern
+    assert src.exists()
+
+
 def test_one_weight_end_to_end(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "large.json"
-    code = bench_large.main(["--weights", "1", "--repeat", "1", "--tools", "none", "--dir", str(tmp_path),
+    code = bench_large.main(["--weights", "1", "--pairs", "1", "--cache", "warm", "--dir", str(tmp_path),
                              "--json", str(out)])  # fmt: skip
     assert code == 0
-    summary = json.loads(out.read_text())["summary"]
+    saved = json.loads(out.read_text())
+    assert saved["meta"]["cache"] == "warm" and saved["meta"]["dense"]
+    assert saved["meta"]["optimize_over_cp"] > 0
+    summary = saved["summary"]
     assert summary["optimize"]["ok"]
     assert summary["optimize"]["opset"] == 18
     assert summary["optimize"]["data_bytes"] == bench_large.WEIGHT_BYTES
-    assert set(summary) == {"optimize", "cp"}
+    assert summary["cp"]["data_bytes"] == bench_large.WEIGHT_BYTES
+    assert set(summary) == {"optimize", "cp"}  # no other tool by default
+    assert list(tmp_path.iterdir()) == [out]  # the model and the copies are removed
+
+
+def test_a_baseline_checkout_runs_in_each_round(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "large.json"
+    repo = pathlib.Path(bench_large.REPO)
+    code = bench_large.main(["--weights", "1", "--pairs", "1", "--cache", "warm", "--dir", str(tmp_path),
+                             "--baseline", str(repo), "--json", str(out)])  # fmt: skip
+    assert code == 0
+    saved = json.loads(out.read_text())
+    assert set(saved["summary"]) == {"optimize", "baseline", "cp"}
+    assert saved["summary"]["baseline"]["ok"] and saved["summary"]["baseline"]["opset"] == 18
+    assert len(saved["meta"]["baseline_pair_ratios"]) == 1

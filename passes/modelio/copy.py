@@ -25,13 +25,32 @@ staged folder, so an interrupted copy leaves nothing behind.
 
 New or changed tensors are written through Python (``tofile``) as before.
 
-Layout: tensors in the order given; each starts at a multiple of 16 bytes
-(every element type is then aligned in a memory map), and tensors larger than
-1 MiB at a multiple of 64 KiB, which the ONNX external-data spec recommends for
-memory mapping (the page size, and Windows' allocation granularity) and which
-lets a reflink share whole blocks. The gaps are holes (they read as zeros).
-The layout depends only on the tensors' sizes and order: a rerun writes the
-same bytes.
+Layout (:func:`plan`): tensors in the order given. A tensor written through
+Python starts at a multiple of 16 bytes (every element type is then aligned in
+a memory map), or of 64 KiB if it is larger than 1 MiB, which the ONNX
+external-data spec recommends for memory mapping (the page size, and Windows'
+allocation granularity) and which lets a reflink share whole blocks.
+
+Untouched tensors that follow each other in the same input file, in the order
+given, each after the previous one's end with less than its own alignment in
+between (16 bytes, or 64 KiB over 1 MiB: the padding an aligning writer
+leaves; none for ``onnx.save``), form a *run*: the run keeps the input's layout
+(the same gaps, the same bytes in them) and is copied as one range, one kernel
+call per 64 MiB however many tensors it holds, instead of one call (and its
+``fstat``/``SEEK_DATA`` checks) per tensor. The run is placed where its large
+tensors (over 1 MiB) start at a multiple of 64 KiB, and a large tensor the
+input does not hold at the same offset modulo 64 KiB as the run's first one
+starts a new run: the 64 KiB alignment is kept, at the cost of one more call
+for at least 1 MiB copied. Small tensors keep the input's offsets modulo 16
+within a run: aligned if the input had them aligned (our own output, onnx_ir's),
+not re-aligned if it had not (``onnx.save`` writes them back to back), since
+that would cost a call per tensor. A run's gaps hold what the input held
+between its tensors, padding in every writer we know of (and at most the gap's
+bound); gaps between runs and tensors written through Python are holes.
+
+The layout depends only on the tensors' sizes, their order and, for untouched
+ones, where they are in the input: a rerun writes the same bytes, and a run
+on our own output keeps every offset.
 """
 
 from __future__ import annotations
@@ -65,23 +84,80 @@ _FICLONERANGE = 0x4020940D
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """Where one tensor goes in the output's data file."""
+    """Where one tensor goes in the output's data file.
+
+    ``source`` is the input file and offset of an untouched tensor copied from
+    it (None: written through Python); ``run_start`` is True for the first
+    tensor of a run copied as one range (see the module docstring).
+    """
 
     tensor: ir.TensorProtocol
     offset: int
     length: int
+    source: tuple[str, int] | None = None
+    run_start: bool = True
+
+
+def _align(length: int) -> int:
+    return ALIGN_LARGE if length > ALIGN_THRESHOLD else ALIGN_SMALL
+
+
+def _up_to(end: int, residue: int, modulus: int) -> int:
+    """The smallest offset at or after ``end`` that is ``residue`` modulo ``modulus``."""
+    return end + (residue - end) % modulus
 
 
 def plan(tensors: Sequence[ir.TensorProtocol]) -> tuple[list[Placement], int]:
     """The offsets of ``tensors`` in a new data file (see the module docstring) and the file's size."""
-    placements, end = [], 0
-    for tensor in tensors:
-        length = tensor.nbytes
-        align = ALIGN_LARGE if length > ALIGN_THRESHOLD else ALIGN_SMALL
-        offset = -(-end // align) * align
-        placements.append(Placement(tensor, offset, length))
-        end = offset + length
+    lengths = [t.nbytes for t in tensors]  # computed from the shape: once each
+    sources = [_source(t) for t in tensors]
+    mergeable = [s is not None and _mergeable(t) for t, s in zip(tensors, sources)]
+    placements: list[Placement] = []
+    end = 0
+    i = 0
+    while i < len(tensors):
+        source = sources[i]
+        if not mergeable[i]:
+            length = lengths[i]
+            offset = _up_to(end, 0, _align(length))
+            placements.append(Placement(tensors[i], offset, length, source))
+            end = offset + length
+            i += 1
+            continue
+        # A run: the tensors i..j-1, at their input offsets relative to the first.
+        assert source is not None
+        path, first = source
+        source_end = first + lengths[i]
+        anchor = first if lengths[i] > ALIGN_THRESHOLD else None  # its first large tensor's input offset
+        j = i + 1
+        while j < len(tensors) and mergeable[j]:
+            following_path, offset = sources[j]  # type: ignore[misc]
+            length = lengths[j]
+            if following_path != path or not source_end <= offset < source_end + _align(length):
+                break
+            if length > ALIGN_THRESHOLD:
+                if anchor is not None and (offset - anchor) % ALIGN_LARGE:
+                    break  # it would not be 64 KiB-aligned: a run of its own
+                anchor = offset if anchor is None else anchor
+            source_end = offset + length
+            j += 1
+        if anchor is not None:  # the large tensors at multiples of 64 KiB
+            start = _up_to(end, first - anchor, ALIGN_LARGE)
+        else:  # the small ones at the input's offsets modulo 16
+            start = _up_to(end, first, ALIGN_SMALL)
+        for k in range(i, j):
+            offset = sources[k][1]  # type: ignore[index]
+            placements.append(Placement(tensors[k], start + offset - first, lengths[k], sources[k], k == i))
+        end = start + source_end - first
+        i = j
     return placements, end
+
+
+def _mergeable(tensor: ir.TensorProtocol) -> bool:
+    """External data can share a run; a weight left in a model file cannot (protobuf's bytes lie between them)."""
+    from passes.ir.tensors import InlineData
+
+    return InlineData not in type(tensor).__mro__
 
 
 class Copier:
@@ -212,7 +288,8 @@ def _source(tensor: ir.TensorProtocol) -> tuple[str, int] | None:
     """The input file and offset holding ``tensor``'s bytes, if it is an untouched external tensor."""
     import onnx_ir as ir
 
-    if not isinstance(tensor, ir.ExternalTensor) or not tensor.valid():
+    # Not isinstance: ExternalTensor derives from a Protocol, whose isinstance costs microseconds.
+    if ir.ExternalTensor not in type(tensor).__mro__ or not tensor.valid():  # type: ignore[attr-defined]
         return None
     return tensor.path, tensor.offset or 0
 
@@ -224,32 +301,44 @@ def write_external_data(
     """Writes each placed tensor into ``file`` (opened for writing, empty); returns bytes per method.
 
     Untouched external tensors are copied by :class:`Copier` from their input
-    file; the others are written with ``tofile`` (or ``tobytes``).
+    file, a run of them (see :func:`plan`) as one range, gaps included; the
+    others are written with ``tofile`` (or ``tobytes``). ``progress`` is told
+    the tensors' bytes (a run's gaps are not counted).
 
     Raises:
         OSError: a read or write failed.
     """
-    copier = Copier(progress)
+    reported = _Reported(progress)
+    copier = Copier(reported if progress is not None else None)
     sources: dict[str, int] = {}
     written_by_python = 0
     try:
-        for p in placements:
-            source = _source(p.tensor)
-            if source is not None:
-                path, offset = source
-                if path not in sources:
-                    sources[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                file.flush()
-                copier.copy(sources[path], offset, file.fileno(), p.offset, p.length)
+        i = 0
+        while i < len(placements):
+            p = placements[i]
+            if p.source is None:
+                file.seek(p.offset)
+                if hasattr(p.tensor, "tofile"):
+                    p.tensor.tofile(file)
+                else:
+                    file.write(p.tensor.tobytes())
+                written_by_python += p.length
+                if progress is not None:
+                    progress(p.length)
+                i += 1
                 continue
-            file.seek(p.offset)
-            if hasattr(p.tensor, "tofile"):
-                p.tensor.tofile(file)
-            else:
-                file.write(p.tensor.tobytes())
-            written_by_python += p.length
-            if progress is not None:
-                progress(p.length)
+            j = i + 1
+            while j < len(placements) and not placements[j].run_start:
+                j += 1
+            last = placements[j - 1]
+            path, offset = p.source
+            if path not in sources:
+                sources[path] = _open_source(path)
+            file.flush()
+            reported.allow(sum(q.length for q in placements[i:j]))
+            copier.copy(sources[path], offset, file.fileno(), p.offset, last.offset + last.length - p.offset)
+            reported.finish()
+            i = j
         file.flush()
         os.ftruncate(file.fileno(), size)  # a no-op once the last tensor is in; the plan says the size
     finally:
@@ -259,3 +348,35 @@ def write_external_data(
     if written_by_python:
         methods["python"] = written_by_python
     return methods
+
+
+def _open_source(path: str) -> int:
+    """Opens an input file for the copies; it is read front to back, as ``cp`` tells the kernel."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except OSError:
+            pass  # advice only
+    return fd
+
+
+class _Reported:
+    """Passes a run's copied bytes on to ``progress``, up to its tensors' bytes (its gaps are not weights)."""
+
+    def __init__(self, progress: Callable[[int], None] | None) -> None:
+        self._progress = progress
+        self._left = 0
+
+    def allow(self, n: int) -> None:
+        self._left = n
+
+    def __call__(self, n: int) -> None:
+        n = min(n, self._left)
+        self._left -= n
+        if n and self._progress is not None:
+            self._progress(n)
+
+    def finish(self) -> None:
+        """The run is copied: what is left of its tensors' bytes (a hole the copier skipped counts as copied)."""
+        self(self._left)
