@@ -100,7 +100,7 @@ def layer_norm(net: Net, x: str = "x", width: int = 16, axes=(-1,), eps: float =
     if divide == "div":
         n = net.op("Div", d, root)
     else:
-        r = net.op("Reciprocal", root)
+        r = net.op("Div", net.const(1.0), root) if divide == "one_over" else net.op("Reciprocal", root)
         n = net.op("Mul", r, d) if swap else net.op("Mul", d, r)
     shape = (width,) if isinstance(scale, str) and scale == "vector" else scale
     last = n
@@ -194,6 +194,7 @@ LAYER_NORMS = {
     "mul_square": dict(square="mul"),
     "reciprocal": dict(divide="reciprocal"),
     "reciprocal_swapped": dict(divide="reciprocal", swap=True),
+    "one_over": dict(divide="one_over"),
     "eps_first": dict(eps_first=True),
     "bert_eps": dict(eps=1e-12),
     "no_scale": dict(scale=None),
@@ -567,7 +568,12 @@ def rms_norm(net: Net, x: str = "x", width: int = 16, eps: float = 1e-6, widen: 
         root = net.op("Add", net.op("Sqrt", var), net.const(eps, stats))
     else:
         root = net.op("Sqrt", net.op("Add", var, net.const(eps, stats)))
-    n = net.op("Div", xs, root) if divide == "div" else net.op("Mul", xs, net.op("Reciprocal", root))
+    if divide == "div":
+        n = net.op("Div", xs, root)
+    else:  # rsqrt: Reciprocal(root), or TorchScript's Div(1, root)
+        one = {"one_over": 1.0, "two_over": 2.0}.get(divide)
+        inverse = net.op("Div", net.const(one, stats), root) if one is not None else net.op("Reciprocal", root)
+        n = net.op("Mul", xs, inverse)
     if widen:
         n = net.op("Cast", n, to=_elem(net.dtype))
     weight = net.const(RNG.uniform(0.5, 1.5, width) * RNG.choice([-1, 1], width))
@@ -577,6 +583,8 @@ def rms_norm(net: Net, x: str = "x", width: int = 16, eps: float = 1e-6, widen: 
 RMS_NORMS = {
     "t5": (np.float32, dict()),
     "div": (np.float32, dict(divide="div", swap=True)),
+    "one_over": (np.float32, dict(divide="one_over")),
+    "llama_one_over_widened": (np.float16, dict(divide="one_over", widen=True)),
     "mul_square": (np.float32, dict(square="mul")),
     "llama_float16_widened": (np.float16, dict(widen=True)),
     "float16": (np.float16, dict(eps=1e-5)),
@@ -602,6 +610,7 @@ def test_rms_norm_fuses(name: str) -> None:
 RMS_TRAPS = {
     "eps outside the root": (dict(eps_outside=True), "the divisor is not a square root"),
     "not the trailing axis": (dict(axes=(1,)), "are not the trailing axes"),
+    "2 over the root": (dict(divide="two_over"), "no input is x / sqrt(mean(x²) + eps)"),
 }
 
 

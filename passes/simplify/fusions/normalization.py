@@ -5,7 +5,7 @@
 ``d = Sub(x, ReduceMean(x))`` becomes ``LayerNormalization(x, scale, bias)``
 (``axis`` the first reduced axis, ``epsilon`` eps, ``stash_type`` 1: the
 statistics in float32, so a float16 pattern is not computed less precisely).
-Accepted forms: ``Mul(d, d)`` for the square, ``Mul(d, Reciprocal(Sqrt(...)))``
+Accepted forms: ``Mul(d, d)`` for the square, ``Mul(d, Reciprocal(Sqrt(...)))`` (or ``Div(1, Sqrt(...))``)
 for the division, ``eps + v``, either operand order of every Mul and Add, no
 ``Mul`` by a scale (ones). Where it applies:
 
@@ -101,6 +101,20 @@ def layer_norm(node: ir.Node, ctx: Context) -> Outcome:
     return reason
 
 
+def _reciprocal_factors(multiplication: ir.Node, ctx: Context) -> list[tuple[ir.Value | None, ir.Value | None]]:
+    """``(other factor, d)`` for each factor of ``multiplication`` that is ``Reciprocal(d)`` or
+    ``Div(1, d)`` (TorchScript's ``rsqrt``): the same correctly rounded 1/d, bit for bit."""
+    found: list[tuple[ir.Value | None, ir.Value | None]] = [
+        (other, reciprocal.inputs[0] if reciprocal.inputs else None)
+        for reciprocal, other in operands(multiplication, ctx, "Reciprocal")
+    ]
+    for division, other in operands(multiplication, ctx, "Div"):
+        one = ctx.constant(division.inputs[0]) if len(division.inputs) == 2 else None
+        if one is not None and one.size == 1 and one.ndim <= 1 and one.dtype.kind == "f" and one.reshape(-1)[0] == 1:
+            found.append((other, division.inputs[1]))
+    return found
+
+
 def _statistics(ctx: Context, value: ir.Value | None, graph: ir.Graph | ir.Function | None) -> _Statistics | str:
     """``value = (x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps)`` in one of the written forms."""
     division = inner(ctx, value, "Div", graph)
@@ -111,8 +125,7 @@ def _statistics(ctx: Context, value: ir.Value | None, graph: ir.Graph | ir.Funct
         multiplication = inner(ctx, value, "Mul", graph)
         if multiplication is None:
             return "not (x - mean) divided by a root"
-        for reciprocal, d in operands(multiplication, ctx, "Reciprocal"):
-            pairs.append((d, reciprocal.inputs[0] if reciprocal.inputs else None))
+        pairs.extend(_reciprocal_factors(multiplication, ctx))
         if not pairs:
             return "not (x - mean) times the reciprocal of a root"
     d, root_value = pairs[0]
@@ -313,8 +326,8 @@ def _root_mean_square(ctx: Context, value: ir.Value | None, graph: ir.Graph | ir
         multiplication = inner(ctx, value, "Mul", graph)
         if multiplication is None:
             return "not x divided by a root"
-        for reciprocal, xs in operands(multiplication, ctx, "Reciprocal"):
-            pairs.append((xs, inner(ctx, reciprocal.inputs[0] if reciprocal.inputs else None, "Sqrt", graph)))
+        for xs, divisor in _reciprocal_factors(multiplication, ctx):
+            pairs.append((xs, inner(ctx, divisor, "Sqrt", graph)))
         if not pairs:
             return "not x times the reciprocal of a root"
     xs, root = pairs[0]
