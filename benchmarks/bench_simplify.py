@@ -57,8 +57,17 @@ every tool's output is valid and equal, the models where ours has more nodes
 than the best other tool, the wrong outputs per tool, and for the models with
 the most extra nodes against onnxslim the op types that make the difference.
 
+Target opsets (``--targets 18,20,23``, issue #24): every selected model runs once per
+target T, as a row ``MODEL@T``: ours with ``--target-opset T`` (its fusions into
+LayerNormalization-17, Gelu-20 and RMSNormalization-23 apply from those targets),
+onnxsim with its own target opset (``vc+onnxsim`` then means onnxsim 0.8's
+``simplify(..., target_opset_version=T)`` (its CLI's ``--target-opset``) where that parameter exists, else
+version_converter to T first), onnxscript converted to T; onnxslim and ort-basic
+keep the model's opset. A further table gives, per row and tool, the
+LayerNormalization / Gelu / RMSNormalization nodes of the output and its opset.
+
 Usage:
-    python benchmarks/bench_simplify.py [--quick] [--only NAME,...] [--tools T,...]
+    python benchmarks/bench_simplify.py [--quick] [--only NAME,...] [--tools T,...] [--targets T,...]
         [--keep DIR] [--timeout S] [--json FILE] [--list]
 
 ``--only`` takes names or shell patterns (``'hf_bert*,demo'``). ``--keep DIR``
@@ -689,8 +698,9 @@ _OWN_CHECK = f"""
 import contextlib, io, json, sys, time
 sys.path.insert(0, {str(REPO)!r})
 import passes.cli
-src, dst, *dims = sys.argv[1:]
-argv = [src, "-o", dst, "-q"] + [a for d in dims for a in ("--dim", d)]
+src, dst, *rest = sys.argv[1:]
+dims = [a for a in rest if not a.startswith("--")]
+argv = [src, "-o", dst, "-q"] + [a for d in dims for a in ("--dim", d)] + [a for a in rest if a.startswith("--")]
 err = io.StringIO()
 start = time.perf_counter()
 with contextlib.redirect_stderr(err):
@@ -756,6 +766,7 @@ class ModelResult:
     inputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     export_s: float | None = None
     own_check: str = ""
+    target: int | None = None  # the target opset of this row (``--targets``), else TARGET_OPSET
     cells: dict[str, Cell] = dataclasses.field(default_factory=dict)
 
 
@@ -766,9 +777,14 @@ def _failure(m: Any, timeout: float) -> tuple[str, str]:
 
 
 def run_model(subject: Subject, tools: list[str], folder: pathlib.Path, timeout: float, keep: bool,
-              own_check: bool) -> ModelResult:
-    """Exports (if needed), runs the original, then every tool and its verification, each in a child."""
-    result = ModelResult(subject.name, subject.source, subject.description)
+              own_check: bool, target: int | None = None) -> ModelResult:
+    """Exports (if needed), runs the original, then every tool and its verification, each in a child.
+
+    ``target``: the target opset of this run (``--targets``); the row is then named ``MODEL@T`` and
+    onnxsim runs with its own target opset (:func:`harness.tool_snippet`, ``onnxsim_target``).
+    """
+    name = subject.name if target is None else f"{subject.name}@{target}"
+    result = ModelResult(name, subject.source, subject.description, target=target)
     src = subject.path
     if subject.export is not None:
         src = folder / "exports" / f"{subject.name}.onnx"
@@ -793,7 +809,7 @@ def run_model(subject: Subject, tools: list[str], folder: pathlib.Path, timeout:
     del header
     work = folder / "outputs"
     work.mkdir(parents=True, exist_ok=True)
-    ref = work / f"{subject.name}.reference.pkl"
+    ref = work / f"{name}.reference.pkl"
     m = measure("reference", subject.name, _child("reference"), [src, ref, json.dumps(subject.dims)], timeout)
     if m.ok:
         result.inputs = m.extra.get("inputs", [])
@@ -801,14 +817,15 @@ def run_model(subject: Subject, tools: list[str], folder: pathlib.Path, timeout:
         result.reference = _failure(m, timeout)[1]
         ref.unlink(missing_ok=True)
     for tool in tools:
-        cell = result.cells[tool] = Cell(subject.name, tool)
+        cell = result.cells[tool] = Cell(name, tool)
         missing = tool_installed(tool)
         if missing:
             cell.status, cell.error = "not installed", missing
             continue
-        dst = work / f"{subject.name}.{tool.replace('+', '_')}.onnx"
+        dst = work / f"{name}.{tool.replace('+', '_')}.onnx"
         dst.unlink(missing_ok=True)
-        m = measure(tool, subject.name, tool_snippet(tool, TARGET_OPSET), [src, dst], timeout)
+        snippet = tool_snippet(tool, TARGET_OPSET if target is None else target, onnxsim_target=target is not None)
+        m = measure(tool, name, snippet, [src, dst], timeout)
         cell.wall_s, cell.peak_rss_mb = m.wall_seconds, m.peak_rss_mib
         if not m.ok or not dst.exists():
             cell.status, cell.error = _failure(m, timeout) if not m.ok else ("failed", "wrote no output")
@@ -824,13 +841,14 @@ def run_model(subject: Subject, tools: list[str], folder: pathlib.Path, timeout:
                 cell.status, cell.error = "failed", f"verification failed: {_failure(v, timeout)[1]}"
         if not keep:
             dst.unlink(missing_ok=True)
-        print(f"bench_simplify: {subject.name:<34} {tool:<11} {cell.text():<22} "
+        print(f"bench_simplify: {name:<34} {tool:<11} {cell.text():<22} "
               f"{cell.work_s if cell.work_s is not None else float('nan'):7.2f} s  "
               f"{cell.error or cell.valid_error or cell.equal_detail or cell.interface}"[:240], file=sys.stderr, flush=True)
     if own_check and OURS in tools and tool_installed(OURS) == "":
         dims = [f"{d}={dim_size(d, subject.dims)}" for d in sorted(_named_dims(src))]
-        dst = work / f"{subject.name}.own_check.onnx"
-        c = measure("own check", subject.name, _OWN_CHECK, [src, dst, *dims], timeout)
+        dst = work / f"{name}.own_check.onnx"
+        extra = [] if target is None else [f"--target-opset={target}"]
+        c = measure("own check", name, _OWN_CHECK, [src, dst, *dims, *extra], timeout)
         if not c.ok:
             result.own_check = _failure(c, timeout)[0]
         else:
@@ -880,6 +898,8 @@ def tables(results: list[ModelResult], tools: list[str]) -> str:
                          "outputs unverified")
         own = [_md(r.own_check)] if OURS in tools else []
         lines.append(f"| {r.name} | {r.source} | {r.nodes_before} | " + " | ".join(cells + own) + " |")
+    if any(r.target is not None for r in results):
+        lines += ["", fused_table(results, tools)]
     lines += ["", "### Time of the work (seconds: load + passes + save, after the imports)", "",
               "| model | " + " | ".join(tools) + " |", "|" + "---|" * (len(tools) + 1)]
     for r in results:
@@ -888,6 +908,32 @@ def tables(results: list[ModelResult], tools: list[str]) -> str:
             lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
     if notes:
         lines += ["", "### Notes", "", *notes]
+    return "\n".join(lines)
+
+
+#: The standard fused ops ``--targets`` counts (the opset that introduced each): LayerNormalization-17,
+#: Gelu-20, RMSNormalization-23.
+FUSED_OPS = (("LayerNormalization", "LN"), ("Gelu", "Gelu"), ("RMSNormalization", "RMS"))
+
+
+def fused_cell(cell: Cell) -> str:
+    """``LN/Gelu/RMS`` counts of a tool's output and its opset, e.g. ``5/2/0 @20``."""
+    if cell.status != "ok" or cell.nodes is None:
+        return cell.status
+    counts = "/".join(str(cell.op_counts.get(op, 0)) for op, _ in FUSED_OPS)
+    return f"{counts} @{cell.opset}" + ("" if cell.good else " (wrong)")
+
+
+def fused_table(results: list[ModelResult], tools: list[str]) -> str:
+    """Per row and tool: how many LayerNormalization / Gelu / RMSNormalization nodes its output has."""
+    lines = ["### Standard fused ops in each output: "
+             + "/".join(short for _, short in FUSED_OPS) + " nodes, then the output's opset", "",
+             "| model | before | " + " | ".join(tools) + " |", "|" + "---|" * (len(tools) + 2)]
+    for r in results:
+        if r.status != "ok":
+            continue
+        before = "/".join(str(r.op_counts_before.get(op, 0)) for op, _ in FUSED_OPS) + f" @{r.opset_before}"
+        lines.append(f"| {r.name} | {before} | " + " | ".join(fused_cell(r.cells[t]) for t in tools) + " |")
     return "\n".join(lines)
 
 
@@ -973,9 +1019,9 @@ def histograms(results: list[ModelResult], worst: int = 5) -> tuple[str, list[di
     return "\n".join(lines), gaps
 
 
-def _header(mode: str, models: int, seconds: float, cpus: int | None) -> str:
-    return (f"## bench_simplify ({mode} run: {models} models, {seconds / 60:.1f} min, {cpus} CPUs, "
-            f"target opset {TARGET_OPSET})")
+def _header(mode: str, models: int, seconds: float, cpus: int | None, targets: list[int] | None = None) -> str:
+    target = f"target opsets {', '.join(map(str, targets))}" if targets else f"target opset {TARGET_OPSET}"
+    return f"## bench_simplify ({mode} run: {models} rows, {seconds / 60:.1f} min, {cpus} CPUs, {target})"
 
 
 def merged(base: dict[str, Any], newer: dict[str, Any], label: str) -> dict[str, Any]:
@@ -1000,7 +1046,8 @@ def render(payload: dict[str, Any]) -> str:
     tools = payload["tools"]
     mode = "quick" if payload.get("quick") else ("selected" if payload.get("only") else "full")
     text, _ = summary(list(results.values()), tools)
-    return (_header(mode, len(results), payload.get("seconds", 0.0), payload.get("cpu_count")) + "\n\n"
+    return (_header(mode, len(results), payload.get("seconds", 0.0), payload.get("cpu_count"),
+                    payload.get("targets")) + "\n\n"
             + tables(list(results.values()), tools) + "\n\n" + text)
 
 
@@ -1016,6 +1063,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep exports (DIR/exports, reused next time) and outputs (DIR/outputs) here")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per tool, model and step (default 300)")
     parser.add_argument("--no-own-check", action="store_true", help="do not also run ours with its own check")
+    parser.add_argument("--targets", default="", metavar="T,...",
+                        help="comma-separated target opsets (e.g. 18,20,23): every model once per target, ours "
+                             "with --target-opset T, onnxsim with its own target opset, onnxscript converted to "
+                             "T; adds a table of the LayerNormalization/Gelu/RMSNormalization nodes per output")
     parser.add_argument("--json", type=pathlib.Path, help="write the results here as JSON")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
     parser.add_argument("--render", type=pathlib.Path, metavar="FILE.json",
@@ -1042,6 +1093,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{s.name:<36} {s.source:<22} {s.description}")
         return 0
     chosen = select(all_subjects, args.quick, args.only)
+    try:
+        targets = [int(t) for t in args.targets.split(",") if t.strip()]
+    except ValueError:
+        parser.error(f"--targets: not a comma-separated list of opsets: {args.targets!r}")
     started = time.time()
     with contextlib.ExitStack() as stack:
         if args.keep:
@@ -1051,15 +1106,17 @@ def main(argv: list[str] | None = None) -> int:
             folder = pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_simplify_")))
         results = []
         for subject in chosen:
-            r = run_model(subject, tools, folder, args.timeout, args.keep is not None, not args.no_own_check)
-            if r.status != "ok":
-                print(f"bench_simplify: {subject.name:<34} {r.status}", file=sys.stderr, flush=True)
-            results.append(r)
+            for target in targets or [None]:
+                r = run_model(subject, tools, folder, args.timeout, args.keep is not None, not args.no_own_check,
+                              target)
+                if r.status != "ok":
+                    print(f"bench_simplify: {r.name:<34} {r.status}", file=sys.stderr, flush=True)
+                results.append(r)
     seconds = time.time() - started
     table = tables(results, tools)
     text, data = summary(results, tools)
     mode = "quick" if args.quick else ("selected" if args.only else "full")
-    print(_header(mode, len(results), seconds, os.cpu_count()) + "\n\n" + table + "\n\n" + text)
+    print(_header(mode, len(results), seconds, os.cpu_count(), targets) + "\n\n" + table + "\n\n" + text)
     if args.json:
         rows = []
         for r in results:
@@ -1071,7 +1128,7 @@ def main(argv: list[str] | None = None) -> int:
         models = [{k: v for k, v in dataclasses.asdict(r).items() if k != "cells"} for r in results]
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
-            "benchmark": "simplify", "quick": args.quick, "only": args.only, "tools": tools,
+            "benchmark": "simplify", "quick": args.quick, "only": args.only, "tools": tools, "targets": targets,
             "python": sys.version.split()[0], "cpu_count": os.cpu_count(), "seconds": seconds,
             "tolerances": {"float": [RTOL, ATOL], "float16": [RTOL_F16, ATOL_F16]},
             "rows": rows, "models": models, "summary": data, "table": table, "summary_text": text,

@@ -296,9 +296,32 @@ _TOOL_PACKAGES = {
 }
 
 
-def tool_snippet(tool: str, target_opset: int = 18) -> str:
-    """The :func:`measure` snippet of ``tool`` (one of :data:`TOOLS`), converting to ``target_opset``."""
+# onnxsim with its own target opset (0.8 has ``simplify(..., target_opset_version=N)``, the CLI's
+# ``--target-opset``, which also enables its
+# fusions into LayerNormalization-17, Gelu-20, RMSNormalization-23); an onnxsim without that parameter
+# gets onnx.version_converter first, as in "vc+onnxsim".
+_ONNXSIM_OWN_TARGET = """
+import inspect
+model = onnx.load(src)
+if "target_opset_version" in inspect.signature(onnxsim.simplify).parameters:
+    model, ok = onnxsim.simplify(model, target_opset_version=TARGET)
+else:
+    model, ok = onnxsim.simplify(onnx.version_converter.convert_version(model, TARGET))
+if not ok:
+    sys.exit("onnxsim: the simplified model failed onnxsim's own check")
+onnx.save(model, dst)
+"""
+
+
+def tool_snippet(tool: str, target_opset: int = 18, onnxsim_target: bool = False) -> str:
+    """The :func:`measure` snippet of ``tool`` (one of :data:`TOOLS`), converting to ``target_opset``.
+
+    ``onnxsim_target``: ``vc+onnxsim`` lets onnxsim convert to ``target_opset`` itself where it can
+    (onnxsim 0.8's ``target_opset_version``) instead of onnx.version_converter first.
+    """
     imports, work = _TOOL_SNIPPETS[tool]
+    if tool == "vc+onnxsim" and onnxsim_target:
+        work = _ONNXSIM_OWN_TARGET
     prelude = _TOOL_PRELUDE.format(repo=str(REPO), target=int(target_opset))
     return prelude + imports + _TOOL_BASELINE + work + _TOOL_REPORT
 
