@@ -770,6 +770,19 @@ class ModelResult:
     cells: dict[str, Cell] = dataclasses.field(default_factory=dict)
 
 
+def record_verification(cell: Cell, case: str, args: list[Any], timeout: float) -> None:
+    """Runs the ``verify`` child on a tool's output (``args``: output, reference outputs, and the
+    original when the inputs' contract is checked) and copies what it found into ``cell``."""
+    v = measure("verify", case, _child("verify"), args, timeout)
+    if not v.ok:
+        cell.status, cell.error = "failed", f"verification failed: {_failure(v, timeout)[1]}"
+        return
+    for key in ("nodes", "opset", "valid", "valid_error", "equal", "equal_detail", "interface", "max_abs_error",
+                "op_counts"):
+        if key in v.extra:
+            setattr(cell, key, v.extra[key])
+
+
 def _failure(m: Any, timeout: float) -> tuple[str, str]:
     if m.wall_seconds >= timeout:
         return "timeout", f"timeout after {timeout:.0f} s"
@@ -831,14 +844,7 @@ def run_model(subject: Subject, tools: list[str], folder: pathlib.Path, timeout:
             cell.status, cell.error = _failure(m, timeout) if not m.ok else ("failed", "wrote no output")
         else:
             cell.work_s = m.seconds
-            v = measure("verify", subject.name, _child("verify"), [dst, ref if ref.exists() else "", src], timeout)
-            if v.ok:
-                for key in ("nodes", "opset", "valid", "valid_error", "equal", "equal_detail", "interface",
-                            "max_abs_error", "op_counts"):
-                    if key in v.extra:
-                        setattr(cell, key, v.extra[key])
-            else:
-                cell.status, cell.error = "failed", f"verification failed: {_failure(v, timeout)[1]}"
+            record_verification(cell, subject.name, [dst, ref if ref.exists() else "", src], timeout)
         if not keep:
             dst.unlink(missing_ok=True)
         print(f"bench_simplify: {name:<34} {tool:<11} {cell.text():<22} "

@@ -206,15 +206,7 @@ def run_case(case: Case, tools: list[str], folder: pathlib.Path, timeout: float,
         else:
             cell.work_s = m.seconds
             # No original: the inputs are narrowed on purpose, so the inputs' contract is not checked.
-            v = measure("verify", case.name, bench_simplify._child("verify"),
-                        [dst, ref if ref.exists() else ""], timeout)
-            if v.ok:
-                for key in ("nodes", "opset", "valid", "valid_error", "equal", "equal_detail", "max_abs_error",
-                            "op_counts"):
-                    if key in v.extra:
-                        setattr(cell, key, v.extra[key])
-            else:
-                cell.status, cell.error = "failed", f"verification failed: {bench_simplify._failure(v, timeout)[1]}"
+            bench_simplify.record_verification(cell, case.name, [dst, ref if ref.exists() else ""], timeout)
         if not keep:
             dst.unlink(missing_ok=True)
         print(f"bench_static_shapes: {case.name:<24} {tool:<9} {cell.text():<22} "
