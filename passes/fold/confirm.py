@@ -59,20 +59,19 @@ started on first use and ended when the pass object goes away.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import dataclasses
 import logging
 import os
 import shutil
 import tempfile
-import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
+
+from passes.fold.runner import TIMEOUT, Runner, _close_idle  # noqa: F401  (the child's side, named here too)
 
 __all__ = ["ACCUMULATING", "EXEMPT", "MAX_SESSIONS", "TIMEOUT", "ULPS", "Batch", "Fold", "Runner", "agrees",
            "is_exempt", "settle"]
@@ -89,8 +88,6 @@ EXEMPT: frozenset[str] = frozenset({
 ULPS = 16
 #: Sessions one batch may use while looking for the folds onnxruntime cannot compute.
 MAX_SESSIONS = 16
-#: Seconds onnxruntime may take for one session.
-TIMEOUT = 120.0
 #: After a batch whose model held more bytes than this, the child is ended (it gives memory back).
 RELEASE_OVER = 64 << 20
 
@@ -285,111 +282,6 @@ def _differing_bits(expected: np.ndarray, found: Mapping[str, Any]) -> np.ndarra
     parts = list(chunks)
     whole = np.concatenate(parts) if parts else np.zeros(0, dtype)
     return whole.reshape(shape)
-
-
-# --- the child process ---------------------------------------------------------------------------
-
-#: One idle child kept between runs of this process (guarded by ``_IDLE_LOCK``): a program or a
-#: test suite that optimises many models in one process pays onnxruntime's start-up once, not
-#: once per fold pass. It runs only stateless requests (``constants``), so what one run asked
-#: cannot change what the next computes; at most one is kept, and it ends with this process
-#: (``atexit``, and the child watches its parent).
-_idle: Any = None
-_IDLE_LOCK = threading.Lock()
-
-
-def _take_idle() -> Any:
-    global _idle
-    with _IDLE_LOCK:
-        worker, _idle = _idle, None
-    return worker if worker is not None and worker.alive else None
-
-
-def _keep_idle(worker: Any) -> None:
-    global _idle
-    if not worker.alive:
-        worker.close()
-        return
-    with _IDLE_LOCK:
-        extra, _idle = _idle, worker
-    if extra is not None:
-        extra.close()
-
-
-@atexit.register
-def _close_idle() -> None:
-    worker = _take_idle()
-    if worker is not None:
-        worker.close()
-
-
-class Runner:
-    """Where the sessions run: the check's child while it is alive, else a child of its own.
-
-    Its own child is taken from the idle one a previous run of this process left (or started)
-    on first use (:meth:`prestart`); :meth:`close` hands it back as the idle one, so that one
-    onnxruntime process at most waits between runs, and none after a request that held much
-    memory (``release``).
-    """
-
-    def __init__(self) -> None:
-        self._own: Any = None
-        self._lock = threading.Lock()
-        #: The own child came from the idle slot and has not answered yet: if it died while it
-        #: waited, the first request starts a fresh one instead of failing.
-        self._reused = False
-
-    def worker(self) -> Any:
-        from passes.verify.child import current
-
-        borrowed = current.get()
-        if borrowed is not None and borrowed.alive:
-            return borrowed
-        if self._own is None:
-            from passes.verify.child import Worker, default_memory_limit
-
-            self._own = _take_idle()
-            self._reused = self._own is not None
-            if self._own is None:
-                self._own = Worker(default_memory_limit())
-        return self._own
-
-    def prestart(self) -> None:
-        """Starts the child now, so that its imports overlap with the rest of the sweep."""
-        with self._lock:
-            try:
-                self.worker().start()
-            except OSError as e:
-                logger.debug("cannot start onnxruntime's process yet: %s", e)
-
-    def request(self, request: dict[str, Any], release: bool) -> dict[str, Any]:
-        """The child's answer (``release``: end the child afterwards, it holds much memory).
-
-        Raises:
-            WorkerError, OSError: the child could not answer.
-        """
-        from passes.verify.child import WorkerCrashed
-
-        with self._lock:
-            worker = self.worker()
-            try:
-                try:
-                    return worker.request(request, time.monotonic() + TIMEOUT)
-                except WorkerCrashed:
-                    if not (self._reused and worker is self._own):
-                        raise
-                    worker.close()  # it died while idle: once more with a fresh child
-                    return worker.request(request, time.monotonic() + TIMEOUT)
-            finally:
-                self._reused = False
-                if release:
-                    worker.close()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._own is not None:
-                _keep_idle(self._own)
-                self._own = None
 
 
 # --- the batch -----------------------------------------------------------------------------------
