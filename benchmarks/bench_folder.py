@@ -43,6 +43,7 @@ def _command() -> list[str]:
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as in an installed package
     return env
 
 

@@ -10,10 +10,12 @@ patches the real module is seen. ``--help`` then never imports onnx.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 import types
 from typing import Any
 
-__all__ = ["lazy_module"]
+__all__ = ["defer_import", "lazy_module"]
 
 
 class _LazyModule:
@@ -46,3 +48,49 @@ class _LazyModule:
 def lazy_module(name: str) -> Any:
     """A stand-in for module ``name`` that imports it on first attribute access."""
     return _LazyModule(name)
+
+
+class _DeferredModule(types.ModuleType):
+    """In ``sys.modules`` in place of a module not imported yet; the first attribute read imports it.
+
+    ``import NAME`` elsewhere then binds this stand-in without running the module. The
+    import system reads only ``__spec__`` (set here, so it does not count as a use); any other
+    attribute, ``__path__`` included (a submodule's import), puts the real module in
+    ``sys.modules`` and reads from it, so every later ``import NAME`` gets the real one and this
+    stand-in forwards to it.
+    """
+
+    def __getattr__(self, attr: str) -> Any:
+        name = self.__name__
+        real = sys.modules.get(name)
+        if real is self or real is None:
+            del sys.modules[name]
+            try:
+                real = importlib.import_module(name)
+            except BaseException:
+                sys.modules.setdefault(name, self)
+                raise
+        object.__setattr__(self, "_deferred_real", real)
+        return getattr(real, attr)
+
+
+def defer_import(*names: str) -> None:
+    """Puts a stand-in for each module of ``names`` in ``sys.modules``, so that a library's
+    module-level ``import NAME`` costs nothing until an attribute of it is read.
+
+    For the command's own process only (:mod:`passes.cli.command`): onnx_ir imports sympy
+    (0.35-0.4 s, a third of a small model's run) for symbolic-dim arithmetic, through
+    ``onnx_ir._core``'s ``import sympy`` and ``onnx_ir._symbolic_shapes``, whose module-level
+    table reads ``sympy.Max``; a run reaches either only through a ``SymbolicDim`` expression.
+    A module already imported, or (top-level) not installed, is left alone; a dotted name only
+    while its parent is not imported yet (the parent's import would import it).
+    """
+    for name in names:
+        parent = name.rpartition(".")[0]
+        if name in sys.modules or (parent and parent in sys.modules):
+            continue
+        if not parent and importlib.util.find_spec(name) is None:
+            continue
+        module = _DeferredModule(name)
+        module.__spec__ = None  # what the import system reads of a module found in sys.modules
+        sys.modules[name] = module

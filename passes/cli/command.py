@@ -27,6 +27,7 @@ from passes import pipeline
 from passes.cli.args import PROG, option_values, parser, resolve_output, static_shapes
 from passes.cli.progress import TerminalProgress
 from passes.errors import EXIT_CHECK, EXIT_ERROR, EXIT_OK, CheckFailedError, InputError, OptimizeError, first_line
+from passes.lazy import defer_import
 
 if TYPE_CHECKING:
     from passes.report import Report  # numpy and onnx_ir: not at start-up
@@ -128,6 +129,8 @@ def _terminate(signum: int, frame: Any) -> NoReturn:
 
 #: The C++ extension modules every run loads (numpy's, onnx's nanobind module, onnx_ir's imports).
 _EXTENSIONS = ("numpy", "onnx", "onnx_ir")
+#: Imported by onnx_ir and rarely used by a run: imported at their first use (:func:`defer_import`).
+_DEFERRED = ("sympy", "onnx_ir._symbolic_shapes")
 
 
 def _exit_at_once(signum: int, frame: Any) -> NoReturn:
@@ -147,6 +150,7 @@ def _import_extensions() -> None:
     missing = [name for name in _EXTENSIONS if name not in sys.modules]
     if not missing:
         return
+    defer_import(*_DEFERRED)
     previous = {s: signal.getsignal(s) for s in _SIGNALS}
     for s in _SIGNALS:
         signal.signal(s, _exit_at_once)
