@@ -175,9 +175,12 @@ class InputsUsed:
         return dataclasses.asdict(self)
 
     def sets_text(self) -> str:
-        """``also edge-value, NaN/infinity inputs; skipped: 0-sized-dimension (why)``, or ""."""
+        """``also edge-value, NaN/infinity inputs; skipped: 0-sized-dimension (see the note)``, or "".
+
+        Why a set tried was skipped is one of the result's notes (printed after the outputs), not repeated here.
+        """
         ran = [s["label"] for s in self.sets[1:] if s.get("ran")]
-        skipped = [f"{s['label']} ({s.get('note', '')})" for s in self.sets[1:] if s.get("tried") and not s.get("ran")]
+        skipped = [f"{s['label']} (see the note)" for s in self.sets[1:] if s.get("tried") and not s.get("ran")]
         parts = [f"also {', '.join(ran)} inputs"] if ran else []
         if skipped:
             parts.append("skipped: " + "; ".join(skipped))

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -51,9 +52,28 @@ def _phase(text: str) -> None:
     _send({"phase": text})
 
 
+# onnxruntime's run errors: "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while
+# running Reshape node. Name:'r' Status Message: /onnxruntime_src/...h:84 onnxruntime::Reshape...(
+# ...) size != 0 && ... was false. The input tensor cannot be reshaped ..." -> "Reshape node 'r':
+# The input tensor cannot be reshaped ..." (the source path, function and condition say nothing
+# to a user; the op, the node and ORT's own sentence do).
+_ORT_RUN_ERROR = re.compile(
+    r"^\[ONNXRuntimeError\] : \d+ : \w+ : Non-zero status code returned while running (?P<op>\S+) node\. "
+    r"Name:'(?P<name>[^']*)' Status Message: (?:\S+:\d+ [^ ]+\(.*?\) .*? was false\. )?(?P<message>.*)$")
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
-    return text.splitlines()[0][:500] if text else type(error).__name__
+    if not text:
+        return type(error).__name__
+    line = text.splitlines()[0]
+    run = _ORT_RUN_ERROR.match(line)
+    if run:
+        line = f"{run['op']} node {run['name']!r}: {run['message']}"
+    else:
+        line = _ORT_PREFIX.sub("onnxruntime: ", line)
+    return line[:500]
 
 
 def _isolate(memory_limit: int, parent: int) -> None:
