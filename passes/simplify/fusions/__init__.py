@@ -105,5 +105,6 @@ from passes.simplify.fusions import gemm  # noqa: F401  isort: skip
 from passes.simplify.fusions import pad  # noqa: F401  isort: skip
 from passes.simplify.fusions import normalization  # noqa: F401  isort: skip
 from passes.simplify.fusions import gelu  # noqa: F401  isort: skip
+from passes.simplify.fusions import rotary  # noqa: F401  isort: skip
 
 __all__: list[str] = []
