@@ -31,7 +31,9 @@ broadcasts over the heads, with equal halves. Where it applies:
   inference, so in function bodies, which have no shapes, it does not apply);
   ``e`` has rank 3, its ``S`` is ``x``'s (the same int or symbol) and its
   batch ``b`` is ``x``'s or 1: a batch of 1 is expanded to ``x``'s
-  (``Expand(half, Concat(Shape(x)[0:1], [1, 1]))``), as onnxruntime's kernel
+  (``Expand(half, Concat(Shape(v)[0:1], [1, 1]))``, ``v`` a graph input whose
+  first dim is ``x``'s batch symbol, else ``x``: one Shape and one pair of
+  Expands for every fusion of the graph, after ``cse``), as onnxruntime's kernel
   takes 3-D caches of exactly ``x``'s batch (it refuses a batch of 1 against a
   batch of 2 where the primitive ops broadcast);
 * every cache value is in ``[-1, 1]`` or NaN: a ``Cos`` or ``Sin`` in the
@@ -221,7 +223,7 @@ def _fuse(node: ir.Node, ctx: Context, x: ir.Value, width: int, cos: ir.Value | 
         if expand:  # a batch of 1: the kernel takes caches of x's batch exactly
             source = _batch_source(ctx, x, dims[0], node.graph)
             shape = _new(ctx, node, "Shape", [source], "rotary_batch", [ir.AttrInt64("start", 0), ir.AttrInt64("end", 1)])
-            ones = ctx.new_constant(np.ones(2, dtype=np.int64), "rotary_ones", node)
+            ones = _ones(ctx, node)
             target = _new(ctx, node, "Concat", [shape, ones], "rotary_cache_shape", [ir.AttrInt64("axis", 0)])
             halves = [_new(ctx, node, "Expand", [h, target], "rotary_cache") for h in halves]
         fused = ir.Node("", "RotaryEmbedding", [x, *halves], name=names.node(f"{node.name or 'Add'}_rotary"))
@@ -239,6 +241,19 @@ def _batch_source(ctx: Context, x: ir.Value, batch: Dim, graph: Graph) -> ir.Val
             if dims and dims[0] == batch:
                 return value
     return x
+
+
+def _ones(ctx: Context, node: ir.Node) -> ir.Value:
+    """An int64 ``[1, 1]`` initializer of the graph (the first fusion's), else a new constant: the second
+    fusion's Expand target is then the first's, which ``cse`` merges in the same pass."""
+    graph = node.graph
+    if ctx.initializers and isinstance(graph, ir.Graph):
+        for value in graph.initializers.values():
+            if value.dtype == ir.DataType.INT64 and value.shape is not None and tuple(value.shape) == (2,):
+                array = ctx.constant(value)
+                if array is not None and array.tolist() == [1, 1]:
+                    return value
+    return ctx.new_constant(np.ones(2, dtype=np.int64), "rotary_ones", node)
 
 
 def _new(ctx: Context, before: ir.Node, op_type: str, inputs: list[ir.Value | None], base: str,
