@@ -116,7 +116,8 @@ def _io(name: str, shape, dtype) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape)
 
 
-def llama(dtype=np.float32, opset: int = 23, form: str = "dynamo", batch="batch", pos_batch=1, **options) -> onnx.ModelProto:
+def llama(dtype=np.float32, opset: int = 23, form: str = "dynamo", batch="batch", pos_batch=1,
+          **options) -> onnx.ModelProto:  # fmt: skip
     """Q and K of one attention layer (K with 2 heads: grouped-query attention) rotated by shared cos/sin."""
     net = Net(dtype, opset)
     halves = options.pop("halves", "same")
@@ -318,10 +319,11 @@ def test_a_cache_unsqueezed_on_another_axis_is_not_matched(caplog) -> None:
     emb = net.op("Concat", angles, angles, axis=-1)
     cos, sin = (net.unsqueeze(net.op(op, emb), [0]) for op in ("Cos", "Sin"))  # [1, 1, S, D] from a [1, S, D]
     rotate(net, "q", cos, sin, "y")
-    graph = helper.make_graph(net.nodes, "g", [_io("q", [1, HEADS, "seq", WIDTH], np.float32),
-                                               _io("pos", [1, "seq"], np.int64)],
-                              [_io("y", [1, HEADS, "seq", WIDTH], np.float32)], initializer=net.initializers)  # fmt: skip
-    _refused(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]), "not Unsqueeze(e, axes=[1])", caplog)
+    inputs = [_io("q", [1, HEADS, "seq", WIDTH], np.float32), _io("pos", [1, "seq"], np.int64)]
+    graph = helper.make_graph(net.nodes, "g", inputs, [_io("y", [1, HEADS, "seq", WIDTH], np.float32)],
+                              initializer=net.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    _refused(model, "not Unsqueeze(e, axes=[1])", caplog)
 
 
 def test_below_opset_23_it_is_counted_as_fusable_at_a_higher_opset(caplog) -> None:

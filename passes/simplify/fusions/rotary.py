@@ -173,9 +173,9 @@ def _negated(ctx: Context, value: ir.Value | None, graph: Graph) -> ir.Value | N
         return None
     for index in (0, 1):
         minus_one = ctx.constant(product.inputs[1 - index])
-        if minus_one is not None and minus_one.size == 1 and minus_one.ndim <= 1 and minus_one.dtype.kind == "f":
-            if minus_one.reshape(-1)[0] == -1:
-                return product.inputs[index]
+        if (minus_one is not None and minus_one.size == 1 and minus_one.ndim <= 1 and minus_one.dtype.kind == "f"
+                and minus_one.reshape(-1)[0] == -1):  # fmt: skip
+            return product.inputs[index]
     return None
 
 
@@ -222,7 +222,8 @@ def _fuse(node: ir.Node, ctx: Context, x: ir.Value, width: int, cos: ir.Value | 
         halves = [cos_half.build(node), sin_half.build(node)]
         if expand:  # a batch of 1: the kernel takes caches of x's batch exactly
             source = _batch_source(ctx, x, dims[0], node.graph)
-            shape = _new(ctx, node, "Shape", [source], "rotary_batch", [ir.AttrInt64("start", 0), ir.AttrInt64("end", 1)])
+            first = [ir.AttrInt64("start", 0), ir.AttrInt64("end", 1)]
+            shape = _new(ctx, node, "Shape", [source], "rotary_batch", first)
             ones = _ones(ctx, node)
             target = _new(ctx, node, "Concat", [shape, ones], "rotary_cache_shape", [ir.AttrInt64("axis", 0)])
             halves = [_new(ctx, node, "Expand", [h, target], "rotary_cache") for h in halves]
@@ -343,8 +344,7 @@ def _half(ctx: Context, value: ir.Value | None, graph: Graph, width: int, depth:
         if (len(producer.inputs) != 2 or producer.inputs[0] is None or producer.inputs[0] is not producer.inputs[1]
                 or producer.attributes.get_int("axis", 0) not in (-1, (_rank(ctx, value) or 0) - 1)):  # fmt: skip
             return "a Concat that is not of one value with itself on the last axis"
-        f = producer.inputs[0]
-        return _Half(lambda before: f, False)
+        return _Half(_existing(producer.inputs[0]), False)
     if op in _UNARY and len(producer.inputs) == 1:
         found = _half(ctx, producer.inputs[0], graph, width, depth - 1)
         if isinstance(found, str):
@@ -358,8 +358,7 @@ def _half(ctx: Context, value: ir.Value | None, graph: Graph, width: int, depth:
             found = _half(ctx, producer.inputs[index], graph, width, depth - 1)
             if isinstance(found, str):
                 return found
-            constant = producer.inputs[1 - index]
-            builds: list[Build] = [found.build, lambda before: constant]  # type: ignore[list-item,return-value]
+            builds = [found.build, _existing(producer.inputs[1 - index])]
             if index == 1:
                 builds.reverse()
             with np.errstate(invalid="ignore"):
@@ -375,9 +374,14 @@ def _half(ctx: Context, value: ir.Value | None, graph: Graph, width: int, depth:
         found = _half(ctx, data, graph, width, depth - 1)
         if isinstance(found, str):
             return found
-        indices = producer.inputs[1]
-        return _Half(_copy(ctx, producer, [found.build, lambda before: indices]), found.bounded)  # type: ignore[list-item,return-value]
+        return _Half(_copy(ctx, producer, [found.build, _existing(producer.inputs[1])]), found.bounded)
     return f"built by a {op}, which is not known to keep equal halves"
+
+
+def _existing(value: ir.Value | None) -> Build:
+    """A builder that makes nothing: ``value`` is in the graph already."""
+    assert value is not None
+    return lambda before: value
 
 
 def _rank(ctx: Context, value: ir.Value | None) -> int | None:
