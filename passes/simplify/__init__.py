@@ -38,9 +38,10 @@ and model-local function until nothing changes (bounded):
   (no hidden broadcast). Constants are compared exactly.
 * ``fusions`` (``--no-fuse`` turns them off): BatchNormalization into a
   preceding Conv/ConvTranspose/Gemm, a per-channel Mul/Add into a Conv, and
-  MatMul+Add of proved matrices into a Gemm; the exporters' LayerNorm, GELU
-  and RMSNorm into the standard ``LayerNormalization`` (opset 17), ``Gelu``
-  (20) and ``RMSNormalization`` (23), where onnxruntime has the kernel
+  MatMul+Add of proved matrices into a Gemm; the exporters' LayerNorm, GELU,
+  RMSNorm and rotate-half rotary embedding into the standard
+  ``LayerNormalization`` (opset 17), ``Gelu`` (20), ``RMSNormalization`` (23)
+  and ``RotaryEmbedding`` (23), where onnxruntime has the kernel
   (patterns only a higher opset would take are counted as
   ``fusable_at_higher_opset``). These are the only rules that change float
   results (by rounding, ~1e-6); the report counts them and the check covers
