@@ -127,6 +127,33 @@ def _terminate(signum: int, frame: Any) -> NoReturn:
     raise _Interrupted(signum)
 
 
+def _redeliver(unraisable: Any) -> None:
+    """``sys.unraisablehook`` of the command's process: an interrupt that landed where Python cannot
+    raise it (a weakref callback such as the import system's module-lock clean-up, a ``__del__``)
+    is raised again once that callback has returned, and the run ends like any other interrupt.
+
+    Python prints such an exception ("Exception ignored in ...", with a traceback) and goes on;
+    :func:`_terminate` had set both signals to be ignored, so the run went on to write its output
+    with exit 0. A signal sent again would be handled inside this hook (any Python code here can
+    run the handler) and be lost the same way; so a profile function raises it at the first call
+    or return after this hook's own, in the code the callback interrupted. Any other unraisable
+    exception is printed as usual.
+    """
+    error = unraisable.exc_value
+    if not isinstance(error, _Interrupted):
+        sys.__unraisablehook__(unraisable)
+        return
+    signum, own = error.signum, _redeliver.__code__
+
+    def raise_after_the_hook(frame: Any, event: str, arg: Any) -> None:
+        if frame.f_code is own:
+            return
+        sys.setprofile(None)
+        raise _Interrupted(signum)
+
+    sys.setprofile(raise_after_the_hook)
+
+
 #: The C++ extension modules every run loads (numpy's, onnx's nanobind module, onnx_ir's imports).
 _EXTENSIONS = ("numpy", "onnx", "onnx_ir")
 #: Imported by onnx_ir and rarely used by a run: imported at their first use (:func:`defer_import`).
@@ -250,6 +277,7 @@ def run(argv: Sequence[str] | None = None) -> NoReturn:
     closed and every temporary file removed by then).
     """
     state = {"written": False, "process": True}
+    sys.unraisablehook = _redeliver
     for s in _SIGNALS:
         signal.signal(s, _terminate)
     try:
