@@ -31,6 +31,7 @@ import onnx_ir as ir
 
 from passes.ir import walk
 from passes.ir.inference import infer_all
+from passes.shapes import symbols
 
 __all__ = ["TypeValuesPass"]
 
@@ -111,17 +112,20 @@ class TypeValuesPass(ir.passes.InPlacePass):
         inferred = _infer_without_lists(model, lists) if lists else infer_all(model)
         for value in _tainted(model, lists) if lists else ():
             inferred.pop(value, None)
+        renaming = symbols.plan(model, inferred)
         typed = outputs = 0
         for graph in walk.graphs(model):
             graph_outputs = set(graph.outputs)
+            in_main = graph is model.graph
             for node in graph:
                 for value in node.outputs:
                     found = inferred.get(value)
                     if found is None or value.name in graph.initializers:
                         continue
                     dtype, shape = found
-                    if value in graph_outputs and graph is not model.graph:
+                    if value in graph_outputs and not in_main:
                         continue
+                    shape = renaming.shape(shape, in_main=in_main)
                     new = _tighter(value.shape, shape)
                     if value in graph_outputs:
                         if new is not None:
@@ -144,5 +148,6 @@ class TypeValuesPass(ir.passes.InPlacePass):
                         and (value.type or value.shape)):
                     value.type, value.shape = None, None
                     untyped += 1
-        self.stats = {"typed": typed, "outputs_tightened": outputs}
+        self.stats = {"typed": typed, "outputs_tightened": outputs, "symbols_named": renaming.proved,
+                      "symbols_renamed_apart": renaming.apart}
         return ir.passes.PassResult(model, modified=bool(typed or outputs))
