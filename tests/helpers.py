@@ -234,6 +234,7 @@ def _expose_branches(model: onnx.ModelProto) -> list[tuple[str, str, onnx.ValueI
                         graph.output.append(onnx.helper.make_tensor_value_info(dummy, info.type.tensor_type.elem_type, None))
                 out = f"{info.name}__exposed_{node.name or id(node)}"
                 node.output.append(out)
+                model.graph.output.append(onnx.helper.make_tensor_value_info(out, info.type.tensor_type.elem_type, None))
                 copy = onnx.ValueInfoProto()
                 copy.CopyFrom(info)
                 copy.doc_string = owner
