@@ -6,7 +6,10 @@ subgraphs that onnx shape inference can type, so that viewers show a shape on
 every edge. Inference runs once, on the weight-free view
 (:func:`passes.ir.inference.infer_all`), so a model over 2 GB is no obstacle.
 Symbolic dims are kept (inference carries the inputs' dim names through the
-ops). A shape already stated is never replaced, only completed: a dim
+ops), and the fresh symbols inference makes up (``unk__N``) are named by what
+the main graph proves: the int or the input's dim they equal, and never a
+name the model already uses for another dim (:mod:`passes.shapes.symbols`).
+A shape already stated is never replaced, only completed: a dim
 inference proves static where the statement has a name or nothing becomes
 that size (so a graph output declared ``[batch, ?]`` becomes ``[1, 256]`` once
 the inputs are static), and a statement inference contradicts is left for the
