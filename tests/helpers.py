@@ -224,17 +224,17 @@ def _expose_branches(model: onnx.ModelProto) -> list[tuple[str, str, onnx.ValueI
         infos = {name: [i for i in g.value_info if i.type.tensor_type.elem_type] for name, g in branches.items()}
         for owner in ("then_branch", "else_branch"):
             for info in infos[owner]:
+                elem = info.type.tensor_type.elem_type
                 for name, graph in branches.items():
-                    if name == owner:
-                        graph.output.append(onnx.helper.make_tensor_value_info(info.name, info.type.tensor_type.elem_type, None))
-                    else:
-                        dummy = f"{info.name}__exposed_dummy"
-                        graph.node.append(onnx.helper.make_node("Constant", [], [dummy], value=onnx.helper.make_tensor(
-                            dummy, info.type.tensor_type.elem_type, [0], [])))
-                        graph.output.append(onnx.helper.make_tensor_value_info(dummy, info.type.tensor_type.elem_type, None))
+                    returned = info.name
+                    if name != owner:  # an empty tensor of the same type where the other branch has the value
+                        returned = f"{info.name}__exposed_dummy"
+                        empty = onnx.helper.make_tensor(returned, elem, [0], [])
+                        graph.node.append(onnx.helper.make_node("Constant", [], [returned], value=empty))
+                    graph.output.append(onnx.helper.make_tensor_value_info(returned, elem, None))
                 out = f"{info.name}__exposed_{node.name or id(node)}"
                 node.output.append(out)
-                model.graph.output.append(onnx.helper.make_tensor_value_info(out, info.type.tensor_type.elem_type, None))
+                model.graph.output.append(onnx.helper.make_tensor_value_info(out, elem, None))
                 copy = onnx.ValueInfoProto()
                 copy.CopyFrom(info)
                 copy.doc_string = owner
@@ -245,7 +245,9 @@ def _expose_branches(model: onnx.ModelProto) -> list[tuple[str, str, onnx.ValueI
     return exposed
 
 
-def value_info_against_onnxruntime(model: onnx.ModelProto | str, feeds_by_size: Sequence[Mapping[str, np.ndarray]]) -> int:
+def value_info_against_onnxruntime(
+    model: onnx.ModelProto | str, feeds_by_size: Sequence[Mapping[str, np.ndarray]]
+) -> int:
     """Checks every value_info and graph output shape against what onnxruntime computes, at each set of inputs.
 
     Static dims must equal the computed ones; a symbolic name is one size within a run, across
