@@ -197,3 +197,94 @@ def ops_recursive(model: onnx.ModelProto) -> list[str]:
     for function in model.functions:
         ops.extend(node.op_type for node in function.node)
     return ops
+
+
+# --- value_info against what onnxruntime computes ------------------------------------------------
+
+
+def dims_of(info: onnx.ValueInfoProto) -> list[int | str | None]:
+    """A value_info's dims: ints, symbol names, None for an unnamed dim."""
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in info.type.tensor_type.shape.dim]  # fmt: skip
+
+
+def _expose_branches(model: onnx.ModelProto) -> list[tuple[str, str, onnx.ValueInfoProto]]:
+    """Adds the value_info values of the main graph's If branches as outputs, in place.
+
+    Each branch returns its own values and an empty tensor of the same type where the other
+    branch has one; the If returns them all, and its condition is a graph output too.
+    Returns (If output, condition, the value's value_info with its branch's attribute name in
+    ``doc_string``) for each value exposed.
+    """
+    exposed = []
+    for node in list(model.graph.node):
+        if node.op_type != "If":
+            continue
+        branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+        infos = {name: [i for i in g.value_info if i.type.tensor_type.elem_type] for name, g in branches.items()}
+        for owner in ("then_branch", "else_branch"):
+            for info in infos[owner]:
+                elem = info.type.tensor_type.elem_type
+                for name, graph in branches.items():
+                    returned = info.name
+                    if name != owner:  # an empty tensor of the same type where the other branch has the value
+                        returned = f"{info.name}__exposed_dummy"
+                        empty = onnx.helper.make_tensor(returned, elem, [0], [])
+                        graph.node.append(onnx.helper.make_node("Constant", [], [returned], value=empty))
+                    graph.output.append(onnx.helper.make_tensor_value_info(returned, elem, None))
+                out = f"{info.name}__exposed_{node.name or id(node)}"
+                node.output.append(out)
+                model.graph.output.append(onnx.helper.make_tensor_value_info(out, elem, None))
+                copy = onnx.ValueInfoProto()
+                copy.CopyFrom(info)
+                copy.doc_string = owner
+                exposed.append((out, node.input[0], copy))
+        cond = node.input[0]
+        if cond not in {o.name for o in model.graph.output} | {i.name for i in model.graph.input}:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(cond, onnx.TensorProto.BOOL, None))
+    return exposed
+
+
+def value_info_against_onnxruntime(
+    model: onnx.ModelProto | str, feeds_by_size: Sequence[Mapping[str, np.ndarray]]
+) -> int:
+    """Checks every value_info and graph output shape against what onnxruntime computes, at each set of inputs.
+
+    Static dims must equal the computed ones; a symbolic name is one size within a run, across
+    the main graph's value_info, its outputs and the value_info of the branches of its If nodes
+    (exposed as outputs), and the main graph's inputs' names are their sizes. Returns the number
+    of dims checked.
+    """
+    model = onnx.load(model) if isinstance(model, str) else model
+    exposed_model = onnx.ModelProto()
+    exposed_model.CopyFrom(model)
+    declared = [*model.graph.output, *model.graph.value_info]
+    exposed_model.graph.output.extend(model.graph.value_info)
+    branches = _expose_branches(exposed_model)
+    names = [o.name for o in exposed_model.graph.output]
+    checked = 0
+    for feeds in feeds_by_size:
+        sizes: dict[str, int] = {}
+        for info in model.graph.input:
+            if info.name in feeds:
+                for d, n in zip(dims_of(info), np.shape(feeds[info.name])):
+                    if isinstance(d, str):
+                        sizes[d] = n
+        results = dict(zip(names, ort_session(exposed_model).run(names, dict(feeds))))
+        pairs = [(info, results[info.name]) for info in declared]
+        for out, cond, info in branches:
+            if bool(feeds[cond] if cond in feeds else results[cond]) == (info.doc_string == "then_branch"):
+                pairs.append((info, results[out]))
+        for info, array in pairs:
+            dims = dims_of(info)
+            if not info.type.tensor_type.HasField("shape"):
+                continue
+            assert onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type) == array.dtype, info.name
+            assert len(dims) == array.ndim, (info.name, dims, array.shape)
+            for d, n in zip(dims, array.shape):
+                if isinstance(d, int):
+                    assert d == n, (info.name, dims, array.shape)
+                elif isinstance(d, str):
+                    assert sizes.setdefault(d, n) == n, (info.name, d, sizes[d], array.shape)
+                checked += 1
+    return checked

@@ -255,27 +255,7 @@ def _typed_values(graph: onnx.GraphProto) -> None:
 def _against_onnxruntime(path: pathlib.Path, feeds_by_size: list[dict[str, np.ndarray]]) -> None:
     """Each value_info matches the shape onnxruntime computes, at each input size: static dims equal,
     each symbolic name one size within a run (and the inputs' names their sizes)."""
-    model = onnx.load(str(path))
-    infos = list(model.graph.value_info)
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    exposed.graph.output.extend(infos)
-    for feeds in feeds_by_size:
-        sizes: dict[str, int] = {}
-        for info in model.graph.input:
-            for d, n in zip(_dims(info), feeds[info.name].shape):
-                if isinstance(d, str):
-                    sizes[d] = n
-        results = helpers.ort_run(exposed, feeds)[len(model.graph.output):]
-        for info, array in zip(infos, results):
-            declared = _dims(info)
-            assert onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type) == array.dtype, info.name
-            assert len(declared) == array.ndim, (info.name, declared, array.shape)
-            for d, n in zip(declared, array.shape):
-                if isinstance(d, int):
-                    assert d == n, (info.name, declared, array.shape)
-                elif isinstance(d, str):
-                    assert sizes.setdefault(d, n) == n, (info.name, d, sizes[d], array.shape)
+    assert helpers.value_info_against_onnxruntime(str(path), feeds_by_size) > 0
 
 
 def test_value_info_on_a_dynamic_transformer_matches_onnxruntime(tmp_path: pathlib.Path, capsys) -> None:

@@ -6,7 +6,10 @@ subgraphs that onnx shape inference can type, so that viewers show a shape on
 every edge. Inference runs once, on the weight-free view
 (:func:`passes.ir.inference.infer_all`), so a model over 2 GB is no obstacle.
 Symbolic dims are kept (inference carries the inputs' dim names through the
-ops). A shape already stated is never replaced, only completed: a dim
+ops), and the fresh symbols inference makes up (``unk__N``) are named by what
+the main graph proves: the int or the input's dim they equal, and never a
+name the model already uses for another dim (:mod:`passes.shapes.symbols`).
+A shape already stated is never replaced, only completed: a dim
 inference proves static where the statement has a name or nothing becomes
 that size (so a graph output declared ``[batch, ?]`` becomes ``[1, 256]`` once
 the inputs are static), and a statement inference contradicts is left for the
@@ -31,6 +34,7 @@ import onnx_ir as ir
 
 from passes.ir import walk
 from passes.ir.inference import infer_all
+from passes.shapes import symbols
 
 __all__ = ["TypeValuesPass"]
 
@@ -111,17 +115,20 @@ class TypeValuesPass(ir.passes.InPlacePass):
         inferred = _infer_without_lists(model, lists) if lists else infer_all(model)
         for value in _tainted(model, lists) if lists else ():
             inferred.pop(value, None)
+        renaming = symbols.plan(model, inferred)
         typed = outputs = 0
         for graph in walk.graphs(model):
             graph_outputs = set(graph.outputs)
+            in_main = graph is model.graph
             for node in graph:
                 for value in node.outputs:
                     found = inferred.get(value)
                     if found is None or value.name in graph.initializers:
                         continue
                     dtype, shape = found
-                    if value in graph_outputs and graph is not model.graph:
+                    if value in graph_outputs and not in_main:
                         continue
+                    shape = renaming.shape(shape, in_main=in_main)
                     new = _tighter(value.shape, shape)
                     if value in graph_outputs:
                         if new is not None:
@@ -144,5 +151,6 @@ class TypeValuesPass(ir.passes.InPlacePass):
                         and (value.type or value.shape)):
                     value.type, value.shape = None, None
                     untyped += 1
-        self.stats = {"typed": typed, "outputs_tightened": outputs}
+        self.stats = {"typed": typed, "outputs_tightened": outputs, "symbols_named": renaming.proved,
+                      "symbols_renamed_apart": renaming.apart}
         return ir.passes.PassResult(model, modified=bool(typed or outputs))
