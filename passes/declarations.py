@@ -210,8 +210,8 @@ PRECISION = PassSpec(
     implementation("passes.precision:PrecisionPass"),
     (
         Option("precision", None, "convert float32 weights and computation to float16 (fp16) or bfloat16 "
-               "(bf16), graph inputs and outputs kept float32; nodes that need float32 stay float32 and "
-               "the check compares with the float32 model at the half type's tolerance (default: off)",
+               "(bf16), graph inputs and outputs kept float32 (but with --precision-io); nodes that need float32 stay "
+               "float32 and the check compares with the float32 model at the half type's tolerance (default: off)",
                parse=_parse_precision, check=_known_precision, metavar="fp16|bf16"),
         Option("precision_io", False, "with --precision: the graph's float32 inputs and outputs become the "
                "half type too (no Casts at the boundary); the check feeds the converted model the original's "

@@ -27,6 +27,12 @@ kept in float32, each found and listed with its reason:
 When the check still fails, the pass raises :class:`passes.errors.CheckFailedError`
 (exit 1, nothing written), naming the output. The search uses the run's check
 options (``--inputs``, ``--dim``, the seed: :data:`passes.verify.gate.current_check`).
+
+``--precision-io`` (``io``) makes the main graph's float32 inputs and outputs half
+too; ``--precision-tolerance`` (``tolerance``) replaces the half type's tolerance
+(:data:`passes.verify.result.TOLERANCES`) in the search and, through the report's
+``tolerance``, in the pipeline's check. External weights stay in their file until
+the save writes them converted (:mod:`passes.precision.lazy`).
 """
 
 from __future__ import annotations

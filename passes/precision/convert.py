@@ -13,10 +13,13 @@ once they are known.
   value, type and scope (never a Cast pair that cancels).
 * Float32 initializers become half when a half node takes them and their
   values fit the half type; the others stay float32.
-* Graph inputs and outputs keep float32 (Casts at the boundary), and so do
+* Graph inputs and outputs keep float32 (Casts at the boundary; with ``io``,
+  ``--precision-io``, the main graph's become half instead), and so do
   the inputs and outputs of subgraphs (If/Loop/Scan bodies) and of
   model-local functions: each body is converted inside, consistently, and
   what crosses its boundary is float32.
+* A converted weight stored externally is converted when it is written, a
+  chunk at a time (:mod:`passes.precision.lazy`).
 * Integers, booleans, strings and float64 are left as they are.
 """
 
