@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,8 @@ class PassSpec:
             some named rewrites (simplify's fusions) counts those in its stats as ``fused``.
         opt_in: Whether the default run (no pass list given) includes it only when one of its
             options is set (``--precision``): otherwise it would be a no-op line in every report.
+        refuse: Says why the values of its options make no sense together (None when they do):
+            ``--precision-io`` without ``--precision``. Asked when the pass runs, on every route.
     """
 
     name: str
@@ -65,6 +68,7 @@ class PassSpec:
     repeats: bool = False
     exact: bool = True
     opt_in: bool = False
+    refuse: Callable[[Mapping[str, Any]], str | None] | None = None
 
     @classmethod
     def of(cls, pass_class: type[Pass]) -> PassSpec:
@@ -150,6 +154,55 @@ def _known_precision(value: str) -> str | None:
     return None if value in ("fp16", "bf16") else "must be fp16 or bf16"
 
 
+def precision_tolerance(value: Any) -> tuple[float, float | None]:
+    """``--precision-tolerance``'s value as (rtol, atol or None: the half type's): from ``"RTOL"``,
+    ``"RTOL,ATOL"``, a number or a pair of numbers (the API's forms; ``(rtol, None)`` too).
+
+    Raises:
+        ValueError: not such a value, RTOL not a finite number > 0, or ATOL not a finite number >= 0.
+    """
+    if isinstance(value, str):
+        parts: list[Any] = value.split(",")
+    elif isinstance(value, (list, tuple)):
+        parts = list(value[:1]) if len(value) == 2 and value[1] is None else list(value)
+    else:
+        parts = [value]
+    expected = "expected RTOL or RTOL,ATOL: a finite rtol > 0 and a finite atol >= 0"
+    if not 1 <= len(parts) <= 2 or any(isinstance(p, bool) for p in parts):
+        raise ValueError(expected)
+    try:
+        numbers = [float(p.strip()) if isinstance(p, str) else float(p) for p in parts]
+    except (TypeError, ValueError):
+        raise ValueError(expected) from None
+    if not (math.isfinite(numbers[0]) and numbers[0] > 0) or (
+            len(numbers) == 2 and not (math.isfinite(numbers[1]) and numbers[1] >= 0)):  # fmt: skip
+        raise ValueError(expected)
+    return numbers[0], numbers[1] if len(numbers) == 2 else None
+
+
+def _parse_tolerance(text: str) -> tuple[float, float | None]:
+    try:
+        return precision_tolerance(text)
+    except ValueError as e:
+        raise ValueError(f"{text!r} ({e})") from None
+
+
+def _tolerance_problem(value: Any) -> str | None:
+    try:
+        precision_tolerance(value)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _precision_refusal(values: Mapping[str, Any]) -> str | None:
+    if values.get("precision") is None:
+        for name, flag in (("precision_io", "--precision-io"), ("precision_tolerance", "--precision-tolerance")):
+            if values.get(name) not in (None, False):
+                return f"{flag} needs --precision fp16|bf16"
+    return None
+
+
 PRECISION = PassSpec(
     "precision",
     "with --precision fp16|bf16: float32 weights and compute in the half type, float32 islands found by "
@@ -157,12 +210,20 @@ PRECISION = PassSpec(
     implementation("passes.precision:PrecisionPass"),
     (
         Option("precision", None, "convert float32 weights and computation to float16 (fp16) or bfloat16 "
-               "(bf16), graph inputs and outputs kept float32; nodes that need float32 stay float32 and "
-               "the check compares with the float32 model at the half type's tolerance (default: off)",
+               "(bf16), graph inputs and outputs kept float32 (but with --precision-io); nodes that need float32 stay "
+               "float32 and the check compares with the float32 model at the half type's tolerance (default: off)",
                parse=_parse_precision, check=_known_precision, metavar="fp16|bf16"),
+        Option("precision_io", False, "with --precision: the graph's float32 inputs and outputs become the "
+               "half type too (no Casts at the boundary); the check feeds the converted model the original's "
+               "inputs rounded to it and widens its outputs to float32 to compare them", argument="io"),
+        Option("precision_tolerance", None, "with --precision: the tolerance of the half type, for the search "
+               "for float32 islands and the check (default: float16 1e-2,1e-3; bfloat16 2e-2,1e-2; ATOL "
+               "left out: the type's)",
+               parse=_parse_tolerance, check=_tolerance_problem, metavar="RTOL[,ATOL]", argument="tolerance"),
     ),  # fmt: skip
     exact=False,
     opt_in=True,
+    refuse=_precision_refusal,
 )
 
 #: The passes by name, in their default order. One line per pass.

@@ -19,7 +19,9 @@ calls back up.
 
 Every route refuses the same requests with the same message: an unknown pass
 or option, a value an option's declaration refuses, an option of a pass that
-does not run, a target opset below the model's (the upgrade pass refuses it).
+does not run, options a pass refuses together (``--precision-io`` without
+``--precision``), ``--precision-tolerance`` with ``--rtol``/``--atol``, a target
+opset below the model's (the upgrade pass refuses it).
 """
 
 from __future__ import annotations
@@ -186,6 +188,7 @@ def optimize_file(
     """
     run = RunSpec.build(passes, skip, input_shapes=input_shapes, fix_dims=fix_dims, **options)
     check = check or CheckOptions()
+    _refuse_two_tolerances(run, check)
     worker = _gate.start_worker(check)  # its imports overlap with the passes
     try:
         return _optimize_file(pathlib.Path(source), pathlib.Path(output), run, check, force, report_path,
@@ -268,8 +271,18 @@ def _with_precision(check: CheckOptions, runs: Sequence[PassRun]) -> CheckOption
     input sets, see :class:`passes.verify.check.Checker`), if it did."""
     for r in runs:
         if r.name == "precision" and r.modified and r.stats.get("precision"):
-            return dataclasses.replace(check, precision=r.stats["precision"])
+            tolerance = r.stats.get("tolerance")
+            return dataclasses.replace(check, precision=r.stats["precision"],
+                                       precision_tolerance=tuple(tolerance) if tolerance else None)  # fmt: skip
     return check
+
+
+def _refuse_two_tolerances(run: RunSpec, check: CheckOptions) -> None:
+    """``--precision-tolerance`` with ``--rtol``/``--atol``: both would set the tolerance of the
+    precision check (``--rtol``/``--atol`` set every output's, which wins): one is refused."""
+    if run.options.get("precision_tolerance") is not None and (check.rtol is not None or check.atol is not None):
+        raise InputError("--precision-tolerance and --rtol/--atol both set the tolerance of the --precision "
+                         "check: give one (--precision-tolerance: the half type's; --rtol/--atol: every output's)")
 
 
 def _refuse_impossible_shapes(run: RunSpec, model: ir.Model, fresh: Callable[[], ir.Model]) -> None:
@@ -395,6 +408,7 @@ def optimize(
     """
     run = RunSpec.build(passes, skip, input_shapes=input_shapes, fix_dims=fix_dims, **options)
     checking = _check_options(check)
+    _refuse_two_tolerances(run, checking)
     if isinstance(model, (str, os.PathLike)):
         if output is not None:
             optimize_file(model, output, passes=run.passes, check=checking, input_shapes=run.input_shapes,

@@ -78,8 +78,9 @@ class RunSpec:
 
         Raises:
             InputError: an unknown pass or option, a value an option's declaration refuses,
-                an option set (to other than its default) for a pass that does not run, or a
-                static size that is not a positive integer.
+                an option set (to other than its default) for a pass that does not run, option
+                values a running pass refuses together (``PassSpec.refuse``), or a static size
+                that is not a positive integer.
         """
         names = select_passes(passes, skip)
         static, fixed = shapes.normalize(input_shapes, fix_dims)
@@ -102,6 +103,10 @@ class RunSpec:
             for option in spec.options:
                 if option.name not in running and values[option.name] != option.default:
                     raise InputError(f"{option.flag} is an option of {name}, which does not run")
+        for name in names:
+            reason = PASSES[name].refuse(values) if PASSES[name].refuse is not None else None
+            if reason:
+                raise InputError(reason)
         return cls(tuple(names), values, cleanup, static, fixed)
 
     def without(self, keep: int, cleanup: bool) -> RunSpec:

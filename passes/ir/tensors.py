@@ -12,11 +12,12 @@ which kills the process; a read of a short file is an ``InputError`` instead.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ __all__ = [
     "make_tensor",
     "read_array",
     "read_external",
+    "read_external_chunks",
     "read_tensor",
     "sparse_to_dense",
     "tensor_nbytes",
@@ -198,6 +200,37 @@ def read_external(tensor: ir.ExternalTensor) -> np.ndarray:
             folder, or shorter than the tensor needs (also if it shrinks during
             the read).
     """
+    nbytes = int(tensor.nbytes)
+    buffer = bytearray(nbytes)
+    with _checked_file(tensor) as (fd, offset):
+        _read_into(tensor, fd, memoryview(buffer), offset, 0)
+    return _decode(buffer, tensor.dtype, tuple(int(d) for d in tensor.shape.numpy()))
+
+
+def read_external_chunks(tensor: ir.ExternalTensor, chunk_bytes: int = 8 << 20) -> Iterator[np.ndarray]:
+    """An external tensor's elements as flat arrays of about ``chunk_bytes`` each, in order, with the
+    checked reads of :func:`read_external` (one chunk in memory at a time, no memory map).
+
+    Only for types of whole bytes (float32 and the like).
+
+    Raises:
+        InputError: as :func:`read_external`.
+    """
+    dtype = np.dtype(tensor.dtype.numpy()).newbyteorder("<")
+    if tensor.dtype.bitwidth % 8:
+        raise ValueError(f"{tensor.dtype} is not read in chunks")
+    nbytes = int(tensor.nbytes)
+    step = max(dtype.itemsize, chunk_bytes - chunk_bytes % dtype.itemsize)
+    with _checked_file(tensor) as (fd, offset):
+        for start in range(0, nbytes, step):
+            buffer = bytearray(min(step, nbytes - start))
+            _read_into(tensor, fd, memoryview(buffer), offset, start)
+            yield np.frombuffer(buffer, dtype=dtype)
+
+
+@contextlib.contextmanager
+def _checked_file(tensor: ir.ExternalTensor) -> Iterator[tuple[int, int]]:
+    """The data file of ``tensor`` opened (fd, the tensor's offset), checked as :func:`read_external` says."""
     if tensor.dtype == ir.DataType.STRING:
         raise InputError("a string tensor cannot be stored externally")
     nbytes = int(tensor.nbytes)
@@ -222,25 +255,28 @@ def read_external(tensor: ir.ExternalTensor) -> np.ndarray:
                 f"external data {tensor.location!r} is truncated: bytes {offset}..{offset + nbytes} "
                 f"needed, the file has {info.st_size}"
             )
-        buffer = bytearray(nbytes)
-        view = memoryview(buffer)
-        done = 0
-        while done < nbytes:
-            if hasattr(os, "preadv"):
-                count = os.preadv(fd, [view[done:]], offset + done)
-            else:  # pragma: no cover - platforms without preadv
-                chunk = os.pread(fd, nbytes - done, offset + done)
-                view[done : done + len(chunk)] = chunk
-                count = len(chunk)
-            if count == 0:
-                raise InputError(
-                    f"external data {tensor.location!r} shrank while being read: "
-                    f"{done} of {nbytes} bytes at offset {offset}"
-                )
-            done += count
+        yield fd, offset
     finally:
         os.close(fd)
-    return _decode(buffer, tensor.dtype, tuple(int(d) for d in tensor.shape.numpy()))
+
+
+def _read_into(tensor: ir.ExternalTensor, fd: int, view: memoryview, offset: int, start: int) -> None:
+    """Fills ``view`` with the tensor's bytes from ``start`` (relative to its ``offset``) on."""
+    done, size = 0, len(view)
+    while done < size:
+        at = offset + start + done
+        if hasattr(os, "preadv"):
+            count = os.preadv(fd, [view[done:]], at)
+        else:  # pragma: no cover - platforms without preadv
+            chunk = os.pread(fd, size - done, at)
+            view[done : done + len(chunk)] = chunk
+            count = len(chunk)
+        if count == 0:
+            raise InputError(
+                f"external data {tensor.location!r} shrank while being read: "
+                f"{start + done} of {int(tensor.nbytes)} bytes at offset {offset}"
+            )
+        done += count
 
 
 def _decode(data: bytearray, dtype: ir.DataType, dims: tuple[int, ...]) -> np.ndarray:

@@ -27,6 +27,12 @@ kept in float32, each found and listed with its reason:
 When the check still fails, the pass raises :class:`passes.errors.CheckFailedError`
 (exit 1, nothing written), naming the output. The search uses the run's check
 options (``--inputs``, ``--dim``, the seed: :data:`passes.verify.gate.current_check`).
+
+``--precision-io`` (``io``) makes the main graph's float32 inputs and outputs half
+too; ``--precision-tolerance`` (``tolerance``) replaces the half type's tolerance
+(:data:`passes.verify.result.TOLERANCES`) in the search and, through the report's
+``tolerance``, in the pipeline's check. External weights stay in their file until
+the save writes them converted (:mod:`passes.precision.lazy`).
 """
 
 from __future__ import annotations
@@ -34,13 +40,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import numpy as np
 import onnx_ir as ir
 
 from passes.base import Pass, pass_stats
-from passes.declarations import PRECISION
+from passes.declarations import PRECISION, precision_tolerance
 from passes.ir.tensors import KEEP_EXTERNAL, InlineData
-from passes.precision import convert as _convert
+from passes.precision import convert as _convert, lazy as _lazy
 
 __all__ = ["MAX_ROUNDS", "PRUNE_ROUNDS", "RANGE_MARGIN", "PrecisionPass"]
 
@@ -58,9 +63,17 @@ _TYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
 class PrecisionPass(Pass, spec=PRECISION):
     """Converts float32 to float16 or bfloat16 but for the islands (see the module docstring)."""
 
-    def __init__(self, precision: str | None = None, *, check: bool = True) -> None:
+    def __init__(self, precision: str | None = None, *, io: bool = False, tolerance: Any = None,
+                 check: bool = True) -> None:  # fmt: skip
+        """``io``: the graph's float32 inputs and outputs become the half type too (``--precision-io``).
+        ``tolerance``: the half type's tolerance instead of its default, for the search and the check
+        (``--precision-tolerance``: RTOL, "RTOL,ATOL" or a pair; see
+        :func:`passes.declarations.precision_tolerance`). ``check``: look for the range and check
+        islands (False: only the fixed and kernel ones)."""
         super().__init__()
         self.precision = precision
+        self.io = bool(io)
+        self.tolerance = precision_tolerance(tolerance) if tolerance is not None else None
         self.check = check
         self.stats: dict[str, Any] = {}
         self._exact: set[tuple[str, str]] = set()  # islands whose weights stay float32 too
@@ -78,13 +91,15 @@ class PrecisionPass(Pass, spec=PRECISION):
         nodes = {(scope.key, node.name): (scope, node) for scope in _convert.scopes(model) for node in scope.body}
         self._kernel_islands(plan, nodes, half, type_name, islands)
         checked: dict[str, Any] = {"type": type_name, "rounds": 0, "ok": None, "outputs": {}}
+        if any(isinstance(v.const_value, ir.ExternalTensor) and not isinstance(v.const_value, InlineData)
+               for v in model.graph.initializers.values()):  # fmt: skip
+            # Converted weights are not external tensors: still saved as external data (written a
+            # chunk at a time from the input's, see passes.precision.lazy), the search's copies too.
+            model.meta[KEEP_EXTERNAL] = True
         if self.check:
             self._search(model, plan, half, type_name, islands, checked)
         exact = set(self._exact)
-        if any(isinstance(v.const_value, ir.ExternalTensor) and not isinstance(v.const_value, InlineData)
-               for v in model.graph.initializers.values()):  # fmt: skip
-            model.meta[KEEP_EXTERNAL] = True  # converted weights are arrays now: still saved as external data
-        counts = _convert.convert(model, plan, half, set(islands), exact)
+        counts = _convert.convert(model, plan, half, set(islands), exact, io=self.io)
         reasons: dict[str, int] = {}
         for reason in [*islands.values(), *("fixed: " + why for why in plan.fixed.values())]:
             kind = reason.split(":", 1)[0] if not reason.startswith("fixed:") else "fixed: " + reason[7:].split(":")[0]
@@ -97,16 +112,20 @@ class PrecisionPass(Pass, spec=PRECISION):
         described = {label(k): why for k, why in sorted(islands.items()) if k in nodes}
         described.update({label(k): "fixed: " + why for k, why in sorted(plan.fixed.items()) if k in nodes})
         self.stats = pass_stats(
-            {"half_nodes": counts["half_nodes"], "initializers": counts["initializers"], "casts": counts["casts"]},
+            {"half_nodes": counts["half_nodes"], "initializers": counts["initializers"], "casts": counts["casts"],
+             "inputs_and_outputs": counts["io"]},
             reasons,
             precision=type_name,
+            io=self.io,
+            tolerance=list(self.tolerance) if self.tolerance is not None else None,
             check_ok=checked["ok"],
             check_rounds=checked["rounds"],
             islands=described,
             max_abs_error={name: o["max_abs_error"] for name, o in checked["outputs"].items()},
             **{k: checked[k] for k in ("skipped", "unlocated", "failure") if k in checked},
         )
-        return ir.passes.PassResult(model, modified=counts["half_nodes"] > 0 or counts["initializers"] > 0)
+        modified = counts["half_nodes"] > 0 or counts["initializers"] > 0 or counts["io"] > 0
+        return ir.passes.PassResult(model, modified=modified)
 
     def _kernel_islands(self, plan: _convert.Plan, nodes: dict[tuple[str, str], Any], half: ir.DataType,
                         type_name: str, islands: dict[tuple[str, str], str]) -> None:  # fmt: skip
@@ -152,13 +171,16 @@ class PrecisionPass(Pass, spec=PRECISION):
 
         def candidate() -> ir.Model:  # the emulation: each half node's rounding (see convert.convert)
             copy = model.clone()
-            _convert.convert(copy, plan, half, set(islands), set(self._exact), emulate=True)
+            _convert.convert(copy, plan, half, set(islands), set(self._exact), emulate=True, io=self.io)
+            if model.meta.get(KEEP_EXTERNAL):
+                copy.meta[KEEP_EXTERNAL] = True
             return copy
 
         with check_module.Checker(
             reference, inputs=options.inputs, inputs_file=options.inputs_file, dims=dict(options.dims),
             shapes=dict(options.shapes), seed=options.seed, rtol=options.rtol, atol=options.atol,
             timeout=options.timeout, memory_limit=options.memory_limit, rounding=True, precision=type_name,
+            precision_tolerance=self.tolerance,
         ) as checker:
             converted = candidate()
             result = checker.check(converted)
@@ -240,9 +262,7 @@ class PrecisionPass(Pass, spec=PRECISION):
             values = [v for v in (*node.inputs, *node.outputs) if v is not None]
             for v in values:
                 if v.name not in magnitudes and v.const_value is not None and v.dtype == ir.DataType.FLOAT:
-                    array = v.const_value.numpy()
-                    finite = abs(array[np.isfinite(array)])
-                    magnitudes[v.name] = float(finite.max()) if finite.size else 0.0
+                    magnitudes[v.name] = _lazy.largest(v.const_value)  # a chunk at a time
             big = [(v.name, magnitudes[v.name]) for v in values if magnitudes.get(v.name, 0.0) > limit]
             if big:
                 name, size = max(big, key=lambda x: x[1])

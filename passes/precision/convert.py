@@ -13,10 +13,13 @@ once they are known.
   value, type and scope (never a Cast pair that cancels).
 * Float32 initializers become half when a half node takes them and their
   values fit the half type; the others stay float32.
-* Graph inputs and outputs keep float32 (Casts at the boundary), and so do
+* Graph inputs and outputs keep float32 (Casts at the boundary; with ``io``,
+  ``--precision-io``, the main graph's become half instead), and so do
   the inputs and outputs of subgraphs (If/Loop/Scan bodies) and of
   model-local functions: each body is converted inside, consistently, and
   what crosses its boundary is float32.
+* A converted weight stored externally is converted when it is written, a
+  chunk at a time (:mod:`passes.precision.lazy`).
 * Integers, booleans, strings and float64 are left as they are.
 """
 
@@ -35,6 +38,7 @@ from passes.ir import inference
 from passes.ir.names import Names
 from passes.ir.schemas import schema_at
 from passes.ir.walk import opset_of
+from passes.precision import lazy as _lazy
 
 __all__ = ["HALF_TYPES", "Plan", "Scope", "convert", "name_nodes", "plan_model", "scopes"]
 
@@ -243,24 +247,20 @@ def _half_array(array: np.ndarray, half: ir.DataType) -> np.ndarray:
     return array.astype(half.numpy())
 
 
-def _fits(array: np.ndarray, half: ir.DataType) -> bool:
-    """Whether every finite value of ``array`` stays finite in the half type."""
-    finite = array[np.isfinite(array)]
-    if not finite.size:
-        return True
-    return float(np.abs(finite).max()) <= float(ir.DataType(half).max)
-
-
 def convert(model: ir.Model, plan: Plan, half: ir.DataType, islands: set[tuple[str, str]],
             exact: set[tuple[str, str]] = frozenset(), float_functions: set[str] = frozenset(), *,
-            emulate: bool = False) -> dict[str, int]:  # fmt: skip
+            emulate: bool = False, io: bool = False) -> dict[str, int]:  # fmt: skip
     """Converts ``model`` in place; the nodes in ``islands`` (scope key, node name) stay float32.
+
+    With ``io`` (``--precision-io``) the main graph's float32 inputs and outputs become the half
+    type too (see :func:`_half_io`); the emulation rounds them to it.
 
     The weights of an island are stored in the half type too (a Cast widens them, exactly)
     unless the island is in ``exact`` (an island the check asked for: its weights' rounding
     may be what the check saw). A function in ``float_functions`` (its scope key) and the
     subgraphs of an island are left whole in float32. Returns counts: half nodes, Casts added,
-    initializers converted.
+    initializers converted, graph inputs and outputs converted (``io``), nodes left float32
+    between float32 nodes (``lone``).
 
     With ``emulate``, the same decisions are written as float32 arithmetic rounded to the half
     type: a half weight holds its rounded values in float32, and each value a half node makes
@@ -293,13 +293,18 @@ def convert(model: ir.Model, plan: Plan, half: ir.DataType, islands: set[tuple[s
             return None
         return plan.slots.get((key, node.name))
 
+    boundary = _io_values(model) if io else ([], [])
+    half_inputs, half_outputs = {id(v) for v in boundary[0]}, {id(v) for v in boundary[1]}
+
     def half_source(value: ir.Value) -> bool:
         producer = value.producer()
-        if producer is None:
-            return value.const_value is not None  # a weight (a graph input stays float32)
+        if producer is None:  # a weight; a graph input stays float32 unless io
+            return value.const_value is not None or id(value) in half_inputs
         return half_slots(producer) is not None
 
     def half_sink(value: ir.Value) -> bool:
+        if id(value) in half_outputs:
+            return True
         for usage in value.uses():
             slots = half_slots(usage.node)
             if slots is not None and usage.idx < len(slots[0]) and slots[0][usage.idx]:
@@ -339,23 +344,63 @@ def convert(model: ir.Model, plan: Plan, half: ir.DataType, islands: set[tuple[s
         taken = found[0] if found is not None else plan.widen.get((key, node.name), ())
         return "widen" if index < len(taken) and taken[index] else "keep"
 
+    counts["io"] = len(boundary[0]) + len(boundary[1])  # each of them ends up of the half type
+    if io:
+        _half_io(model, boundary, half, names, counts, emulate)
     for scope in every:
-        _convert_scope(scope, plan, half, half_slots, weight_use, names, counts, emulate)
+        _convert_scope(scope, plan, half, half_slots, weight_use, names, counts, emulate, io)
     return counts
+
+
+def _io_values(model: ir.Model) -> tuple[list[ir.Value], list[ir.Value]]:
+    """The main graph's float32 inputs (not initializers: an input with a default value stays
+    float32) and float32 outputs (``--precision-io``)."""
+    graph = model.graph
+    inputs = [v for v in graph.inputs if v.dtype == FLOAT and v.name not in graph.initializers]
+    outputs = [v for v in graph.outputs if v.dtype == FLOAT]
+    return inputs, outputs
+
+
+def _half_io(model: ir.Model, boundary: tuple[list[ir.Value], list[ir.Value]], half: ir.DataType,
+             names: Names, counts: dict[str, int], emulate: bool) -> None:  # fmt: skip
+    """``--precision-io``: the main graph's float32 inputs become the half type (a float32 node that
+    takes one gets a Cast, as for any half value: :func:`_convert_scope`). In the emulation they
+    stay float32 and a Cast pair rounds each to the half type for every node that takes it."""
+    graph = model.graph
+    for value in boundary[0]:
+        if not emulate:
+            value.type = ir.TensorType(half)
+            continue
+        there = _cast_node(value, half, names)
+        back = _cast_node(there.outputs[0], FLOAT, names)
+        rounded = back.outputs[0]
+        value.replace_all_uses_with(rounded, replace_graph_outputs=False)
+        there.replace_input_with(0, value)
+        rounded.meta[_ROUNDED] = True
+        if len(graph):
+            graph.insert_before(graph.node(0), [there, back])
+        else:
+            graph.extend([there, back])
+        counts["casts"] += 1
 
 
 _ROUNDED = "passes.precision.rounded"  # Value.meta key: (emulation) holds values rounded to the half type
 
 
-def _cast_node(value: ir.Value, to: ir.DataType, names: Names, name: str | None = None) -> ir.Node:
-    suffix = "fp16" if to == ir.DataType.FLOAT16 else "bf16" if to == ir.DataType.BFLOAT16 else "fp32"
+def _suffix(dtype: ir.DataType) -> str:
+    return "fp16" if dtype == ir.DataType.FLOAT16 else "bf16" if dtype == ir.DataType.BFLOAT16 else "fp32"
+
+
+def _cast_node(value: ir.Value, to: ir.DataType, names: Names, name: str | None = None,
+               node_name: str | None = None) -> ir.Node:  # fmt: skip
+    suffix = _suffix(to)
     out = ir.Value(name=name or names.value(f"{value.name}_{suffix}"), type=ir.TensorType(to), shape=value.shape)
     return ir.Node("", "Cast", [value], attributes=[ir.AttrInt64("to", int(to))], outputs=[out],
-                   name=names.node(f"{value.name}_cast_{suffix}"))  # fmt: skip
+                   name=names.node(node_name or f"{value.name}_cast_{suffix}"))  # fmt: skip
 
 
 def _convert_scope(scope: Scope, plan: Plan, half: ir.DataType, half_node: Any, weight_use: Any, names: Names,
-                   counts: dict[str, int], emulate: bool = False) -> None:  # fmt: skip
+                   counts: dict[str, int], emulate: bool = False, io: bool = False) -> None:  # fmt: skip
     body = scope.body
     key = scope.key
     casts: dict[tuple[int, ir.DataType], ir.Value] = {}
@@ -407,15 +452,14 @@ def _convert_scope(scope: Scope, plan: Plan, half: ir.DataType, half_node: Any, 
             uses = {weight_use(usage.node, usage.idx) for usage in value.uses()}
             if not uses or "keep" in uses:
                 continue
-            array = value.const_value.numpy()
-            if not _fits(array, half):
-                continue
+            if _lazy.largest(value.const_value) > float(half.max):
+                continue  # a finite value beyond the half type's range
             counts["initializers"] += 1
+            # External data stays in its file until the save writes the converted bytes (see lazy).
+            value.const_value = _lazy.converted(value.const_value, half, widen=emulate, name=value.name)
             if emulate:
-                value.const_value = ir.Tensor(_half_array(array, half).astype(np.float32), name=value.name)
                 value.meta[_ROUNDED] = True
                 continue
-            value.const_value = ir.Tensor(_half_array(array, half), name=value.name)
             value.type = ir.TensorType(half)
 
     for node in list(body):
@@ -453,15 +497,31 @@ def _convert_scope(scope: Scope, plan: Plan, half: ir.DataType, half_node: Any, 
                     del node.attributes[name]
                     node.attributes["value"] = ir.AttrTensor("value", ir.Tensor(_half_array(array, half)))
 
-    # Outputs keep float32: a Cast takes the output's name.
+    # Outputs keep float32: a Cast takes the output's name. With io, the main graph's float32
+    # outputs are of the half type: a Cast to it takes the name of one a float32 node makes.
+    main = io and key == "" and scope.function is None
     for i, value in enumerate(list(body.outputs)):
-        if emulate or value.dtype != half:
+        if main and value.dtype == FLOAT and kind(value) == FLOAT:
+            _rename_output(body, i, value, half, names, counts, emulate, half)
             continue
-        name = value.name
-        value.name = names.value(f"{name}_{'fp16' if half == ir.DataType.FLOAT16 else 'bf16'}")
-        out = ir.Value(name=name, type=ir.TensorType(FLOAT), shape=value.shape)
-        node = ir.Node("", "Cast", [value], attributes=[ir.AttrInt64("to", int(FLOAT))], outputs=[out],
-                       name=names.node(f"{name}_cast_fp32"))  # fmt: skip
-        body.append(node)
-        body.outputs[i] = out
-        counts["casts"] += 1
+        if main or emulate or value.dtype != half:
+            continue
+        _rename_output(body, i, value, FLOAT, names, counts)
+
+
+def _rename_output(body: ir.Graph | ir.Function, i: int, value: ir.Value, to: ir.DataType, names: Names,
+                   counts: dict[str, int], emulate: bool = False, half: ir.DataType = FLOAT) -> None:  # fmt: skip
+    """Output ``i`` of ``body`` (``value``) becomes a Cast of it to ``to`` under its name (in the
+    emulation, a Cast pair to ``to`` and back: float32 holding its values)."""
+    name = value.name
+    value.name = names.value(f"{name}_{_suffix(half if emulate else value.dtype or FLOAT)}")
+    there = _cast_node(value, to, names, None if emulate else name, node_name=f"{name}_cast_{_suffix(to)}")
+    body.append(there)
+    out = there.outputs[0]
+    if emulate:
+        back = _cast_node(out, FLOAT, names, name, node_name=f"{name}_cast_fp32")
+        body.append(back)
+        out = back.outputs[0]
+        out.meta[_ROUNDED] = True
+    body.outputs[i] = out
+    counts["casts"] += 1

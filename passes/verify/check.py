@@ -56,6 +56,7 @@ from passes.verify.result import (
     FirstDifference,
     InputsUsed,
     OutputComparison,
+    default_tolerance,
     name_text,
     shown,
 )
@@ -126,7 +127,11 @@ class Checker:
             the sets after the seeded standard-normal one are two more standard-normal sets
             (other seeds) and the 0-sized dimensions, not float32's edge values (1e30, 3e38 and
             float32 subnormals are outside the half type's range: a half model is not asked to
-            hold them).
+            hold them). An optimised model whose graph inputs (outputs) are of that type where the
+            original's are float32 (``--precision-io``) is fed the same inputs rounded to it (as
+            numpy's ``astype`` rounds), and its outputs are widened to float32 to be compared.
+        precision_tolerance: ``--precision-tolerance``: (rtol, atol or None) instead of the half
+            type's default tolerance (:func:`passes.verify.result.default_tolerance`).
     """
 
     def __init__(
@@ -145,10 +150,12 @@ class Checker:
         worker: Worker | None = None,
         rounding: bool = False,
         precision: str | None = None,
+        precision_tolerance: tuple[float, float | None] | None = None,
     ) -> None:
         self.original = original
         self.rounding = rounding
         self.precision = precision
+        self.precision_tolerance = precision_tolerance
         self.inputs = dict(inputs or {})
         self.inputs_file = os.fspath(inputs_file) if inputs_file is not None else None
         self.dims = dict(dims or {})
@@ -389,7 +396,9 @@ class Checker:
                 continue
             if self.precision is not None:
                 found = plan.lower(found, (self.precision, f"--precision ({self.precision})"))
-            default_rtol, default_atol = TOLERANCES[found[0]]
+                if found[0] == self.precision and self.precision_tolerance is not None:
+                    found = (found[0], "--precision-tolerance")
+            default_rtol, default_atol = default_tolerance(found[0], self.precision, self.precision_tolerance)
             rtol = default_rtol if self.rtol is None else self.rtol
             atol = default_atol if self.atol is None else self.atol
             self._tolerances[output.name] = (rtol, atol)
@@ -440,7 +449,8 @@ class Checker:
             path, _ = _files.materialize(optimized, self.folder, label)
         except (OSError, ValueError) as e:
             return CheckResult(False, error=f"the optimised model cannot be read: {_first_line(e)}")
-        request = {"op": "compare", "model": str(path), "tolerances": self._tolerances, "rounding": self.rounding}
+        request = {"op": "compare", "model": str(path), "tolerances": self._tolerances, "rounding": self.rounding,
+                   "half_io": self.precision is not None}  # fmt: skip
         if not self.worker.alive and self._prepared:
             try:
                 self._restore(deadline)
@@ -534,7 +544,8 @@ class Checker:
         names, types = _locate.comparable_values(original, opt_proto)
         if not names:
             return FirstDifference(message="the two models have no intermediate value in common")
-        tolerances = _locate.value_tolerances(original, names, self.rtol, self.atol, self.precision)
+        tolerances = _locate.value_tolerances(original, names, self.rtol, self.atol, self.precision,
+                                              self.precision_tolerance)  # fmt: skip
         original_copy = _locate.augmented(original, self.original_path, names, types,
                                           self.folder / f"{label}-original")  # fmt: skip
         optimized_copy = _locate.augmented(opt_proto, opt_path, names, types, self.folder / f"{label}-optimized")
@@ -544,7 +555,7 @@ class Checker:
         answer = self.worker.request(
             {"op": "values", "original": str(original_copy), "optimized": str(optimized_copy), "names": names,
              "tolerances": tolerances, "budget": LOCATE_BUDGET, "set": self._failing_set,
-             "rounding": self.rounding}, deadline,
+             "rounding": self.rounding, "half_io": self.precision is not None}, deadline,
         )  # fmt: skip
         if not answer.get("ok"):
             return FirstDifference(message=f"onnxruntime could not run the copies: {answer.get('error', '')}")

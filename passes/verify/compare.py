@@ -36,6 +36,7 @@ def compare(
     atol: float | None,
     *,
     normwise: bool = False,
+    widen: bool = False,
 ) -> OutputComparison:
     """Compares ``actual`` (optimised) with ``expected`` (original).
 
@@ -48,6 +49,9 @@ def compare(
         normwise: A finite value may also be within ``rtol`` of the output's largest finite
             magnitude (the edge-value sets: a sum of terms of 1e30 rounds by as much wherever
             it cancels); NaN, infinities and the sign of zero stay exact.
+        widen: A float16 or bfloat16 ``actual`` where ``expected`` is float32 (``--precision-io``:
+            the converted model's outputs are of the half type) is widened to float32 (exactly)
+            and compared as float32; without it, a dtype that differs is a difference.
     """
     if not isinstance(expected, np.ndarray) or not isinstance(actual, np.ndarray):
         # Sequences and maps (e.g. ZipMap's list of dicts): same structure, then the
@@ -59,10 +63,12 @@ def compare(
         e_arr, a_arr = np.asarray(e_leaves), np.asarray(a_leaves)
         if e_arr.dtype == np.float64 and all(isinstance(v, float) for v in e_leaves):
             e_arr, a_arr = e_arr.astype(np.float32), a_arr.astype(np.float32)
-        result = compare(name, e_arr, a_arr, rtol, atol, normwise=normwise)
+        result = compare(name, e_arr, a_arr, rtol, atol, normwise=normwise, widen=widen)
         result.shape = None
         return result
     result = OutputComparison(name, True, str(expected.dtype), tuple(expected.shape), rtol=rtol, atol=atol)
+    if widen and expected.dtype == np.float32 and actual.dtype.name in ("float16", "bfloat16"):
+        actual = actual.astype(np.float32)
     if expected.dtype != actual.dtype:
         result.ok = False
         result.message = f"dtype {actual.dtype} instead of {expected.dtype}"

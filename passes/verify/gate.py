@@ -69,6 +69,8 @@ class CheckOptions:
             ``"bfloat16"``), set by the pipeline when the precision pass converted the model: its
             tolerance and other standard-normal sets instead of float32's edge values (see
             :class:`passes.verify.check.Checker`).
+        precision_tolerance: ``--precision-tolerance`` (rtol, atol or None): the half type's
+            tolerance instead of its default; set by the pipeline with ``precision``.
     """
 
     enabled: bool = True
@@ -85,6 +87,7 @@ class CheckOptions:
     memory_limit: int | None = None
     locate: bool = True
     precision: str | None = None
+    precision_tolerance: tuple[float, float | None] | None = None
 
 
 #: The check options of the run under way (set by the pipeline while the passes run): a pass that checks
@@ -283,7 +286,7 @@ class Gate:
             shapes=dict(check.shapes),
             rtol=check.rtol, atol=check.atol, seed=check.seed, timeout=check.timeout,
             memory_limit=check.memory_limit, worker=self.worker, rounding=self.rounding,
-            precision=check.precision,
+            precision=check.precision, precision_tolerance=check.precision_tolerance,
         ))  # fmt: skip
         result = verdict.result = self._checker.check(staged)
         if check.locate and result.checked and not result.ok:

@@ -20,7 +20,7 @@ from typing import Any
 import onnx
 
 from passes.verify import plan
-from passes.verify.result import TOLERANCES, FirstDifference
+from passes.verify.result import FirstDifference, default_tolerance
 
 __all__ = ["augmented", "comparable_values", "first_difference", "value_tolerances", "widened"]
 
@@ -62,10 +62,11 @@ def comparable_values(original: onnx.ModelProto, optimized: onnx.ModelProto) -> 
 
 def value_tolerances(
     original: onnx.ModelProto, names: list[str], rtol: float | None, atol: float | None,
-    precision: str | None = None,
+    precision: str | None = None, precision_tolerance: tuple[float, float | None] | None = None,
 ) -> dict[str, tuple[float, float] | None]:
     """Each value's tolerance, from the lowest-precision float type it depends on (and
-    ``precision``, the half type an optimised model computes in, for a float value)."""
+    ``precision``, the half type an optimised model computes in, for a float value, at
+    ``precision_tolerance`` if given: see :func:`passes.verify.result.default_tolerance`)."""
     lowest = plan.float_dependencies(original.graph)
     result: dict[str, tuple[float, float] | None] = {}
     for name in names:
@@ -75,7 +76,7 @@ def value_tolerances(
             continue
         if precision is not None:
             found = plan.lower(found, (precision, name))
-        default_rtol, default_atol = TOLERANCES[found[0]]
+        default_rtol, default_atol = default_tolerance(found[0], precision, precision_tolerance)
         result[name] = (default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
     return result
 
@@ -166,11 +167,11 @@ def widened(original: onnx.ModelProto, optimized: onnx.ModelProto) -> onnx.Model
     """A copy of ``optimized`` in which each main-graph value that the original computes in
     float32 and ``optimized`` in a half type (``--precision``) keeps its name as float32: the
     half value is renamed and a Cast back to float32 takes its name, so the locator compares
-    them (and onnxruntime returns bfloat16 values this way)."""
+    them (and onnxruntime returns bfloat16 values this way). A graph output of the half type
+    (``--precision-io``) is widened alike: the output keeps its name, as float32."""
     a, b = _tensor_types(original), _tensor_types(optimized)
-    outputs = {o.name for o in optimized.graph.output}
     targets = [n for node in optimized.graph.node for n in node.output
-               if n and n not in outputs and b.get(n) in _HALF and a.get(n) == onnx.TensorProto.FLOAT]
+               if n and b.get(n) in _HALF and a.get(n) == onnx.TensorProto.FLOAT]
     copy = onnx.ModelProto()
     copy.CopyFrom(optimized)
     if not targets:
@@ -199,4 +200,7 @@ def widened(original: onnx.ModelProto, optimized: onnx.ModelProto) -> onnx.Model
     for name, new in rename.items():
         copy.graph.node.append(onnx.helper.make_node("Cast", [new], [name], to=onnx.TensorProto.FLOAT,
                                                      name=f"{new}__to_float"))  # fmt: skip
+    for output in copy.graph.output:  # the Cast's output now
+        if output.name in rename and output.type.HasField("tensor_type"):
+            output.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
     return copy

@@ -18,6 +18,7 @@ __all__ = [
     "MAX_GENERATED_BYTES",
     "MAX_TRIES",
     "TOLERANCES",
+    "default_tolerance",
     "CheckResult",
     "FirstDifference",
     "InputsUsed",
@@ -76,6 +77,17 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 
 #: Float types from the most precise to the least (the tolerance follows the last one present).
 PRECISION_ORDER: tuple[str, ...] = tuple(TOLERANCES)
+
+
+def default_tolerance(dtype: str, precision: str | None = None,
+                      override: tuple[float, float | None] | None = None) -> tuple[float, float]:  # fmt: skip
+    """The (rtol, atol) of a value whose lowest-precision float type is ``dtype``: :data:`TOLERANCES`,
+    or ``override`` (``--precision-tolerance``: rtol, and atol or None for the type's) when ``dtype``
+    is ``precision``, the half type the optimised model computes in."""
+    rtol, atol = TOLERANCES[dtype]
+    if override is not None and precision is not None and dtype == precision:
+        return float(override[0]), atol if override[1] is None else float(override[1])
+    return rtol, atol
 
 
 def json_safe(value: Any) -> Any:

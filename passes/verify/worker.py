@@ -148,13 +148,15 @@ def _session(path: str) -> Any:
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-def _run(session: Any, feeds: dict[str, Any], names: list[str] | None = None) -> list[Any]:
+def _run(session: Any, feeds: dict[str, Any], names: list[str] | None = None, half_io: bool = False) -> list[Any]:
+    """The session's outputs (``names``, or all) on ``feeds``; with ``half_io`` (``--precision-io``), a
+    float32 feed of an input the session declares float16 or bfloat16 is rounded to that type."""
     import onnxruntime as ort
 
     options = ort.RunOptions()
     options.log_severity_level = 4
-    wanted = {i.name for i in session.get_inputs()}
-    feeds = {k: _feed(v) for k, v in feeds.items() if k in wanted}
+    wanted = {i.name: i.type for i in session.get_inputs()}
+    feeds = {k: _feed(_as_declared(v, wanted[k]) if half_io else v) for k, v in feeds.items() if k in wanted}
     outputs = {o.name: o.type for o in session.get_outputs()}
     fetched = list(outputs) if names is None else names
     if not any(outputs.get(n) == "tensor(bfloat16)" for n in fetched) or not all(
@@ -168,6 +170,18 @@ def _run(session: Any, feeds: dict[str, Any], names: list[str] | None = None) ->
     values = {k: v if isinstance(v, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v))
               for k, v in feeds.items()}  # fmt: skip
     return [_tensor(v) for v in session.run_with_ort_values(fetched, values, options)]
+
+
+_HALF_INPUTS = {"tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16"}
+
+
+def _as_declared(value: Any, declared: str) -> Any:
+    """A float32 array rounded to the half type an input is declared as (``--precision-io``: the
+    converted model takes the original's inputs in its type); any other value as it is."""
+    name = _HALF_INPUTS.get(declared)
+    if name is None or getattr(value, "dtype", None) is None or value.dtype.name != "float32":
+        return value
+    return value.astype(_numpy_dtype(name))
 
 
 def _tensor(value: Any) -> Any:
@@ -327,7 +341,8 @@ def _compare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         session = _session(request["model"])
         names = [o.name for o in session.get_outputs()]
         _phase("running the optimised model")
-        actual = _run(session, state.feeds)
+        half_io = bool(request.get("half_io"))
+        actual = _run(session, state.feeds, half_io=half_io)
     except Exception as e:  # noqa: BLE001
         return {"ok": False, "stage": "run", "error": _first_line(e)}
     _phase("comparing the outputs")
@@ -340,13 +355,14 @@ def _compare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
             comparisons.append({"name": name, "ok": False, "message": "missing from the optimised model"})
             continue
         rtol, atol = _tolerance(tolerances, name)
-        comparisons.append(compare(name, state.expected[name], by_name.pop(name), rtol, atol).to_json())
+        comparisons.append(compare(name, state.expected[name], by_name.pop(name), rtol, atol,
+                                   widen=half_io).to_json())  # fmt: skip
     for name in names:
         if name not in state.names:
             comparisons.append({"name": name, "ok": False, "message": "not an output of the original model"})
     del by_name
     rounding = bool(request.get("rounding"))
-    sets = [_compare_set(state, kept, session, names, tolerances, rounding) for kept in state.sets]
+    sets = [_compare_set(state, kept, session, names, tolerances, rounding, half_io) for kept in state.sets]
     return {"ok": True, "outputs": comparisons, "sets": sets}
 
 
@@ -358,7 +374,7 @@ def _normwise(kind: str | None, rounding: bool) -> bool:
 
 
 def _compare_set(state: _State, kept: dict[str, Any], session: Any, names: list[str],
-                 tolerances: dict[str, Any], rounding: bool) -> dict[str, Any]:  # fmt: skip
+                 tolerances: dict[str, Any], rounding: bool, half_io: bool = False) -> dict[str, Any]:  # fmt: skip
     """Runs the optimised model on one more set and compares: the outputs that differ (only)."""
     from passes.verify.compare import compare
 
@@ -366,7 +382,7 @@ def _compare_set(state: _State, kept: dict[str, Any], session: Any, names: list[
     feeds = _set_feeds(state, kept["set"])
     _phase(f"running the optimised model on the {label} inputs")
     try:
-        values = dict(zip(names, _run(session, feeds)))
+        values = dict(zip(names, _run(session, feeds, half_io=half_io)))
     except Exception as e:  # noqa: BLE001
         return {"name": kept["set"]["name"], "ok": False, "error": _first_line(e), "outputs": []}
     del feeds
@@ -376,7 +392,8 @@ def _compare_set(state: _State, kept: dict[str, Any], session: Any, names: list[
     for name in state.names:
         if name in values:
             rtol, atol = _tolerance(tolerances, name)
-            found = compare(name, kept["expected"][name], values.pop(name), rtol, atol, normwise=normwise)
+            found = compare(name, kept["expected"][name], values.pop(name), rtol, atol, normwise=normwise,
+                            widen=half_io)  # fmt: skip
             if not found.ok:
                 differ.append(found.to_json())
             elif found.within_scale:
@@ -408,7 +425,7 @@ def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         _phase(f"comparing values {start + 1}..{start + len(part)} of {len(names)}")
         try:
             expected = _run(original, feeds, part)
-            actual = _run(optimized, feeds, part)
+            actual = _run(optimized, feeds, part, half_io=bool(request.get("half_io")))
         except Exception as e:  # noqa: BLE001
             if len(part) > 1:  # one bad value must not hide the others
                 chunk = max(1, len(part) // 4)
