@@ -334,14 +334,20 @@ class _Sweep:
         return None
 
     def _unknown_ranks(self) -> list[ir.Value]:
-        """Data inputs of nodes with an ``axes`` input whose rank the model does not declare (a folded
-        ``axes`` out of their range must stay computed: see ``policy.fails_downstream``)."""
+        """Data inputs of nodes with a computed ``axes`` input whose rank the model does not declare (a
+        folded ``axes`` out of their range must stay computed: see ``policy.fails_downstream``).
+
+        An ``axes`` that is already a constant (an initializer, a graph input) is never a fold's
+        result, so its node's rank is not asked: on a graph of 10k Reduce ops whose ``axes`` the
+        upgrade made initializers, inference of 10k values in every round for nothing.
+        """
         values = []
         for node, _ in iter_nodes(self.model, functions=False):
             if normalize_domain(node.domain) != "" or not node.inputs or node.inputs[0] is None:
                 continue
-            if node.inputs[0].shape is None and any((node.op_type, i) in checked_inputs.AXES_INPUTS
-                                                    for i in range(1, len(node.inputs))):  # fmt: skip
+            if node.inputs[0].shape is None and any(
+                    (node.op_type, i) in checked_inputs.AXES_INPUTS and node.inputs[i] is not None
+                    and node.inputs[i].producer() is not None for i in range(1, len(node.inputs))):  # fmt: skip
                 values.append(node.inputs[0])
         return values
 
