@@ -14,6 +14,8 @@ __all__ = [
     "UpgradeError",
     "exit_code",
     "first_line",
+    "interrupt_behind",
+    "raise_interrupt_behind",
 ]
 
 EXIT_OK, EXIT_CHECK, EXIT_ERROR = 0, 1, 2
@@ -57,3 +59,31 @@ def first_line(error: BaseException | str, limit: int = 500) -> str:
     if not text:
         return type(error).__name__ if isinstance(error, BaseException) else ""
     return text.splitlines()[0][:limit]
+
+
+def interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt (SIGINT/SIGTERM as ``KeyboardInterrupt``) that ``error`` wraps, if any.
+
+    Python turns an exception raised while a class is created (a dataclass field's
+    ``__set_name__`` during an import) into ``RuntimeError("Error calling __set_name__ ...")``
+    with the original as its cause; a signal landing there reached the load's handler as an
+    unreadable model (exit 2, "not a valid ONNX model"). The causes and contexts are followed.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, KeyboardInterrupt):
+            return current
+        pending.extend((current.__cause__, current.__context__))
+    return None
+
+
+def raise_interrupt_behind(error: BaseException) -> None:
+    """Raises the interrupt ``error`` wraps (see :func:`interrupt_behind`); returns if there is none."""
+    interrupt = interrupt_behind(error)
+    if interrupt is not None:
+        raise interrupt from None

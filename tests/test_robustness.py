@@ -925,3 +925,25 @@ command.run()
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
     assert one_error_line(proc.stderr) == "optimize: error: interrupted; no output written", proc.stderr
     assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_an_interrupt_python_wrapped_is_still_an_interrupt(tmp_path: pathlib.Path, capsys) -> None:
+    """A signal raised while a class is created in an import (a dataclass field's ``__set_name__``)
+    reaches the load as ``RuntimeError("Error calling __set_name__ ...")``; it used to be reported
+    as "not a valid ONNX model" (exit 2). It is the interrupt it wraps: exit 130, nothing written."""
+    from passes.modelio import detach
+
+    def wrapped_interrupt(path: object) -> object:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance 'dim' in 'SimpleShardedDim'") from e
+
+    out = tmp_path / "o.onnx"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(detach, "read_view", wrapped_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            pipeline.optimize_file(DEMO, out)  # the API raises the interrupt, not an InputError
+        assert cli.main([str(DEMO), "-o", str(out)]) == 130
+    assert one_error_line(capsys.readouterr().err) == "optimize: error: interrupted; no output written"
+    assert not out.exists()

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from passes import pipeline
 from passes.cli.args import PROG, option_values, parser, resolve_output, static_shapes
 from passes.cli.progress import TerminalProgress
-from passes.errors import EXIT_CHECK, EXIT_ERROR, EXIT_OK, CheckFailedError, InputError, OptimizeError, first_line
+from passes.errors import (
+    EXIT_CHECK, EXIT_ERROR, EXIT_OK, CheckFailedError, InputError, OptimizeError, first_line, interrupt_behind,
+)
 from passes.lazy import defer_import
 
 if TYPE_CHECKING:
@@ -342,6 +344,8 @@ def _main(argv: Sequence[str] | None, state: dict[str, bool]) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_CHECK
     except OptimizeError as e:
+        if (interrupt := interrupt_behind(e)) is not None:
+            return _interrupted(interrupt, state)
         if verbose:
             traceback.print_exc()
         print(f"{PROG}: error: {e}", file=sys.stderr)
@@ -352,6 +356,8 @@ def _main(argv: Sequence[str] | None, state: dict[str, bool]) -> int:
         print(f"{PROG}: error: out of memory", file=sys.stderr)
         return EXIT_ERROR
     except Exception as e:  # noqa: BLE001  the last line of defence: no traceback for users
+        if (interrupt := interrupt_behind(e)) is not None:  # one Python wrapped (see passes.errors)
+            return _interrupted(interrupt, state)
         if verbose:
             traceback.print_exc()
         first = first_line(e) if str(e).strip() else ""

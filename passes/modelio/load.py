@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from passes.ir.notes import add_model_notes, model_notes, set_model_notes
-from passes.errors import InputError, first_line as _first_line
+from passes.errors import InputError, first_line as _first_line, raise_interrupt_behind
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_MAX
 from passes.modelio.destinations import check_encodable, external_locations, shown
@@ -112,6 +112,7 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
     try:
         view = _detach.read_view(real)
     except (_protobuf.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
+        raise_interrupt_behind(e)
         raise InputError(f"{shown(path)}: not a valid ONNX model ({_first_line(e)})") from e
     except OSError as e:
         raise InputError(f"{shown(path)}: cannot read ({e.strerror or _first_line(e)})") from e
@@ -225,6 +226,7 @@ def proto_from_bytes(data: bytes) -> onnx.ModelProto:
     try:
         return onnx.load_model_from_string(data)
     except (_protobuf.DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as e:
+        raise_interrupt_behind(e)
         raise InputError(f"not a valid ONNX model ({_first_line(e)})") from e
 
 
