@@ -979,7 +979,7 @@ def summary(results: list[ModelResult], tools: list[str]) -> tuple[str, dict[str
     bad_exports = [r for r in exports if r.status != "ok"]
     lines.append(f"- exports: {len(exports) - len(bad_exports)} of {len(exports)} built"
                  + ("; " + "; ".join(f"{r.name}: {r.status}" for r in bad_exports) if bad_exports else ""))
-    if OURS in tools:
+    if OURS in tools and any(r.own_check for r in ok):  # not run at all with --no-own-check
         own = [r for r in ok if r.own_check and r.own_check != "pass"]
         lines.append(f"- ours' own onnxruntime check (without --no-check) passes on {sum(r.own_check == 'pass' for r in ok)}"
                      f" of {len(ok)} models" + ("; not on: " + ", ".join(f"{r.name} ({r.own_check[:80]})" for r in own)
