@@ -356,7 +356,7 @@ def _compare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
             continue
         rtol, atol = _tolerance(tolerances, name)
         comparisons.append(compare(name, state.expected[name], by_name.pop(name), rtol, atol,
-                                   widen=half_io).to_json())  # fmt: skip
+                                   normwise=_normwise(None, False, half_io), widen=half_io).to_json())  # fmt: skip
     for name in names:
         if name not in state.names:
             comparisons.append({"name": name, "ok": False, "message": "not an output of the original model"})
@@ -366,11 +366,14 @@ def _compare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "outputs": comparisons, "sets": sets}
 
 
-def _normwise(kind: str | None, rounding: bool) -> bool:
-    """Compare a set's finite values also against the output's largest magnitude: only for the
-    edge-value sets (sums of 1e30 terms that cancel) and only when a pass changed float rounding
-    (a fusion ran); an exact rewrite is held to the element-wise tolerance on every set."""
-    return rounding and kind in ("edge", "nonfinite")
+def _normwise(kind: str | None, rounding: bool, half: bool = False) -> bool:
+    """Compare a set's finite values also against the output's largest magnitude: for the
+    edge-value sets (sums of 1e30 terms that cancel) when a pass changed float rounding (a fusion
+    ran), and for every set of a ``--precision`` model (``half``): its rounding errors scale with
+    the values the computation carries, not with each output element (an output near 0 made of
+    terms near 1 is off by the terms' rounding); an exact rewrite is held to the element-wise
+    tolerance on every set."""
+    return half or (rounding and kind in ("edge", "nonfinite"))
 
 
 def _compare_set(state: _State, kept: dict[str, Any], session: Any, names: list[str],
@@ -388,7 +391,7 @@ def _compare_set(state: _State, kept: dict[str, Any], session: Any, names: list[
     del feeds
     _phase(f"comparing the outputs on the {label} inputs")
     differ, within_scale = [], {}
-    normwise = _normwise(kept["set"]["kind"], rounding)
+    normwise = _normwise(kept["set"]["kind"], rounding, half_io)
     for name in state.names:
         if name in values:
             rtol, atol = _tolerance(tolerances, name)
@@ -408,7 +411,8 @@ def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     state.session = None
     chosen = [kept["set"] for kept in state.sets if kept["set"]["name"] == request.get("set")]
     feeds = _set_feeds(state, chosen[0] if chosen else None)
-    normwise = bool(chosen) and _normwise(chosen[0]["kind"], bool(request.get("rounding")))
+    normwise = bool(chosen) and _normwise(chosen[0]["kind"], bool(request.get("rounding")),
+                                          bool(request.get("half_io")))  # fmt: skip
     _phase("loading the models with extra outputs")
     try:
         original = _session(request["original"])
