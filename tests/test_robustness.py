@@ -794,8 +794,17 @@ def test_interrupt_during_start_up_leaves_nothing(tmp_path: pathlib.Path, slow_m
     time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0
-    assert snapshot(tmp_path) == before and leftovers(tmp_path) == []
+    if proc.returncode == 0:
+        # CPython itself dropped the signal: its KeyboardInterrupt landed in the import system's
+        # module-lock clean-up (a weakref callback) while the interpreter started, before any line
+        # of ours ran, and was printed as "Exception ignored" (seen once in CI under load). The run
+        # then went on as if there had been no signal: the output must be whole.
+        assert "Exception ignored" in err and "KeyboardInterrupt" in err, err
+        assert not [line for line in err.splitlines() if "/passes/" in line or "/refimpl/" in line], err
+        onnx.checker.check_model(str(tmp_path / "out.onnx"), full_check=True)
+        assert leftovers(tmp_path) == []
+        return
+    assert snapshot(tmp_path) == before and leftovers(tmp_path) == [], err
     if "Traceback" in err:  # Python's own start-up: none of our frames, and only its KeyboardInterrupt
         frames = [line for line in err.splitlines() if line.lstrip().startswith("File ")]
         ours = [f for f in frames if "/passes/" in f or "/refimpl/" in f]
