@@ -14,6 +14,10 @@ Left on purpose: dynamo's ``view(batch, samples // 20 - 1, -1, 16)`` with
 ``-1`` beside a zero there (the spec calls it invalid) and sizes the ``-1`` by
 a rule of its own, so the view back to ``[batch, 2, L, 16]`` is not the
 attention output at batch 0 in general, and stays (onnxslim removes it).
+onnxruntime sizes that ``-1`` as the input's non-zero dims over the target's
+(``[0, 5, 32]`` as ``[0, 2, -1, 16]`` is ``[0, 2, 5, 16]``), so in the real
+model the heads are 2 only because the conv stack's frames equal
+``samples // 20 - 1``: a fact of the Conv length arithmetic, not of the views.
 """
 
 from __future__ import annotations
@@ -446,3 +450,129 @@ def test_dynamo_view_property(sizes: tuple[int, int, int, int]) -> None:
     original = _dynamo_view(allowzero=allowzero)
     result, _ = _simplify(original)
     assert _run_both(original, result, {"x": _floats(batch, samples), "h": _floats(batch, frames, 32)}), sizes
+
+
+# --- Transpose, shape-preserving ops, Reshape to its target's entries -------------------------
+
+def _heads_view(variant: str = "attention") -> onnx.ModelProto:
+    """``view(b, s, 2, 16)`` of ``x: [batch, seq, 32]``, attention over its heads, then a view back to ``[b, 2, s, 16]``.
+
+    The view's target goes through a ``Where`` (as TorchScript's ``expand`` writes), which onnx's
+    data propagation does not follow: inference gives the view fresh symbols, and only
+    :func:`derive` can prove the view back restores the attention output. Traps:
+    ``minus_one`` views ``x: [batch, seq, 64]`` as ``[b, -1, 2, 16]``; ``copied_zero`` views with
+    ``allowzero=0`` by a dim ``n`` of another input (a 0 there copies ``seq``), and back by
+    ``[b, 2, n, 16]``; ``moved`` transposes the seq axis last (``[b, 2, 16, s]``).
+    """
+    second = {"minus_one": "minus", "copied_zero": "n"}.get(variant, "s")
+    nodes = [*_dim_nodes("x", 0, "b"), *_dim_nodes("x", 1, "s"), *_dim_nodes("z", 0, "n"),
+             _const("two", np.array([2])), _const("w", np.array([16])), _const("minus", np.array([-1])),
+             helper.make_node("Concat", ["b", second, "two", "w"], ["t0"], axis=0),
+             _const("pick", np.array([True, True, False, True])), _const("heads", np.array([1, 1, 2, 1])),
+             helper.make_node("Where", ["pick", "t0", "heads"], ["t"]),
+             helper.make_node("Reshape", ["x", "t"], ["view"], allowzero=0 if variant == "copied_zero" else 1)]
+    if variant == "moved":
+        nodes += [helper.make_node("Transpose", ["view"], ["q"], perm=[0, 2, 3, 1]), helper.make_node("Relu", ["q"], ["o"])]
+    else:
+        nodes += [helper.make_node("Transpose", ["view"], ["q"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Transpose", ["view"], ["k"], perm=[0, 2, 3, 1]),
+                  helper.make_node("MatMul", ["q", "k"], ["scores"]),
+                  helper.make_node("Softmax", ["scores"], ["p"], axis=-1), helper.make_node("IsNaN", ["p"], ["nan"]),
+                  _const("zero", np.array(0.0, np.float32)), helper.make_node("Where", ["nan", "zero", "p"], ["p2"]),
+                  helper.make_node("MatMul", ["p2", "q"], ["o"])]
+    third = "n" if variant == "copied_zero" else "s"
+    nodes += [helper.make_node("Concat", ["b", "two", third, "w"], ["back"], axis=0),
+              helper.make_node("Reshape", ["o", "back"], ["out"], allowzero=1)]
+    width = 64 if variant == "minus_one" else 32
+    return _model(nodes, [_io("x", ["batch", "seq", width]), _io("z", ["zn"])], [_io("out", [None, None, None, None])])
+
+
+def _derived_alone(proto: onnx.ModelProto) -> tuple[SymbolicDims, dict[str, ir.Value]]:
+    """What :func:`derive` finds from the graph inputs' shapes alone (no inference at all)."""
+    model = ir.serde.deserialize_model(proto)
+    ctx = Context(next(iter_scopes(model)), lambda: {}, lambda: Names(model))
+    values = {v.name: v for node in model.graph for v in node.outputs}
+    return derive(model.graph, ctx), values
+
+
+def _view_back_kept(result: onnx.ModelProto) -> bool:
+    return any(node.op_type == "Reshape" and "out" in node.output for node in result.graph.node)
+
+
+def test_transpose_softmax_isnan_and_reshape_carry_dims_alone() -> None:
+    found, values = _derived_alone(_heads_view())
+    expected = {"view": ("batch", "seq", 2, 16), "q": ("batch", 2, "seq", 16), "k": ("batch", 2, 16, "seq"),
+                "scores": ("batch", 2, "seq", "seq"), "p": ("batch", 2, "seq", "seq"),
+                "nan": ("batch", 2, "seq", "seq"), "p2": ("batch", 2, "seq", "seq"), "o": ("batch", 2, "seq", 16),
+                "out": ("batch", 2, "seq", 16)}  # fmt: skip
+    assert {name: found.shape(values[name]) for name in expected} == expected
+
+
+def test_view_back_after_attention_goes() -> None:
+    original = _heads_view()
+    result, stats = _simplify(original)
+    assert not _view_back_kept(result) and stats["applied"].get("noops/same_shape")
+    for b, s in [(2, 5), (1, 3), (0, 3), (2, 0)]:
+        assert _run_both(original, result, {"x": _floats(b, s, 32), "z": _floats(1)})
+    again, stats = _simplify(result)  # a fixed point: nothing more to do
+    assert not stats["applied"] and _ops(again) == _ops(result)
+
+
+@pytest.mark.parametrize("variant, feeds", [
+    ("minus_one", {"x": _floats(0, 3, 64), "z": _floats(1)}),  # the -1 is 6: [0, 2, 6, 16] viewed as [0, 2, 3, 16]
+    ("copied_zero", {"x": _floats(0, 3, 32), "z": _floats(0)}),  # the 0 copies 3: [0, 2, 3, 16] viewed as [0, 2, 0, 16]
+    ("moved", {"x": _floats(1, 3, 32), "z": _floats(1)}),  # [1, 2, 16, 3] viewed as [1, 2, 3, 16]
+])  # fmt: skip
+def test_view_back_stays_where_the_dims_differ(variant: str, feeds: dict[str, np.ndarray]) -> None:
+    """At ``feeds`` the original runs and the view back changes the shape: it must stay."""
+    original = _heads_view(variant)
+    result, _ = _simplify(original)
+    assert _view_back_kept(result)
+    assert _run_both(original, result, feeds)
+    assert helpers.ort_run(result, feeds)[0].shape != helpers.ort_run(_drop_view_back(original), feeds)[0].shape
+
+
+def _drop_view_back(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with its view back replaced by an Identity: what removing it would compute."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for node in copy.graph.node:
+        if node.op_type == "Reshape" and "out" in node.output:
+            node.CopyFrom(helper.make_node("Identity", ["o"], ["out"]))
+    return copy
+
+
+@pytest.mark.parametrize("pieces, allowzero, expected", [
+    (["b", "s", "four"], 0, ("batch", "seq", 4)),
+    (["zero", "s", "four"], 0, ("batch", "seq", 4)),  # 0 copies the input's dim
+    (["zero", "s", "four"], 1, (0, "seq", 4)),
+    (["b", "minus", "four"], 1, ("batch", None, 4)),  # -1: not derived
+    (["b", "n", "four"], 1, ("batch", "zn", 4)),
+    (["b", "n", "four"], 0, ("batch", None, 4)),  # n may be 0, which copies seq
+    (["s", "b", "four"], 0, (None, None, 4)),  # seq may be 0, which copies batch
+])  # fmt: skip
+def test_reshape_dims_from_its_target(pieces: list[str], allowzero: int, expected: tuple) -> None:
+    nodes = [*_dim_nodes("x", 0, "b"), *_dim_nodes("x", 1, "s"), *_dim_nodes("z", 0, "n"),
+             _const("zero", np.array([0])), _const("minus", np.array([-1])), _const("four", np.array([4])),
+             helper.make_node("Concat", pieces, ["t"], axis=0),
+             helper.make_node("Reshape", ["x", "t"], ["y"], allowzero=allowzero)]
+    found, values = _derived_alone(_model(nodes, [_io("x", ["batch", "seq", 4]), _io("z", ["zn"])], [_io("y", None)]))
+    assert found.shape(values["y"]) == expected
+
+
+@pytest.mark.parametrize("node", [
+    helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=0),
+    helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=1),
+    helper.make_node("Flatten", ["x"], ["y"], axis=1),
+    helper.make_node("Transpose", ["x"], ["y"], perm=[0, 1]),  # not a permutation of 3 axes: the node fails
+], ids=["reduce_keepdims_0", "reduce_keepdims_1", "flatten", "bad_perm"])  # fmt: skip
+def test_ops_that_change_the_shape_derive_nothing(node: onnx.NodeProto) -> None:
+    nodes = [_const("axes", np.array([1])), node]
+    found, values = _derived_alone(_model(nodes, [_io("x", ["batch", "seq", 4])], [_io("y", None)]))
+    assert found.shape(values["y"]) is None
+
+
+def test_transpose_without_perm_reverses() -> None:
+    nodes = [helper.make_node("Transpose", ["x"], ["y"]), helper.make_node("Sigmoid", ["y"], ["z"])]
+    found, values = _derived_alone(_model(nodes, [_io("x", ["batch", "seq", 4])], [_io("z", None)]))
+    assert found.shape(values["z"]) == (4, "seq", "batch")

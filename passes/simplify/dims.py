@@ -26,6 +26,23 @@ for every input the model accepts:
 * MatMul's contracted dims are equal (onnxruntime checks them even for empty
   operands). Concat's inputs are not taken to agree on their other axes:
   onnxruntime skips an empty input, ``Concat([2, 3], [0, 5])`` runs.
+* Ops whose output has their first input's shape (the schemas' "same shape
+  as input": unary elementwise ops, Softmax/LogSoftmax/Hardmax, IsNaN, IsInf,
+  Cast, CastLike, Identity, Clip, Dropout's output): each output dim is the
+  input's. onnxruntime's kernels allocate the output with the input's shape.
+* ``Transpose`` (``perm``, or reversed when absent; a perm that is not a
+  permutation of the axes fails the node): output dim ``i`` is input dim
+  ``perm[i]``.
+* ``Reshape`` (opset >= 5) to a target built by shape arithmetic: entry ``i``
+  is output dim ``i`` where it is an int ``k >= 1``; ``0`` is ``0`` with
+  ``allowzero=1`` and copies input dim ``i`` without it; a dim ``d`` (a value
+  of ``Shape``, ``>= 0``) is output dim ``i`` with ``allowzero=1``, and
+  without it only when ``d`` is input dim ``i`` (then a ``0`` copies ``0``).
+  A ``-1`` entry, a dim ``d`` with ``allowzero=0`` (a run where ``d`` is 0
+  copies another dim) and a target that is not shape arithmetic (a computed
+  value may be -1 at run time) give nothing. The element counts are not used:
+  onnxruntime sizes a ``-1`` beside a zero by a rule of its own (see
+  tests/test_simplify_dims.py).
 * ``Slice`` keeps the dims of the axes it does not slice; an axis sliced from
   0 with step 1 to a dim ``e`` of shape arithmetic has ``min(e, d)`` elements
   (``d`` the axis's dim): ``e`` when ``d`` is ``e``, ``min(e, K)`` when ``d``
@@ -165,6 +182,17 @@ _BROADCASTING = frozenset({
 })  # fmt: skip
 
 
+_SAME_SHAPE = frozenset({
+    "Abs", "Neg", "Floor", "Ceil", "Round", "Sign", "Reciprocal", "Sqrt", "Exp", "Log", "Erf",
+    "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh",
+    "Relu", "LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sigmoid", "HardSigmoid", "Tanh",
+    "Softplus", "Softsign", "HardSwish", "Mish", "Gelu", "Shrink", "Not", "BitwiseNot",
+    "IsNaN", "IsInf", "Softmax", "LogSoftmax", "Hardmax", "Cast", "CastLike", "Identity", "Clip", "Dropout",
+})  # fmt: skip
+"""Ops whose first output has their first input's shape (the ONNX schemas; other inputs are scalars,
+a type (CastLike) or a training flag (Dropout), never broadcast into the output)."""
+
+
 class _Deriver:
     """Derives the main graph's dims node by node (see the module docstring)."""
 
@@ -229,6 +257,42 @@ class _Deriver:
         if not shapes or any(s is None for s in shapes):
             return None
         return [broadcast_shapes(shapes)]  # type: ignore[arg-type]
+
+    def same_shape(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
+        x = self.dims(node.inputs[0] if node.inputs else None)
+        return None if x is None else [x]
+
+    def transpose(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
+        x = self.dims(node.inputs[0])
+        if x is None:
+            return None
+        perm = node.attributes.get_ints("perm", None)
+        perm = list(range(len(x)))[::-1] if perm is None else list(perm)
+        if sorted(perm) != list(range(len(x))):
+            return None  # the node fails
+        return [tuple(x[p] for p in perm)]
+
+    def reshape(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
+        if self.ctx.opset < 5 or len(node.inputs) < 2:
+            return None  # before opset 5, the shape was an attribute
+        x = self.dims(node.inputs[0])
+        target = self.entries(node.inputs[1])
+        if target is None:
+            return None
+        allowzero = node.attributes.get_int("allowzero", 0) == 1
+        return [tuple(self._reshaped(entry, x, i, allowzero) for i, entry in enumerate(target))]
+
+    @staticmethod
+    def _reshaped(entry: object, x: tuple[object, ...] | None, i: int, allowzero: bool) -> object:
+        """Output dim ``i`` of a Reshape of a tensor of dims ``x`` whose target entry ``i`` is ``entry``."""
+        own = x[i] if x is not None and i < len(x) else None
+        if isinstance(entry, int):
+            if entry >= 1 or (entry == 0 and allowzero):
+                return entry
+            return own if entry == 0 else None  # 0 copies the input's dim; -1 is not derived
+        if entry is None:
+            return None
+        return entry if allowzero or entry == own else None
 
     def expand(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
         x = self.dims(node.inputs[0])
@@ -303,6 +367,9 @@ class _Deriver:
 
 
 _HANDLERS = {
+    **{op: _Deriver.same_shape for op in _SAME_SHAPE},
+    "Transpose": _Deriver.transpose,
+    "Reshape": _Deriver.reshape,
     "Expand": _Deriver.expand,
     "Range": _Deriver.range,
     "MatMul": _Deriver.matmul,
