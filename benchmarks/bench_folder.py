@@ -30,6 +30,8 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+from harness import child_env  # noqa: E402  (stdlib only at import)
 
 
 def _models() -> list[pathlib.Path]:
@@ -41,10 +43,7 @@ def _command() -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached, as in an installed package
-    return env
+    return child_env(REPO)
 
 
 def _one_by_one(folder: pathlib.Path, out: pathlib.Path) -> float:

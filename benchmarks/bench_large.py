@@ -81,6 +81,8 @@ from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+from harness import child_env  # noqa: E402  (stdlib only at import)
 
 SIDE = 4096
 WEIGHT_BYTES = SIDE * SIDE * 4
@@ -311,15 +313,6 @@ def _optimize_run(src: pathlib.Path, out: pathlib.Path, env: dict[str, str], che
     return run
 
 
-def _env(checkout: pathlib.Path) -> dict[str, str]:
-    """The environment of a run of ``checkout``'s optimize: its code first on the path, and bytecode
-    cached as an installed package has it (a sandbox's ``PYTHONDONTWRITEBYTECODE`` would make every
-    run compile the ~150 modules from source again, ~0.3 s that no user pays)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(checkout), os.environ.get("PYTHONPATH", "")]))
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return env
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -371,9 +364,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cache drop: cannot write {_DROP_CACHES} (not permitted here); use --cache warm")
     if args.baseline is not None and not (args.baseline / "passes" / "__main__.py").is_file():
         parser.error(f"--baseline {args.baseline}: no passes/__main__.py there")
-    envs = {"optimize": _env(REPO)}
+    envs = {"optimize": child_env(REPO)}
     if args.baseline is not None:
-        envs["baseline"] = _env(args.baseline.resolve())
+        envs["baseline"] = child_env(args.baseline.resolve())
     order = [*envs, "cp"]
     results: dict[str, list[dict[str, Any]]] = {tool: [] for tool in order}
     ratios: list[float] = []

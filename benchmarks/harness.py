@@ -31,6 +31,7 @@ from typing import Any
 
 __all__ = [
     "TOOLS",
+    "child_env",
     "Measurement",
     "check_model_file",
     "count_nodes",
@@ -116,15 +117,22 @@ print(_json.dumps({"peak_rss_kib": _harness_peak_kib()}))
 """
 
 
+def child_env(*paths: str | os.PathLike[str]) -> dict[str, str]:
+    """The environment of a benchmarked child process: ``paths`` first on ``PYTHONPATH``, and bytecode
+    cached as an installed package has it (a sandbox's ``PYTHONDONTWRITEBYTECODE`` would make ours,
+    run from the checkout, compile its ~150 modules on every run, ~0.3 s the other tools and an
+    installed user do not pay)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*map(str, paths), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def _run(snippet: str, args: Sequence[str], timeout: float) -> tuple[int, str, str, float]:
     """Runs ``python -c snippet args`` and returns (status, stdout, stderr, wall seconds)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         code = snippet + "\n" + _PEAK_EPILOGUE
-        # Bytecode cached, as an installed package has it: a sandbox's PYTHONDONTWRITEBYTECODE
-        # would make ours (run from the checkout) compile its modules on every run, the others not.
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        process = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out, stderr=err, env=env)
+        process = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out, stderr=err, env=child_env())
         try:
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

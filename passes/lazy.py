@@ -64,13 +64,12 @@ class _DeferredModule(types.ModuleType):
         name = self.__name__
         real = sys.modules.get(name)
         if real is self or real is None:
-            del sys.modules[name]
+            sys.modules.pop(name, None)
             try:
                 real = importlib.import_module(name)
             except BaseException:
                 sys.modules.setdefault(name, self)
                 raise
-        object.__setattr__(self, "_deferred_real", real)
         return getattr(real, attr)
 
 

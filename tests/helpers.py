@@ -182,6 +182,21 @@ def node_model(
     )
 
 
+def simplify_checked(proto: onnx.ModelProto, **options: Any) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """``SimplifyPass(**options)`` on ``proto``; the result (which must pass the full ONNX check) and
+    the pass's stats."""
+    import onnx_ir as ir
+
+    from passes.simplify import SimplifyPass
+
+    model = ir.serde.deserialize_model(proto)
+    pass_ = SimplifyPass(**options)
+    pass_(model)
+    result = ir.serde.serialize_model(model)
+    onnx.checker.check_model(result, full_check=True)
+    return result, pass_.stats
+
+
 def ops_recursive(model: onnx.ModelProto) -> list[str]:
     """The op types of the main graph, its If/Loop/Scan bodies (nested) and its functions."""
     ops: list[str] = []

@@ -19,14 +19,12 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 import onnx
-import onnx_ir as ir
 import pytest
 from onnx import helper, numpy_helper
 
 import helpers
 import passes
 from passes import cli
-from passes.simplify import SimplifyPass
 
 RNG = np.random.default_rng(2024)
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -123,13 +121,7 @@ def _out(dtype=np.float32, rank: int = 4) -> list[onnx.ValueInfoProto]:
 # --- running the pass -------------------------------------------------------------------------------
 
 
-def _simplify(proto: onnx.ModelProto, **options) -> tuple[onnx.ModelProto, dict]:
-    model = ir.serde.deserialize_model(proto)
-    pass_ = SimplifyPass(**options)
-    pass_(model)
-    result = ir.serde.serialize_model(model)
-    onnx.checker.check_model(result, full_check=True)
-    return result, pass_.stats
+_simplify = helpers.simplify_checked
 
 
 _ops = helpers.ops_recursive

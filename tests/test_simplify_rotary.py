@@ -20,13 +20,11 @@ import pathlib
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import helpers
 from passes.cli import command as cli
-from passes.simplify import SimplifyPass
 
 LOGGER = "passes.simplify"
 TOLERANCE = {np.float32: (1e-4, 1e-5), np.float16: (1e-2, 1e-3)}  # the check's (rtol, atol)
@@ -136,13 +134,7 @@ def llama(dtype=np.float32, opset: int = 23, form: str = "dynamo", batch="batch"
 # --- running and comparing ----------------------------------------------------------------------------
 
 
-def _simplify(proto: onnx.ModelProto, **options) -> tuple[onnx.ModelProto, dict]:
-    model = ir.serde.deserialize_model(proto)
-    pass_ = SimplifyPass(**options)
-    pass_(model)
-    result = ir.serde.serialize_model(model)
-    onnx.checker.check_model(result, full_check=True)
-    return result, pass_.stats
+_simplify = helpers.simplify_checked
 
 
 def _ops(model: onnx.ModelProto) -> list[str]:

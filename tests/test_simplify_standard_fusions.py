@@ -117,13 +117,7 @@ def layer_norm(net: Net, x: str = "x", width: int = 16, axes=(-1,), eps: float =
 # --- running and comparing ----------------------------------------------------------------------------
 
 
-def _simplify(proto: onnx.ModelProto, **options) -> tuple[onnx.ModelProto, dict]:
-    model = ir.serde.deserialize_model(proto)
-    pass_ = SimplifyPass(**options)
-    pass_(model)
-    result = ir.serde.serialize_model(model)
-    onnx.checker.check_model(result, full_check=True)
-    return result, pass_.stats
+_simplify = helpers.simplify_checked
 
 
 def _edge_rows(width: int, dtype) -> np.ndarray:
