@@ -24,7 +24,10 @@ then optimize, ...), each pair preceded by ``sync``:
 The figure is the median over the pairs of optimize's time over cp's. With
 ``--baseline DIR`` (another checkout of this repository, e.g. ``git archive
 COMMIT | tar -x -C DIR``) each round also runs ``optimize`` from DIR, the three
-in rotating order, for a before/after comparison on the same model. The page
+in rotating order, for a before/after comparison on the same model. Each
+``optimize`` runs with its checkout as the working folder: ``python -m`` puts
+the working folder first on ``sys.path``, so run from elsewhere (as this script
+was until 2026-12-04) both would have run the code of the folder it was started in. The page
 cache (``--cache``): ``drop`` runs ``sync; echo 3 > /proc/sys/vm/drop_caches``
 before every run (both read the weights from the disk, and optimize its Python
 modules too); ``warm`` reads the input's data file once before every run (both
@@ -33,7 +36,11 @@ else warm. The state used is printed and saved. On a virtual disk whose host
 keeps recently read blocks, dropped is not cold and favours cp, which starts
 copying at once where optimize's save starts seconds later (measured: a copy
 3 s after the drop took 8-36 % longer; see docs/benchmarks.md); warm compares
-like with like. Peak RSS is the child's
+like with like. Every timed run then starts ``--settle`` seconds (default 2)
+after that preparation, so that none starts in a state the others do not see:
+a copy started at once after the read-through was measured faster than the
+same copy started 0.5 s later (64 MiB calls, 3 GiB: 1.2 s against 2.1 s), which
+favoured ``cp`` over a command that copies after its start-up. Peak RSS is the child's
 (``/usr/bin/time -v`` when present, else ``ru_maxrss`` of the children).
 
 The other tools (``--tools``, none by default: most load every weight, which
@@ -60,7 +67,7 @@ wrote after each run and the model at the end.
 
 Usage:
     python benchmarks/bench_large.py [--weights N | --quick] [--pairs N] [--cache auto|drop|warm] [--baseline DIR]
-        [--dir DIR] [--seed S] [--tools vc+onnxsim,onnxscript,onnxslim,ort-basic] [--rss-cap GIB]
+        [--dir DIR] [--settle S] [--seed S] [--tools vc+onnxsim,onnxscript,onnxslim,ort-basic] [--rss-cap GIB]
         [--timeout S] [--json FILE]
 """
 
@@ -136,13 +143,13 @@ def build_model(folder: pathlib.Path, weights: int, seed: int = 0) -> pathlib.Pa
     return path
 
 
-def _run(command: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Runs ``command``; its wall time, exit status and peak RSS (MiB)."""
+def _run(command: list[str], env: dict[str, str] | None = None, cwd: pathlib.Path | None = None) -> dict[str, Any]:
+    """Runs ``command`` (in ``cwd``); its wall time, exit status and peak RSS (MiB)."""
     timer = shutil.which("time") or ("/usr/bin/time" if os.path.exists("/usr/bin/time") else None)
     with tempfile.NamedTemporaryFile("r", suffix=".time") as stats:
         full = [timer, "-v", "-o", stats.name, *command] if timer else command
         start = time.perf_counter()
-        proc = subprocess.run(full, env=env, capture_output=True, text=True)
+        proc = subprocess.run(full, env=env, cwd=cwd, capture_output=True, text=True)
         wall = time.perf_counter() - start
         rss_kib = 0
         if timer:
@@ -283,14 +290,15 @@ def _read_through(path: pathlib.Path) -> None:
             pass
 
 
-def _prepare(cache: str, data: pathlib.Path) -> None:
-    """Before each timed run: nothing dirty left to write back, and the page cache as ``cache`` says."""
+def _prepare(cache: str, data: pathlib.Path, settle: float) -> None:
+    """Before each timed run: nothing dirty left to write back, the page cache as ``cache`` says, then ``settle`` s."""
     if cache == "drop":
         if not _drop_caches():
             raise SystemExit(f"bench_large: cannot write {_DROP_CACHES} any more")
     else:
         os.sync()
         _read_through(data)
+    time.sleep(settle)
 
 
 CACHE_STATES = {
@@ -299,10 +307,12 @@ CACHE_STATES = {
 }
 
 
-def _optimize_run(src: pathlib.Path, out: pathlib.Path, env: dict[str, str], check: bool) -> dict[str, Any]:
+def _optimize_run(src: pathlib.Path, out: pathlib.Path, checkout: pathlib.Path, check: bool) -> dict[str, Any]:
+    """``optimize`` from ``checkout``: run in it, since ``python -m`` puts the working folder first on
+    ``sys.path``, before ``PYTHONPATH`` (from another checkout's folder, that one's code would run)."""
     report = out.with_name("report.json")
     run = _run([sys.executable, "-m", "passes", str(src), "-o", str(out), "--no-check", "-q",
-                "--report", str(report)], env)  # fmt: skip
+                "--report", str(report)], child_env(checkout), checkout)  # fmt: skip
     data = out.with_name(out.name + ".data")
     run["output_bytes"] = data.stat().st_size if data.exists() else 0
     if report.exists():
@@ -323,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None, help=argparse.SUPPRESS)  # the old name of --pairs
     parser.add_argument("--cache", choices=("auto", "drop", "warm"), default="auto",
                         help="the page cache before each run: dropped, warm, or dropped if permitted (default)")
+    parser.add_argument("--settle", type=float, default=2.0,
+                        help="seconds to wait after preparing the page cache, before each timed run (default: 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights' values")
     parser.add_argument("--baseline", type=pathlib.Path, default=None,
                         help="another checkout whose optimize also runs in each round (before/after)")
@@ -346,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     weights = args.weights or (QUICK_WEIGHTS if args.quick else FULL_WEIGHTS)
     pairs = args.repeat or args.pairs
     nbytes = weights * WEIGHT_BYTES
-    parent = args.dir or pathlib.Path(tempfile.gettempdir())
+    parent = (args.dir or pathlib.Path(tempfile.gettempdir())).resolve()  # the children run elsewhere
     if not parent.is_dir():
         parser.error(f"--dir {parent}: not a directory")
     free = shutil.disk_usage(parent).free
@@ -364,10 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cache drop: cannot write {_DROP_CACHES} (not permitted here); use --cache warm")
     if args.baseline is not None and not (args.baseline / "passes" / "__main__.py").is_file():
         parser.error(f"--baseline {args.baseline}: no passes/__main__.py there")
-    envs = {"optimize": child_env(REPO)}
+    checkouts = {"optimize": REPO}
     if args.baseline is not None:
-        envs["baseline"] = child_env(args.baseline.resolve())
-    order = [*envs, "cp"]
+        checkouts["baseline"] = args.baseline.resolve()
+    order = [*checkouts, "cp"]
     results: dict[str, list[dict[str, Any]]] = {tool: [] for tool in order}
     ratios: list[float] = []
     baseline_ratios: list[float] = []
@@ -383,9 +395,9 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(pairs):
             pair: dict[str, dict[str, Any]] = {}
             for tool in order[i % len(order):] + order[:i % len(order)]:
-                _prepare(cache, data)
-                if tool in envs:
-                    run = _optimize_run(src, out, envs[tool], check=i == 0)
+                _prepare(cache, data, args.settle)
+                if tool in checkouts:
+                    run = _optimize_run(src, out, checkouts[tool], check=i == 0)
                 else:
                     run = _run(["cp", str(data), str(copy)])
                     run["output_bytes"] = copy.stat().st_size if copy.exists() else 0
@@ -405,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)  # fmt: skip
         for tool in others:
             dst = folder / f"{tool}.onnx"
-            _prepare(cache, data)
+            _prepare(cache, data, args.settle)
             run = _run_capped([sys.executable, "-c", OTHER_TOOLS[tool], str(src), str(dst)], rss_cap_kib, args.timeout)
             if run["exit"] == 0:
                 run.update(_check_output(dst))
@@ -434,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         for tool, runs in results.items()
     }
-    for tool in envs:
+    for tool in checkouts:
         phase_names = {name for r in results[tool] for name in r.get("phases", {})}
         summary[tool]["median_phase_seconds"] = {
             name: statistics.median(r["phases"].get(name, 0.0) for r in results[tool] if "phases" in r)
@@ -458,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                           for key in ("data_bytes", "allocated_bytes"))  # fmt: skip
         print(f"{tool:<11} {seconds:>8.2f} {seconds / cp:>6.2f} {gib / seconds:>6.2f} {t['max_peak_rss_mib']:>9.0f} "
               f"{opset:>5} {data_gib:>8} {disk:>7}  {'yes' if t['ok'] else 'NO: ' + t['error']}")  # fmt: skip
-    for tool in envs:
+    for tool in checkouts:
         phases = summary[tool]["median_phase_seconds"]
         if phases:
             print(f"{tool} phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())

@@ -18,10 +18,17 @@ Each step falls back to the next on the errors that mean "not here"
 what worked. Holes of the input (``SEEK_DATA``/``SEEK_HOLE``: blocks never
 written, which read as zeros) are not copied but left as holes of the output,
 as ``cp`` does by default: they read as the same zeros, and copying them would
-make the kernel read and write zeros for nothing. Copies go in chunks of at
-most 64 MiB, so an interrupt (the command turns SIGINT into an exception
-between chunks) is handled within a chunk's time; the caller writes into a
-staged folder, so an interrupted copy leaves nothing behind.
+make the kernel read and write zeros for nothing.
+
+Each kernel call asks for the rest of the range, up to :data:`CHUNK` (Linux's
+``MAX_RW_COUNT``, the most one call copies), as ``cp`` does. Smaller calls
+were measured slower on ext4 (Linux 6.18, 3 GiB, the source in the page
+cache, alternating runs): 64 MiB, 1 GiB and 2047 MiB calls took 2.0-2.2 s
+(median), calls of ``MAX_RW_COUNT`` 1.4 s, the same as ``cp``. A signal ends
+a call early with what it copied (a SIGINT 0.3 s into a 3 GiB copy stopped it
+at 0.31 s), so the command's interrupt (SIGINT turned into an exception) is
+still handled at once; the caller writes into a staged folder, so an
+interrupted copy leaves nothing behind.
 
 New or changed tensors are written through Python (``tofile``) as before.
 
@@ -36,7 +43,7 @@ given, each after the previous one's end with less than its own alignment in
 between (16 bytes, or 64 KiB over 1 MiB: the padding an aligning writer
 leaves; none for ``onnx.save``), form a *run*: the run keeps the input's layout
 (the same gaps, the same bytes in them) and is copied as one range, one kernel
-call per 64 MiB however many tensors it holds, instead of one call (and its
+call per 2 GiB however many tensors it holds, instead of one call (and its
 ``fstat``/``SEEK_DATA`` checks) per tensor. The run is placed where its large
 tensors (over 1 MiB) start at a multiple of 64 KiB, and a large tensor the
 input does not hold at the same offset modulo 64 KiB as the run's first one
@@ -71,7 +78,8 @@ __all__ = ["ALIGN_LARGE", "ALIGN_SMALL", "ALIGN_THRESHOLD", "Copier", "Placement
 ALIGN_SMALL = 16
 ALIGN_LARGE = 64 << 10
 ALIGN_THRESHOLD = 1 << 20
-CHUNK = 64 << 20
+#: Linux's ``MAX_RW_COUNT`` with 4 KiB pages (``INT_MAX & PAGE_MASK``): the kernel copies at most this much per call.
+CHUNK = 0x7FFFF000
 _BUFFER = 8 << 20
 
 #: The errors with which a copy method says it does not work for these files.
