@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from passes import cli, pipeline
-from passes.verify import plan
+from passes.verify.lowest import float_dependencies
 from passes.verify.result import TOLERANCES
 
 
@@ -111,6 +111,6 @@ def test_the_walk_follows_subgraph_references_and_ignores_shape_only_uses() -> N
         [helper.make_tensor_value_info("via_if", TensorProto.FLOAT, [2]),
          helper.make_tensor_value_info("plain", TensorProto.FLOAT, [2])], initializer=[h],
     )  # fmt: skip
-    lowest = plan.float_dependencies(graph)
+    lowest = float_dependencies(graph)
     assert lowest["via_if"] == ("float16", "x16")
     assert lowest["plain"][0] == "float32"  # the float16 table only gives its shape

@@ -45,7 +45,7 @@ import numpy as np
 import onnx
 
 from passes.errors import first_line as _first_line
-from passes.verify import files as _files, locate as _locate, npz, plan
+from passes.verify import files as _files, locate as _locate, lowest as _lowest, npz, plan
 from passes.verify.child import Worker, WorkerCrashed, WorkerError, WorkerTimeout, default_memory_limit
 from passes.verify.compare import compare as _compare  # noqa: F401  the comparison, by its old name here
 from passes.verify.result import (
@@ -288,7 +288,7 @@ class Checker:
         the first: only the first dynamic dimension 0, the others as chosen."""
         keep = sorted(s.name for s in specs if s.index)
         values = [s for s in specs if not s.index and s.dtype is not None and s.dtype != "bool"]
-        floats = [s for s in values if s.dtype in plan.FLOAT_TYPES.values()]
+        floats = [s for s in values if s.dtype in _lowest.FLOAT_TYPES.values()]
         shapes = given["shapes"] if given else None
         zero = plan.zero_sizes(specs, dims=self.dims, given=shapes)
         first = plan.zero_sizes(specs, dims=self.dims, given=shapes, base=chosen)
@@ -389,13 +389,13 @@ class Checker:
 
     def _set_tolerances(self) -> None:
         assert self.original_proto is not None
-        lowest = plan.float_dependencies(self.original_proto.graph)
+        lowest = _lowest.float_dependencies(self.original_proto.graph)
         for output in self.original_proto.graph.output:
             found = lowest.get(output.name)
             if found is None:
                 continue
             if self.precision is not None:
-                found = plan.lower(found, (self.precision, f"--precision ({self.precision})"))
+                found = _lowest.lower(found, (self.precision, f"--precision ({self.precision})"))
                 if found[0] == self.precision and self.precision_tolerance is not None:
                     found = (found[0], "--precision-tolerance")
             default_rtol, default_atol = default_tolerance(found[0], self.precision, self.precision_tolerance)

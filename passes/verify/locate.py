@@ -19,7 +19,7 @@ from typing import Any
 
 import onnx
 
-from passes.verify import plan
+from passes.verify import lowest as _lowest, plan
 from passes.verify.result import FirstDifference, default_tolerance
 
 __all__ = ["augmented", "comparable_values", "first_difference", "value_tolerances", "widened"]
@@ -67,7 +67,7 @@ def value_tolerances(
     """Each value's tolerance, from the lowest-precision float type it depends on (and
     ``precision``, the half type an optimised model computes in, for a float value, at
     ``precision_tolerance`` if given: see :func:`passes.verify.result.default_tolerance`)."""
-    lowest = plan.float_dependencies(original.graph)
+    lowest = _lowest.float_dependencies(original.graph)
     result: dict[str, tuple[float, float] | None] = {}
     for name in names:
         found = lowest.get(name)
@@ -75,7 +75,7 @@ def value_tolerances(
             result[name] = None
             continue
         if precision is not None:
-            found = plan.lower(found, (precision, name))
+            found = _lowest.lower(found, (precision, name))
         default_rtol, default_atol = default_tolerance(found[0], precision, precision_tolerance)
         result[name] = (default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
     return result

@@ -14,9 +14,9 @@
   in the first tries, so that a mask of length ``past + sequence`` fits.
 * :func:`zero_sizes`: the sizes of one more set in which every dynamic
   dimension the caller did not fix is 0.
-* :func:`float_dependencies`: for every value, the lowest-precision float type
-  it depends on (walking back through the graph, into subgraphs and their
-  references to outer values), which chooses its tolerance.
+
+The lowest-precision float type each value depends on, which chooses its
+tolerance, is :mod:`passes.verify.lowest`.
 """
 
 from __future__ import annotations
@@ -30,13 +30,12 @@ import onnx
 
 from passes.verify.dim_expressions import evaluate as _evaluate
 from passes.verify.dim_expressions import expression as _expression
-from passes.verify.result import MAX_GENERATED_BYTES, MAX_TRIES, PRECISION_ORDER
+from passes.verify.result import MAX_GENERATED_BYTES, MAX_TRIES
 from passes.verify.result import shown as _shown
 
 __all__ = [
     "InputSpec",
     "declared_output_shapes",
-    "float_dependencies",
     "input_specs",
     "size_tries",
     "zero_sizes",
@@ -58,18 +57,6 @@ NUMPY_TYPES: dict[int, str] = {
     onnx.TensorProto.UINT64: "uint64",
     onnx.TensorProto.BOOL: "bool",
     onnx.TensorProto.STRING: "str",
-}
-
-#: Float element types by name, for the tolerance.
-FLOAT_TYPES: dict[int, str] = {
-    onnx.TensorProto.DOUBLE: "float64",
-    onnx.TensorProto.FLOAT: "float32",
-    onnx.TensorProto.FLOAT16: "float16",
-    onnx.TensorProto.BFLOAT16: "bfloat16",
-    onnx.TensorProto.FLOAT8E4M3FN: "float8e4m3fn",
-    onnx.TensorProto.FLOAT8E4M3FNUZ: "float8e4m3fnuz",
-    onnx.TensorProto.FLOAT8E5M2: "float8e5m2",
-    onnx.TensorProto.FLOAT8E5M2FNUZ: "float8e5m2fnuz",
 }
 
 _ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "int16": 2, "int32": 4,
@@ -522,103 +509,3 @@ def declared_output_shapes(model: onnx.ModelProto) -> dict[str, list[int | str |
                 for d in info.type.tensor_type.shape.dim
             ]
     return shapes
-
-
-# --- the tolerance: the lowest-precision float type a value depends on --------------------------
-
-_RANK = {name: i for i, name in enumerate(PRECISION_ORDER)}
-
-#: Ops whose outputs depend on their inputs' shapes only, not on their values.
-_SHAPE_ONLY = frozenset({"Shape", "Size", "ConstantOfShape"})
-
-#: (dtype name, value where it appears), or None: no float anywhere upstream.
-Lowest = tuple[str, str] | None
-
-
-def lower(a: Lowest, b: Lowest) -> Lowest:
-    """The lower-precision of two (None: no float)."""
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return b if _RANK[b[0]] > _RANK[a[0]] else a
-
-
-def _declared(info: onnx.ValueInfoProto) -> Lowest:
-    if info.type.HasField("tensor_type"):
-        name = FLOAT_TYPES.get(info.type.tensor_type.elem_type)
-        if name:
-            return (name, info.name)
-    return None
-
-
-def _tensor_lowest(tensor: onnx.TensorProto, where: str) -> Lowest:
-    name = FLOAT_TYPES.get(tensor.data_type)
-    return (name, where) if name else None
-
-
-def _node_introduces(node: onnx.NodeProto, where: str) -> Lowest:
-    """Float types a node brings in by itself: Cast targets, dtype attributes, constant tensors."""
-    found: Lowest = None
-    for attr in node.attribute:
-        if attr.name in ("to", "dtype", "output_dtype") and attr.type == onnx.AttributeProto.INT:
-            name = FLOAT_TYPES.get(attr.i)
-            if name:
-                found = lower(found, (name, where))
-        elif attr.type == onnx.AttributeProto.TENSOR:
-            found = lower(found, _tensor_lowest(attr.t, where))
-        elif attr.type == onnx.AttributeProto.TENSORS:
-            for t in attr.tensors:
-                found = lower(found, _tensor_lowest(t, where))
-        elif attr.type in (onnx.AttributeProto.FLOAT, onnx.AttributeProto.FLOATS) and node.op_type == "Constant":
-            found = lower(found, ("float32", where))
-    return found
-
-
-def _subgraph_lowest(graph: onnx.GraphProto, outer: Mapping[str, Lowest]) -> Lowest:
-    """Everything a subgraph computes with: its own types, and the outer values it refers to."""
-    inner = float_dependencies(graph, outer)
-    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    defined |= {name for node in graph.node for name in node.output}
-    found: Lowest = None
-    for name in defined | {o.name for o in graph.output}:
-        found = lower(found, inner.get(name))
-    return found
-
-
-def float_dependencies(graph: onnx.GraphProto, outer: Mapping[str, Lowest] | None = None) -> dict[str, Lowest]:
-    """For every value of ``graph``: the lowest-precision float type it depends on, and where it appears.
-
-    Walks the graph in its (topological) node order: a node's outputs depend on
-    its inputs, on the types it introduces (a Cast's target, a constant), on its
-    subgraphs' whole content and the outer values those refer to, and on their
-    own declared types.
-
-    Args:
-        graph: A graph (the main graph, or a subgraph with ``outer`` values).
-        outer: What the enclosing scopes' values depend on.
-    """
-    lowest: dict[str, Lowest] = dict(outer or {})
-    for info in graph.input:
-        lowest[info.name] = _declared(info)
-    for tensor in graph.initializer:
-        lowest[tensor.name] = _tensor_lowest(tensor, tensor.name)
-    for sparse in graph.sparse_initializer:
-        lowest[sparse.values.name] = _tensor_lowest(sparse.values, sparse.values.name)
-    declared = {info.name: _declared(info) for info in [*graph.value_info, *graph.output]}
-    for node in graph.node:
-        where = node.output[0] if node.output else node.name
-        found = _node_introduces(node, where)
-        shape_only = node.op_type in _SHAPE_ONLY and node.domain in ("", "ai.onnx")
-        for name in node.input if not shape_only else ():
-            if name:
-                found = lower(found, lowest.get(name))
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-                found = lower(found, _subgraph_lowest(sub, lowest))
-        for name in node.output:
-            if name:
-                lowest[name] = lower(found, declared.get(name))
-    for info in graph.output:
-        lowest[info.name] = lower(lowest.get(info.name), declared.get(info.name))
-    return lowest
