@@ -14,7 +14,7 @@ import passes
 import refimpl
 from helpers import ort_run
 from passes.fold import ConstantFoldingPass
-from passes.fold import confirm
+from passes.fold import agree, confirm
 
 F32 = TensorProto.FLOAT
 
@@ -321,15 +321,15 @@ def test_confirmation_off_folds_what_refimpl_computes(wrong_neg: None) -> None:
     ],
 )
 def test_agrees_float32(expected: list[float], actual: list[float], same: bool) -> None:
-    assert confirm.agrees(np.array(expected, np.float32), np.array(actual, np.float32)) is same
+    assert agree.agrees(np.array(expected, np.float32), np.array(actual, np.float32)) is same
 
 
 def test_agrees_exact_types() -> None:
-    assert confirm.agrees(np.array([1, 2], np.int64), np.array([1, 2], np.int64))
-    assert not confirm.agrees(np.array([1, 2], np.int64), np.array([1, 2], np.int32))
-    assert not confirm.agrees(np.array([True]), np.array([False]))
-    assert confirm.agrees(np.array(["a", "bc"], dtype=object), np.array(["a", "bc"]))
-    assert not confirm.agrees(np.array(["a"], dtype=object), np.array(["b"]))
+    assert agree.agrees(np.array([1, 2], np.int64), np.array([1, 2], np.int64))
+    assert not agree.agrees(np.array([1, 2], np.int64), np.array([1, 2], np.int32))
+    assert not agree.agrees(np.array([True]), np.array([False]))
+    assert agree.agrees(np.array(["a", "bc"], dtype=object), np.array(["a", "bc"]))
+    assert not agree.agrees(np.array(["a"], dtype=object), np.array(["b"]))
 
 
 def test_float16_chain_onnxruntime_runs_in_float32_stays_computed() -> None:
