@@ -16,7 +16,9 @@ Kernels live in family modules and are registered with the schema versions they 
   * ``resize``: Resize with mode nearest.
 
 ``_registry`` holds the registry, ``_errors`` the exceptions, ``_dtypes`` the schema dtypes and
-the conversion and rounding helpers, ``_common`` the argument helpers all families share.
+the conversion and rounding helpers, ``_common`` the argument helpers all families share;
+``_reduction_guards`` the checks with which a float reduction declines where onnxruntime's
+order decides its result (``reduction``'s alone).
 Families import those, never each other.
 
 Errors: :class:`UnsupportedOpError` (no kernel), :class:`RefImplError` (invalid inputs or
