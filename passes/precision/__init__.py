@@ -45,7 +45,8 @@ import onnx_ir as ir
 from passes.base import Pass, pass_stats
 from passes.declarations import PRECISION, precision_tolerance
 from passes.ir.tensors import KEEP_EXTERNAL, InlineData
-from passes.precision import convert as _convert, lazy as _lazy
+from passes.ir.walk import opset_of
+from passes.precision import convert as _convert, lazy as _lazy, plan as _plan
 
 __all__ = ["MAX_ROUNDS", "PRUNE_ROUNDS", "RANGE_MARGIN", "PrecisionPass"]
 
@@ -82,13 +83,13 @@ class PrecisionPass(Pass, spec=PRECISION):
         if self.precision is None:
             self.stats = pass_stats({}, {})
             return ir.passes.PassResult(model, modified=False)
-        half = _convert.HALF_TYPES[self.precision]
+        half = _plan.HALF_TYPES[self.precision]
         type_name = _TYPE_NAMES[self.precision]
         self._exact = set()
-        _convert.name_nodes(model)
-        plan = _convert.plan_model(model, half)
+        _plan.name_nodes(model)
+        plan = _plan.plan_model(model, half)
         islands: dict[tuple[str, str], str] = {}
-        nodes = {(scope.key, node.name): (scope, node) for scope in _convert.scopes(model) for node in scope.body}
+        nodes = {(scope.key, node.name): (scope, node) for scope in _plan.scopes(model) for node in scope.body}
         self._kernel_islands(plan, nodes, half, type_name, islands)
         checked: dict[str, Any] = {"type": type_name, "rounds": 0, "ok": None, "outputs": {}}
         if any(isinstance(v.const_value, ir.ExternalTensor) and not isinstance(v.const_value, InlineData)
@@ -127,7 +128,7 @@ class PrecisionPass(Pass, spec=PRECISION):
         modified = counts["half_nodes"] > 0 or counts["initializers"] > 0 or counts["io"] > 0
         return ir.passes.PassResult(model, modified=modified)
 
-    def _kernel_islands(self, plan: _convert.Plan, nodes: dict[tuple[str, str], Any], half: ir.DataType,
+    def _kernel_islands(self, plan: _plan.Plan, nodes: dict[tuple[str, str], Any], half: ir.DataType,
                         type_name: str, islands: dict[tuple[str, str], str]) -> None:  # fmt: skip
         import onnx
 
@@ -153,12 +154,12 @@ class PrecisionPass(Pass, spec=PRECISION):
                 if node.op_type == "Cast" and attr.name == "to" and attr.as_int() == int(ir.DataType.FLOAT):
                     proto = onnx.helper.make_attribute("to", int(half))
                 holder.attribute.append(proto)
-            opset = _convert.opset_of(dict(scope.opsets), node.domain) or 1
+            opset = opset_of(dict(scope.opsets), node.domain) or 1
             if not probe.has_kernel(node.op_type, node.domain, opset, in_types, out_types,
                                     holder.SerializeToString(deterministic=True)):  # fmt: skip
                 islands[key] = f"kernel: onnxruntime's CPU provider has no {type_name} {node.op_type} kernel"
 
-    def _search(self, model: ir.Model, plan: _convert.Plan, half: ir.DataType, type_name: str,
+    def _search(self, model: ir.Model, plan: _plan.Plan, half: ir.DataType, type_name: str,
                 islands: dict[tuple[str, str], str], checked: dict[str, Any]) -> None:  # fmt: skip
         """Adds the range and check islands (see the module docstring), recording the check in ``checked``."""
         from passes.verify import check as check_module
@@ -252,7 +253,7 @@ class PrecisionPass(Pass, spec=PRECISION):
         return result
 
     @staticmethod
-    def _range_islands(reference: ir.Model, plan: _convert.Plan, magnitudes: dict[str, float], limit: float,
+    def _range_islands(reference: ir.Model, plan: _plan.Plan, magnitudes: dict[str, float], limit: float,
                        islands: dict[tuple[str, str], str]) -> int:  # fmt: skip
         added = 0
         for node in reference.graph:
@@ -271,7 +272,7 @@ class PrecisionPass(Pass, spec=PRECISION):
         return added
 
     @staticmethod
-    def _check_islands(plan: _convert.Plan, found: Any, islands: dict[tuple[str, str], str],
+    def _check_islands(plan: _plan.Plan, found: Any, islands: dict[tuple[str, str], str],
                        reference: ir.Model, exact: set[tuple[str, str]]) -> bool:  # fmt: skip
         """Puts the located node back to float32 (its weights still stored in the half type); if it
         already is, its weights back to float32 too; if they already are (or it has none), the
