@@ -647,7 +647,7 @@ def make_inputs(session: Any, *, dims: Mapping[str, int] | None = None, seed: in
     Raises:
         ValueError: an input has a type that cannot be generated (sequence, map...).
     """
-    from passes.verify import worker
+    from passes.verify import ort_io
 
     rng = np.random.default_rng(seed)
     names = {
@@ -661,6 +661,6 @@ def make_inputs(session: Any, *, dims: Mapping[str, int] | None = None, seed: in
         if dtype is None:
             raise ValueError(f"cannot generate input {shown(arg.name)} of type {arg.type}; pass --inputs")
         shape = [d if isinstance(d, int) and d >= 0 else int((dims or {}).get(d, DEFAULT_DIM)) for d in arg.shape]
-        feeds[arg.name] = np.asarray(worker._generate({"dtype": dtype, "shape": shape}, rng))  # noqa: SLF001
+        feeds[arg.name] = np.asarray(ort_io.generate({"dtype": dtype, "shape": shape}, rng))
     return feeds
 
