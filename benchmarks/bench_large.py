@@ -349,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds after which another tool is stopped")
     parser.add_argument("--json", type=pathlib.Path, default=None, help="where to save the measurements")
     args = parser.parse_args(argv)
+    if not 0 <= args.settle <= 60:
+        parser.error(f"--settle {args.settle}: give seconds from 0 to 60")
     others = [t for t in args.tools.split(",") if t and t != "none"]
     unknown = set(others) - set(OTHER_TOOLS)
     if unknown:
@@ -477,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
                   + (f"; save / cp = {phases['save'] / cp:.2f}" if "save" in phases else ""))  # fmt: skip
     if args.json:
         meta = {"weights": weights, "bytes": nbytes, "dense": True, "pairs": pairs, "cache": cache,
-                "cache_state": CACHE_STATES[cache], "seed": args.seed, "optimize_over_cp": ratio,
+                "cache_state": CACHE_STATES[cache], "settle_seconds": args.settle, "seed": args.seed, "optimize_over_cp": ratio,
                 "pair_ratios": ratios, "baseline": str(args.baseline) if args.baseline else None,
                 "baseline_pair_ratios": baseline_ratios, "dir": str(parent), "rss_cap_mib": rss_cap_kib / 1024,
                 "timeout": args.timeout}  # fmt: skip

@@ -68,8 +68,8 @@ def test_the_weights_are_dense_random_and_different(tmp_path: pathlib.Path) -> N
 
 def test_one_weight_end_to_end(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "large.json"
-    code = bench_large.main(["--weights", "1", "--pairs", "1", "--cache", "warm", "--dir", str(tmp_path),
-                             "--json", str(out)])  # fmt: skip
+    code = bench_large.main(["--weights", "1", "--pairs", "1", "--cache", "warm", "--settle", "0",
+                             "--dir", str(tmp_path), "--json", str(out)])  # fmt: skip
     assert code == 0
     saved = json.loads(out.read_text())
     assert saved["meta"]["cache"] == "warm" and saved["meta"]["dense"]
@@ -86,10 +86,29 @@ def test_one_weight_end_to_end(tmp_path: pathlib.Path) -> None:
 def test_a_baseline_checkout_runs_in_each_round(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "large.json"
     repo = pathlib.Path(bench_large.REPO)
-    code = bench_large.main(["--weights", "1", "--pairs", "1", "--cache", "warm", "--dir", str(tmp_path),
-                             "--baseline", str(repo), "--json", str(out)])  # fmt: skip
+    code = bench_large.main(["--weights", "1", "--pairs", "1", "--cache", "warm", "--settle", "0",
+                             "--dir", str(tmp_path), "--baseline", str(repo), "--json", str(out)])  # fmt: skip
     assert code == 0
     saved = json.loads(out.read_text())
     assert set(saved["summary"]) == {"optimize", "baseline", "cp"}
     assert saved["summary"]["baseline"]["ok"] and saved["summary"]["baseline"]["opset"] == 18
     assert len(saved["meta"]["baseline_pair_ratios"]) == 1
+
+
+def test_the_baseline_runs_its_own_code(tmp_path: pathlib.Path, monkeypatch) -> None:
+    """``python -m passes`` imports from the working folder first: the baseline's child runs in its
+    checkout, so its code runs whatever folder the benchmark was started from (here this repository)."""
+    fake = tmp_path / "fake"
+    (fake / "passes").mkdir(parents=True)
+    (fake / "passes" / "__init__.py").write_text("")
+    (fake / "passes" / "__main__.py").write_text(
+        "import pathlib, sys\npathlib.Path(__file__).with_name('ran').write_text('yes')\nsys.exit(3)\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(bench_large.REPO)
+    code = bench_large.main(["--weights", "1", "--pairs", "1", "--cache", "warm", "--settle", "0",
+                             "--dir", str(work), "--baseline", str(fake), "--json", str(tmp_path / "r.json")])  # fmt: skip
+    assert code == 0  # ours and cp ran
+    assert (fake / "passes" / "ran").read_text() == "yes"
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert not saved["summary"]["baseline"]["ok"] and saved["summary"]["optimize"]["ok"]
