@@ -141,6 +141,21 @@ def _calling(function: onnx.FunctionProto, *more: onnx.FunctionProto) -> onnx.Mo
                       functions=[function, *more], extra_opsets={"local": 1})
 
 
+def _axes_from(alpha: onnx.AttributeProto | None, default: onnx.AttributeProto | None = None) -> onnx.ModelProto:
+    """A function whose ReduceMax takes ``axes`` (INTS) from its attribute ``alpha``, called with
+    ``alpha`` (the field fuzzer's case: a FLOAT given where the reference says INTS), or by default."""
+    reduce = helper.make_node("ReduceMax", ["a"], ["b"], name="rmax", keepdims=1)
+    reduce.attribute.append(helper.make_attribute_ref("axes", onnx.AttributeProto.INTS))
+    reduce.attribute[-1].ref_attr_name = "alpha"
+    function = helper.make_function("local", "Act", ["a"], ["b"], [reduce], [helper.make_opsetid("", 13)],
+                                    attributes=[] if default else ["alpha"],
+                                    attribute_protos=[default] if default else None)  # fmt: skip
+    call = helper.make_node("Act", ["x"], ["y"], name="act", domain="local")
+    if alpha is not None:
+        call.attribute.append(alpha)
+    return make_model([call], functions=[function], extra_opsets={"local": 1}, opset=13)
+
+
 def _if_model(then_nodes: list[onnx.NodeProto], then_inits: list[onnx.TensorProto] = ()) -> onnx.ModelProto:
     then_graph = helper.make_graph(then_nodes, "then", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [4])],
                                    initializer=list(then_inits))
@@ -237,6 +252,11 @@ MALFORMED: dict[str, tuple[Callable[[], bytes], str]] = {
     "recursive_function": (_bytes_of(lambda: _calling(_function(
         [helper.make_node("F", ["a"], ["b"], domain="local")]))), "recursive"),
     "attribute_reference_outside_a_function": (_bytes_of(lambda: _if_model_with_ref()), "outside a function"),
+    # found by the field fuzzer: the passes carried the mismatch into ops inference rejects (exit 1)
+    "function_attribute_given_another_type": (_bytes_of(lambda: _axes_from(helper.make_attribute("alpha", 0.1))),
+                                              "which node 'act' gives as FLOAT"),
+    "function_attribute_default_of_another_type": (_bytes_of(lambda: _axes_from(
+        None, helper.make_attribute("alpha", 0.5))), "whose default is FLOAT"),
     # ops and versions
     "unknown_op_default_domain": (_bytes_of(lambda: make_model([helper.make_node("FooBar", ["x"], ["y"])])),
                                   "FooBar"),

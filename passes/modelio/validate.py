@@ -97,6 +97,63 @@ def _check_no_attribute_references(graph: onnx.GraphProto) -> None:
                 _check_no_attribute_references(subgraph)
 
 
+def _nodes(graph_nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """The nodes and those of their subgraphs, at any depth."""
+    found, stack = [], list(graph_nodes)
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        for attr in node.attribute:
+            for subgraph in [attr.g] if attr.HasField("g") else attr.graphs:
+                stack.extend(subgraph.node)
+    return found
+
+
+def _type_name(kind: int) -> str:
+    return onnx.AttributeProto.AttributeType.Name(kind) if kind else "UNDEFINED"
+
+
+def _check_attribute_reference_types(proto: onnx.ModelProto) -> None:
+    """A function's attribute has the type its body's references declare, at every call and as a default.
+
+    The ONNX checker does not compare them: a ReduceMax in a function whose
+    ``axes`` (INTS) refers to an attribute a call gives as FLOAT passes it, and
+    no runtime can expand that call. Refused here, because the passes would
+    carry the mismatch into ops that inference then rejects.
+    """
+    functions = {(f.domain, f.name, f.overload): f for f in proto.functions}
+    if not functions:
+        return
+    wanted: dict[tuple[str, str, str], dict[str, tuple[int, onnx.NodeProto, onnx.AttributeProto]]] = {}
+    for key, function in functions.items():
+        refs = wanted.setdefault(key, {})
+        for node in _nodes(list(function.node)):
+            for attr in node.attribute:
+                if attr.ref_attr_name and attr.type:
+                    refs.setdefault(attr.ref_attr_name, (attr.type, node, attr))
+        for default in function.attribute_proto:
+            ref = refs.get(default.name)
+            if ref is not None and default.type and default.type != ref[0]:
+                raise InputError(
+                    f"function {function.name!r}: attribute {ref[2].name!r} of {ref[1].op_type} node "
+                    f"{ref[1].name!r} refers to {default.name!r} ({_type_name(ref[0])}), whose default is "
+                    f"{_type_name(default.type)}"
+                )
+    callers = _nodes(list(proto.graph.node)) + [n for f in proto.functions for n in _nodes(list(f.node))]
+    for call in callers:
+        refs = wanted.get((call.domain, call.op_type, call.overload))
+        if not refs:
+            continue
+        for given in call.attribute:
+            ref = refs.get(given.name)
+            if ref is not None and given.type and given.type != ref[0]:
+                raise InputError(
+                    f"function {call.op_type!r}: attribute {ref[2].name!r} of {ref[1].op_type} node "
+                    f"{ref[1].name!r} refers to {given.name!r} ({_type_name(ref[0])}), which node "
+                    f"{call.name!r} gives as {_type_name(given.type)}"
+                )
+
+
 def _tensor_label(tensor: onnx.TensorProto) -> str:
     return f"tensor {_short(tensor.name)}" if tensor.name else "an unnamed tensor"
 
@@ -446,6 +503,7 @@ def check_contents(
     _check_versions(proto)
     _check_pass_through_outputs(proto.graph)
     _check_no_attribute_references(proto.graph)
+    _check_attribute_reference_types(proto)
     return _check_contents(proto, base_dir, identities)
 
 
