@@ -19,11 +19,13 @@ import numpy as np
 from refimpl._dtypes import F32, F64, accumulator_type
 from refimpl._errors import UndefinedResultError
 
+__all__ = ["check_cancellation", "check_log_sum_exp", "check_partial_products", "check_partial_sums", "check_squares"]
+
 Array = np.ndarray
 Axes = tuple[int, ...]
 
 
-def _check_partial_sums(x: Array, axes: Axes, limit: float) -> None:
+def check_partial_sums(x: Array, axes: Axes, limit: float) -> None:
     """Declines a float sum whose partial sums might round to +-inf in the accumulator type.
 
     onnxruntime adds in float32 in its own order, so 3e38 + 3e38 - 3e38 is inf there; the exact
@@ -40,7 +42,7 @@ def _check_partial_sums(x: Array, axes: Axes, limit: float) -> None:
         raise UndefinedResultError("partial sums may overflow: onnxruntime's result depends on its order")
 
 
-def _check_cancellation(x: Array, axes: Axes) -> None:
+def check_cancellation(x: Array, axes: Axes) -> None:
     """Declines a float sum that cancels to the last bits of its terms.
 
     onnxruntime adds in an order of its own; where ``|sum| <= eps * sum|x|`` (eps of the
@@ -74,7 +76,7 @@ def _check_cancellation(x: Array, axes: Axes) -> None:
         raise UndefinedResultError("a sum that cancels within rounding error: onnxruntime's order decides")
 
 
-def _check_partial_products(x: Array, axes: Axes) -> None:
+def check_partial_products(x: Array, axes: Axes) -> None:
     """Declines a float product whose partial products might leave the normal range of ``dtype``.
 
     onnxruntime multiplies in float32 in its own order: a partial product may overflow to inf
@@ -92,7 +94,7 @@ def _check_partial_products(x: Array, axes: Axes) -> None:
         raise UndefinedResultError("partial products may leave the type's range: onnxruntime's order decides")
 
 
-def _check_squares(x: Array, axes: Axes) -> None:
+def check_squares(x: Array, axes: Axes) -> None:
     """Declines a sum of squares with a square below the normal range of the accumulator type.
 
     onnxruntime squares in float32 (float16 too), so float32 ReduceL2([1e-38]) is 0 there.
@@ -103,7 +105,7 @@ def _check_squares(x: Array, axes: Axes) -> None:
         raise UndefinedResultError("a square below the normal range: onnxruntime's float32 square underflows")
 
 
-def _check_log_sum_exp(x: Array, axes: Axes) -> None:
+def check_log_sum_exp(x: Array, axes: Axes) -> None:
     """Declines float ReduceLogSumExp where onnxruntime's paths disagree with the shifted sum.
 
     onnxruntime shifts by the slice maximum, except where a slice holds -inf (along an axis),

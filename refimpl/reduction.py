@@ -73,11 +73,11 @@ from refimpl._dtypes import (
 )
 from refimpl._errors import UndefinedResultError
 from refimpl._reduction_guards import (
-    _check_cancellation,
-    _check_log_sum_exp,
-    _check_partial_products,
-    _check_partial_sums,
-    _check_squares,
+    check_cancellation,
+    check_log_sum_exp,
+    check_partial_products,
+    check_partial_sums,
+    check_squares,
 )
 from refimpl._registry import Kernel, Typed, register
 
@@ -339,13 +339,13 @@ def _check_defined(x: Array, axes: Axes, what: str) -> int:
 
 
 def _float_sum(x: Array, axes: Axes, keepdims: int, limit: float) -> Array:
-    _check_partial_sums(x, axes, limit)
+    check_partial_sums(x, axes, limit)
     return _sum(x, axes, keepdims)
 
 
 def _float_mean(x: Array, axes: Axes, keepdims: int, limit: float) -> Array:
     count = _check_defined(x, axes, "the mean")
-    _check_partial_sums(x, axes, limit)
+    check_partial_sums(x, axes, limit)
     return _held(_sum(x, axes, keepdims), limit) / max(count, 1)
 
 
@@ -383,11 +383,11 @@ def _check_log_sum(x: Array, axes: Axes) -> None:
 
 def _check_log_sum_inputs(x: Array, axes: Axes) -> None:
     _check_log_sum(x, axes)
-    _check_cancellation(x, axes)
+    check_cancellation(x, axes)
 
 
 def _float_log_sum(x: Array, axes: Axes, keepdims: int, limit: float) -> Array:
-    _check_partial_sums(x, axes, limit)
+    check_partial_sums(x, axes, limit)
     return np.log(_held(_sum(x, axes, keepdims), limit))
 
 
@@ -449,19 +449,19 @@ def _int_log_sum_exp(x: Array, axes: Axes, keepdims: int) -> Array:
 # ReduceSumSquare, ReduceL1 and ReduceSum need no limit: their result is the intermediate, and
 # rounding it to the input type overflows by itself.
 _REDUCERS: dict[str, Reducer] = {
-    "ReduceSum": _reducer(_float_sum, _exact_int(_sum, power=1), held=True, check=_check_cancellation),
-    "ReduceSumSquare": _reducer(_sum_square, _exact_int(_sum_square, power=2), check=_check_squares),
+    "ReduceSum": _reducer(_float_sum, _exact_int(_sum, power=1), held=True, check=check_cancellation),
+    "ReduceSumSquare": _reducer(_sum_square, _exact_int(_sum_square, power=2), check=check_squares),
     "ReduceL1": _reducer(_sum_abs, _exact_int(_sum_abs, power=1)),
-    "ReduceL2": _reducer(_float_l2, _int_l2, held=True, check=_check_squares),
-    "ReduceMean": _reducer(_float_mean, _int_mean, quiet=True, held=True, check=_check_cancellation),
-    "ReduceProd": _reducer(_prod, _exact_int(_prod, power=0), check=_check_partial_products),
+    "ReduceL2": _reducer(_float_l2, _int_l2, held=True, check=check_squares),
+    "ReduceMean": _reducer(_float_mean, _int_mean, quiet=True, held=True, check=check_cancellation),
+    "ReduceProd": _reducer(_prod, _exact_int(_prod, power=0), check=check_partial_products),
     "ReduceMax": _reducer(*[_extreme(np.maximum, largest=True)] * 2, exact=True),
     "ReduceMin": _reducer(*[_extreme(np.minimum, largest=False)] * 2, exact=True),
     "ReduceLogSum": _reducer(
         _float_log_sum, _int_log_sum, quiet=True, held=True, check=_check_log_sum_inputs
     ),
     "ReduceLogSumExp": _reducer(
-        _float_log_sum_exp, _int_log_sum_exp, held=True, check=_check_log_sum_exp
+        _float_log_sum_exp, _int_log_sum_exp, held=True, check=check_log_sum_exp
     ),
 }
 

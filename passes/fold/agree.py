@@ -4,7 +4,7 @@ Integers, booleans and strings equal; floats with NaN, infinities and zeros
 (with their sign) in the same places, and other values within :data:`ULPS`
 units in the last place of their dtype (of the array's largest magnitude
 after a sum: :data:`ACCUMULATING`). onnxruntime's results come back in a file,
-read in chunks (:func:`_file_chunks`): memory stays bounded whatever the size.
+read in chunks (:func:`file_chunks`): memory stays bounded whatever the size.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ACCUMULATING", "ULPS", "agrees"]
+__all__ = ["ACCUMULATING", "ULPS", "agrees", "agrees_in_chunks", "differing_bits", "file_chunks", "is_float"]
 
 #: Floats agree within this many units in the last place of their dtype (see :func:`agrees`).
 ULPS = 16
@@ -33,7 +33,7 @@ ACCUMULATING: frozenset[str] = frozenset({
 _CHUNK = 1 << 20
 
 
-def _is_float(dtype: np.dtype) -> bool:
+def is_float(dtype: np.dtype) -> bool:
     return dtype.kind == "f" or dtype.name == "bfloat16" or dtype.name.startswith("float")
 
 
@@ -70,10 +70,10 @@ def agrees(expected: np.ndarray, actual: np.ndarray, *, accumulated: bool = Fals
     """
     flat = np.asarray(actual).reshape(-1)
     chunks = (flat[i : i + _CHUNK] for i in range(0, flat.size, _CHUNK))
-    return _agrees(expected, actual.dtype, actual.shape, chunks, accumulated)
+    return agrees_in_chunks(expected, actual.dtype, actual.shape, chunks, accumulated)
 
 
-def _agrees(expected: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], chunks: Iterable[np.ndarray],
+def agrees_in_chunks(expected: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], chunks: Iterable[np.ndarray],
             accumulated: bool) -> bool:  # fmt: skip
     """:func:`agrees`, with ``actual`` given as its dtype, shape and flat chunks in order."""
     strings = expected.dtype.kind in "OSU", dtype.kind in "OSU"
@@ -85,7 +85,7 @@ def _agrees(expected: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], chunk
     if expected.dtype != dtype or tuple(expected.shape) != tuple(shape):
         return False
     e_flat = expected.reshape(-1)
-    floats = _is_float(dtype)
+    floats = is_float(dtype)
     eps, smallest = _float_info(dtype) if floats else (0.0, 0.0)
     scale = 0.0
     if floats and accumulated:
@@ -129,7 +129,7 @@ def _numpy_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-def _file_chunks(found: Mapping[str, Any]) -> tuple[np.dtype, tuple[int, ...], Iterator[np.ndarray]]:
+def file_chunks(found: Mapping[str, Any]) -> tuple[np.dtype, tuple[int, ...], Iterator[np.ndarray]]:
     """An output the child saved: its dtype, shape and data in chunks, read (not mapped: bounded memory)."""
     if found["dtype"] == "str":
         whole = np.load(found["path"], allow_pickle=False)
@@ -151,9 +151,9 @@ def _file_chunks(found: Mapping[str, Any]) -> tuple[np.dtype, tuple[int, ...], I
     return dtype, shape, chunks()
 
 
-def _differing_bits(expected: np.ndarray, found: Mapping[str, Any]) -> np.ndarray | None:
+def differing_bits(expected: np.ndarray, found: Mapping[str, Any]) -> np.ndarray | None:
     """onnxruntime's saved output as an array when its bits differ from ``expected``'s, else None."""
-    dtype, _, chunks = _file_chunks(found)
+    dtype, _, chunks = file_chunks(found)
     bits = np.dtype(f"u{dtype.itemsize}")
     flat, start, differs = expected.reshape(-1), 0, False
     for chunk in chunks:
@@ -163,7 +163,7 @@ def _differing_bits(expected: np.ndarray, found: Mapping[str, Any]) -> np.ndarra
         start += chunk.size
     if not differs:
         return None
-    dtype, shape, chunks = _file_chunks(found)
+    dtype, shape, chunks = file_chunks(found)
     parts = list(chunks)
     whole = np.concatenate(parts) if parts else np.zeros(0, dtype)
     return whole.reshape(shape)

@@ -71,7 +71,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from passes.fold.agree import ACCUMULATING, _agrees, _differing_bits, _file_chunks, _is_float
+from passes.fold.agree import ACCUMULATING, agrees_in_chunks, differing_bits, file_chunks, is_float
 from passes.fold.runner import TIMEOUT, Runner, _close_idle  # noqa: F401  (the child's side, named here too)
 
 __all__ = ["EXEMPT", "MAX_SESSIONS", "TIMEOUT", "Batch", "Fold", "Runner", "is_exempt", "settle"]
@@ -327,11 +327,11 @@ class Batch:
                 continue
             expected = fold.arrays[index]
             assert expected is not None
-            dtype, shape, chunks = _file_chunks(found)
-            if _agrees(np.asarray(expected), dtype, shape, chunks, self.accumulated[fold]):
+            dtype, shape, chunks = file_chunks(found)
+            if agrees_in_chunks(np.asarray(expected), dtype, shape, chunks, self.accumulated[fold]):
                 self.results[fold] = AGREES
-                if _is_float(dtype):
-                    theirs = _differing_bits(np.asarray(expected), found)
+                if is_float(dtype):
+                    theirs = differing_bits(np.asarray(expected), found)
                     if theirs is not None:
                         self.adopted[fold, index] = theirs
             else:
