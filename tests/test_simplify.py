@@ -33,13 +33,7 @@ def _model(nodes, inputs, outputs, initializers=(), opset=18, functions=(), ir_v
     return model
 
 
-def _simplify(proto: onnx.ModelProto, full_check: bool = True, **options) -> tuple[onnx.ModelProto, dict]:
-    model = ir.serde.deserialize_model(proto)
-    pass_ = SimplifyPass(**options)
-    pass_(model)
-    result = ir.serde.serialize_model(model)
-    onnx.checker.check_model(result, full_check=full_check)
-    return result, pass_.stats
+_simplify = helpers.simplify_checked
 
 
 _ops = helpers.ops_recursive

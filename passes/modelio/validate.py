@@ -14,6 +14,7 @@ import logging
 import os
 import pathlib
 import re
+from collections.abc import Iterable
 
 import google.protobuf.message
 import onnx
@@ -84,20 +85,7 @@ def _check_pass_through_outputs(graph: onnx.GraphProto) -> None:
             )
 
 
-def _check_no_attribute_references(graph: onnx.GraphProto) -> None:
-    """A reference to a function's attribute (``ref_attr_name``) means nothing outside a function."""
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.ref_attr_name:
-                raise InputError(
-                    f"attribute {attr.name!r} of {node.op_type} node {node.name!r} refers to a function "
-                    f"attribute ({attr.ref_attr_name!r}) outside a function"
-                )
-            for subgraph in [attr.g] if attr.HasField("g") else attr.graphs:
-                _check_no_attribute_references(subgraph)
-
-
-def _nodes(graph_nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+def _nodes(graph_nodes: Iterable[onnx.NodeProto]) -> list[onnx.NodeProto]:
     """The nodes and those of their subgraphs, at any depth."""
     found, stack = [], list(graph_nodes)
     while stack:
@@ -109,8 +97,15 @@ def _nodes(graph_nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     return found
 
 
-def _type_name(kind: int) -> str:
-    return onnx.AttributeProto.AttributeType.Name(kind) if kind else "UNDEFINED"
+def _check_no_attribute_references(graph: onnx.GraphProto) -> None:
+    """A reference to a function's attribute (``ref_attr_name``) means nothing outside a function."""
+    for node in _nodes(graph.node):
+        for attr in node.attribute:
+            if attr.ref_attr_name:
+                raise InputError(
+                    f"attribute {attr.name!r} of {node.op_type} node {node.name!r} refers to a function "
+                    f"attribute ({attr.ref_attr_name!r}) outside a function"
+                )
 
 
 def _check_attribute_reference_types(proto: onnx.ModelProto) -> None:
@@ -121,37 +116,38 @@ def _check_attribute_reference_types(proto: onnx.ModelProto) -> None:
     no runtime can expand that call. Refused here, because the passes would
     carry the mismatch into ops that inference then rejects.
     """
-    functions = {(f.domain, f.name, f.overload): f for f in proto.functions}
-    if not functions:
-        return
-    wanted: dict[tuple[str, str, str], dict[str, tuple[int, onnx.NodeProto, onnx.AttributeProto]]] = {}
-    for key, function in functions.items():
-        refs = wanted.setdefault(key, {})
-        for node in _nodes(list(function.node)):
+    # (domain, name, overload) -> referenced attribute name -> (node, its referencing attribute)
+    refs: dict[tuple[str, str, str], dict[str, tuple[onnx.NodeProto, onnx.AttributeProto]]] = {}
+    for function in proto.functions:
+        found = refs.setdefault((function.domain, function.name, function.overload), {})
+        for node in _nodes(function.node):
             for attr in node.attribute:
                 if attr.ref_attr_name and attr.type:
-                    refs.setdefault(attr.ref_attr_name, (attr.type, node, attr))
+                    found.setdefault(attr.ref_attr_name, (node, attr))
         for default in function.attribute_proto:
-            ref = refs.get(default.name)
-            if ref is not None and default.type and default.type != ref[0]:
-                raise InputError(
-                    f"function {function.name!r}: attribute {ref[2].name!r} of {ref[1].op_type} node "
-                    f"{ref[1].name!r} refers to {default.name!r} ({_type_name(ref[0])}), whose default is "
-                    f"{_type_name(default.type)}"
-                )
-    callers = _nodes(list(proto.graph.node)) + [n for f in proto.functions for n in _nodes(list(f.node))]
-    for call in callers:
-        refs = wanted.get((call.domain, call.op_type, call.overload))
-        if not refs:
-            continue
-        for given in call.attribute:
-            ref = refs.get(given.name)
-            if ref is not None and given.type and given.type != ref[0]:
-                raise InputError(
-                    f"function {call.op_type!r}: attribute {ref[2].name!r} of {ref[1].op_type} node "
-                    f"{ref[1].name!r} refers to {given.name!r} ({_type_name(ref[0])}), which node "
-                    f"{call.name!r} gives as {_type_name(given.type)}"
-                )
+            _same_type(found.get(default.name), default, function.name, "whose default is")
+    if not any(refs.values()):
+        return
+    for call in _nodes([*proto.graph.node, *(n for f in proto.functions for n in f.node)]):
+        found = refs.get((call.domain, call.op_type, call.overload))
+        for given in call.attribute if found else ():
+            _same_type(found.get(given.name), given, call.op_type, f"which node {call.name!r} gives as")
+
+
+def _same_type(ref: tuple[onnx.NodeProto, onnx.AttributeProto] | None, given: onnx.AttributeProto, function: str,
+               how: str) -> None:  # fmt: skip
+    """Raises unless ``given`` (a call's attribute, or a default) has the type its reference ``ref`` declares."""
+    if ref is None or not given.type or given.type == ref[1].type:
+        return
+    node, attr = ref
+    raise InputError(
+        f"function {function!r}: attribute {attr.name!r} of {node.op_type} node {node.name!r} refers to "
+        f"{given.name!r} ({_type_name(attr.type)}), {how} {_type_name(given.type)}"
+    )
+
+
+def _type_name(kind: int) -> str:
+    return onnx.AttributeProto.AttributeType.Name(kind) if kind else "UNDEFINED"
 
 
 def _tensor_label(tensor: onnx.TensorProto) -> str:
