@@ -51,7 +51,7 @@ def check_cancellation(x: Array, axes: Axes) -> None:
     exactly; then -inf/inf behind a Log or Reciprocal). (The worst-case bound is ``n`` times
     larger; it would decline most long random sums.) Such a slice declines unless its sum is
     exact in every order: every element is
-    a multiple of the smallest element's ulp ``q`` and ``sum|x| < 2**p * q`` (p: the
+    a multiple of the smallest element's ulp ``q`` and ``sum|x| <= 2**p * q`` (p: the
     accumulator's precision), so that no partial sum rounds.
     """
     if x.dtype.kind != "f" or not x.size:
@@ -71,7 +71,7 @@ def check_cancellation(x: Array, axes: Axes) -> None:
         _, exponent = np.frexp(np.where(values != 0, values, np.inf))  # inf: no ulp (largest)
         ulp = np.where(values != 0, exponent.astype(np.float64) - precision, np.inf)
         smallest = np.minimum.reduce(ulp, axes)
-        exact = magnitude < np.exp2(smallest + accumulator.nmant + 1)
+        exact = magnitude <= np.exp2(smallest + accumulator.nmant + 1)  # 2**p * q itself is representable
     if np.any(doubtful & ~exact):
         raise UndefinedResultError("a sum that cancels within rounding error: onnxruntime's order decides")
 

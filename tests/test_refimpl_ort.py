@@ -615,6 +615,24 @@ def test_float16_sum_with_cancellation_declines() -> None:
     assert out == 32
 
 
+def test_a_cancelling_sum_exact_up_to_the_accumulator_bound_is_folded() -> None:
+    """[-2, 0, 2] in float32: the terms are multiples of q = ulp(2) = 2**-22 and sum|x| = 4 is exactly
+    2**24 * q, which float32 holds, so every partial sum is exact in any order and the sum is +0, as
+    onnxruntime gives (the field case of the random fold chains; the bound was strict before)."""
+    import onnxruntime as ort
+
+    x = np.array([[-3, -2], [-1, 0], [1, 2]], np.float32)
+    (out,) = refimpl.run("ReduceSum", [x, np.array([0])], {"keepdims": 1}, opset=13)
+    model = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 2])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.array([0], np.int64), "axes")]),
+        opset_imports=[onnx.helper.make_opsetid("", 13)], ir_version=8)  # fmt: skip
+    (theirs,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_array_equal(out.view(np.uint32), theirs.view(np.uint32))  # bit for bit: +0, not -0
+
+
 # --- unary elementwise ---------------------------------------------------------------------
 
 # op -> (value range, ulp bound, absolute slack, attributes). Exactly rounded ops must match
