@@ -206,9 +206,6 @@ def run_and_verify(model_bytes: bytes, data: bytes | None, *, check: bool) -> in
         out = folder / "out.onnx"
         code, err = _run(src, out, check=check)
         assert code in (0, 1, 2), err
-        if code == 1 and (known := _known_check_failure(model_bytes)):
-            event(f"known check failure: {known}")  # each has its strict xfail test below
-            return code
         assert code != 1, f"the check failed on a valid input (a pass changed its values):\n{err}"
         assert "Traceback" not in err, err
         assert "internal error" not in err, err
@@ -224,19 +221,6 @@ def run_and_verify(model_bytes: bytes, data: bytes | None, *, check: bool) -> in
             assert set(after) == set(before), f"files written on error: {sorted(set(after) - set(before))}"
         event(f"exit {code}")  # --hypothesis-show-statistics shows how far the examples got
         return code
-
-
-def _known_check_failure(model_bytes: bytes) -> str | None:
-    """The known bug (with a strict xfail test under "found by the fuzzer") a check failure of this
-    input comes from, so that the fuzzer goes on hunting others; None for any other input."""
-    try:
-        model = onnx.ModelProto.FromString(model_bytes)
-    except Exception:  # noqa: BLE001  (not a model: no known bug)
-        return None
-    names = [o.name for o in model.graph.output]
-    if len(set(names)) < len(names):
-        return "a graph output listed twice"
-    return None
 
 
 # --- byte mutations ----------------------------------------------------------------------------
@@ -736,7 +720,7 @@ def test_random_graphs_compute_the_same_after_optimisation(data: st.DataObject) 
             np.testing.assert_array_equal(a, e, err_msg=name)
 
 
-# --- found by the fuzzer: valid inputs the check fails on (exit 1), each a known bug --------------
+# --- found by the fuzzer: valid inputs the check once failed on (exit 1), each fixed ------------
 
 
 def test_a_graph_output_listed_twice_is_kept_or_refused(tmp_path: pathlib.Path) -> None:

@@ -735,8 +735,13 @@ def slow_model(tmp_path: pathlib.Path, slow_model_files: dict[str, bytes]) -> pa
 # Says "ready" once main() has installed its handlers and starts the run, so that a delay is
 # measured from there (start-up is test_interrupt_during_start_up_leaves_nothing's business).
 # After main() returns, signals are ignored: the test is about main(), not the interpreter's exit.
+# The extension modules are loaded before "ready", as the command loads them before its run with
+# handlers that exit at once (cli.command._import_extensions): an exception raised inside onnx's
+# nanobind initialisation does not unwind, and under load a signal 0.2 s after "ready" landed
+# there (the process died of SIGSEGV, exit -11).
 _READY = """
 import signal, sys
+import numpy, onnx, onnx_ir
 from passes.cli import command as cli
 run = cli._run
 def announced_run(*args):
