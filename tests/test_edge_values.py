@@ -369,19 +369,11 @@ def _check_graph(steps: list[Step], opset: int) -> None:
     assert_same_in_ort(model, x)
 
 
-_QUICK = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-@_QUICK
-@given(graph=edge_graphs())
-def test_folded_edge_graphs_match_original(graph: tuple[list[Step], int]) -> None:
-    """Small graphs over edge constants: the optimised model equals the original bit for bit."""
-    _check_graph(*graph)
-
-
-@pytest.mark.slow
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=edge_graphs())
-def test_folded_edge_graphs_match_original_long(graph: tuple[list[Step], int]) -> None:
-    """The long profile of the property above."""
+def test_folded_edge_graphs_match_original(graph: tuple[list[Step], int]) -> None:
+    """Small graphs over edge constants: the optimised model equals the original bit for bit.
+
+    1,500 examples (each confirmed in onnxruntime): about 22 s on an idle 2-core machine.
+    """
     _check_graph(*graph)

@@ -10,8 +10,9 @@ checker, and onnxruntime gives the same outputs as on the original on seeded
 inputs of our own (independently of the command's own check) within the
 documented tolerances (``passes.verify.check.TOLERANCES``).
 
-The default run needs neither torch nor scikit-learn. ``pytest -m heavy``
-also rebuilds the models with them and compares with the committed files.
+The heavy cases (``-m heavy`` runs only them) also rebuild the models with torch and
+scikit-learn, which the README's test command installs (the ``real`` extra), and compare them
+with the committed files; without those packages they are skipped with that reason.
 """
 
 from __future__ import annotations
@@ -157,19 +158,6 @@ def _optimized(case: Case, workdir: pathlib.Path, capsys: pytest.CaptureFixture[
     run = _optimize(case, workdir, capsys)
     assert run.code == 0, f"optimize exited {run.code}: {run.stderr.strip()}"
     return run
-
-
-_CONFIG: list[pytest.Config] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _config(pytestconfig: pytest.Config) -> None:
-    _CONFIG[:] = [pytestconfig]
-
-
-def _selected(marker: str) -> bool:
-    """Whether ``-m`` names ``marker`` (the slow and heavy cases run only when asked for)."""
-    return bool(_CONFIG) and marker in (_CONFIG[0].getoption("markexpr") or "")
 
 
 def _default_opset(model: onnx.ModelProto) -> int | None:
@@ -323,21 +311,11 @@ def test_outputs_match_onnxruntime(case: Case, workdir: pathlib.Path,
 # --- heavy: rebuild with torch and scikit-learn ----------------------------------------------------
 
 
-def _heavy() -> pytest.MarkDecorator:
-    """The ``heavy`` mark when pyproject.toml declares it; a plain skip otherwise (--strict-markers)."""
-    try:
-        return pytest.mark.heavy
-    except pytest.fail.Exception:
-        return pytest.mark.skip(reason="declare the 'heavy' marker in pyproject.toml to run this")
-
-
-@_heavy()
+@pytest.mark.heavy
 @pytest.mark.parametrize("spec", builder.MODELS, ids=lambda s: s.name)
 def test_rebuilt_model_matches_committed(spec: Any, request: pytest.FixtureRequest,
                                          tmp_path: pathlib.Path) -> None:
     """Rebuilding with the installed torch / scikit-learn gives the committed graph (op counts, opset)."""
-    if not _selected("heavy"):
-        pytest.skip("heavy: rebuilds with torch / scikit-learn; run with -m heavy")
     if spec.name.startswith("sk_"):
         pytest.importorskip("sklearn")
         pytest.importorskip("skl2onnx")
