@@ -33,6 +33,7 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.simplify.fusions._common import AtHigherOpset, inner, operands, ort_runs, replace_output
+from passes.simplify.fusions.accept import Fusion
 from passes.simplify.rules import Context, Outcome, rule, sole_user
 
 __all__: list[str] = []
@@ -119,7 +120,7 @@ def _gelu(node: ir.Node, ctx: Context, others: list[ir.Value], function: ir.Node
                         name=ctx.names().node(f"{node.name or 'Mul'}_gelu"))  # fmt: skip
         replace_output(node, ctx, fused)
 
-    return rewrite
+    return Fusion(rewrite, x)
 
 
 def _erf_argument(ctx: Context, value: ir.Value | None, x: ir.Value, dtype: ir.DataType,
