@@ -44,8 +44,12 @@ and model-local function until nothing changes (bounded):
   and ``RotaryEmbedding`` (23), where onnxruntime has the kernel
   (patterns only a higher opset would take are counted as
   ``fusable_at_higher_opset``). These are the only rules that change float
-  results (by rounding, ~1e-6); the report counts them and the check covers
-  them.
+  results (by rounding: docs/exactness.md says how much); the report counts
+  them and the check covers them. Each is vetted before it is written
+  (:mod:`.fusions.accept`): the fused op's output has the pattern's shape, and
+  its result reaches no op that would amplify the change of rounding
+  (:mod:`passes.ir.amplification`, one walk per run, on the first fusion found;
+  declined as ``"<rule>: rounding amplified by <op>"``).
 
 Shapes come from onnx shape inference run on the model with the shapes it
 declares for computed values removed, so a declared shape that the graph
@@ -116,7 +120,9 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
 
     ``stats`` after a call (:func:`passes.base.pass_stats`): ``applied`` (count per
     rule name), ``declined`` (per rule, how often it matched an op but its check
-    said no; the reasons are logged at debug level, ``-v``), ``rounds``,
+    said no; the reasons are logged at debug level, ``-v``; a fusion declined because its change of
+    rounding would be amplified is counted as ``"<rule>: rounding amplified by <op>"``, once per
+    place the last sweep finds), ``rounds``,
     ``fused`` (how many rewrites changed float rounding: the fusions) and, when
     there are any, ``fusable_at_higher_opset`` (fusion patterns only a higher
     opset would take, by ``"Op@opset"``; each call reports the change since this
