@@ -34,9 +34,10 @@ integer, a comparison, an ArgMax...: :mod:`passes.ir.amplification`).
 
 These are the only simplifications that change float results: the new
 weights are computed in float64 and rounded once to the weights' type, and the
-fused op rounds differently from the two it replaces (~1e-6 relative in
-float32; a Gemm may add C in its own order, without rounding A @ B first;
-integers would be exact, but are not fused, see below).
+fused op rounds differently from the two it replaces (an ulp or two of the
+output in float32, more on ill-conditioned LayerNorm rows: docs/exactness.md;
+a Gemm may add C in its own order, without rounding A @ B first; integers
+would be exact, but are not fused, see below).
 ``SimplifyPass(fuse=False)`` (``--no-fuse``) turns them off; the pass counts
 them as ``stats["fused"]``.
 

@@ -21,8 +21,11 @@ never becomes the other. Where it applies:
   and its double tanh one is ~6e-9 away from the primitive ops, beyond the
   check's float64 tolerance).
 
-Elementwise, with no shapes to prove, it also applies in function bodies
-(where ``x``'s type is read from the constant 0.5: a Mul takes one type).
+Elementwise, it also applies in function bodies (where ``x``'s type is read
+from the constant 0.5: a Mul takes one type), where its constants are of rank 0:
+a body has no shapes, and a ``[1, 1]`` constant on a rank-1 ``x`` would make the
+pattern's output ``[1, 8]`` where Gelu's is ``[8]`` (:mod:`.accept` checks it for
+every fusion).
 """
 
 from __future__ import annotations
