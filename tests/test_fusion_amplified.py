@@ -214,21 +214,21 @@ SMALL = ["batch", 5, 16]
 
 
 def _head_model(head) -> onnx.ModelProto:
-    """A primitive LayerNorm on x ``[batch, 5, 16]`` (width 16), then ``head(net, ln) -> [(name, type)]``."""
+    """A primitive LayerNorm on x ``[batch, 5, 16]`` (width 16), then ``head(net, ln) -> (name, type, rank)``."""
     net = Net()
-    outputs = head(net, net.layer_norm("x", width=16))
-    graph = helper.make_graph(net.nodes, "g", [_io("x", SMALL)], [_io(n, [None] * (1 if k else 3), t) for n, t, k in outputs],
+    name, dtype, rank = head(net, net.layer_norm("x", width=16))
+    graph = helper.make_graph(net.nodes, "g", [_io("x", SMALL)], [_io(name, [None] * rank, dtype)],
                               initializer=net.initializers)  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
 
 
-def _one(op_type, *extra, dtype=TensorProto.FLOAT, outputs=1, keep=0, **attrs):
-    def head(net: Net, ln: str):
-        made = net.op(op_type, ln, *[net.const(e) if not isinstance(e, str) else e for e in extra],
-                      outputs=outputs, **attrs)
-        names = [made] if outputs == 1 else made
-        shape = dtype == "shape"
-        return [(names[keep], TensorProto.INT64 if shape else dtype, shape)]
+def _one(op_type, *extra, dtype=TensorProto.FLOAT, rank=3, outputs=1, keep=0, **attrs):
+    """A head: ``op_type(ln, *extra)`` (arrays become constants), its output ``keep`` the graph's output."""
+
+    def head(net: Net, ln: str) -> tuple[str, int, int]:
+        made = net.op(op_type, ln, *(net.const(e) for e in extra), outputs=outputs, **attrs)
+        return ([made] if outputs == 1 else made)[keep], dtype, rank
+
     return head
 
 
@@ -258,7 +258,7 @@ NOT_AMPLIFYING = {
     "TopK values only": _one("TopK", np.array([3], np.int64), outputs=2, keep=0),
     "Cast to float16": _one("Cast", to=TensorProto.FLOAT16, dtype=TensorProto.FLOAT16),
     "IsNaN": _one("IsNaN", dtype=TensorProto.BOOL),
-    "Shape": _one("Shape", dtype="shape"),
+    "Shape": _one("Shape", dtype=TensorProto.INT64, rank=1),
 }
 
 

@@ -42,7 +42,7 @@ __all__ = ["AMPLIFIERS", "Amplified", "amplifying_inputs"]
 #: more than 8 bits, ``Resize``/``Upsample`` through their roi, scales and sizes alone (see
 #: :func:`amplifying_inputs`).
 AMPLIFIERS = frozenset({
-    "QuantizeLinear", "DynamicQuantizeLinear",
+    "QuantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
     "Round", "Floor", "Ceil", "Sign", "Mod",
     "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
     "ArgMax", "ArgMin", "Hardmax", "NonZero", "Unique", "NonMaxSuppression", "Multinomial",
