@@ -33,6 +33,7 @@ from onnx.reference import ReferenceEvaluator
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import refimpl  # noqa: E402
+import harness  # noqa: E402  (this folder)
 
 OPSET = 18
 Arrays = Sequence[np.ndarray]
@@ -107,14 +108,6 @@ def _model(case: Case) -> onnx.ModelProto:
     return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", OPSET)])
 
 
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
 def _best_us(engines: dict[str, Callable[[], Any]], number: int, repeat: int) -> dict[str, float]:
     """Microseconds per call: the best of ``repeat`` runs of ``number`` calls for each engine.
 
@@ -134,7 +127,7 @@ def measure(case: Case, number: int, repeat: int) -> dict[str, Any]:
     feeds = dict(case.inputs)
     arrays = [a for _, a in case.inputs]
     reference = ReferenceEvaluator(model)
-    session = _session(model)
+    session = harness.ort_session(model)
     ours = refimpl.run(case.op_type, arrays, case.attributes, opset=OPSET)[0]
     for other in (session.run(None, feeds)[0], reference.run(None, feeds)[0], case.floor(arrays)):
         np.testing.assert_allclose(ours, other, rtol=1e-6)

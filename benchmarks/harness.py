@@ -38,6 +38,7 @@ __all__ = [
     "default_opset",
     "format_table",
     "load_models_builder",
+    "ort_session",
     "measure",
     "op_counts",
     "save_json",
@@ -395,6 +396,17 @@ def op_counts(model: Any) -> dict[str, int]:
 def default_opset(model: Any) -> int | None:
     """The model's ai.onnx opset version."""
     return next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def ort_session(model: Any) -> Any:
+    """An onnxruntime CPU session of ``model`` (a ``ModelProto``): one thread, its graph optimisations off."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def load_models_builder() -> Any:

@@ -1,7 +1,8 @@
 """Builds the small real models in ``models/real/`` and their ``MANIFEST.json``.
 
 Real models are what exporters people use actually write: transformer, CNN and
-RNN models exported by PyTorch's classic exporter at opsets 11-17, and
+RNN models exported by PyTorch's classic exporter at opsets 11-17 (one of them
+then dynamically quantized by onnxruntime's ``quantize_dynamic``), and
 scikit-learn pipelines converted by skl2onnx (ReduceLogSumExp, ReduceSumSquare,
 Scan, TopK, ZipMap, ``ai.onnx.ml`` ops). Every weight is random or fitted on a
 seeded synthetic data set, and every config is small, so the files are a few
@@ -232,6 +233,28 @@ def _export_torch(
     return model
 
 
+def _quantize_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` through onnxruntime's ``quantize_dynamic`` (int8 weights; the activations quantized at run
+    time by DynamicQuantizeLinear before each MatMulInteger), as users quantize an export."""
+    import logging
+    import tempfile
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = logging.getLogger()
+    level, root.level = root.level, logging.ERROR  # its advice to pre-process first, for every call
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            src, dst = pathlib.Path(folder, "float.onnx"), pathlib.Path(folder, "quantized.onnx")
+            onnx.save(model, str(src))
+            quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+            quantized = onnx.load(str(dst))
+    finally:
+        root.level = level
+    quantized.doc_string = f"{model.doc_string}, then onnxruntime.quantization.quantize_dynamic (QInt8 weights)"
+    return quantized
+
+
 def _torch_source(module_name: str, folding: bool) -> str:
     return (
         f"torch.onnx.export(dynamo=False, do_constant_folding={folding}) of "
@@ -299,6 +322,11 @@ def _torch(name: str, module: str, opset: int, folding: bool = True) -> RealMode
                      lambda: _export_torch(module, opset, constant_folding=folding))
 
 
+def _torch_quantized(name: str, module: str, opset: int) -> RealModel:
+    return RealModel(name, f"{_torch_source(module, True)}, then onnxruntime quantize_dynamic (QInt8 weights)",
+                     opset, lambda: _quantize_dynamic(_export_torch(module, opset)))
+
+
 def _sk(name: str, kind: str, description: str, opset: int, ml_opset: int = 3) -> RealModel:
     return RealModel(name, _sklearn_source(description), opset, lambda: _sklearn_model(kind, opset, ml_opset))
 
@@ -307,6 +335,8 @@ MODELS: list[RealModel] = [
     _torch("tiny_bert_opset11", "TinyBert", 11),
     _torch("tiny_bert_opset14_nofold", "TinyBert", 14, folding=False),
     _torch("tiny_bert_opset17", "TinyBert", 17),
+    # primitive LayerNorms (opset 14) before DynamicQuantizeLinear: a fusion there would be amplified
+    _torch_quantized("tiny_bert_opset14_qdyn", "TinyBert", 14),
     _torch("small_cnn_opset11_nofold", "SmallCnn", 11, folding=False),
     _torch("small_cnn_opset13", "SmallCnn", 13),
     _torch("small_cnn_opset16", "SmallCnn", 16),

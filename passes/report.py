@@ -361,9 +361,13 @@ def _differing(out: Any) -> str:
 
 
 def _near_tolerance(out: Any) -> bool:
-    """A float difference of rounding size: within 10x the default tolerance of its dtype."""
+    """A float difference of rounding size: within 10x the default tolerance of its dtype, and not zero, between
+    values of the same shape (an output whose shape, dtype or structure differs has no differing elements to
+    measure, and a difference of NaN placement or of the sign of a zero alone is no rounding)."""
     default = TOLERANCES.get(out.tolerance_dtype or out.dtype)
-    if default is None or not (math.isfinite(out.max_abs_error) and math.isfinite(out.max_rel_error)):
+    if default is None or not out.mismatches or not (out.max_abs_error or out.max_rel_error):
+        return False
+    if not (math.isfinite(out.max_abs_error) and math.isfinite(out.max_rel_error)):
         return False
     rtol, atol = default
     return out.max_abs_error <= 10 * atol or out.max_rel_error <= 10 * rtol

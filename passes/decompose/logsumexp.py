@@ -57,6 +57,7 @@ import onnx_ir as ir
 from passes.base import Pass, pass_stats
 from passes.declarations import DECOMPOSE
 from passes.ir import inference
+from passes.ir.amplification import Amplified
 from passes.ir.build import Builder, axes_are_input
 from passes.ir.inference import is_static
 from passes.ir.names import Names
@@ -84,8 +85,10 @@ _MIN_OPSET = 7
 # Reductions of at least this many terms are summed in two levels.
 _BLOCK_MIN = 64
 
-#: Why a node is left in place, as counted in ``stats["declined"]``.
+#: Why a node is left in place, as counted in ``stats["declined"]``; :data:`AMPLIFIED` is followed by the op
+#: that would amplify the decomposition's change of rounding (:mod:`passes.ir.amplification`).
 INTEGER, UNKNOWN_TYPE, UNSUPPORTED = "integer input", "unknown element type", "unsupported opset or type"
+AMPLIFIED = "rounding amplified by "
 
 
 @dataclasses.dataclass
@@ -299,7 +302,10 @@ class DecomposeLogSumExpPass(Pass, spec=DECOMPOSE):
 
     Nodes are rewritten in the main graph, in every subgraph and in every
     model-local function; the output value keeps its name, type and shape.
-    Left in place and counted: integer inputs (onnxruntime's integer kernel
+    Left in place and counted: a node whose result reaches an op that would
+    amplify the decomposition's change of rounding (a quantizer, a Cast to an
+    integer, a comparison, an ArgMax...: :mod:`passes.ir.amplification`; the
+    decomposition rounds otherwise than onnxruntime's kernel), integer inputs (onnxruntime's integer kernel
     does not compute the mathematical definition), inputs of unknown type,
     opsets that cannot express the rewrite, and functions whose opset import
     differs from the model's for an op the rewrite needs (the checker requires
@@ -308,8 +314,8 @@ class DecomposeLogSumExpPass(Pass, spec=DECOMPOSE):
     Attributes:
         stats: After each call (:func:`passes.base.pass_stats`): ``applied``
             (``{"ReduceLogSumExp": n}``) and ``declined``, the nodes left in place by
-            reason: :data:`INTEGER`, :data:`UNKNOWN_TYPE` and :data:`UNSUPPORTED`
-            (opset, element type or function opset).
+            reason: :data:`INTEGER`, :data:`UNKNOWN_TYPE`, :data:`UNSUPPORTED`
+            (opset, element type or function opset) and :data:`AMPLIFIED` followed by the op.
     """
 
     def __init__(self) -> None:
@@ -333,8 +339,13 @@ class DecomposeLogSumExpPass(Pass, spec=DECOMPOSE):
             and (_element_type(node, {}) is None or not is_static(x.shape))
         ]  # fmt: skip
         inferred = inference.infer_types(model, unknown) if unknown else {}
+        amplified = Amplified(model)  # one walk, if there is a ReduceLogSumExp to ask about
         for node, scope in targets:
             reason = _skip_reason(node, scope, inferred)
+            if reason is None and (amplifier := amplified.reason(node.outputs[0])) is not None:
+                logger.info("%s %r: left in place: its result reaches %s, which would amplify the decomposition's "
+                            "change of rounding", _OP, node.name, amplifier)  # fmt: skip
+                reason = f"{AMPLIFIED}{amplifier}"
             if reason is None:
                 names = names or Names(model)
                 nodes, y = _build(node, scope, names, inferred)

@@ -44,8 +44,12 @@ and model-local function until nothing changes (bounded):
   and ``RotaryEmbedding`` (23), where onnxruntime has the kernel
   (patterns only a higher opset would take are counted as
   ``fusable_at_higher_opset``). These are the only rules that change float
-  results (by rounding, ~1e-6); the report counts them and the check covers
-  them.
+  results (by rounding: docs/exactness.md says how much); the report counts
+  them and the check covers them. Each is vetted before it is written
+  (:mod:`.fusions.accept`): the fused op's output has the pattern's shape, and
+  its result reaches no op that would amplify the change of rounding
+  (:mod:`passes.ir.amplification`, one walk per run, on the first fusion found;
+  declined as ``"<rule>: rounding amplified by <op>"``).
 
 Shapes come from onnx shape inference run on the model with the shapes it
 declares for computed values removed, so a declared shape that the graph
@@ -78,6 +82,7 @@ import onnx_ir.passes.common as common_passes
 from passes.base import Pass, pass_stats
 from passes.declarations import SIMPLIFY
 from passes.ir import inference
+from passes.ir.amplification import Amplified
 from passes.ir.names import Names
 from passes.ir.notes import add_model_notes
 from passes.ir.walk import iter_scopes
@@ -86,6 +91,7 @@ from passes.simplify import (  # noqa: F401  (register rules)
     algebra, chains, constants, control_flow, cse, declared, fusions, noops, shapes,
 )
 from passes.simplify.dims import SymbolicDims, derive
+from passes.simplify.fusions import accept
 from passes.simplify.rules import RULES, Context, Rule
 
 __all__ = ["SimplifyPass"]
@@ -114,7 +120,9 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
 
     ``stats`` after a call (:func:`passes.base.pass_stats`): ``applied`` (count per
     rule name), ``declined`` (per rule, how often it matched an op but its check
-    said no; the reasons are logged at debug level, ``-v``), ``rounds``,
+    said no; the reasons are logged at debug level, ``-v``; a fusion declined because its change of
+    rounding would be amplified is counted as ``"<rule>: rounding amplified by <op>"``, once per
+    place the last sweep finds), ``rounds``,
     ``fused`` (how many rewrites changed float rounding: the fusions) and, when
     there are any, ``fusable_at_higher_opset`` (fusion patterns only a higher
     opset would take, by ``"Op@opset"``; each call reports the change since this
@@ -135,7 +143,8 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         self.freeze_initializer_inputs = freeze_initializer_inputs
         self.stats: dict[str, Any] = {}
         self._inferred: dict[ir.Value, Any] | None = None  # the inference of the current sweep, if it ran
-        self._reported_later: collections.Counter[str] = collections.Counter()
+        self._amplified: Amplified | None = None  # where rounding changes are amplified (this call's, lazy)
+        self._reported_later: collections.Counter[tuple[str, str]] = collections.Counter()
 
     def _rules(self) -> dict[str, list[Rule]]:
         by_op: dict[str, list[Rule]] = collections.defaultdict(list)
@@ -154,7 +163,8 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             _freeze_initializer_inputs(model, applied)
         rounds = 0
         self._inferred = None
-        later: collections.Counter[str] = collections.Counter()
+        self._amplified = Amplified(model)  # one walk for the whole call, on the first fusion found
+        later: collections.Counter[tuple[str, str]] = collections.Counter()
         while rounds < _MAX_ROUNDS:
             rounds += 1
             later = collections.Counter()  # the patterns of the last round, which sees the final graph
@@ -171,15 +181,21 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         dedup = common_passes.DeduplicateInitializersPass()(model).modified
         if dedup:
             applied["constants/shared_initializer"] += 1
-        self.stats = pass_stats(applied, refused, rounds=rounds,
-                                fused=sum(n for name, n in applied.items() if name.startswith("fusions/")))
-        # Fusion patterns only a higher opset would take ("Gelu@20": n). The pass loop sums a pass's
-        # stats over its runs, so each run reports the change since this pass's previous run: the
-        # sum is what the last run found in the final graph.
+        self._amplified = None
+        # What the last round found in the final graph, by the stat it is counted in: fusion patterns only
+        # a higher opset would take ("fusable_at_higher_opset": {"Gelu@20": n}) and fusions declined as
+        # their rounding would be amplified ("declined": {"fusions/layer_norm: rounding amplified by ...": n}).
+        # The pass loop sums a pass's stats over its runs, so each run reports the change since this
+        # pass's previous run: the sum is what the last run found in the final graph.
         delta = {key: later[key] - self._reported_later[key] for key in {*later, *self._reported_later}}
         self._reported_later = later
-        if any(delta.values()):
-            self.stats["fusable_at_higher_opset"] = dict(sorted(delta.items()))
+        found: dict[str, dict[str, int]] = collections.defaultdict(dict)
+        for (stat, key), count in sorted(delta.items()):
+            found[stat][key] = count
+        refused.update(found.pop("declined", {}))
+        self.stats = pass_stats(applied, refused, rounds=rounds,
+                                fused=sum(n for name, n in applied.items() if name.startswith("fusions/")))
+        self.stats.update((stat, counts) for stat, counts in found.items() if any(counts.values()))
         return ir.passes.PassResult(model, modified=bool(applied))
 
     def _correct_declared_shapes(self, model: ir.Model, applied: collections.Counter[str]) -> None:
@@ -236,14 +252,19 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
                     continue
                 for rule in rules.get(node.op_type, ()):
                     outcome = rule.apply(node, ctx)
+                    if callable(outcome) and rule.family == "fuse":  # shapes as the pattern's, rounding not amplified
+                        assert self._amplified is not None
+                        outcome = accept.vet(rule.name, node, outcome, ctx, self._amplified)
                     if callable(outcome):
                         outcome()
                         applied[rule.name] += 1
                         changed = True
                         break
-                    refused[rule.name] += 1
-                    if getattr(outcome, "key", None):  # fusions.AtHigherOpset: the opset alone refused it
-                        later[outcome.key] += 1
+                    stat = getattr(outcome, "stat", None)  # counted as the last round finds it (see call)
+                    if stat:
+                        later[(stat, outcome.key)] += 1  # type: ignore[union-attr]
+                    if stat != "declined":
+                        refused[rule.name] += 1
                     logger.debug("%s does not apply to %s node %r: %s", rule.name, node.op_type, node.name, outcome)
         return changed
 

@@ -27,11 +27,17 @@ would take is counted in ``stats["fusable_at_higher_opset"]`` (``{"Gelu@20": n}`
   exports of TensorFlow-style "same" padding write it). No weight changes; see
   below for when it applies.
 
+Every fusion rule returns a :class:`~passes.simplify.fusions.accept.Fusion`, and the driver writes it
+only after :func:`~passes.simplify.fusions.accept.vet`: the fused op's output has the pattern's shape, and
+the pattern's result reaches no op that would amplify its change of rounding (a quantizer, a Cast to an
+integer, a comparison, an ArgMax...: :mod:`passes.ir.amplification`).
+
 These are the only simplifications that change float results: the new
 weights are computed in float64 and rounded once to the weights' type, and the
-fused op rounds differently from the two it replaces (~1e-6 relative in
-float32; a Gemm may add C in its own order, without rounding A @ B first;
-integers would be exact, but are not fused, see below).
+fused op rounds differently from the two it replaces (an ulp or two of the
+output in float32, more on ill-conditioned LayerNorm rows: docs/exactness.md;
+a Gemm may add C in its own order, without rounding A @ B first; integers
+would be exact, but are not fused, see below).
 ``SimplifyPass(fuse=False)`` (``--no-fuse``) turns them off; the pass counts
 them as ``stats["fused"]``.
 

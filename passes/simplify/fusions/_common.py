@@ -31,6 +31,7 @@ class AtHigherOpset(str):
     and the opset that would take it; the simplify pass counts these (``fusable_at_higher_opset``)."""
 
     key: str
+    stat = "fusable_at_higher_opset"
 
     def __new__(cls, op_type: str, since: int, opset: int) -> AtHigherOpset:
         reason = super().__new__(cls, f"a {op_type} pattern, but {op_type} is an op from opset {since} "

@@ -21,8 +21,11 @@ never becomes the other. Where it applies:
   and its double tanh one is ~6e-9 away from the primitive ops, beyond the
   check's float64 tolerance).
 
-Elementwise, with no shapes to prove, it also applies in function bodies
-(where ``x``'s type is read from the constant 0.5: a Mul takes one type).
+Elementwise, it also applies in function bodies (where ``x``'s type is read
+from the constant 0.5: a Mul takes one type), where its constants are of rank 0:
+a body has no shapes, and a ``[1, 1]`` constant on a rank-1 ``x`` would make the
+pattern's output ``[1, 8]`` where Gelu's is ``[8]`` (:mod:`.accept` checks it for
+every fusion).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.simplify.fusions._common import AtHigherOpset, inner, operands, ort_runs, replace_output
+from passes.simplify.fusions.accept import Fusion
 from passes.simplify.rules import Context, Outcome, rule, sole_user
 
 __all__: list[str] = []
@@ -119,7 +123,7 @@ def _gelu(node: ir.Node, ctx: Context, others: list[ir.Value], function: ir.Node
                         name=ctx.names().node(f"{node.name or 'Mul'}_gelu"))  # fmt: skip
         replace_output(node, ctx, fused)
 
-    return rewrite
+    return Fusion(rewrite, x)
 
 
 def _erf_argument(ctx: Context, value: ir.Value | None, x: ir.Value, dtype: ir.DataType,

@@ -6,6 +6,7 @@ import onnx_ir as ir
 
 from passes.ir import schemas
 from passes.ir.types import type_string
+from passes.simplify.fusions.accept import Fusion
 from passes.simplify.rules import Context, Outcome, rule, sole_user
 
 __all__: list[str] = []
@@ -71,7 +72,7 @@ def _matmul_add(node: ir.Node, ctx: Context, matmul: ir.Node, c: ir.Value) -> Ou
         return f"{dtype.name} is not a Gemm type at opset {opset}"
     if not dtype.is_floating_point():
         return f"{dtype.name}: onnxruntime has no integer Gemm kernel (it has integer MatMul and Add ones)"
-    return lambda: _write_gemm(node, ctx, matmul, c)
+    return Fusion(lambda: _write_gemm(node, ctx, matmul, c), matmul.outputs[0], dims=result)
 
 
 def _write_gemm(node: ir.Node, ctx: Context, matmul: ir.Node, c: ir.Value) -> None:

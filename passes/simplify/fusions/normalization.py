@@ -56,6 +56,7 @@ from passes.simplify.fusions._common import (
     replace_output,
     scalar,
 )
+from passes.simplify.fusions.accept import Fusion
 from passes.simplify.rules import Context, Outcome, rule
 
 __all__: list[str] = []
@@ -287,8 +288,7 @@ def _layer_norm(node: ir.Node, ctx: Context, stats: _Statistics, scale: ir.Value
                         name=ctx.names().node(f"{node.name or 'Add'}_layer_norm"))  # fmt: skip
         replace_output(node, ctx, fused)
 
-    return rewrite
-
+    return Fusion(rewrite, stats.x)
 
 
 # --- RMSNormalization ---------------------------------------------------------------------------------
@@ -409,4 +409,4 @@ def _rms_norm(node: ir.Node, ctx: Context, stats: _Statistics, scale: ir.Value |
                         name=ctx.names().node(f"{node.name or 'Mul'}_rms_norm"))  # fmt: skip
         replace_output(node, ctx, fused)
 
-    return rewrite
+    return Fusion(rewrite, stats.x)

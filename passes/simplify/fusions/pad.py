@@ -6,6 +6,7 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.simplify.fusions._common import fusable_producer
+from passes.simplify.fusions.accept import Fusion
 from passes.simplify.rules import Context, Outcome, rule
 
 __all__: list[str] = []
@@ -49,7 +50,7 @@ def pad_into_conv(node: ir.Node, ctx: Context) -> Outcome:
         node.attributes["pads"] = ir.AttrInt64s("pads", combined)
         node.replace_input_with(0, source)
 
-    return rewrite
+    return Fusion(rewrite, node.outputs[0])  # no broadcast: the Conv's output keeps its shape
 
 
 def _zero_pads(pad: ir.Node, ctx: Context, rank: int) -> list[int] | str:

@@ -76,6 +76,7 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.simplify.fusions._common import AtHigherOpset, inner, ort_runs, replace_output
+from passes.simplify.fusions.accept import Fusion
 from passes.simplify.rules import Context, Dim, Outcome, rule
 
 __all__: list[str] = []
@@ -230,7 +231,7 @@ def _fuse(node: ir.Node, ctx: Context, x: ir.Value, width: int, cos: ir.Value | 
         fused = ir.Node("", "RotaryEmbedding", [x, *halves], name=names.node(f"{node.name or 'Add'}_rotary"))
         replace_output(node, ctx, fused)
 
-    return rewrite
+    return Fusion(rewrite, x, reads=(cos, sin))
 
 
 def _batch_source(ctx: Context, x: ir.Value, batch: Dim, graph: Graph) -> ir.Value:

@@ -9,6 +9,7 @@ import onnx_ir as ir
 
 from passes.simplify.fusions import exact
 from passes.simplify.fusions._common import fusable_producer
+from passes.simplify.fusions.accept import Fusion
 from passes.simplify.rules import Context, Outcome, Rewrite, rule, sole_user
 
 __all__: list[str] = []
@@ -48,6 +49,19 @@ class _Layer:
     def bias64(self) -> np.ndarray:
         """The bias in float64; an absent one is -0, the sum's identity (x + -0 is x, -0 included)."""
         return np.full(self.channels, -0.0) if self.b is None else self.b.astype(np.float64).reshape(-1)
+
+    def fusion(self, ctx: Context, first: Rewrite, second: Rewrite) -> Fusion:
+        """``first`` then ``second``, as a fusion whose output is this op's: ``[N, M, ...]`` of the weight's
+        rank for a Conv (channels on axis 1), ``[N, M]`` for a Gemm, where inference does not say more."""
+        output = self.node.outputs[0]
+        rank = 2 if self.node.op_type == "Gemm" else self.w.ndim
+        dims = ctx.dims(output) or (None, self.channels, *([None] * (rank - 2)))
+
+        def rewrite() -> None:
+            first()
+            second()
+
+        return Fusion(rewrite, output, dims=dims)
 
     def rewrite(self, ctx: Context, w: np.ndarray | None, b: np.ndarray | None) -> None:
         """Replaces the weight (unless ``w`` is None) and the bias (unless ``b`` is None), rounding once."""
@@ -186,15 +200,7 @@ def _batchnorm_into_conv(node: ir.Node, ctx: Context, op_type: str) -> Outcome:
     w, why = _fused(layer, s, b, shifted)
     if why is not None:
         return why
-    return _then(lambda: layer.rewrite(ctx, w, b), bypass)
-
-
-def _then(first: Rewrite, second: Rewrite) -> Rewrite:
-    def rewrite() -> None:
-        first()
-        second()
-
-    return rewrite
+    return layer.fusion(ctx, lambda: layer.rewrite(ctx, w, b), bypass)
 
 
 @rule("BatchNormalization", family="fuse")
@@ -248,7 +254,7 @@ def batchnorm_into_gemm(node: ir.Node, ctx: Context) -> Outcome:
         layer.rewrite(ctx, new_w, new_c)
         gemm.attributes.pop("beta", None)  # 1.0, the default
 
-    return _then(rewrite, bypass)
+    return layer.fusion(ctx, rewrite, bypass)
 
 
 # --- a per-channel Mul or Add -----------------------------------------------------------------------
@@ -301,7 +307,7 @@ def mul_into_conv(node: ir.Node, ctx: Context) -> Outcome:
     w, why = _fused(layer, vector, b, None)
     if why is not None:
         return why
-    return _then(lambda: layer.rewrite(ctx, w, b), bypass)
+    return layer.fusion(ctx, lambda: layer.rewrite(ctx, w, b), bypass)
 
 
 @rule("Add", family="fuse")
@@ -314,4 +320,4 @@ def add_into_conv(node: ir.Node, ctx: Context) -> Outcome:
     why = exact.bias_refusal({"the fused bias": b}, layer.w.dtype)
     if why is not None:
         return why
-    return _then(lambda: layer.rewrite(ctx, None, b), bypass)
+    return layer.fusion(ctx, lambda: layer.rewrite(ctx, None, b), bypass)
