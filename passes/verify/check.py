@@ -550,13 +550,17 @@ class Checker:
                                           self.folder / f"{label}-original")  # fmt: skip
         optimized_copy = _locate.augmented(opt_proto, opt_path, names, types, self.folder / f"{label}-optimized")
         deadline = self._deadline()
-        if not self.worker.alive:
-            self._restore(deadline)
-        answer = self.worker.request(
-            {"op": "values", "original": str(original_copy), "optimized": str(optimized_copy), "names": names,
-             "tolerances": tolerances, "budget": LOCATE_BUDGET, "set": self._failing_set,
-             "rounding": self.rounding, "half_io": self.precision is not None}, deadline,
-        )  # fmt: skip
+        try:
+            if not self.worker.alive:
+                self._restore(deadline)
+            answer = self.worker.request(
+                {"op": "values", "original": str(original_copy), "optimized": str(optimized_copy), "names": names,
+                 "tolerances": tolerances, "budget": LOCATE_BUDGET, "set": self._failing_set,
+                 "rounding": self.rounding, "half_io": self.precision is not None}, deadline,
+            )  # fmt: skip
+        finally:  # the copies' links to the models' data files: a later load of the input refuses a linked file
+            for copy in (original_copy, optimized_copy):
+                shutil.rmtree(copy.parent, ignore_errors=True)
         if not answer.get("ok"):
             return FirstDifference(message=f"onnxruntime could not run the copies: {answer.get('error', '')}")
         return _locate.first_difference(original, answer["values"])
@@ -582,6 +586,8 @@ class Checker:
             answer = self.worker.request({"op": "magnitudes", "model": str(copy), "names": names}, deadline)
         except WorkerError:
             return {}
+        finally:
+            shutil.rmtree(copy.parent, ignore_errors=True)
         return dict(answer.get("values", {})) if answer.get("ok") else {}
 
 
