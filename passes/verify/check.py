@@ -572,7 +572,7 @@ class Checker:
         if not self._prepared or self.original_path is None or self.worker is None or self.folder is None:
             return {}
         original = _files.whole(self.original_path)
-        types = _locate._tensor_types(original)
+        types = _locate.tensor_types(original)
         outputs = {o.name for o in original.graph.output}
         names = [n for node in original.graph.node for n in node.output
                  if n and types.get(n) == onnx.TensorProto.FLOAT and n not in outputs]  # fmt: skip
