@@ -204,6 +204,10 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--rtol", type=_tolerance, default=None, help="relative tolerance for float outputs")
     result.add_argument("--atol", type=_tolerance, default=None, help="absolute tolerance for float outputs")
     result.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
+    result.add_argument("--repro", metavar="DIR",
+                        help="when the check finds a difference: write the smallest pair of models that still "
+                             "differ, their inputs and a README into DIR (a new or empty folder, or a previous "
+                             "reproduction, which is replaced)")
     result.add_argument("--jobs", type=_jobs, default=None, metavar="N",
                         help="with a folder as INPUT: optimise its models in N processes at once "
                              "(default: the cores)")

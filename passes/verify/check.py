@@ -519,6 +519,17 @@ class Checker:
             raise RuntimeError("recheck() needs a check() that ran")
         return self._compare(optimized, self._deadline())
 
+    def ready(self) -> None:
+        """The child holds the chosen inputs and the kept sets (restarted if it died), for more
+        requests on them after :meth:`check` (``--repro``'s, see :mod:`passes.verify.repro`).
+
+        Raises:
+            WorkerError: the child cannot do again what it did.
+        """
+        assert self.worker is not None
+        if not self.worker.alive and self._prepared:
+            self._restore(self._deadline())
+
     # --- the locator -------------------------------------------------------------------------
 
     def locate(self, optimized: Any) -> FirstDifference:

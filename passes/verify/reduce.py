@@ -1,0 +1,456 @@
+"""The search for the smallest reproduction of a failed check (``--repro``).
+
+Given two models that differ on some inputs (the original and the optimised
+one, or one of their subgraphs each: :class:`Pair`), :meth:`Search.run`:
+
+1. compares every value both name (the locator's comparison) and takes the
+   first that differs, the *target* (the locator's own, when it is one);
+2. captures the original's values upstream of it (nearest first, within a
+   byte budget) in the check's child;
+3. builds the *region* of each model that computes the target from the
+   captured values nearest to it (:func:`passes.verify.region.cone`), and
+   asks the child whether the two regions, fed the same (the original's)
+   values, still differ beyond the target's tolerance. If not, the region
+   grows (the cut values given up level by level, doubling, and at worst all:
+   the whole cone from the graph inputs), then delta debugging (``ddmin``)
+   over the values it gave up cuts as many back as the difference allows;
+4. where the region is one If, Loop or function call in both models and the
+   difference arises inside, the branch taken, the body's first iteration or the
+   inlined call becomes a pair of its own, reduced alike.
+
+Bounded (:class:`Budget`): past its time or when the child runs out of memory,
+the search stops with the smallest reproduction found so far and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+
+from passes.verify import files as _files, locate as _locate, region
+from passes.verify.child import WorkerCrashed, WorkerTimeout
+
+__all__ = ["Budget", "Found", "Pair", "Search", "ddmin", "now"]
+
+#: Bytes of the original's values the search may capture to cut at (per level of subgraph).
+CAPTURE_BYTES = 1 << 28
+
+#: Values compared per run by the search's comparison, in bytes (as the locator's).
+VALUES_BUDGET = 1 << 28
+
+
+def now() -> float:
+    """The clock of the budget (a test may replace it)."""
+    return time.monotonic()
+
+
+@dataclasses.dataclass
+class Pair:
+    """Two models to reduce: each with the folder its external data is relative to; their inputs:
+    ``{"set": name or None}`` (a set of the check's, in its child) or ``{"feeds": saved values}``."""
+
+    original: onnx.ModelProto
+    optimized: onnx.ModelProto
+    original_source: pathlib.Path
+    optimized_source: pathlib.Path
+    inputs: dict[str, Any]
+    where: str = "the main graph"
+    hint: str = ""
+
+
+@dataclasses.dataclass
+class Found:
+    """A reproduction: two region models, the captured values they read, their one output."""
+
+    original: onnx.ModelProto
+    optimized: onnx.ModelProto
+    original_source: pathlib.Path
+    optimized_source: pathlib.Path
+    inputs: dict[str, dict[str, Any]]
+    output: str
+    comparison: dict[str, Any]
+    where: str
+
+
+class Budget:
+    """Time and captured bytes the search may spend; ``stopped`` says why it stopped early, and
+    ``notes`` what the budget left out (values not captured) though the search went on."""
+
+    def __init__(self, seconds: float, capture_bytes: int | None = None) -> None:
+        self.deadline = now() + seconds
+        self.capture_bytes = CAPTURE_BYTES if capture_bytes is None else capture_bytes
+        self.stopped = ""
+        self.notes: list[str] = []
+
+    def left(self) -> bool:
+        if not self.stopped and now() >= self.deadline:
+            self.stopped = "the time budget ran out"
+        return not self.stopped
+
+
+class _Stop(Exception):
+    """The budget is spent (or the child cannot go on)."""
+
+
+def ddmin(items: list[str], holds: Callable[[list[str]], bool]) -> list[str]:
+    """Delta debugging (Zeller's ``ddmin``): a subset of ``items`` for which ``holds`` is still
+    true and from which no single item can be removed (``holds(items)`` must be true)."""
+    n = 2
+    while len(items) >= 2:
+        chunks = [c for c in (items[i * len(items) // n : (i + 1) * len(items) // n] for i in range(n)) if c]
+        complements = [[x for x in items if x not in c] for c in chunks] if n > 2 else []
+        reduced = next((c for c in chunks if holds(c)), None)
+        if reduced is not None:
+            items, n = reduced, 2
+            continue
+        reduced = next((c for c in complements if holds(c)), None)
+        if reduced is not None:
+            items, n = reduced, max(n - 1, 2)
+            continue
+        if n >= len(items):
+            break
+        n = min(len(items), 2 * n)
+    return [] if len(items) == 1 and holds([]) else items
+
+
+class Search:
+    """One reduction, with the check's child and its options.
+
+    Args:
+        worker: The check's child (:class:`passes.verify.child.Worker`), which holds its inputs.
+        folder: An empty private folder for the candidates and the captured values.
+        tolerance: ``(rtol, atol, precision, precision_tolerance)`` as the check's.
+        normwise: Whether the failing set is compared against each output's largest magnitude too.
+        budget: What the search may spend.
+        timeout: Seconds one request to the child may take.
+    """
+
+    def __init__(self, worker: Any, folder: pathlib.Path, tolerance: tuple[Any, Any, Any, Any], normwise: bool,
+                 budget: Budget, timeout: float) -> None:  # fmt: skip
+        self.worker, self.folder, self.tolerance, self.normwise = worker, folder, tolerance, normwise
+        self.budget, self.timeout = budget, timeout
+        self.tests = 0
+        self.nodes = (0, 0)  # the models' nodes where the search started (for the README)
+        self._count = 0
+
+    def _request(self, message: dict[str, Any], models: pathlib.Path) -> dict[str, Any]:
+        """The child's answer to ``message``, within the budget; ``models``, the folder of the
+        models it runs, is removed after (their links to the models' data files with it: a load of
+        the input refuses a data file with more than one link)."""
+        try:
+            if not self.budget.left():
+                raise _Stop
+            seconds = min(self.timeout, self.budget.deadline - now())
+            try:
+                return self.worker.request(message, time.monotonic() + max(seconds, 0.0))
+            except WorkerTimeout:
+                self.budget.stopped = self.budget.stopped or "the time budget ran out"
+            except WorkerCrashed as e:
+                self.budget.stopped = f"the check's process stopped ({e}): the memory budget?"
+            raise _Stop
+        finally:
+            shutil.rmtree(models, ignore_errors=True)
+
+    def _folder(self, label: str) -> pathlib.Path:
+        self._count += 1
+        path = self.folder / f"{self._count}-{label}"
+        path.mkdir(parents=True)
+        return path
+
+    def run(self, pair: Pair) -> Found | None:
+        """The smallest reproduction of ``pair``'s first difference, or None (none found)."""
+        try:
+            return _Level(self, pair).run()
+        except _Stop:
+            return None
+
+
+def _augmented(proto: onnx.ModelProto, source: pathlib.Path, names: list[str], types: dict[str, int],
+               folder: pathlib.Path) -> str:  # fmt: skip
+    """A copy of ``proto`` (external data relative to the folder ``source``) with ``names`` as
+    outputs, saved to run in ``folder`` (see :func:`passes.verify.locate.augmented`)."""
+    return str(_locate.augmented(proto, source / "model.onnx", names, types, folder))
+
+
+class _Level:
+    """The search on one pair (the main graphs, or a subgraph of each)."""
+
+    def __init__(self, search: Search, pair: Pair) -> None:
+        self.search, self.pair = search, pair
+        self.o, self.p = region.Index(pair.original.graph), region.Index(pair.optimized.graph)
+        self.o_types = _locate.tensor_types(pair.original)
+        self.p_types = _locate.tensor_types(pair.optimized)
+        self.captured: dict[str, dict[str, Any]] = {}
+        self.best: tuple[int, Found] | None = None
+        self._tested: dict[tuple[tuple[int, ...], tuple[int, ...]], bool] = {}
+        self.target = ""
+        self.names: list[str] = []  # the values both models name that the search may compare and cut at
+        self.tolerance: tuple[float, float] | None = None
+        self.cuttable: set[str] = set()  # the values upstream of the target it may cut at
+        self.captured_bytes = 0
+        self.lost: set[str] = set()  # values the capture budget left out
+
+    def run(self) -> Found | None:
+        try:
+            self._search()
+        except _Stop:
+            pass
+        if self.lost:
+            self.search.budget.notes.append(
+                f"the capture budget ({self.search.budget.capture_bytes} bytes) left {len(self.lost)} value(s) "
+                f"upstream of {self.target!r} in {self.pair.where} uncaptured, not cut at: the region may be larger")
+        if self.best is None:
+            return None
+        found = self.best[1]
+        if self.search.budget.left():
+            try:
+                deeper = self._descend()
+            except _Stop:
+                deeper = None
+            if deeper is not None:
+                return deeper
+        return found
+
+    # --- the first difference and the values it is cut at --------------------------------------
+
+    def _first_difference(self) -> str:
+        """The target: the locator's value (``hint``) when it is one the search may compare, else the
+        first such value that differs (the two models run with every one of them as an output)."""
+        pair, search = self.pair, self.search
+        rtol, atol, precision, precision_tolerance = search.tolerance
+        compared = _locate.widened(pair.original, pair.optimized) if precision else pair.optimized
+        names, types = _locate.comparable_values(pair.original, compared)
+        self.names = [n for n in region.reliable(self.o, self.p, names) if n in self.o.producer]
+        if pair.hint in self.names:
+            differing = [pair.hint]
+        elif self.names:
+            tolerances = _locate.value_tolerances(pair.original, self.names, rtol, atol, precision,
+                                                  precision_tolerance)  # fmt: skip
+            folder = search._folder("values")
+            answer = search._request({
+                "op": "values", **pair.inputs, "names": self.names, "tolerances": tolerances,
+                "budget": VALUES_BUDGET, "half_io": precision is not None, "normwise": search.normwise,
+                "original": _augmented(pair.original, pair.original_source, self.names, types, folder / "original"),
+                "optimized": _augmented(compared, pair.optimized_source, self.names, types, folder / "optimized"),
+            }, folder)  # fmt: skip
+            values = answer.get("values", {}) if answer.get("ok") else {}
+            differing = [n for n in self.names if n in values and "error" not in values[n] and not values[n]["ok"]]
+        else:
+            differing = []
+        if not differing:
+            return ""
+        self.tolerance = _locate.value_tolerances(pair.original, differing[:1], rtol, atol, precision,
+                                                  precision_tolerance)[differing[0]]  # fmt: skip
+        return differing[0]
+
+    def _capture(self, names: list[str]) -> None:
+        """The original's values of ``names`` (and, the first time, the graph inputs) saved in the
+        child, as many as the byte budget leaves room for; those it does not are no longer cut at."""
+        search = self.search
+        folder = search._folder("captured")
+        model = _augmented(self.pair.original, self.pair.original_source, names, self.o_types, folder / "model")
+        answer = search._request({"op": "capture", "model": model, "names": names, **self.pair.inputs,
+                                  "folder": str(folder / "values"), "inputs": not self.captured,
+                                  "budget": search.budget.capture_bytes - self.captured_bytes}, folder / "model")
+        if not answer.get("ok"):
+            raise _Stop
+        self.captured.update(answer["values"])
+        self.captured_bytes += int(answer["bytes"])
+        lost = {n for n in names if n not in self.captured}
+        self.cuttable -= lost
+        self.lost |= lost
+
+    # --- regions ---------------------------------------------------------------------------------
+
+    def _region(self, cuts: set[str]) -> tuple[Any, Any] | None:
+        """Both models' regions of the target that ``cuts`` leave (None: not a region of both), the
+        values they read captured first (a value the budget leaves out is not cut at)."""
+        asked: set[str] = set()
+        while True:
+            cuts = cuts & self.cuttable
+            o, p = region.cone(self.o, [self.target], cuts), region.cone(self.p, [self.target], cuts)
+            if o[3] or p[3] or not o[0] or not p[0]:
+                return None
+            needed = [n for n in dict.fromkeys([*o[1], *p[1]]) if n not in self.captured]
+            if not needed:
+                return o, p
+            if asked.issuperset(needed):
+                return None  # a value no capture gives (an input of one model only)
+            asked.update(needed)
+            self._capture([n for n in needed if n not in self.o.inputs])
+
+    def _test(self, cuts: set[str]) -> bool:
+        """Whether the regions that ``cuts`` leave still differ (kept as the best when smaller)."""
+        built = self._region(cuts)
+        if built is None:
+            return False
+        (o_nodes, o_inputs, o_weights, _), (p_nodes, p_inputs, p_weights, _) = built
+        key = (tuple(o_nodes), tuple(p_nodes))
+        if key in self._tested:
+            return self._tested[key]
+        search, pair = self.search, self.pair
+
+        def shape(name: str) -> list[int]:
+            return self.captured[name]["shape"]
+
+        def p_type(name: str) -> int:  # the half type where --precision converted it
+            return self.p_types.get(name, self.o_types[name])
+
+        label = f"the region of {self.target!r} in {pair.where}"
+        original = region.region_model(pair.original, self.o, o_nodes,
+                                       {n: (self.o_types[n], shape(n)) for n in o_inputs}, o_weights,
+                                       {self.target: self.o_types[self.target]}, f"original: {label}")  # fmt: skip
+        optimized = region.region_model(pair.optimized, self.p, p_nodes, {n: (p_type(n), shape(n)) for n in p_inputs},
+                                        p_weights, {self.target: p_type(self.target)}, f"optimized: {label}")
+        folder = search._folder("candidate")
+        paths = []
+        for name, model, source in (("original", original, pair.original_source),
+                                    ("optimized", optimized, pair.optimized_source)):  # fmt: skip
+            _locate.link_external(model, source, folder / name)
+            _files.save_proto(model, folder / name / "model.onnx")
+            paths.append(str(folder / name / "model.onnx"))
+        inputs = {n: self.captured[n] for n in dict.fromkeys([*o_inputs, *p_inputs])}
+        answer = search._request({"op": "regions", "original": paths[0], "optimized": paths[1], "feeds": inputs,
+                                  "tolerances": {self.target: self.tolerance}, "normwise": search.normwise}, folder)
+        search.tests += 1
+        comparison = next((o for o in answer.get("outputs", []) if o["name"] == self.target), None)
+        differs = bool(answer.get("ok")) and comparison is not None and not comparison["ok"]
+        self._tested[key] = differs
+        size = len(o_nodes) + len(p_nodes)
+        if differs and (self.best is None or size < self.best[0]):
+            self.best = (size, Found(original, optimized, pair.original_source, pair.optimized_source, inputs,
+                                     self.target, comparison, pair.where))  # fmt: skip
+        return differs
+
+    def _frontier(self, cuts: set[str]) -> set[str]:
+        built = self._region(cuts)
+        if built is None:
+            return set()
+        return {n for n in [*built[0][1], *built[1][1]] if n in cuts and n in self.o.producer}
+
+    def _search(self) -> None:
+        self.target = self._first_difference()
+        if not self.target:
+            return
+        whole = [region.cone(index, [self.target], set())[0] for index in (self.o, self.p)]
+        upstream = {n for index, nodes in zip((self.o, self.p), whole) for i in nodes for n in index.nodes[i].output}
+        known = self.p.names()
+        self.cuttable = {n for n in self.names if n != self.target and n in upstream and n in known}
+        every = set(self.cuttable)
+        if self._test(every):
+            return  # the tightest region differs: nothing to give up
+        if not self._test(set()):
+            return  # even the whole cone from the graph inputs does not differ again
+        cuts, level, found = set(self.cuttable), 1, set()
+        while True:  # give up the cuts nearest the target, level by level, doubling
+            grown = set(cuts)
+            for _ in range(level):
+                grown -= self._frontier(grown)
+            if grown == cuts:
+                break  # the whole cone, tested above
+            if self._test(grown):
+                found = grown
+                break
+            cuts, level = grown, level * 2
+        kept = [n for n in self.names if n in (self.cuttable - found) & self._inside(found)]
+        missing = [n for n in kept if n not in self.captured]
+        if missing:  # captured in one run, before delta debugging cuts at any of them
+            self._capture(missing)
+        kept = [n for n in kept if n in self.cuttable]
+        ddmin(kept, lambda subset: self._test(self.cuttable - set(subset)))
+
+    def _inside(self, cuts: set[str]) -> set[str]:
+        """The values the regions that ``cuts`` leave compute."""
+        built = self._region(cuts)
+        if built is None:
+            return set()
+        return {n for index, (nodes, *_) in zip((self.o, self.p), built) for i in nodes for n in index.nodes[i].output}
+
+    # --- into an If branch, a Loop body, a function call ------------------------------------------
+
+    def _descend(self) -> Found | None:
+        """The If branch, Loop body or function call that the region is (one node in both models,
+        its inputs the same: the difference arises inside it) as a pair of its own, reduced."""
+        assert self.best is not None
+        found = self.best[1]
+        if len(found.original.graph.node) != 1 or len(found.optimized.graph.node) != 1:
+            return None
+        o_node, p_node = found.original.graph.node[0], found.optimized.graph.node[0]
+        local = {(f.domain, f.name) for f in self.pair.original.functions}
+        if (o_node.op_type, o_node.domain) != (p_node.op_type, p_node.domain):
+            return None
+        if (o_node.domain, o_node.op_type) in local:
+            kind = "call"
+        else:
+            kind = o_node.op_type if o_node.domain in ("", "ai.onnx") else ""
+        if kind not in ("If", "Loop", "call"):
+            return None
+        o_pos, p_pos = self.o.producer[self.target], self.p.producer[self.target]
+        feeds = dict(found.inputs)
+        o_types = {n: (self.o_types[n], s["shape"]) for n, s in feeds.items()}
+        p_types = {n: (self.p_types.get(n, self.o_types[n]), s["shape"]) for n, s in feeds.items()}
+        original, optimized = self.pair.original, self.pair.optimized
+        if kind == "If":
+            cond = self._value(o_node.input[0])
+            if cond is None:
+                return None
+            then = bool(cond.reshape(-1)[0])
+            o_model = region.branch_model(original, self.o, o_pos, then, o_types)
+            p_model = region.branch_model(optimized, self.p, p_pos, then, p_types, list(o_node.output))
+            where = f"the {'then' if then else 'else'}_branch of If node {o_node.name!r} in {self.pair.where}"
+        elif kind == "Loop":
+            first = self._first_iteration(o_node)
+            if first is None:
+                return None
+            body = next(a.g for a in o_node.attribute if a.name == "body")
+            formal, outputs = [i.name for i in body.input], [o.name for o in body.output]
+            for name, (saved, elem_type) in zip(formal, first):
+                feeds[name] = saved
+                o_types[name] = p_types[name] = (elem_type, saved["shape"])
+            o_model = region.body_model(original, self.o, o_pos, o_types)
+            p_model = region.body_model(optimized, self.p, p_pos, p_types, formal, outputs)
+            where = f"the body of Loop node {o_node.name!r} (its first iteration) in {self.pair.where}"
+        else:
+            o_types.update({n: (self.o_types.get(n, 0), None) for n in o_node.output if n})
+            p_types.update({n: (self.p_types.get(n, 0), None) for n in p_node.output if n})
+            o_model = region.call_model(original, self.o, o_pos, o_types)
+            p_model = region.call_model(optimized, self.p, p_pos, p_types)
+            where = f"function {o_node.domain}::{o_node.op_type} called by node {o_node.name!r} in {self.pair.where}"
+        nested = Pair(o_model, p_model, self.pair.original_source, self.pair.optimized_source, {"feeds": feeds}, where)
+        return _Level(self.search, nested).run()
+
+    def _value(self, name: str) -> np.ndarray | None:
+        """The original's value of ``name`` in the region's inputs (captured) or initializers."""
+        if name in self.captured:
+            saved = self.captured[name]
+            return np.load(saved["path"], allow_pickle=False)
+        if name in self.o.initializers:
+            return onnx.numpy_helper.to_array(self.o.initializers[name], str(self.pair.original_source))
+        return None
+
+    def _first_iteration(self, node: onnx.NodeProto) -> list[tuple[dict[str, Any], int]] | None:
+        """The body's inputs in the Loop's first iteration (saved, with their element types), or
+        None when it runs no iteration or they are not at hand."""
+        inputs = list(node.input) + [""] * (2 - len(node.input))
+        trips = self._value(inputs[0]) if inputs[0] else None
+        cond = self._value(inputs[1]) if inputs[1] else np.array(True)
+        if cond is None or not bool(cond.reshape(-1)[0]) or (trips is not None and int(trips.reshape(-1)[0]) <= 0):
+            return None
+        if any(n not in self.captured for n in inputs[2:]):
+            return None  # an initializer or a constant: not a value the region read
+        folder = self.search._folder("first-iteration")
+        first = []
+        for i, value in enumerate([np.array(0, np.int64), np.array(True)]):
+            path = folder / f"{i}.npy"
+            np.save(path, value, allow_pickle=False)
+            first.append(({"path": str(path), "dtype": value.dtype.name, "shape": []},
+                          onnx.helper.np_dtype_to_tensor_dtype(value.dtype)))  # fmt: skip
+        first.extend((self.captured[n], self.o_types[n]) for n in inputs[2:])
+        return first
