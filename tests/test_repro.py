@@ -561,3 +561,48 @@ def test_the_transcript_in_docs_check_md_is_the_real_output(tmp_path: pathlib.Pa
     listing = "\n".join(sorted(os.listdir(tmp_path / "cnn-repro")))
     for shown in (line, readme.strip(), listing, rerun.strip()):
         assert shown in transcript, shown
+
+
+def test_values_are_captured_and_fed_back_as_they_were(tmp_path: pathlib.Path) -> None:
+    """Strings (saved as text, no pickles) and bfloat16 (saved as its bytes) come back as onnxruntime
+    takes them."""
+    import ml_dtypes
+
+    from passes.verify import repro_child
+
+    values = {"s": np.array(["a", "bc", ""], dtype=object),
+              "b": np.array([1.5, -0.0, np.inf], dtype=ml_dtypes.bfloat16),
+              "i": np.array([[np.iinfo(np.int64).min]], np.int64)}  # fmt: skip
+    types = {"s": TensorProto.STRING, "b": TensorProto.BFLOAT16, "i": TensorProto.INT64}
+    model = _model([helper.make_node("Identity", [n], [f"{n}_out"]) for n in values],
+                   [helper.make_tensor_value_info(n, t, None) for n, t in types.items()],
+                   [helper.make_tensor_value_info(f"{n}_out", t, None) for n, t in types.items()])  # fmt: skip
+    onnx.save_model(model, str(tmp_path / "m.onnx"))
+    saved = repro_child.capture({"folder": str(tmp_path / "values"), "model": str(tmp_path / "m.onnx"),
+                                 "names": ["s_out"]}, values)  # fmt: skip
+    assert saved["ok"] and list(saved["values"]) == ["s", "b", "i", "s_out"]
+    files = saved["values"]
+    loaded = repro_child.load_feeds(files)
+    assert loaded["s"].dtype == object and list(loaded["s"]) == ["a", "bc", ""]
+    assert loaded["b"].dtype == ml_dtypes.bfloat16 and np.array_equal(loaded["b"].view(np.uint16),
+                                                                      values["b"].view(np.uint16))  # fmt: skip
+    assert np.array_equal(loaded["i"], values["i"]) and list(loaded["s_out"]) == ["a", "bc", ""]
+
+
+def test_a_reproduction_that_cannot_be_made_leaves_the_checks_verdict(tmp_path: pathlib.Path, monkeypatch,
+                                                                      capsys) -> None:  # fmt: skip
+    """An error inside the search is a line of the failure, not an internal error: exit 1, DIR
+    not written."""
+    from passes.verify import region
+
+    _register(monkeypatch, node="relu2")
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a region that cannot be built")
+
+    monkeypatch.setattr(region, "region_model", broken)
+    code, folder, report = _optimize(tmp_path, _chain(2), "--passes", "rewrite")
+    assert code == 1 and not folder.exists()
+    record = report["check"]["repro"]
+    assert not record["written"] and record["message"].startswith("internal error (RuntimeError: a region that")
+    assert f"reproduction: none written to '{folder}': internal error" in capsys.readouterr().err

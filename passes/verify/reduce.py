@@ -25,6 +25,7 @@ the search stops with the smallest reproduction found so far and says so.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
 import shutil
 import time
@@ -38,6 +39,8 @@ from passes.verify import files as _files, locate as _locate, region
 from passes.verify.child import WorkerCrashed, WorkerTimeout
 
 __all__ = ["Budget", "Found", "Pair", "Search", "ddmin", "now"]
+
+logger = logging.getLogger(__name__)
 
 #: Bytes of the original's values the search may capture to cut at (per level of subgraph).
 CAPTURE_BYTES = 1 << 28
@@ -213,6 +216,9 @@ class _Level:
             try:
                 deeper = self._descend()
             except _Stop:
+                deeper = None
+            except Exception:  # noqa: BLE001  a subgraph that cannot stand alone: the region as it is
+                logger.debug("--repro: no reproduction inside %s", self.target, exc_info=True)
                 deeper = None
             if deeper is not None:
                 return deeper

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import logging
 import os
 import pathlib
 import shlex
@@ -51,6 +52,8 @@ __all__ = ["FILES", "check_folder", "main", "reproduce"]
 
 #: The files a reproduction consists of: a folder holding anything else is not replaced.
 FILES = ("README.txt", "inputs.npz", "optimized.onnx", "optimized.onnx.data", "original.onnx", "original.onnx.data")
+
+logger = logging.getLogger(__name__)
 
 _UTF8 = "onnx and onnxruntime take paths as UTF-8 text"
 
@@ -122,10 +125,23 @@ def reproduce(checker: Any, optimized: Any, result: Any, folder: str | os.PathLi
     """
     start = time.perf_counter()
     record: dict[str, Any] = {"folder": os.fspath(folder), "written": False, "about": about or None}
+    try:
+        _reproduce(record, checker, optimized, result, pathlib.Path(folder), command, seconds, capture_bytes,
+                   reads, writes)  # fmt: skip
+    except Exception as e:  # noqa: BLE001  a reproduction that cannot be made must not hide the check's verdict
+        logger.debug("--repro failed", exc_info=True)
+        record["message"] = f"internal error ({type(e).__name__}: {first_line(e)}); -v shows the traceback"
+    record["seconds"] = round(time.perf_counter() - start, 3)
+    return record
+
+
+def _reproduce(record: dict[str, Any], checker: Any, optimized: Any, result: Any, folder: pathlib.Path,
+               command: str, seconds: float | None, capture_bytes: int | None, reads: Sequence[pathlib.Path],
+               writes: Sequence[pathlib.Path]) -> None:  # fmt: skip
     failures = list(result.failures) if result.checked and not result.error else []
     if not failures:
         record["message"] = "the optimised model does not differ from the original here: nothing to reproduce"
-        return record
+        return
     found, search = _search(checker, optimized, result, failures, seconds, capture_bytes)
     record.update(tests=search.tests, stopped=search.budget.stopped or None, notes=list(search.budget.notes))
     if found is None:
@@ -133,15 +149,13 @@ def reproduce(checker: Any, optimized: Any, result: Any, folder: str | os.PathLi
                              else "the difference did not show again on the part of the models that computes it")
     else:
         try:
-            _write(found, pathlib.Path(folder), record, result, command, search, reads, writes)
+            _write(found, folder, record, result, command, search, reads, writes)
         except InputError as e:  # DIR changed during the search: the check's verdict stands
             record["message"] = str(e)
         except OSError as e:
             record["message"] = f"cannot write it: {e.strerror or first_line(e)}"
         except WorkerError as e:
             record["message"] = f"could not compare it again: {e} ({e.phase})"
-    record["seconds"] = round(time.perf_counter() - start, 3)
-    return record
 
 
 def _search(checker: Any, optimized: Any, result: Any, failures: list[Any], seconds: float | None,

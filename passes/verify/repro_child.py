@@ -32,6 +32,8 @@ def load_feeds(files: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
         array = np.load(saved["path"], mmap_mode="r", allow_pickle=False)
         if array.dtype.kind == "V":
             array = array.view(numpy_dtype(saved["dtype"]))
+        elif array.dtype.kind == "U":  # strings, saved as text (no pickles)
+            array = array.astype(object)
         feeds[name] = array
     return feeds
 
@@ -48,6 +50,8 @@ def _npz_feeds(path: str, wanted: Mapping[str, str]) -> dict[str, Any]:
             array = archive[name]
             if array.dtype.kind == "V" and wanted[name] == "tensor(bfloat16)":
                 array = array.view(numpy_dtype("bfloat16"))
+            elif array.dtype.kind == "U":
+                array = array.astype(object)
             feeds[name] = array
     return feeds
 
@@ -56,7 +60,7 @@ def _save(folder: str, index: int, value: Any) -> dict[str, Any]:
     import numpy as np
 
     path = os.path.join(folder, f"{index}.npy")
-    np.save(path, np.ascontiguousarray(value), allow_pickle=False)
+    np.save(path, np.ascontiguousarray(value.astype(str) if value.dtype.kind == "O" else value), allow_pickle=False)
     return {"path": path, "dtype": value.dtype.name, "shape": list(value.shape), "nbytes": int(value.nbytes)}
 
 
