@@ -139,7 +139,7 @@ def test_the_batchnorm_fusions_rounding_on_the_real_cnn(tmp_path: pathlib.Path, 
     assert len(optimized.graph.initializer) == 2
     record = report["check"]["repro"]
     assert record["written"] and record["folder"] == str(folder) and record["stopped"] is None
-    assert f"reproduction: '{folder}': 3 and 2 node(s)" in err
+    assert f"reproduction: '{folder}': 3 and 2 node(s) whose output '/stem/stem.2/Relu_output_0' differs in " in err
     readme = (folder / "README.txt").read_text()
     command = readme.split("The command that failed:\n")[1].split("\n")[0]
     assert command.startswith(f"  optimize {SMALL_CNN} -o ") and command.endswith("--rtol 0 --atol 0")
@@ -186,6 +186,72 @@ def test_without_repro_the_hint_names_it(tmp_path: pathlib.Path, monkeypatch, ca
     onnx.save_model(_chain(2), str(source))
     assert cli.main([str(source), "-o", str(tmp_path / "o.onnx"), "--passes", "rewrite"]) == 1
     assert "hint: --repro DIR writes the smallest pair of models" in capsys.readouterr().err
+
+
+class _Halving(ir.passes.InPlacePass):
+    """Test-only: (x * k) / k -> x with both nodes kept as Identity: their output names stay, but
+    the first one's value is another (x, not kx); the result differs only where kx overflows."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        for node in model.graph:
+            if node.name in ("double", "halve"):
+                node.op_type = "Identity"
+                node.resize_inputs(1)
+        return ir.passes.PassResult(model, modified=True)
+
+
+def test_a_name_that_holds_another_value_is_neither_the_target_nor_a_cut(tmp_path: pathlib.Path,
+                                                                         monkeypatch) -> None:  # fmt: skip
+    """m names kx in the original and x in the optimised model: substituting one for the other
+    changes the result, so m is neither what the reproduction shows nor where it is cut; y is, from
+    x, on the edge-value inputs (1e30 * 1e10 overflows) where the check failed."""
+    monkeypatch.setitem(pipeline.PASSES, "halving", pipeline.PassSpec("halving", "test only", lambda o: _Halving()))
+    k = numpy_helper.from_array(np.array(1e10, np.float32), "k")
+    nodes = [helper.make_node("Mul", ["x", "k"], ["m"], name="double"),
+             helper.make_node("Div", ["m", "k"], ["y"], name="halve")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F32, ["n", 8])],
+                   [helper.make_tensor_value_info("y", F32, ["n", 8])], [k])  # fmt: skip
+    code, folder, report = _optimize(tmp_path, model, "--passes", "halving")
+    assert code == 1
+    (failure,) = [o for o in report["check"]["outputs"] if not o["ok"]]
+    assert failure["input_set"] != "normal"
+    original, optimized, inputs = _shown(folder)
+    assert (_ops(original), _ops(optimized)) == (["Mul", "Div"], ["Identity", "Identity"])
+    assert list(inputs) == ["x"] and report["check"]["repro"]["output"] == "y"
+    assert (np.abs(inputs["x"]) >= 1e30).any()  # the edge values
+
+
+class _BadFold(ir.passes.InPlacePass):
+    """Test-only: the Add of two constants named ``sum`` folded into a wrong constant of its output's name."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        node = next(n for n in model.graph if n.name == "sum")
+        value = sum(v.const_value.numpy() for v in node.inputs) + np.float32(1)
+        folded = ir.Value(name=node.outputs[0].name, const_value=ir.Tensor(value.astype(np.float32)))
+        ir.convenience.replace_all_uses_with(node.outputs[0], folded)
+        model.graph.remove(node, safe=True)
+        node.outputs[0].name = "unused"
+        model.graph.register_initializer(folded)
+        return ir.passes.PassResult(model, modified=True)
+
+
+def test_a_wrong_constant_is_reproduced_as_the_nodes_against_the_constant(tmp_path: pathlib.Path,
+                                                                          monkeypatch) -> None:  # fmt: skip
+    """Where the optimised model holds a constant the original computes, its region has no node:
+    the constant is its output."""
+    monkeypatch.setitem(pipeline.PASSES, "badfold", pipeline.PassSpec("badfold", "test only", lambda o: _BadFold()))
+    rng = np.random.default_rng(9)
+    nodes = [helper.make_node("Add", ["k1", "k2"], ["c"], name="sum"),
+             helper.make_node("Mul", ["x", "c"], ["y"], name="scale")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F32, ["n", 8])],
+                   [helper.make_tensor_value_info("y", F32, ["n", 8])],
+                   [_weights(rng, "k1", 8), _weights(rng, "k2", 8)])  # fmt: skip
+    code, folder, report = _optimize(tmp_path, model, "--passes", "badfold")
+    assert code == 1
+    original, optimized, inputs = _shown(folder)
+    assert (_ops(original), _ops(optimized)) == (["Add"], [])
+    assert [t.name for t in optimized.graph.initializer] == ["c"] and not inputs
+    assert report["check"]["repro"]["output"] == "c"
 
 
 # --- subgraphs and functions --------------------------------------------------------------------
@@ -348,8 +414,9 @@ def test_the_region_grows_until_the_difference_shows_then_shrinks(tmp_path: path
 
 def test_the_time_budget_stops_with_the_smallest_reproduction_found_by_then(tmp_path: pathlib.Path,
                                                                             monkeypatch) -> None:  # fmt: skip
-    """The clock jumps past the budget after the second comparison (the whole cone from the graph
-    input, which differs): that is what is written, and the README and the report say so."""
+    """The clock jumps past the budget after the third comparison (of the target's value, then the
+    tightest region, which does not differ, then the whole cone from the graph input, which does):
+    that is what is written, and the README and the report say so."""
     _register(monkeypatch, nudge=4e-6)
     compared = []
     request = reduce.Search._request
@@ -360,7 +427,7 @@ def test_the_time_budget_stops_with_the_smallest_reproduction_found_by_then(tmp_
         return answer
 
     monkeypatch.setattr(reduce.Search, "_request", counted)
-    monkeypatch.setattr(reduce, "now", lambda: time.monotonic() + (1e6 if compared.count("regions") >= 2 else 0))
+    monkeypatch.setattr(reduce, "now", lambda: time.monotonic() + (1e6 if compared.count("regions") >= 3 else 0))
     code, folder, report = _optimize(tmp_path, _drift(), "--passes", "rewrite", "--rtol", "0", "--atol", "1e-5")
     assert code == 1
     original, optimized, inputs = _shown(folder)

@@ -174,6 +174,8 @@ class Checker:
         self._last_sets: list[dict[str, Any]] = []  # the sets, with the last comparison's verdicts
         self._failing_set: str | None = None
         self._sources: dict[str, tuple[str, str]] = {}  # output -> (dtype, value) that chose its tolerance
+        #: The locator's last comparison of every value both models name (``--repro`` starts from it).
+        self.located_values: dict[str, Any] | None = None
         self.original_path: pathlib.Path | None = None
         self.original_proto: onnx.ModelProto | None = None
         if self.inputs and self.inputs_file is not None:
@@ -574,6 +576,7 @@ class Checker:
                 shutil.rmtree(copy.parent, ignore_errors=True)
         if not answer.get("ok"):
             return FirstDifference(message=f"onnxruntime could not run the copies: {answer.get('error', '')}")
+        self.located_values = answer["values"]
         return _locate.first_difference(original, answer["values"])
 
     def magnitudes(self) -> dict[str, float]:

@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 #: Bytes of the original's values the search may capture to cut at (per level of subgraph).
 CAPTURE_BYTES = 1 << 28
 
+#: The values that differ tried as the target (:meth:`_Level._first_difference`) before the output.
+MAX_TARGETS = 8
+
 #: Values compared per run by the search's comparison, in bytes (as the locator's).
 VALUES_BUDGET = 1 << 28
 
@@ -66,6 +69,7 @@ class Pair:
     inputs: dict[str, Any]
     where: str = "the main graph"
     hint: str = ""
+    values: dict[str, Any] | None = None  # the locator's comparison of every value both name, if it ran
 
 
 @dataclasses.dataclass
@@ -194,7 +198,9 @@ class _Level:
         self.best: tuple[int, Found] | None = None
         self._tested: dict[tuple[tuple[int, ...], tuple[int, ...]], bool] = {}
         self.target = ""
-        self.names: list[str] = []  # the values both models name that the search may compare and cut at
+        self.names: list[str] = []  # the values both models name (node outputs, in the original's order)
+        self.tolerances: dict[str, tuple[float, float] | None] = {}
+        self.agree: set[str] = set()  # those that agree within their tolerance: where a region may be cut
         self.tolerance: tuple[float, float] | None = None
         self.cuttable: set[str] = set()  # the values upstream of the target it may cut at
         self.captured_bytes = 0
@@ -226,50 +232,106 @@ class _Level:
 
     # --- the first difference and the values it is cut at --------------------------------------
 
-    def _first_difference(self) -> str:
-        """The target: the locator's value (``hint``) when it is one the search may compare, else the
-        first such value that differs (the two models run with every one of them as an output)."""
+    def _compared(self) -> dict[str, dict[str, Any]]:
+        """Every value both models name, compared on the pair's inputs: the locator's comparison
+        (``pair.values``), else the two models run with them all as outputs."""
         pair, search = self.pair, self.search
         rtol, atol, precision, precision_tolerance = search.tolerance
         compared = _locate.widened(pair.original, pair.optimized) if precision else pair.optimized
         names, types = _locate.comparable_values(pair.original, compared)
-        self.names = [n for n in region.reliable(self.o, self.p, names) if n in self.o.producer]
-        if pair.hint in self.names:
-            differing = [pair.hint]
-        elif self.names:
-            tolerances = _locate.value_tolerances(pair.original, self.names, rtol, atol, precision,
-                                                  precision_tolerance)  # fmt: skip
-            folder = search._folder("values")
-            answer = search._request({
-                "op": "values", **pair.inputs, "names": self.names, "tolerances": tolerances,
-                "budget": VALUES_BUDGET, "half_io": precision is not None, "normwise": search.normwise,
-                "original": _augmented(pair.original, pair.original_source, self.names, types, folder / "original"),
-                "optimized": _augmented(compared, pair.optimized_source, self.names, types, folder / "optimized"),
-            }, folder)  # fmt: skip
-            values = answer.get("values", {}) if answer.get("ok") else {}
-            differing = [n for n in self.names if n in values and "error" not in values[n] and not values[n]["ok"]]
-        else:
-            differing = []
-        if not differing:
-            return ""
-        self.tolerance = _locate.value_tolerances(pair.original, differing[:1], rtol, atol, precision,
-                                                  precision_tolerance)[differing[0]]  # fmt: skip
-        return differing[0]
+        self.names = [n for n in names if n in self.o.producer]
+        self.tolerances = _locate.value_tolerances(pair.original, self.names, rtol, atol, precision,
+                                                   precision_tolerance)  # fmt: skip
+        if pair.values is not None or not self.names:
+            return pair.values or {}
+        folder = search._folder("values")
+        answer = search._request({
+            "op": "values", **pair.inputs, "names": self.names, "tolerances": self.tolerances,
+            "budget": VALUES_BUDGET, "half_io": precision is not None, "normwise": search.normwise,
+            "original": _augmented(pair.original, pair.original_source, self.names, types, folder / "original"),
+            "optimized": _augmented(compared, pair.optimized_source, self.names, types, folder / "optimized"),
+        }, folder)  # fmt: skip
+        return answer.get("values", {}) if answer.get("ok") else {}
 
-    def _capture(self, names: list[str]) -> None:
+    def _first_difference(self) -> str:
+        """The target: the first value both models name that differs, upstream of an output that
+        differs, and whose value in one model stands for the other's (:meth:`_stands_for`; the
+        locator's first, ``hint``, is tried first); else the first output that differs.
+
+        Values that agree within their tolerance are where the regions may be cut."""
+        values = self._compared()
+        ok = {n: bool(v.get("ok")) for n, v in values.items() if "error" not in v}
+        self.agree = {n for n in self.names if ok.get(n)}
+        outputs = [o.name for o in self.pair.original.graph.output if ok.get(o.name) is False]
+        if not outputs:
+            return ""
+        upstream = self._computed(outputs, set())
+        differing = [n for n in self.names if ok.get(n) is False and n in upstream and n not in outputs]
+        tried = [n for n in dict.fromkeys([self.pair.hint, *differing]) if n in differing][:MAX_TARGETS]
+        target = next((n for n in tried if self._stands_for(n, outputs, values)), outputs[0])
+        self.tolerance = self.tolerances[target]
+        return target
+
+    def _computed(self, targets: list[str], cuts: set[str]) -> set[str]:
+        """The values the original computes for ``targets`` from ``cuts`` (and the graph inputs)
+        that the optimised model computes or holds as a constant on its way to them."""
+        (o_nodes, *_), (p_nodes, _, p_weights, _) = (region.cone(index, targets, cuts) for index in (self.o, self.p))
+        original = {n for i in o_nodes for n in self.o.nodes[i].output}
+        return original & ({n for i in p_nodes for n in self.p.nodes[i].output} | set(p_weights))
+
+    def _stands_for(self, name: str, outputs: list[str], values: dict[str, dict[str, Any]]) -> bool:
+        """Whether the optimised model's ``name`` holds what the original's does (a Conv into which
+        its BatchNormalization was fused keeps the Conv's name, not its value): fed the original's
+        value there, the optimised model's differing ``outputs`` are no further from the original's
+        than they were (4 times their error, plus their atol, for its own rounding downstream)."""
+        self.target = name  # for the capture's note
+        cone, inputs, weights, missing = region.cone(self.p, outputs, {name})
+        if missing or name not in inputs:
+            return False
+        # With them, the values the target's nodes read where they agree: the tightest region's inputs.
+        read = [n for index in (self.o, self.p) if name in index.producer
+                for n in index.reads[index.producer[name]] if n in self.agree]  # fmt: skip
+        required = [n for n in [name, *outputs] if n not in self.captured and n not in self.o.inputs]
+        self._capture([*required, *(n for n in dict.fromkeys(read) if n not in self.captured and n not in required)],
+                      len(required))  # fmt: skip
+        if any(n not in self.captured for n in [*inputs, *outputs]):
+            return False
+        p_types = {n: self.p_types.get(n, self.o_types[n]) for n in [*inputs, *outputs]}
+        model = region.region_model(self.pair.optimized, self.p, cone,
+                                    {n: (p_types[n], self.captured[n]["shape"]) for n in inputs}, weights,
+                                    {o: p_types[o] for o in outputs}, f"optimized, fed the original's {name!r}")  # fmt: skip
+        folder = self.search._folder("stands-for")
+        _locate.link_external(model, self.pair.optimized_source, folder)
+        _files.save_proto(model, folder / "model.onnx")
+        answer = self.search._request({
+            "op": "regions", "expected": {o: self.captured[o] for o in outputs}, "optimized": str(folder / "model.onnx"),
+            "feeds": {n: self.captured[n] for n in inputs}, "normwise": self.search.normwise,
+            "tolerances": {o: self.tolerances[o] for o in outputs}}, folder)  # fmt: skip
+        if not answer.get("ok"):
+            return False
+        for compared in answer["outputs"]:
+            before = float(values.get(compared["name"], {}).get("max_abs_error", float("inf")))
+            atol = (self.tolerances.get(compared["name"]) or (0.0, 0.0))[1]
+            if float(compared.get("max_abs_error", float("inf"))) > 4 * before + atol:
+                return False
+        return True
+
+    def _capture(self, names: list[str], required: int = 0) -> None:
         """The original's values of ``names`` (and, the first time, the graph inputs) saved in the
-        child, as many as the byte budget leaves room for; those it does not are no longer cut at."""
+        child: the first ``required`` ones (the target and the outputs) whatever their size, the
+        others as many as the byte budget leaves room for; those it does not save are not cut at."""
         search = self.search
         folder = search._folder("captured")
         model = _augmented(self.pair.original, self.pair.original_source, names, self.o_types, folder / "model")
         answer = search._request({"op": "capture", "model": model, "names": names, **self.pair.inputs,
                                   "folder": str(folder / "values"), "inputs": not self.captured,
-                                  "budget": search.budget.capture_bytes - self.captured_bytes}, folder / "model")
+                                  "required": required, "budget": search.budget.capture_bytes - self.captured_bytes},
+                                 folder / "model")  # fmt: skip
         if not answer.get("ok"):
             raise _Stop
         self.captured.update(answer["values"])
         self.captured_bytes += int(answer["bytes"])
-        lost = {n for n in names if n not in self.captured}
+        lost = {n for n in names[required:] if n not in self.captured}
         self.cuttable -= lost
         self.lost |= lost
 
@@ -282,7 +344,7 @@ class _Level:
         while True:
             cuts = cuts & self.cuttable
             o, p = region.cone(self.o, [self.target], cuts), region.cone(self.p, [self.target], cuts)
-            if o[3] or p[3] or not o[0] or not p[0]:
+            if o[3] or p[3] or not o[0] or not (p[0] or self.target in p[2]):  # (a constant in the optimised)
                 return None
             needed = [n for n in dict.fromkeys([*o[1], *p[1]]) if n not in self.captured]
             if not needed:
@@ -345,10 +407,7 @@ class _Level:
         self.target = self._first_difference()
         if not self.target:
             return
-        whole = [region.cone(index, [self.target], set())[0] for index in (self.o, self.p)]
-        upstream = {n for index, nodes in zip((self.o, self.p), whole) for i in nodes for n in index.nodes[i].output}
-        known = self.p.names()
-        self.cuttable = {n for n in self.names if n != self.target and n in upstream and n in known}
+        self.cuttable = self.agree & self._computed([self.target], set()) - {self.target}
         every = set(self.cuttable)
         if self._test(every):
             return  # the tightest region differs: nothing to give up

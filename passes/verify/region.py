@@ -1,6 +1,6 @@
 """Parts of a model as models of their own: what a reproduction of a failed check is made of.
 
-* :class:`Index`: one graph's producers, consumers and what each node reads
+* :class:`Index`: one graph's producers and what each node reads
   (its inputs and the outer values its subgraphs refer to).
 * :func:`cone`: the nodes that compute some values from others (the *cuts*:
   values fed as graph inputs), with the inputs and initializers they need.
@@ -28,7 +28,7 @@ import onnx.inliner
 from passes.modelio.repair import free_names
 
 __all__ = ["LARGE_TENSOR", "Index", "body_model", "branch_model", "call_model", "cone", "declare_outputs",
-           "region_model", "reliable", "write_model"]
+           "region_model", "write_model"]
 
 #: Tensors of at least this many bytes are written to the reproduction's data file.
 LARGE_TENSOR = 1 << 20
@@ -46,7 +46,7 @@ def _subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
 
 
 class Index:
-    """One graph's producers, consumers and reads, by name."""
+    """One graph's producers and what each node reads, by name."""
 
     def __init__(self, graph: onnx.GraphProto) -> None:
         self.graph = graph
@@ -54,16 +54,12 @@ class Index:
         self.initializers = {t.name: t for t in graph.initializer}
         self.inputs = [i.name for i in graph.input if i.name not in self.initializers]
         self.producer: dict[str, int] = {}
-        self.consumers: dict[str, list[int]] = {}
         self.reads: list[list[str]] = []
         for position, node in enumerate(self.nodes):
             reads = [n for n in node.input if n]
             for sub in _subgraphs(node):
                 reads.extend(sorted(free_names(sub) - set(reads)))
             self.reads.append(reads)
-            for name in node.input:
-                if name:
-                    self.consumers.setdefault(name, []).append(position)
             for name in node.output:
                 if name:
                     self.producer[name] = position
@@ -71,25 +67,6 @@ class Index:
     def names(self) -> set[str]:
         """Every value the graph defines (inputs, initializers, node outputs)."""
         return set(self.inputs) | set(self.initializers) | set(self.producer)
-
-
-def reliable(original: Index, optimized: Index, names: Iterable[str]) -> list[str]:
-    """The ``names`` whose value in the optimised model can stand for the original's.
-
-    A name whose consumer in the original left no output in the optimised model
-    (a node fused away into the one that makes the name: a Conv that took its
-    BatchNormalization's work keeps the Conv's output name) may hold another
-    value there; it is neither cut nor compared. (An Identity removed makes its
-    input count as such too: a region is then a node larger, never wrong.)
-    """
-    kept = optimized.names()
-    found = []
-    for name in names:
-        vanished = any(not any(o in kept for o in original.nodes[c].output if o)
-                       for c in original.consumers.get(name, ()))  # fmt: skip
-        if not vanished:
-            found.append(name)
-    return found
 
 
 def cone(index: Index, targets: Iterable[str], cuts: set[str]) -> tuple[list[int], list[str], list[str], list[str]]:
@@ -135,12 +112,12 @@ def _walk_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterable[onnx.NodeProto]:
 
 def _finish(model: onnx.ModelProto, source: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` (its graph set) given ``source``'s IR version, and only the functions and opset
-    imports its nodes use (through the functions they call too)."""
+    imports its nodes use (through the functions they call too; the default domain's always)."""
     model.ir_version = source.ir_version
     model.producer_name = "onnx-optimize --repro"
     functions = {(f.domain, f.name, getattr(f, "overload", "")): f for f in source.functions}
     used: dict[tuple[str, str, str], onnx.FunctionProto] = {}
-    domains: set[str] = set()
+    domains = {""}  # the default domain's import even without a node: a model must import some opset
     pending = list(_walk_nodes(model.graph.node))
     while pending:
         node = pending.pop()
@@ -280,7 +257,8 @@ def declare_outputs(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]])
         if found.type.tensor_type.HasField("shape"):
             declared.type.CopyFrom(found.type)
         elif shapes.get(declared.name) is not None:
-            declared.type.tensor_type.shape.CopyFrom(onnx.helper.make_tensor_shape_proto(shapes[declared.name]))
+            elem_type = declared.type.tensor_type.elem_type
+            declared.type.CopyFrom(onnx.helper.make_tensor_type_proto(elem_type, list(shapes[declared.name])))
 
 
 def _tensors(model: onnx.ModelProto) -> Iterable[onnx.TensorProto]:

@@ -172,7 +172,8 @@ def _search(checker: Any, optimized: Any, result: Any, failures: list[Any], seco
     search.nodes = (len(original.graph.node), len(opt_proto.graph.node))
     located = result.first_difference.output if result.first_difference is not None else ""
     pair = _reduce.Pair(original, opt_proto, checker.original_path.parent, opt_path.parent,
-                        {"set": None if failing == "normal" else failing}, hint=located)  # fmt: skip
+                        {"set": None if failing == "normal" else failing}, hint=located,
+                        values=checker.located_values if located else None)  # fmt: skip
     try:
         checker.ready()
     except Exception as e:  # noqa: BLE001  a child that cannot run the original again: no reproduction

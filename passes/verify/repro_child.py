@@ -5,10 +5,11 @@ onnxruntime and the comparison only). Requests:
 
 ``capture``: run a model (the original with extra outputs) on a set's inputs (or
 given ones) and save the graph inputs (unless ``inputs`` is false), then the
-named values, one ``.npy`` each, as many as a byte budget holds; answers each
-saved value's file, dtype and shape.
+named values, one ``.npy`` each: the first ``required`` ones all, the others as
+many as a byte budget holds; answers each saved value's file, dtype and shape.
 ``regions``: run two models on the same inputs (saved values, or an ``.npz``) and
-compare their outputs of the same name at the given tolerances.
+compare their outputs of the same name at the given tolerances (or one model's
+outputs with saved values).
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ def _save(folder: str, index: int, value: Any) -> dict[str, Any]:
 
 def capture(request: dict[str, Any], feeds: Mapping[str, Any], error_text: Callable[[BaseException], str] = str,
             ) -> dict[str, Any]:  # fmt: skip
-    """Saves the graph inputs (``feeds``), then ``names`` in their order while they fit in ``budget``
-    bytes (``error_text``: onnxruntime's error as one line)."""
+    """Saves the graph inputs (``feeds``), then ``names`` in their order: the first ``required`` ones
+    whatever their size, the others while they fit in ``budget`` bytes (``error_text``:
+    onnxruntime's error as one line)."""
     import numpy as np
 
     folder, budget = request["folder"], int(request.get("budget", 1 << 28))
@@ -81,25 +83,26 @@ def capture(request: dict[str, Any], feeds: Mapping[str, Any], error_text: Calla
         model = session(request["model"])
     except Exception as e:  # noqa: BLE001  onnxruntime's exceptions share no base class
         return {"ok": False, "stage": "load", "error": error_text(e)}
-    names = [n for n in request["names"] if n not in saved]
+    names, required = list(request["names"]), int(request.get("required", 0))
     chunk, start = 32, 0
-    while start < len(names) and total < budget:
+    while start < len(names) and (total < budget or start < required):
         part = names[start : start + chunk]
         values = run(model, dict(feeds), part)
         size = 0
-        for name, value in zip(part, values):
+        for position, (name, value) in enumerate(zip(part, values), start):
             size += getattr(value, "nbytes", 0)
-            if isinstance(value, np.ndarray) and total + value.nbytes <= budget:
+            if isinstance(value, np.ndarray) and (position < required or total + value.nbytes <= budget):
                 saved[name] = _save(folder, len(saved), value)
                 total += value.nbytes
         del values
         start += len(part)
-        chunk = max(1, min(4096, int(chunk * budget / max(size, 1))))  # as many as the budget holds at once
+        chunk = max(1, min(4096, int(chunk * max(budget - total, 1) / max(size, 1))))  # what the budget holds
     return {"ok": True, "values": saved, "bytes": total}
 
 
 def regions(request: dict[str, Any], error_text: Callable[[BaseException], str] = str) -> dict[str, Any]:
-    """Runs ``original`` and ``optimized`` on the same inputs and compares their outputs by name.
+    """Runs ``original`` and ``optimized`` on the same inputs and compares their outputs by name
+    (or ``optimized``'s with ``expected``: saved values by output name).
 
     ``feeds``: saved values (see :func:`load_feeds`), or ``npz``: a file of arrays by input name.
     A float32 value feeds a half-type input rounded to it, and a half output is compared with a
@@ -109,20 +112,23 @@ def regions(request: dict[str, Any], error_text: Callable[[BaseException], str] 
     from passes.verify.compare import compare
 
     try:
-        original, optimized = session(request["original"]), session(request["optimized"])
+        optimized = session(request["optimized"])
+        original = session(request["original"]) if "original" in request else None
     except Exception as e:  # noqa: BLE001
         return {"ok": False, "stage": "load", "error": error_text(e)}
-    wanted = {i.name: i.type for s in (original, optimized) for i in s.get_inputs()}
+    wanted = {i.name: i.type for s in (original, optimized) if s is not None for i in s.get_inputs()}
     try:
         feeds = load_feeds(request["feeds"]) if "feeds" in request else _npz_feeds(request["npz"], wanted)
+        expected = load_feeds(request["expected"]) if original is None else {}
     except (OSError, ValueError, KeyError) as e:
         return {"ok": False, "stage": "inputs", "error": str(e)}
-    names = [o.name for o in original.get_outputs()]
     try:
-        expected = dict(zip(names, run(original, feeds, half_io=True)))
+        if original is not None:
+            expected = dict(zip([o.name for o in original.get_outputs()], run(original, feeds, half_io=True)))
         actual = dict(zip([o.name for o in optimized.get_outputs()], run(optimized, feeds, half_io=True)))
     except Exception as e:  # noqa: BLE001
         return {"ok": False, "stage": "run", "error": error_text(e)}
+    names = list(expected)
     tolerances = request.get("tolerances", {})
     outputs = []
     for name in names:

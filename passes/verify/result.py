@@ -358,8 +358,8 @@ class CheckResult:
             return f"reproduction: none written to {shown(r['folder'])}: {r.get('message', '')}"
         stopped = f"; the search stopped early ({r['stopped']}): the smallest found by then" if r.get("stopped") else ""
         return (f"reproduction: {shown(r['folder'])}: {r['original_nodes']} and {r['optimized_nodes']} node(s) whose "
-                f"output {shown(r['output'])} differs by {r['max_abs_error']:.3g} (max abs){stopped}; "
-                f"compare them again: {r['rerun']}")
+                f"output {shown(r['output'])} differs in {r['mismatches']} element(s) (max abs error "
+                f"{r['max_abs_error']:.3g}){stopped}; compare them again: {r['rerun']}")
 
     def to_json(self) -> dict[str, Any]:
         return json_safe({
