@@ -67,6 +67,7 @@ _walk = lazy_module("passes.ir.walk")
 _destinations = lazy_module("passes.modelio.destinations")
 _gate = lazy_module("passes.verify.gate")
 _inference = lazy_module("passes.ir.inference")
+_repro = lazy_module("passes.verify.repro")
 
 __all__ = [
     "DEFAULT_FOLD_SIZE_LIMIT",
@@ -207,8 +208,8 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
         model = modelio.load_model(src)
     check = _check_at_static_sizes(run, model, check)
     _destinations.check_destinations(src, dst, report_path, model, replace_data)
-    repro_files = _repro_files(check, [src, *modelio.data_files(model)],
-                               [dst, dst.with_name(dst.name + ".data"), *([report_path] if report_path else [])])
+    repro_files = _repro.check_request(check, [src, *modelio.data_files(model)],
+                                       [dst, dst.with_name(dst.name + ".data"), *([report_path] if report_path else [])])
     report = _report.Report(str(src), str(dst), _report.summarize(model))
     report.before.file_bytes = _report.disk_bytes([src, *modelio.source_files(model)])
     report.phases = phases.seconds
@@ -260,20 +261,6 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
 #: Stats of an exact pass that count changes after which onnxruntime may round differently:
 #: simplify's named fusions, and fold's constants that became a weight onnxruntime prepacks.
 _ROUNDING_STATS = ("fused", "weights_made_constant")
-
-
-def _repro_files(check: CheckOptions, reads: list[Any],
-                 writes: list[Any]) -> tuple[list[pathlib.Path], list[pathlib.Path]]:  # fmt: skip
-    """``--repro DIR`` refused before any work unless the check runs and DIR may be written
-    (see :func:`passes.verify.repro.check_folder`); the run's files, which DIR must not hold."""
-    paths = [pathlib.Path(p) for p in reads], [pathlib.Path(p) for p in writes]
-    if check.repro is not None:
-        if not check.enabled:
-            raise InputError("--repro DIR reproduces what the check finds: it needs the check (drop --no-check)")
-        from passes.verify.repro import check_folder
-
-        check_folder(check.repro, *paths)
-    return paths
 
 
 def _rounding(runs: Sequence[PassRun]) -> bool:
@@ -451,7 +438,7 @@ def optimize(
     if output is not None:
         raise TypeError("optimize(): output= is only for a path input")
     checking = _check_at_static_sizes(run, ir_model, checking)
-    _repro_files(checking, [original] if isinstance(original, pathlib.Path) else [], [])
+    _repro.check_request(checking, [original] if isinstance(original, pathlib.Path) else [])
     worker = _gate.start_worker(checking)  # its imports overlap with the passes
     try:
         return _optimize_in_memory(model, original, ir_model, run, checking, worker)

@@ -21,7 +21,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from passes import cli, pipeline
-from passes.verify import reduce, repro
+from passes.verify import ddmin, reduce, repro
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SMALL_CNN = REPO / "models" / "real" / "small_cnn_opset11_nofold.onnx"
@@ -598,7 +598,7 @@ def test_ddmin_finds_exactly_what_a_monotone_difference_needs(seed: int) -> None
             calls.append(subset)
             return required <= set(subset)
 
-        found = reduce.ddmin(list(items), holds)
+        found = ddmin.ddmin(list(items), holds)
         assert found == [x for x in items if x in required]
         assert len(calls) <= 2 * len(items) ** 2 + 2
 

@@ -16,7 +16,8 @@ one, or one of their subgraphs each: :class:`Pair`), :meth:`Search.run`:
    over the values it gave up cuts as many back as the difference allows;
 4. where the region is one If, Loop or function call in both models and the
    difference arises inside, the branch taken, the body's first iteration or the
-   inlined call becomes a pair of its own, reduced alike.
+   inlined call becomes a pair of its own (:mod:`passes.verify.descend`),
+   reduced alike.
 
 Bounded (:class:`Budget`): past its time or when the child runs out of memory,
 the search stops with the smallest reproduction found so far and says so.
@@ -29,16 +30,16 @@ import logging
 import pathlib
 import shutil
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import onnx
 
-from passes.verify import files as _files, locate as _locate, region
+from passes.verify import descend, files as _files, locate as _locate, region
+from passes.verify.ddmin import ddmin
 from passes.verify.child import WorkerCrashed, WorkerTimeout
 
-__all__ = ["Budget", "Found", "Pair", "Search", "ddmin", "now"]
+__all__ = ["Budget", "Found", "Pair", "Search", "now"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,27 +105,6 @@ class Budget:
 
 class _Stop(Exception):
     """The budget is spent (or the child cannot go on)."""
-
-
-def ddmin(items: list[str], holds: Callable[[list[str]], bool]) -> list[str]:
-    """Delta debugging (Zeller's ``ddmin``): a subset of ``items`` for which ``holds`` is still
-    true and from which no single item can be removed (``holds(items)`` must be true)."""
-    n = 2
-    while len(items) >= 2:
-        chunks = [c for c in (items[i * len(items) // n : (i + 1) * len(items) // n] for i in range(n)) if c]
-        complements = [[x for x in items if x not in c] for c in chunks] if n > 2 else []
-        reduced = next((c for c in chunks if holds(c)), None)
-        if reduced is not None:
-            items, n = reduced, 2
-            continue
-        reduced = next((c for c in complements if holds(c)), None)
-        if reduced is not None:
-            items, n = reduced, max(n - 1, 2)
-            continue
-        if n >= len(items):
-            break
-        n = min(len(items), 2 * n)
-    return [] if len(items) == 1 and holds([]) else items
 
 
 class Search:
@@ -297,14 +277,14 @@ class _Level:
         if any(n not in self.captured for n in [*inputs, *outputs]):
             return False
         p_types = {n: self.p_types.get(n, self.o_types[n]) for n in [*inputs, *outputs]}
-        model = region.region_model(self.pair.optimized, self.p, cone,
-                                    {n: (p_types[n], self.captured[n]["shape"]) for n in inputs}, weights,
-                                    {o: p_types[o] for o in outputs}, f"optimized, fed the original's {name!r}")  # fmt: skip
+        fed = {n: (p_types[n], self.captured[n]["shape"]) for n in inputs}
+        model = region.region_model(self.pair.optimized, self.p, cone, fed, weights, {o: p_types[o] for o in outputs},
+                                    f"optimized, fed the original's {name!r}")  # fmt: skip
         folder = self.search._folder("stands-for")
         _locate.link_external(model, self.pair.optimized_source, folder)
         _files.save_proto(model, folder / "model.onnx")
         answer = self.search._request({
-            "op": "regions", "expected": {o: self.captured[o] for o in outputs}, "optimized": str(folder / "model.onnx"),
+            "op": "regions", "optimized": str(folder / "model.onnx"), "expected": {o: self.captured[o] for o in outputs},
             "feeds": {n: self.captured[n] for n in inputs}, "normwise": self.search.normwise,
             "tolerances": {o: self.tolerances[o] for o in outputs}}, folder)  # fmt: skip
         if not answer.get("ok"):
@@ -438,84 +418,25 @@ class _Level:
             return set()
         return {n for index, (nodes, *_) in zip((self.o, self.p), built) for i in nodes for n in index.nodes[i].output}
 
-    # --- into an If branch, a Loop body, a function call ------------------------------------------
-
     def _descend(self) -> Found | None:
-        """The If branch, Loop body or function call that the region is (one node in both models,
-        its inputs the same: the difference arises inside it) as a pair of its own, reduced."""
+        """The region, when it is one If, Loop or function call in both models, as a pair of its
+        own (see :func:`passes.verify.descend.inside`), reduced."""
         assert self.best is not None
         found = self.best[1]
-        if len(found.original.graph.node) != 1 or len(found.optimized.graph.node) != 1:
+        inner = descend.inside(self.pair.original, self.pair.optimized, self.o, self.p, (self.o_types, self.p_types),
+                               (found.original, found.optimized), found.inputs, self._value,
+                               lambda: self.search._folder("first-iteration"))  # fmt: skip
+        if inner is None:
             return None
-        o_node, p_node = found.original.graph.node[0], found.optimized.graph.node[0]
-        local = {(f.domain, f.name) for f in self.pair.original.functions}
-        if (o_node.op_type, o_node.domain) != (p_node.op_type, p_node.domain):
-            return None
-        if (o_node.domain, o_node.op_type) in local:
-            kind = "call"
-        else:
-            kind = o_node.op_type if o_node.domain in ("", "ai.onnx") else ""
-        if kind not in ("If", "Loop", "call"):
-            return None
-        o_pos, p_pos = self.o.producer[self.target], self.p.producer[self.target]
-        feeds = dict(found.inputs)
-        o_types = {n: (self.o_types[n], s["shape"]) for n, s in feeds.items()}
-        p_types = {n: (self.p_types.get(n, self.o_types[n]), s["shape"]) for n, s in feeds.items()}
-        original, optimized = self.pair.original, self.pair.optimized
-        if kind == "If":
-            cond = self._value(o_node.input[0])
-            if cond is None:
-                return None
-            then = bool(cond.reshape(-1)[0])
-            o_model = region.branch_model(original, self.o, o_pos, then, o_types)
-            p_model = region.branch_model(optimized, self.p, p_pos, then, p_types, list(o_node.output))
-            where = f"the {'then' if then else 'else'}_branch of If node {o_node.name!r} in {self.pair.where}"
-        elif kind == "Loop":
-            first = self._first_iteration(o_node)
-            if first is None:
-                return None
-            body = next(a.g for a in o_node.attribute if a.name == "body")
-            formal, outputs = [i.name for i in body.input], [o.name for o in body.output]
-            for name, (saved, elem_type) in zip(formal, first):
-                feeds[name] = saved
-                o_types[name] = p_types[name] = (elem_type, saved["shape"])
-            o_model = region.body_model(original, self.o, o_pos, o_types)
-            p_model = region.body_model(optimized, self.p, p_pos, p_types, formal, outputs)
-            where = f"the body of Loop node {o_node.name!r} (its first iteration) in {self.pair.where}"
-        else:
-            o_types.update({n: (self.o_types.get(n, 0), None) for n in o_node.output if n})
-            p_types.update({n: (self.p_types.get(n, 0), None) for n in p_node.output if n})
-            o_model = region.call_model(original, self.o, o_pos, o_types)
-            p_model = region.call_model(optimized, self.p, p_pos, p_types)
-            where = f"function {o_node.domain}::{o_node.op_type} called by node {o_node.name!r} in {self.pair.where}"
-        nested = Pair(o_model, p_model, self.pair.original_source, self.pair.optimized_source, {"feeds": feeds}, where)
+        original, optimized, feeds, where = inner
+        nested = Pair(original, optimized, self.pair.original_source, self.pair.optimized_source, {"feeds": feeds},
+                      f"{where} in {self.pair.where}")  # fmt: skip
         return _Level(self.search, nested).run()
 
     def _value(self, name: str) -> np.ndarray | None:
         """The original's value of ``name`` in the region's inputs (captured) or initializers."""
         if name in self.captured:
-            saved = self.captured[name]
-            return np.load(saved["path"], allow_pickle=False)
+            return np.load(self.captured[name]["path"], allow_pickle=False)
         if name in self.o.initializers:
             return onnx.numpy_helper.to_array(self.o.initializers[name], str(self.pair.original_source))
         return None
-
-    def _first_iteration(self, node: onnx.NodeProto) -> list[tuple[dict[str, Any], int]] | None:
-        """The body's inputs in the Loop's first iteration (saved, with their element types), or
-        None when it runs no iteration or they are not at hand."""
-        inputs = list(node.input) + [""] * (2 - len(node.input))
-        trips = self._value(inputs[0]) if inputs[0] else None
-        cond = self._value(inputs[1]) if inputs[1] else np.array(True)
-        if cond is None or not bool(cond.reshape(-1)[0]) or (trips is not None and int(trips.reshape(-1)[0]) <= 0):
-            return None
-        if any(n not in self.captured for n in inputs[2:]):
-            return None  # an initializer or a constant: not a value the region read
-        folder = self.search._folder("first-iteration")
-        first = []
-        for i, value in enumerate([np.array(0, np.int64), np.array(True)]):
-            path = folder / f"{i}.npy"
-            np.save(path, value, allow_pickle=False)
-            first.append(({"path": str(path), "dtype": value.dtype.name, "shape": []},
-                          onnx.helper.np_dtype_to_tensor_dtype(value.dtype)))  # fmt: skip
-        first.extend((self.captured[n], self.o_types[n]) for n in inputs[2:])
-        return first

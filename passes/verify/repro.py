@@ -48,7 +48,7 @@ from passes.verify.child import WorkerError
 from passes.verify.lowest import FLOAT_TYPES
 from passes.verify.result import TOLERANCES, name_text, shown_names
 
-__all__ = ["FILES", "check_folder", "main", "reproduce"]
+__all__ = ["FILES", "check_folder", "check_request", "main", "reproduce"]
 
 #: The files a reproduction consists of: a folder holding anything else is not replaced.
 FILES = ("README.txt", "inputs.npz", "optimized.onnx", "optimized.onnx.data", "original.onnx", "original.onnx.data")
@@ -97,6 +97,22 @@ def check_folder(folder: str | os.PathLike[str], reads: Iterable[pathlib.Path] =
             target = pathlib.Path(file).resolve()
             if target == resolved or resolved in target.parents:
                 raise InputError(f"{label}: holds {shown(file)}, which this run {kind}; give another folder")
+
+
+def check_request(check: Any, reads: Iterable[Any] = (), writes: Iterable[Any] = ()) -> tuple[list[pathlib.Path],
+                                                                                              list[pathlib.Path]]:
+    """``check.repro`` (``--repro DIR``) refused before any work unless the check runs and DIR may
+    be written (:func:`check_folder`); the run's files (``reads``, ``writes``), which DIR must not hold.
+
+    Raises:
+        InputError: one line naming DIR and why.
+    """
+    paths = [pathlib.Path(p) for p in reads], [pathlib.Path(p) for p in writes]
+    if check.repro is not None:
+        if not check.enabled:
+            raise InputError("--repro DIR reproduces what the check finds: it needs the check (drop --no-check)")
+        check_folder(check.repro, *paths)
+    return paths
 
 
 def reproduce(checker: Any, optimized: Any, result: Any, folder: str | os.PathLike[str], *, command: str = "",
