@@ -673,3 +673,18 @@ def test_a_reproduction_that_cannot_be_made_leaves_the_checks_verdict(tmp_path: 
     record = report["check"]["repro"]
     assert not record["written"] and record["message"].startswith("internal error (RuntimeError: a region that")
     assert f"reproduction: none written to '{folder}': internal error" in capsys.readouterr().err
+
+
+def test_the_rerun_command_refuses_what_is_not_a_reproduction(tmp_path: pathlib.Path, capsys) -> None:
+    assert repro.main([str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.startswith("repro: error: ")
+    (tmp_path / "original.onnx").write_bytes(b"not a model")
+    (tmp_path / "optimized.onnx").write_bytes(b"not a model")
+    np.savez(tmp_path / "inputs.npz", x=np.zeros(2, np.float32))
+    assert repro.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("repro: error: ") and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    with pytest.raises(SystemExit) as exit_:
+        repro.main([str(tmp_path), "--rtol", "nan"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("repro: error: argument --rtol: invalid tolerance 'nan'")

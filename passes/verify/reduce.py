@@ -3,18 +3,22 @@
 Given two models that differ on some inputs (the original and the optimised
 one, or one of their subgraphs each: :class:`Pair`), :meth:`Search.run`:
 
-1. compares every value both name (the locator's comparison) and takes the
-   first that differs, the *target* (the locator's own, when it is one);
-2. captures the original's values upstream of it (nearest first, within a
-   byte budget) in the check's child;
-3. builds the *region* of each model that computes the target from the
-   captured values nearest to it (:func:`passes.verify.region.cone`), and
-   asks the child whether the two regions, fed the same (the original's)
-   values, still differ beyond the target's tolerance. If not, the region
-   grows (the cut values given up level by level, doubling, and at worst all:
-   the whole cone from the graph inputs), then delta debugging (``ddmin``)
-   over the values it gave up cuts as many back as the difference allows;
-4. where the region is one If, Loop or function call in both models and the
+1. compares every value both name (the locator's comparison, else its own)
+   and takes the *target*: the first value that differs, upstream of an output
+   that differs, whose optimised value stands for the original's (fed the
+   original's value there, the optimised model's outputs are no further off:
+   a Conv into which a BatchNormalization was fused keeps the Conv's name, not
+   its value); else that output;
+2. builds the *region* of each model that computes the target from the values
+   nearest to it that both name and that agree (:func:`passes.verify.region.cone`),
+   the original's values of them captured in the check's child as the regions
+   need them (within a byte budget), and asks the child whether the two
+   regions, fed the same values, still differ beyond the target's tolerance.
+   If not, the region grows (the cuts given up level by level, doubling, and
+   at worst all: the whole cone from the graph inputs), then delta debugging
+   (:func:`passes.verify.ddmin.ddmin`) over the region's nodes (the values they
+   make, where it may be cut) gives back as many cuts as the difference allows;
+3. where the region is one If, Loop or function call in both models and the
    difference arises inside, the branch taken, the body's first iteration or the
    inlined call becomes a pair of its own (:mod:`passes.verify.descend`),
    reduced alike.

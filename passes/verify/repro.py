@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import logging
+import math
 import os
 import pathlib
 import shlex
@@ -34,8 +35,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
+import google.protobuf.message
 import numpy as np
 import onnx
 
@@ -361,13 +363,29 @@ def _commit(staging: pathlib.Path, folder: pathlib.Path) -> None:
 # --- python -m passes.verify.repro DIR -----------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line, as every error of the command (no usage block)."""
+        self.exit(2, f"repro: error: {message}; see --help\n")
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"invalid tolerance {text[:40]!r} (expected a finite number >= 0)")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Compares a reproduction's two models on its inputs again: 1 if they differ, 0 if not, 2 on an error."""
-    parser = argparse.ArgumentParser(prog="python -m passes.verify.repro",
-                                     description="Run a reproduction written by optimize --repro DIR again.")
+    parser = _Parser(prog="python -m passes.verify.repro",
+                     description="Run a reproduction written by optimize --repro DIR again.")
     parser.add_argument("folder", metavar="DIR")
-    parser.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: per dtype)")
-    parser.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: per dtype)")
+    parser.add_argument("--rtol", type=_tolerance, default=None, help="relative tolerance (default: per dtype)")
+    parser.add_argument("--atol", type=_tolerance, default=None, help="absolute tolerance (default: per dtype)")
     parser.add_argument("--scale", action="store_true",
                         help="a value may also be within rtol of the output's largest magnitude")
     args = parser.parse_args(argv)
@@ -395,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             worker.close()
         if not answer.get("ok"):
             raise InputError(f"{shown(folder)}: onnxruntime: {answer.get('error', '')}")
-    except (InputError, WorkerError, OSError, ValueError) as e:
+    except (InputError, WorkerError, OSError, ValueError, google.protobuf.message.DecodeError) as e:
         print(f"repro: error: {first_line(e)}", file=sys.stderr)
         return 2
     for o in answer["outputs"]:
