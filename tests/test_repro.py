@@ -438,6 +438,33 @@ def test_the_time_budget_stops_with_the_smallest_reproduction_found_by_then(tmp_
         folder / "README.txt").read_text()
 
 
+def test_a_child_that_runs_out_of_memory_stops_the_search_with_what_it_found(tmp_path: pathlib.Path,
+                                                                             monkeypatch) -> None:  # fmt: skip
+    """The fourth comparison kills the child (as its memory bound would): the whole cone found by
+    the third is written, and why the search stopped is said."""
+    from passes.verify import child
+
+    _register(monkeypatch, nudge=4e-6)
+    compared = []
+    request = child.Worker.request
+
+    def dies_once(self: child.Worker, message: dict, deadline: float) -> dict:
+        if message["op"] == "regions":
+            compared.append(message)
+            if len(compared) == 4:
+                raise child.WorkerCrashed("onnxruntime crashed (SIGKILL) (killed: out of memory?)", "regions")
+        return request(self, message, deadline)
+
+    monkeypatch.setattr(child.Worker, "request", dies_once)
+    code, folder, report = _optimize(tmp_path, _drift(), "--passes", "rewrite", "--rtol", "0", "--atol", "1e-5")
+    assert code == 1
+    original, _, inputs = _shown(folder)
+    assert len(original.graph.node) == 6 and list(inputs) == ["x"]
+    record = report["check"]["repro"]
+    assert record["stopped"].startswith("the check's process stopped (onnxruntime crashed (SIGKILL)")
+    assert "the memory budget" in (folder / "README.txt").read_text()
+
+
 def test_the_capture_budget_keeps_the_values_nearest_the_difference(tmp_path: pathlib.Path, monkeypatch) -> None:
     """With room for the graph input only, nothing can be cut: the region is the whole cone from
     the input, and the README says why."""

@@ -195,9 +195,10 @@ class _Level:
             self._search()
         except _Stop:
             pass
-        if self.lost:
+        lost = self.lost & self._computed([self.target], set()) if self.lost and self.target else set()
+        if lost:
             self.search.budget.notes.append(
-                f"the capture budget ({self.search.budget.capture_bytes} bytes) left {len(self.lost)} value(s) "
+                f"the capture budget ({self.search.budget.capture_bytes} bytes) left {len(lost)} value(s) "
                 f"upstream of {self.target!r} in {self.pair.where} uncaptured, not cut at: the region may be larger")
         if self.best is None:
             return None
