@@ -182,7 +182,7 @@ def _search(checker: Any, optimized: Any, result: Any, failures: list[Any], seco
     work = pathlib.Path(tempfile.mkdtemp(prefix="repro-", dir=checker.folder))
     opt_path, _ = _files.materialize(optimized, work, "optimized")
     original, opt_proto = _files.whole(checker.original_path), _files.whole(opt_path)
-    failing = failures[0].input_set
+    failing = _failing_set(result, failures)
     normwise = checker.precision is not None or (checker.rounding and failing in ("edge", "edge-nonfinite"))
     budget = _reduce.Budget(checker.timeout if seconds is None else seconds, capture_bytes)
     tolerance = (checker.rtol, checker.atol, checker.precision, checker.precision_tolerance)
@@ -200,6 +200,12 @@ def _search(checker: Any, optimized: Any, result: Any, failures: list[Any], seco
     return search.run(pair), search
 
 
+def _failing_set(result: Any, failures: list[Any]) -> str:
+    """The set of inputs the locator compared on: the first, in the check's order, where an output differs."""
+    order = [s["name"] for s in result.inputs.sets] if result.inputs is not None else []
+    return min((f.input_set for f in failures), key=lambda name: order.index(name) if name in order else len(order))
+
+
 def _ops(model: onnx.ModelProto) -> str:
     counts: dict[str, int] = {}
     for node in model.graph.node:
@@ -212,7 +218,7 @@ def _tolerance_text(found: _reduce.Found) -> str:
     return "exact" if rtol is None else f"rtol {rtol:g} atol {atol:g}"
 
 
-def rerun_command(folder: pathlib.Path, found: _reduce.Found, normwise: bool) -> str:
+def _rerun_command(folder: pathlib.Path, found: _reduce.Found, normwise: bool) -> str:
     """The command that compares the written reproduction again."""
     rtol, atol = found.comparison.get("rtol"), found.comparison.get("atol")
     flags = "" if rtol is None else f" --rtol {rtol:g} --atol {atol:g}"
@@ -254,7 +260,7 @@ def _write(found: _reduce.Found, folder: pathlib.Path, record: dict[str, Any], r
             optimized_nodes=len(found.optimized.graph.node), max_abs_error=shown_again["max_abs_error"],
             max_rel_error=shown_again["max_rel_error"], mismatches=shown_again["mismatches"],
             rtol=found.comparison.get("rtol"), atol=found.comparison.get("atol"), checker_refuses=refused or None,
-            rerun=rerun_command(folder, found, search.normwise),
+            rerun=_rerun_command(folder, found, search.normwise),
         )  # fmt: skip
         (staging / "README.txt").write_text(_readme(found, shown_again, record, result, command, search))
         check_folder(folder, reads, writes)  # again: it may have changed during the search
@@ -282,7 +288,7 @@ def _readme(found: _reduce.Found, again: dict[str, Any], record: dict[str, Any],
             search: _reduce.Search) -> str:  # fmt: skip
     sets = {s["name"]: s["label"] for s in (result.inputs.sets if result.inputs is not None else [])}
     failures = result.failures
-    failing = failures[0].input_set
+    failing = _failing_set(result, failures)
     inputs = []
     for name, saved in found.inputs.items():
         if any(i.name == name for m in (found.original, found.optimized) for i in m.graph.input):
