@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import logging
-import math
 import os
 import pathlib
 import shlex
@@ -45,6 +44,7 @@ from passes import __version__
 from passes.errors import InputError, first_line
 from passes.modelio import signals_deferred
 from passes.modelio.destinations import check_encodable, shown
+from passes.options import parse_tolerance
 from passes.verify import files as _files, reduce as _reduce, region
 from passes.verify.child import WorkerError
 from passes.verify.lowest import FLOAT_TYPES
@@ -377,12 +377,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _tolerance(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"invalid tolerance {text[:40]!r} (expected a finite number >= 0)")
-    return value
+        return parse_tolerance(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
