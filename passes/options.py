@@ -18,10 +18,11 @@ line, one whose default is False ``--NAME``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Option", "parse_int", "parse_nonnegative_int", "parse_size", "short"]
+__all__ = ["Option", "parse_int", "parse_nonnegative_int", "parse_size", "parse_tolerance", "short"]
 
 _SUFFIXES = {"": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
              "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}  # fmt: skip
@@ -75,6 +76,21 @@ def parse_int(text: str) -> int:
     if not body or len(body) > _MAX_DIGITS or not set(body) <= _ASCII_DIGITS:
         raise ValueError(f"invalid number {short(text)} (expected a whole number)")
     return int(digits)
+
+
+def parse_tolerance(text: str) -> float:
+    """A tolerance (``--rtol``, ``--atol``): a finite number >= 0.
+
+    Raises:
+        ValueError: anything else.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"invalid tolerance {short(text)} (expected a finite number >= 0)")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,6 +67,7 @@ _walk = lazy_module("passes.ir.walk")
 _destinations = lazy_module("passes.modelio.destinations")
 _gate = lazy_module("passes.verify.gate")
 _inference = lazy_module("passes.ir.inference")
+_repro = lazy_module("passes.verify.repro")
 
 __all__ = [
     "DEFAULT_FOLD_SIZE_LIMIT",
@@ -207,6 +208,8 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
         model = modelio.load_model(src)
     check = _check_at_static_sizes(run, model, check)
     _destinations.check_destinations(src, dst, report_path, model, replace_data)
+    repro_files = _repro.check_request(check, [src, *modelio.data_files(model)],
+                                       [dst, dst.with_name(dst.name + ".data"), *([report_path] if report_path else [])])
     report = _report.Report(str(src), str(dst), _report.summarize(model))
     report.before.file_bytes = _report.disk_bytes([src, *modelio.source_files(model)])
     report.phases = phases.seconds
@@ -231,6 +234,7 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
             with _gate.Gate(src, check, warn, worker, rounding=_rounding(report.passes)) as gate:
                 verdict = gate.verify(staged_path)
                 _blame(gate, verdict, run, lambda: modelio.load_model(src))
+                gate.reproduce(staged_path, verdict, *repro_files)
         report.notes.extend(verdict.notes)
         report.check = verdict.result
         failure = verdict.failure
@@ -434,6 +438,7 @@ def optimize(
     if output is not None:
         raise TypeError("optimize(): output= is only for a path input")
     checking = _check_at_static_sizes(run, ir_model, checking)
+    _repro.check_request(checking, [original] if isinstance(original, pathlib.Path) else [])
     worker = _gate.start_worker(checking)  # its imports overlap with the passes
     try:
         return _optimize_in_memory(model, original, ir_model, run, checking, worker)
@@ -465,6 +470,7 @@ def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, run: RunS
     with _gate.Gate(original, checking, logger.warning, worker, rounding=_rounding(runs)) as gate:
         verdict = gate.verify(proto)
         _blame(gate, verdict, run, lambda: _fresh(original))
+        gate.reproduce(proto, verdict, [original] if isinstance(original, pathlib.Path) else [])
     notes = [*modelio.model_notes(ir_model), *verdict.notes]  # the load's repairs, the passes' corrections
     for note in [*notes, *(verdict.result.notes if verdict.result else [])]:
         logger.warning("%s", note)

@@ -406,4 +406,7 @@ def check_hint(report: Report) -> list[str]:
     elif not hints:
         hints.append("hint: " + ("" if report.written else "--force writes the output anyway; ")
                      + "please report it with the model (or its --report FILE.json)")
+    if failures and check.repro is None:
+        hints.append("hint: --repro DIR writes the smallest pair of models that still differ, with their inputs, "
+                     "to attach to a report")
     return hints

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import numpy as np
@@ -143,3 +144,17 @@ def test_the_locator_on_a_500_node_model(monkeypatch: pytest.MonkeyPatch) -> Non
     assert not result.ok and result.first_difference.node == "n251"
     assert result.first_difference.compared > 500
     assert ops.count("values") == 1, ops
+
+
+def test_the_pass_is_named_for_a_model_with_external_data(tmp_path: pathlib.Path, monkeypatch) -> None:
+    """The locator's copies link the input's data file while the child runs them; the pipeline's
+    reruns then load the input again, which refuses a data file with a second link: the copies are
+    removed as soon as the child has answered."""
+    _register(monkeypatch, "perturb", lambda o: _Perturb("relu1"))
+    src, report = tmp_path / "cnn.onnx", tmp_path / "r.json"
+    onnx.save_model(cnn_model(), str(src), save_as_external_data=True, location="cnn.onnx.data", size_threshold=0)
+    assert cli.main([str(src), "-o", str(tmp_path / "o.onnx"), "--report", str(report), "-q",
+                     "--passes", "upgrade,perturb"]) == 1  # fmt: skip
+    found = json.loads(report.read_text())["check"]["first_difference"]
+    assert found["node"] == "relu1" and found["pass_name"] == "perturb", found["pipelines"]
+    assert os.stat(tmp_path / "cnn.onnx.data").st_nlink == 1

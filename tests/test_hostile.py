@@ -382,7 +382,7 @@ def test_a_signal_as_the_clean_up_begins_still_removes_the_staging_folder(
 
     with pytest.raises(KeyboardInterrupt), modelio.staged_output(tmp_path / "out.onnx") as staged:
         (staged.folder / "part").write_bytes(b"x")
-        monkeypatch.setattr(modelio.save, "_signals_deferred", interrupted_on_entry)
+        monkeypatch.setattr(modelio.save, "signals_deferred", interrupted_on_entry)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -199,7 +199,7 @@ EXCEPTIONS = {
                        "(modelio.detach.swapped), so inference never decodes them",
     ("precision", "verify"): "verify.probe: which half kernels onnxruntime's CPU provider has; verify.check: the "
                              "check and its locator find the float32 islands (the float32 model's value ranges, "
-                             "the first node that differs)",
+                             "the first node that differs); verify.repro: --repro DIR when they cannot",
     ("shapes", "simplify"): "simplify.dims.derive: the value_info step names inference's fresh dims by the "
                             "equalities simplify's prover finds (one prover for both)",
     ("simplify", "verify"): "verify.probe: a fusion into a standard op is written only where onnxruntime's CPU "

@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 from passes import __version__, pipeline
 from passes.errors import EXIT_ERROR, InputError
-from passes.options import Option, parse_int, parse_nonnegative_int, parse_size, short
+from passes.options import Option, parse_int, parse_nonnegative_int, parse_size, parse_tolerance, short
 from passes.verify.result import DEFAULT_TIMEOUT
 
 __all__ = ["PROG", "option_values", "parser", "resolve_output"]
@@ -113,12 +113,9 @@ def _seed(text: str) -> int:
 
 def _tolerance(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"invalid tolerance {short(text)} (expected a finite number >= 0)")
-    return value
+        return parse_tolerance(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _seconds(text: str) -> float:
@@ -204,6 +201,10 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--rtol", type=_tolerance, default=None, help="relative tolerance for float outputs")
     result.add_argument("--atol", type=_tolerance, default=None, help="absolute tolerance for float outputs")
     result.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
+    result.add_argument("--repro", metavar="DIR",
+                        help="when the check finds a difference: write the smallest pair of models that still "
+                             "differ, their inputs and a README into DIR (a new or empty folder, or a previous "
+                             "reproduction, which is replaced)")
     result.add_argument("--jobs", type=_jobs, default=None, metavar="N",
                         help="with a folder as INPUT: optimise its models in N processes at once "
                              "(default: the cores)")

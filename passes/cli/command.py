@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import pathlib
+import shlex
 import signal
 import sys
 import traceback
@@ -200,7 +201,7 @@ def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) ->
         enabled=not args.no_check, inputs_file=_inputs_file(args.inputs) if args.inputs else None,
         inputs_source=args.inputs or "", dims=dict(args.dim), seed=args.seed, rtol=args.rtol,
         atol=args.atol, required=args.require_check, timeout=args.check_timeout,
-        memory_limit=args.check_memory,
+        memory_limit=args.check_memory, repro=args.repro, command=shlex.join([PROG, *args.argv]),
     )  # fmt: skip
 
     def committed(written: bool) -> None:
@@ -309,6 +310,8 @@ def _folder(args: argparse.Namespace, argv: Sequence[str], output_path: str | No
     """``optimize DIR -o OUTDIR``: each model a single run (see :mod:`passes.cli.folder`)."""
     from passes.cli import folder
 
+    if args.repro is not None:
+        raise InputError("--repro DIR is for one model: run the model whose check fails again alone with it")
     try:
         return folder.run_folder(pathlib.Path(args.input), pathlib.Path(args.output),
                                  folder.child_arguments(argv, args.input, output_path), jobs=args.jobs,
@@ -325,6 +328,7 @@ def _main(argv: Sequence[str] | None, state: dict[str, bool]) -> int:
         parser_ = parser()
         raw = list(sys.argv[1:] if argv is None else argv)
         args = parser_.parse_args(raw)
+        args.argv = raw
         output_path = args.output_path
         resolve_output(parser_, args)
         verbose = args.verbose

@@ -36,7 +36,7 @@ from passes.modelio.load import (
     validate_proto,
 )
 from passes.limits import PROTOBUF_LIMIT
-from passes.modelio.save import StagedOutput, save_model, staged_output, weights_nbytes
+from passes.modelio.save import StagedOutput, save_model, signals_deferred, staged_output, weights_nbytes
 from passes.modelio.weights import read_weights_in_file
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "read_weights_in_file",
     "read_whole",
     "save_model",
+    "signals_deferred",
     "staged_output",
     "validate_proto",
 ]

@@ -26,7 +26,7 @@ import onnx.checker
 
 from passes.errors import InputError
 
-__all__ = ["MAIN_GRAPH_NAME", "locate", "repair", "shape_fields_present", "shapeless_values"]
+__all__ = ["MAIN_GRAPH_NAME", "free_names", "locate", "repair", "shape_fields_present", "shapeless_values"]
 
 MAIN_GRAPH_NAME = "main_graph"
 _NAME_LIMIT = 100
@@ -79,8 +79,9 @@ def _repair_subgraphs(node: onnx.NodeProto, notes: list[str]) -> None:
             _repair_graph(subgraph, f"subgraph {short(subgraph.name)}", notes)
 
 
-def _free_names(graph: onnx.GraphProto) -> set[str]:
-    """The names ``graph`` (nested subgraphs included) reads from enclosing scopes."""
+def free_names(graph: onnx.GraphProto) -> set[str]:
+    """The names ``graph`` (nested subgraphs included) reads from enclosing scopes (its outer
+    references: what a subgraph needs from outside to be a graph of its own)."""
     defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     defined |= {t.name for t in graph.sparse_initializer}
     read: set[str] = set()
@@ -96,7 +97,7 @@ def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
     found: set[str] = set()
     for attr in node.attribute:
         for subgraph in [attr.g] if attr.HasField("g") else attr.graphs:
-            found |= _free_names(subgraph)
+            found |= free_names(subgraph)
     return found
 
 

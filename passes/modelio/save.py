@@ -42,7 +42,7 @@ _stream = lazy_module("passes.modelio.stream")
 _wire = lazy_module("passes.modelio.wire")
 _tensors = lazy_module("passes.ir.tensors")
 
-__all__ = ["StagedOutput", "save_model", "staged_output", "weights_nbytes"]
+__all__ = ["StagedOutput", "save_model", "signals_deferred", "staged_output", "weights_nbytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ def _placeholder(
 
 
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
+def signals_deferred() -> Iterator[None]:
     """Holds SIGINT and SIGTERM until the block ends, then delivers them.
 
     A commit (several renames) or a clean-up must not be cut in half by an
@@ -315,7 +315,7 @@ class StagedOutput:
         target = pathlib.Path(target)
         check_writable(target, label)
         try:
-            with _signals_deferred():  # the temporary file is registered before an interrupt can land
+            with signals_deferred():  # the temporary file is registered before an interrupt can land
                 fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
                 self.extra.append((pathlib.Path(name), target, label))
             os.fchmod(fd, 0o666 & ~_umask())  # as an ordinary new file would be, not mkstemp's 0600
@@ -343,7 +343,7 @@ class StagedOutput:
         for _, target, label in self.extra:
             check_writable(target, label)
         moved = []
-        with _signals_deferred():
+        with signals_deferred():
             try:
                 for f in files:
                     target = self.destination.parent / f.name
@@ -370,7 +370,7 @@ class StagedOutput:
         the files are removed all the same before it goes on.
         """
         try:
-            with _signals_deferred():
+            with signals_deferred():
                 self._remove()
         except BaseException:
             self._remove()
@@ -411,7 +411,7 @@ def staged_output(destination: str | os.PathLike[str], *, replace_data: bool = F
     check_writable(destination, shown(destination))
     check_writable(data_file_of(destination), f"{shown(data_file_of(destination))} (the output's data file)")
     try:
-        with _signals_deferred():  # an interrupt must not leave the folder behind
+        with signals_deferred():  # an interrupt must not leave the folder behind
             staged = StagedOutput(destination, replace_data=replace_data)
     except OSError as e:
         raise InputError(f"{shown(destination)}: cannot write here ({_first_line(e)})") from e

@@ -220,7 +220,30 @@ class PrecisionPass(Pass, spec=PRECISION):
                         f"--precision {self.precision}: the {type_name} model still differs from the float32 "
                         f"model after {checked['rounds']} rounds of float32 islands "
                         f"({len(islands)} islands): {result.summary()}"
-                        + (f"; {checked['unlocated']}" if checked.get("unlocated") else ""))
+                        + (f"; {checked['unlocated']}" if checked.get("unlocated") else "")
+                        + "\n" + self._reproduce(checker, model, plan, half, islands, converted, options))
+
+    def _reproduce(self, checker: Any, model: ir.Model, plan: _plan.Plan, half: ir.DataType,
+                   islands: dict[tuple[str, str], str], emulated: ir.Model, options: Any) -> str:  # fmt: skip
+        """After the search failed: with ``--repro DIR``, the smallest reproduction of the converted
+        model's difference (the emulation's, if the converted model itself does not differ on the
+        check's inputs) written there, and the line that says so; else the hint that names it."""
+        if options.repro is None:
+            return "hint: --repro DIR writes the smallest pair of models that still differ, with their inputs"
+        from passes.verify import repro
+
+        converted = model.clone()
+        _convert.convert(converted, plan, half, set(islands), set(self._exact), io=self.io)
+        result, about = checker.recheck(converted), ""
+        if result.ok or not result.checked:
+            converted, result = emulated, checker.recheck(emulated)
+            about = (f"the {self.precision} model itself matches on the check's inputs: this is the search's "
+                     "emulation of it (each half node's rounding as a Cast pair), which differs")
+        if result.checked and not result.ok and not result.error:
+            result.first_difference = checker.locate(converted)
+        result.repro = repro.reproduce(checker, converted, result, options.repro, command=options.command,
+                                       about=about)  # fmt: skip
+        return result.repro_text()
 
     def _prune(self, islands: dict[tuple[str, str], str], candidate: Any, checker: Any, result: Any,
                checked: dict[str, Any]) -> Any:  # fmt: skip

@@ -11,4 +11,6 @@
 * ``compare``: one output against another, in bounded memory (the sign of zero included).
 * ``npz``: ``--inputs FILE.npz`` read from its directory and headers first.
 * ``locate``: after a mismatch, the first node whose output differs.
+* ``repro`` (``--repro DIR``), ``reduce``, ``ddmin``, ``descend``, ``region``, ``repro_child``:
+  the smallest pair of models that still differ, written for a bug report.
 """

@@ -174,6 +174,8 @@ class Checker:
         self._last_sets: list[dict[str, Any]] = []  # the sets, with the last comparison's verdicts
         self._failing_set: str | None = None
         self._sources: dict[str, tuple[str, str]] = {}  # output -> (dtype, value) that chose its tolerance
+        #: The locator's last comparison of every value both models name (``--repro`` starts from it).
+        self.located_values: dict[str, Any] | None = None
         self.original_path: pathlib.Path | None = None
         self.original_proto: onnx.ModelProto | None = None
         if self.inputs and self.inputs_file is not None:
@@ -519,6 +521,17 @@ class Checker:
             raise RuntimeError("recheck() needs a check() that ran")
         return self._compare(optimized, self._deadline())
 
+    def ready(self) -> None:
+        """The child holds the chosen inputs and the kept sets (restarted if it died), for more
+        requests on them after :meth:`check` (``--repro``'s, see :mod:`passes.verify.repro`).
+
+        Raises:
+            WorkerError: the child cannot do again what it did.
+        """
+        assert self.worker is not None
+        if not self.worker.alive and self._prepared:
+            self._restore(self._deadline())
+
     # --- the locator -------------------------------------------------------------------------
 
     def locate(self, optimized: Any) -> FirstDifference:
@@ -550,15 +563,20 @@ class Checker:
                                           self.folder / f"{label}-original")  # fmt: skip
         optimized_copy = _locate.augmented(opt_proto, opt_path, names, types, self.folder / f"{label}-optimized")
         deadline = self._deadline()
-        if not self.worker.alive:
-            self._restore(deadline)
-        answer = self.worker.request(
-            {"op": "values", "original": str(original_copy), "optimized": str(optimized_copy), "names": names,
-             "tolerances": tolerances, "budget": LOCATE_BUDGET, "set": self._failing_set,
-             "rounding": self.rounding, "half_io": self.precision is not None}, deadline,
-        )  # fmt: skip
+        try:
+            if not self.worker.alive:
+                self._restore(deadline)
+            answer = self.worker.request(
+                {"op": "values", "original": str(original_copy), "optimized": str(optimized_copy), "names": names,
+                 "tolerances": tolerances, "budget": LOCATE_BUDGET, "set": self._failing_set,
+                 "rounding": self.rounding, "half_io": self.precision is not None}, deadline,
+            )  # fmt: skip
+        finally:  # the copies' links to the models' data files: a later load of the input refuses a linked file
+            for copy in (original_copy, optimized_copy):
+                shutil.rmtree(copy.parent, ignore_errors=True)
         if not answer.get("ok"):
             return FirstDifference(message=f"onnxruntime could not run the copies: {answer.get('error', '')}")
+        self.located_values = answer["values"]
         return _locate.first_difference(original, answer["values"])
 
     def magnitudes(self) -> dict[str, float]:
@@ -568,7 +586,7 @@ class Checker:
         if not self._prepared or self.original_path is None or self.worker is None or self.folder is None:
             return {}
         original = _files.whole(self.original_path)
-        types = _locate._tensor_types(original)
+        types = _locate.tensor_types(original)
         outputs = {o.name for o in original.graph.output}
         names = [n for node in original.graph.node for n in node.output
                  if n and types.get(n) == onnx.TensorProto.FLOAT and n not in outputs]  # fmt: skip
@@ -582,6 +600,8 @@ class Checker:
             answer = self.worker.request({"op": "magnitudes", "model": str(copy), "names": names}, deadline)
         except WorkerError:
             return {}
+        finally:
+            shutil.rmtree(copy.parent, ignore_errors=True)
         return dict(answer.get("values", {})) if answer.get("ok") else {}
 
 

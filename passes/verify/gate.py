@@ -71,6 +71,9 @@ class CheckOptions:
             :class:`passes.verify.check.Checker`).
         precision_tolerance: ``--precision-tolerance`` (rtol, atol or None): the half type's
             tolerance instead of its default; set by the pipeline with ``precision``.
+        repro: ``--repro DIR``: after a difference, the smallest reproduction is written there
+            (:mod:`passes.verify.repro`).
+        command: The command line that ran, for the reproduction's README ("" for the API).
     """
 
     enabled: bool = True
@@ -88,6 +91,8 @@ class CheckOptions:
     locate: bool = True
     precision: str | None = None
     precision_tolerance: tuple[float, float | None] | None = None
+    repro: str | os.PathLike[str] | None = None
+    command: str = ""
 
 
 #: The check options of the run under way (set by the pipeline while the passes run): a pass that checks
@@ -307,6 +312,19 @@ class Gate:
         if not result.ok:
             verdict.failure = result.summary()
         return verdict
+
+    def reproduce(self, staged: Any, verdict: Verdict, reads: Sequence[pathlib.Path] = (),
+                  writes: Sequence[pathlib.Path] = ()) -> None:  # fmt: skip
+        """With ``--repro DIR``, after a difference: the smallest reproduction written to DIR (which
+        must hold none of ``reads`` and ``writes``, the run's files); the result's ``repro`` says
+        what was done, and the failure says it too."""
+        if self.check.repro is None or not verdict.differs:
+            return
+        from passes.verify import repro
+
+        verdict.result.repro = repro.reproduce(self._checker, staged, verdict.result, self.check.repro,
+                                               command=self.check.command, reads=reads, writes=writes)  # fmt: skip
+        verdict.failure = verdict.result.summary()
 
     def recheck(self, candidate: Any) -> bool | None:
         """Whether ``candidate`` computes what the original does (None: the check could not say)."""

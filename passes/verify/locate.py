@@ -19,16 +19,18 @@ from typing import Any
 
 import onnx
 
+from passes.modelio import destinations
 from passes.verify import lowest as _lowest, plan
 from passes.verify.result import FirstDifference, default_tolerance
 
-__all__ = ["augmented", "comparable_values", "first_difference", "value_tolerances", "widened"]
+__all__ = ["augmented", "comparable_values", "first_difference", "link_external", "tensor_types", "value_tolerances",
+           "widened"]
 
 #: Element types onnxruntime's Python API can return (not bfloat16, float8, int4...).
 _FETCHABLE = frozenset(t for t, name in plan.NUMPY_TYPES.items() if name != "bfloat16")
 
 
-def _tensor_types(proto: onnx.ModelProto) -> dict[str, int]:
+def tensor_types(proto: onnx.ModelProto) -> dict[str, int]:
     """Element type of every main-graph value whose type is known (after lenient inference)."""
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False)
@@ -45,7 +47,7 @@ def _tensor_types(proto: onnx.ModelProto) -> dict[str, int]:
 def comparable_values(original: onnx.ModelProto, optimized: onnx.ModelProto) -> tuple[list[str], dict[str, int]]:
     """Values of the original (node outputs and initializers, in topological order) that the
     optimised model has under the same name with the same element type, and those types."""
-    a, b = _tensor_types(original), _tensor_types(optimized)
+    a, b = tensor_types(original), tensor_types(optimized)
     inputs = {i.name for i in original.graph.input}
     names: list[str] = []
     seen: set[str] = set()
@@ -81,14 +83,22 @@ def value_tolerances(
     return result
 
 
-def _external_locations(proto: onnx.ModelProto) -> set[str]:
-    locations = set()
-    for tensor in proto.graph.initializer:
-        if onnx.external_data_helper.uses_external_data(tensor):
-            for entry in tensor.external_data:
-                if entry.key == "location":
-                    locations.add(entry.value)
-    return locations
+def link_external(proto: onnx.ModelProto, source: pathlib.Path, folder: pathlib.Path) -> None:
+    """Makes the external data files ``proto``'s tensors name (at any depth; relative to
+    ``source``, its folder) appear in ``folder`` too, where a copy of it is saved to run
+    (onnxruntime refuses data outside the model's folder): hard links where the file system
+    allows, copies otherwise; a file already there is kept."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for location in sorted(destinations.external_locations(proto)):
+        target = folder / location
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        origin = source / location
+        try:
+            os.link(origin, target)
+        except OSError:
+            shutil.copyfile(origin, target)
 
 
 def augmented(
@@ -111,15 +121,7 @@ def augmented(
     for name in names:
         if name not in present:
             copy.graph.output.append(onnx.helper.make_tensor_value_info(name, types[name], None))
-    folder.mkdir(parents=True, exist_ok=True)
-    for location in _external_locations(proto):
-        target = folder / location
-        target.parent.mkdir(parents=True, exist_ok=True)
-        origin = source.parent / location
-        try:
-            os.link(origin, target)
-        except OSError:
-            shutil.copyfile(origin, target)
+    link_external(proto, source.parent, folder)
     path = folder / "model.onnx"
     onnx.save_model(copy, str(path))
     return path
@@ -169,7 +171,7 @@ def widened(original: onnx.ModelProto, optimized: onnx.ModelProto) -> onnx.Model
     half value is renamed and a Cast back to float32 takes its name, so the locator compares
     them (and onnxruntime returns bfloat16 values this way). A graph output of the half type
     (``--precision-io``) is widened alike: the output keeps its name, as float32."""
-    a, b = _tensor_types(original), _tensor_types(optimized)
+    a, b = tensor_types(original), tensor_types(optimized)
     targets = [n for node in optimized.graph.node for n in node.output
                if n and b.get(n) in _HALF and a.get(n) == onnx.TensorProto.FLOAT]
     copy = onnx.ModelProto()

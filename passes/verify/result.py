@@ -307,6 +307,8 @@ class CheckResult:
         notes: Facts about the original found on the way (a declared output shape
             its graph contradicts...).
         seconds: Time of the check and, after a failure, of the locator.
+        repro: With ``--repro DIR``, after a difference: what was written there (see
+            :func:`passes.verify.repro.reproduce`), or None.
     """
 
     ok: bool
@@ -319,6 +321,7 @@ class CheckResult:
     first_difference: FirstDifference | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    repro: dict[str, Any] | None = None
 
     @property
     def checked(self) -> bool:
@@ -343,7 +346,20 @@ class CheckResult:
                 text += f"; and {len(self.failures) - 5} more output(s)"
         if self.first_difference is not None:
             text += "\n" + self.first_difference.summary()
+        if self.repro is not None:
+            text += "\n" + self.repro_text()
         return text
+
+    def repro_text(self) -> str:
+        """``--repro DIR``'s line: what was written there and how to compare it again, or why not."""
+        assert self.repro is not None
+        r = self.repro
+        if not r.get("written"):
+            return f"reproduction: none written to {shown(r['folder'])}: {r.get('message', '')}"
+        stopped = f"; the search stopped early ({r['stopped']}): the smallest found by then" if r.get("stopped") else ""
+        return (f"reproduction: {shown(r['folder'])}: {r['original_nodes']} and {r['optimized_nodes']} node(s) whose "
+                f"output {shown(r['output'])} differs in {r['mismatches']} element(s) (max abs error "
+                f"{r['max_abs_error']:.3g}){stopped}; compare them again: {r['rerun']}")
 
     def to_json(self) -> dict[str, Any]:
         return json_safe({
@@ -357,4 +373,5 @@ class CheckResult:
             "first_difference": self.first_difference.to_json() if self.first_difference else None,
             "notes": list(self.notes),
             "seconds": dict(self.seconds),
+            "repro": self.repro,
         })

@@ -24,7 +24,8 @@ kept one) and compare its outputs with the kept ones. ``values``: run two
 models (both with extra graph outputs) on one set and compare the named
 values. ``constants``: run a model without inputs
 (the constant subgraphs whose values ``fold`` wants to write, see
-:mod:`passes.fold.confirm`) and save its outputs as ``.npy`` files. ``exit``.
+:mod:`passes.fold.confirm`) and save its outputs as ``.npy`` files. ``capture``
+and ``regions``: ``--repro``'s (see :mod:`passes.verify.repro_child`). ``exit``.
 
 The inputs of a set are made again from its description when needed (they are
 deterministic), so that only the chosen inputs stay in memory.
@@ -298,9 +299,9 @@ def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
 
     state.session = None
     chosen = [kept["set"] for kept in state.sets if kept["set"]["name"] == request.get("set")]
-    feeds = _set_feeds(state, chosen[0] if chosen else None)
-    normwise = bool(chosen) and _normwise(chosen[0]["kind"], bool(request.get("rounding")),
-                                          bool(request.get("half_io")))  # fmt: skip
+    feeds = _request_feeds(state, request)
+    normwise = bool(request.get("normwise")) or bool(chosen) and _normwise(
+        chosen[0]["kind"], bool(request.get("rounding")), bool(request.get("half_io")))
     _phase("loading the models with extra outputs")
     try:
         original = _session(request["original"])
@@ -335,6 +336,25 @@ def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
         start += len(part)
         chunk = max(1, min(1024, int(chunk * budget / max(size, 1)))) if size else min(1024, chunk * 2)
     return {"ok": True, "values": found}
+
+
+def _request_feeds(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """A request's inputs: ``feeds`` (saved values), else the kept set ``set`` names (none: the chosen)."""
+    from passes.verify.repro_child import load_feeds
+
+    chosen = [kept["set"] for kept in state.sets if kept["set"]["name"] == request.get("set")]
+    return load_feeds(request["feeds"]) if "feeds" in request else _set_feeds(state, chosen[0] if chosen else None)
+
+
+def _repro(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """``capture`` and ``regions`` (``--repro``: see :mod:`passes.verify.repro_child`)."""
+    from passes.verify import repro_child
+
+    state.session = None
+    _phase(f"{request['op']} for the reproduction")
+    if request["op"] == "regions":
+        return repro_child.regions(request, _first_line)
+    return repro_child.capture(request, _request_feeds(state, request), _first_line)
 
 
 def _magnitudes(state: _State, request: dict[str, Any]) -> dict[str, Any]:
@@ -413,7 +433,7 @@ def main() -> None:
     _isolate(memory_limit, parent)
     state = _State()
     handlers = {"prepare": _prepare, "add_set": _add_set, "compare": _compare, "values": _values,
-                "constants": _constants, "magnitudes": _magnitudes}
+                "constants": _constants, "magnitudes": _magnitudes, "capture": _repro, "regions": _repro}
     try:
         import numpy  # noqa: F401
         import onnxruntime  # noqa: F401
