@@ -243,7 +243,8 @@ def parser() -> Parser:
     result.add_argument("--input-shape", "--overwrite-input-shape", dest="input_shape", type=_input_shape,
                         action="append", default=[], metavar="NAME:D0,D1,...",
                         help="declare a graph input with this static shape before the passes (shape "
-                             "arithmetic then folds; the check runs at it); repeatable")
+                             "arithmetic then folds; the check runs at it); repeatable; also onnxsim's "
+                             "forms: several after one flag, D0,D1,... alone for a model with one input")
     result.add_argument("--fix-dim", type=_fix_dim, action="append", default=[], metavar="NAME=SIZE",
                         help="set a symbolic dim to SIZE everywhere it appears (inputs, outputs, value "
                              "infos, subgraphs) before the passes; repeatable")
@@ -256,7 +257,8 @@ def parser() -> Parser:
     result.add_argument("--check-memory", type=_memory, default=None, metavar="SIZE",
                         help="address-space bound of the check's process, e.g. 8G (default: 3/4 of "
                              "physical memory; 0: none)")
-    result.add_argument("--inputs", metavar="FILE.npz", help="check inputs by name (others are generated)")
+    result.add_argument("--inputs", metavar="FILE.npz",
+                        help="the check's inputs: an .npz of arrays by input name (others are generated)")
     result.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=SIZE",
                         help="size of a named dynamic dimension for generated inputs (default: "
                              "sizes tried until the original model runs); repeatable")
@@ -276,8 +278,9 @@ def parser() -> Parser:
     verbosity = result.add_mutually_exclusive_group()
     verbosity.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     verbosity.add_argument("-v", "--verbose", action="count", default=0,
-                           help="every counter of every pass, this tool's log and tracebacks; "
-                                "-vv adds other libraries' debug lines")
+                           help="every counter of every pass, this tool's log (a line or two per pass) "
+                                "and tracebacks; -vv adds the lines per node (each rule that did not "
+                                "apply) and other libraries' debug lines")
     result.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     return result
 
