@@ -187,9 +187,7 @@ def optimize_file(
         OptimizeError: a pass refused the model.
         CheckFailedError: the result is invalid or differs (``error.report`` holds the report).
     """
-    given = dict(input_shapes or {})
-    run = RunSpec.build(passes, skip, input_shapes={k: v for k, v in given.items() if k != shapes.SOLE_INPUT},
-                        fix_dims=fix_dims, **options)  # fmt: skip
+    run, given = _build(passes, skip, input_shapes, fix_dims, options)
     check = check or CheckOptions()
     _refuse_two_tolerances(run, check)
     worker = _gate.start_worker(check)  # its imports overlap with the passes
@@ -279,6 +277,15 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
         error.report = report  # type: ignore[attr-defined]
         raise error
     return report
+
+
+def _build(passes: Iterable[str] | None, skip: Iterable[str], input_shapes: Mapping[str, Sequence[int]] | None,
+           fix_dims: Mapping[str, int] | None, options: Mapping[str, Any]) -> tuple[RunSpec, dict[str, Any]]:
+    """The validated run, and the static shapes as given: a shape without a name (the key
+    :data:`passes.shapes.SOLE_INPUT`) is named once the model is loaded (:func:`_name_sole_input`)."""
+    given = dict(input_shapes or {})
+    named = {k: v for k, v in given.items() if k != shapes.SOLE_INPUT}
+    return RunSpec.build(passes, skip, input_shapes=named, fix_dims=fix_dims, **options), given
 
 
 def _name_sole_input(run: RunSpec, model: ir.Model, input_shapes: Mapping[str, Sequence[int]]) -> RunSpec:
@@ -442,9 +449,7 @@ def optimize(
         OptimizeError: a pass refused the model.
         CheckFailedError: the optimised model is invalid or computes something else.
     """
-    given = dict(input_shapes or {})
-    run = RunSpec.build(passes, skip, input_shapes={k: v for k, v in given.items() if k != shapes.SOLE_INPUT},
-                        fix_dims=fix_dims, **options)  # fmt: skip
+    run, given = _build(passes, skip, input_shapes, fix_dims, options)
     checking = _check_options(check)
     _refuse_two_tolerances(run, checking)
     if isinstance(model, (str, os.PathLike)):

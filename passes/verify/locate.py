@@ -70,19 +70,28 @@ class Correspondence:
         self._b_names = set(self._b) | {t.name for t in optimized.graph.initializer}
         self._b_names |= {i.name for i in optimized.graph.input}
         self._through = ("Identity", "Cast") if through_casts else ("Identity",)
+        self._origins: dict[tuple[bool, str], str] = {}
 
-    def _origin(self, name: str, producers: dict[str, onnx.NodeProto], ops: tuple[str, ...]) -> str:
-        """``name`` followed back through the ``ops`` that make it (a bounded walk)."""
-        for _ in range(len(producers) + 1):
+    def _origin(self, name: str, original: bool) -> str:
+        """``name`` followed back through the Identity nodes (and, in the optimised model, the Casts it
+        looks through) that make it; each chain walked once (cached)."""
+        producers, ops = (self._a, ("Identity",)) if original else (self._b, self._through)
+        chain = []
+        while (original, name) not in self._origins and len(chain) <= len(producers):
             node = producers.get(name)
             if node is None or node.op_type not in ops or node.domain not in ("", "ai.onnx") or not node.input:
-                return name
+                self._origins[(original, name)] = name
+                break
+            chain.append(name)
             name = node.input[0]
-        return name
+        found = self._origins.get((original, name), name)
+        for link in chain:
+            self._origins[(original, link)] = found
+        return found
 
     def _same_value(self, original_name: str, optimized_name: str) -> bool:
-        source = self._origin(original_name, self._a, ("Identity",))
-        return self._origin(optimized_name, self._b, self._through) == self._origin(source, self._b, self._through)
+        source = self._origin(original_name, True)
+        return self._origin(optimized_name, False) == self._origin(source, False)
 
     def same(self, name: str) -> bool:
         """Whether the optimised model's ``name`` is the original's value: a constant there, or made by a
