@@ -207,7 +207,8 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
     with phases.phase("load", f"loading {src}"):
         model = modelio.load_model(src)
     reads = [check.inputs_file] if check.inputs_file is not None else []
-    _destinations.check_report(report_path, src, dst, model, reads)
+    _destinations.check_report(report_path, src, dst, model, reads)  # what may not be written: refused untouched
+    _destinations.check_destinations(src, dst, report_path, model, replace_data, reads)
     report = _report.Report(str(src), str(dst), _report.summarize(model))
     report.before.file_bytes = _report.disk_bytes([src, *modelio.source_files(model)])
     report.phases = phases.seconds
@@ -217,7 +218,6 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
     try:
         run = _name_sole_input(run, model, input_shapes)
         check = _check_at_static_sizes(run, model, check)
-        _destinations.check_destinations(src, dst, report_path, model, replace_data, reads)
         with phases.phase("passes", None):
             token = _gate.current_check.set(check)  # a pass that checks its candidates uses the same inputs
             try:
@@ -254,8 +254,8 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
                 # Staged with the output and renamed in the same commit, so that a report that
                 # cannot be written leaves the output as it was; it says what the commit will do.
                 report.written = commit
+                staged_report = True  # from here the report goes with the output, or not at all
                 staged.stage_file(report_path, report.write_json, f"--report {_destinations.shown(report_path)}")
-                staged_report = True
             try:
                 staged.commit(model=commit)
             finally:  # an interrupt may arrive as the commit completes
@@ -265,8 +265,8 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
     except OptimizeError as e:
         if staged_report:
             raise
-        # A refusal after the load (a pass, the static shapes, a destination, the --inputs): the
-        # report still says what ran, with the error (the output is not written).
+        # A refusal after the load (the static shapes, a pass, the --inputs, the --precision search):
+        # the report still says what ran, with the error (the output is not written).
         report.conclude(e)
         report.written = False
         if report_path is not None:
