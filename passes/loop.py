@@ -35,17 +35,24 @@ MAX_ROUNDS = 8
 class Record:
     """What the passes of one loop did, one :class:`PassRun` per step, in first-run order."""
 
-    def __init__(self, progress: Callable[[str], None] | None = None) -> None:
+    def __init__(self, progress: Callable[[str], None] | None = None, runs: list[PassRun] | None = None) -> None:
+        """``runs``: the list to record into (a caller's, readable after a pass raised)."""
         self.progress = progress
-        self.runs: list[PassRun] = []
+        self.runs: list[PassRun] = [] if runs is None else runs
         self._by_step: dict[int, PassRun] = {}
         self._calls: dict[int, int] = {}
 
     def call(self, step: int, name: str, pass_: ir.passes.PassBase, model: ir.Model) -> ir.passes.PassResult:
         rounds = self._calls[step] = self._calls.get(step, 0) + 1
         start = time.perf_counter()
-        with counting_nodes(self.progress, f"running {name}" + (f" (round {rounds})" if rounds > 1 else "")):
-            result = pass_(model)
+        try:
+            with counting_nodes(self.progress, f"running {name}" + (f" (round {rounds})" if rounds > 1 else "")):
+                result = pass_(model)
+        except OptimizeError as e:  # the report of a refused run says which pass refused, with its stats
+            cause = _root_cause(e)
+            self._add(step, PassRun(name, time.perf_counter() - start, False,
+                                    dict(getattr(pass_, "stats", None) or {}), str(cause)), rounds)  # fmt: skip
+            raise
         seconds = time.perf_counter() - start
         logger.info("pass %s: %.3f s, modified=%s", name, seconds, result.modified)
         self._add(step, PassRun(name, seconds, bool(result.modified), dict(getattr(pass_, "stats", None) or {})),
@@ -62,6 +69,7 @@ class Record:
         previous.modified |= run.modified
         previous.stats = _add_stats(previous.stats, run.stats)
         previous.stats["rounds"] = rounds
+        previous.error = run.error
 
 
 class _Recorded(ir.passes.InPlacePass):

@@ -175,7 +175,8 @@ def optimize_file(
         on_commit: Called with True once the output is in place (False if it was not written).
         replace_data: Replace an existing ``OUTPUT.data`` even when it is not the
             existing OUTPUT's own data file (it may be another model's weights).
-        input_shapes: Static shapes of graph inputs by name (``--input-shape``).
+        input_shapes: Static shapes of graph inputs by name (``--input-shape``; the name ``""``: the
+            model's only input, refused for a model with several).
         fix_dims: Sizes of symbolic dims by name (``--fix-dim``).
         **options: Values of the passes' declared options.
 
@@ -187,13 +188,13 @@ def optimize_file(
         OptimizeError: a pass refused the model.
         CheckFailedError: the result is invalid or differs (``error.report`` holds the report).
     """
-    run = RunSpec.build(passes, skip, input_shapes=input_shapes, fix_dims=fix_dims, **options)
+    run, given = _build(passes, skip, input_shapes, fix_dims, options)
     check = check or CheckOptions()
     _refuse_two_tolerances(run, check)
     worker = _gate.start_worker(check)  # its imports overlap with the passes
     try:
         return _optimize_file(pathlib.Path(source), pathlib.Path(output), run, check, force, report_path,
-                              progress, warn, on_commit, replace_data, worker)  # fmt: skip
+                              progress, warn, on_commit, replace_data, worker, given)  # fmt: skip
     finally:
         if worker is not None:
             worker.close()
@@ -202,60 +203,101 @@ def optimize_file(
 def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: CheckOptions, force: bool,
                    report_path: str | os.PathLike[str] | None, progress: Callable[[str], None] | None,
                    warn: Callable[[str], None], on_commit: Callable[[bool], None] | None,
-                   replace_data: bool, worker: Any) -> Report:  # fmt: skip
+                   replace_data: bool, worker: Any, input_shapes: Mapping[str, Sequence[int]]) -> Report:  # fmt: skip
     phases = Phases(progress)
     with phases.phase("load", f"loading {src}"):
         model = modelio.load_model(src)
-    check = _check_at_static_sizes(run, model, check)
-    _destinations.check_destinations(src, dst, report_path, model, replace_data)
+    reads = [check.inputs_file] if check.inputs_file is not None else []
+    _destinations.check_report(report_path, src, dst, model, reads)  # what may not be written: refused untouched
+    _destinations.check_destinations(src, dst, report_path, model, replace_data, reads)
     repro_files = _repro.check_request(check, [src, *modelio.data_files(model)],
                                        [dst, dst.with_name(dst.name + ".data"), *([report_path] if report_path else [])])
     report = _report.Report(str(src), str(dst), _report.summarize(model))
     report.before.file_bytes = _report.disk_bytes([src, *modelio.source_files(model)])
     report.phases = phases.seconds
-    with phases.phase("passes", None):
-        token = _gate.current_check.set(check)  # a pass that checks its candidates uses the same inputs
-        try:
-            report.passes = run.run(model, progress)
-        finally:
-            _gate.current_check.reset(token)
-        _refuse_impossible_shapes(run, model, lambda: modelio.load_model(src))
-    report.notes.extend(modelio.model_notes(model))  # the load's lossless repairs, the passes' corrections
-    report.after = _report.summarize(model)
+    if not check.enabled:
+        report.unchecked = "--no-check"
+    staged_report = False
+    try:
+        run = _name_sole_input(run, model, input_shapes)
+        check = _check_at_static_sizes(run, model, check)
+        with phases.phase("passes", None):
+            token = _gate.current_check.set(check)  # a pass that checks its candidates uses the same inputs
+            try:
+                run.run(model, progress, report.passes)
+            finally:
+                _gate.current_check.reset(token)
+            _refuse_impossible_shapes(run, model, lambda: modelio.load_model(src))
+        report.notes.extend(modelio.model_notes(model))  # the load's lossless repairs, the passes' corrections
+        report.after = _report.summarize(model)
 
-    with modelio.staged_output(dst, replace_data=replace_data) as staged:
-        with phases.phase("save", f"saving {dst}", modelio.weights_nbytes(model) or None, "B") as advance:
-            staged_path = staged.save(model, progress=advance)
-        report.after.file_bytes = _report.disk_bytes(staged.files)
-        _release(model)
-        del model
-        check = _with_precision(check, report.passes)
-        with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):
-            with _gate.Gate(src, check, warn, worker, rounding=_rounding(report.passes)) as gate:
-                verdict = gate.verify(staged_path)
-                _blame(gate, verdict, run, lambda: modelio.load_model(src))
-                gate.reproduce(staged_path, verdict, *repro_files)
-        report.notes.extend(verdict.notes)
-        report.check = verdict.result
-        failure = verdict.failure
-        commit = failure is None or force
+        with modelio.staged_output(dst, replace_data=replace_data) as staged:
+            with phases.phase("save", f"saving {dst}", modelio.weights_nbytes(model) or None, "B") as advance:
+                staged_path = staged.save(model, progress=advance)
+            report.after.file_bytes = _report.disk_bytes(staged.files)
+            _release(model)
+            del model
+            check = _with_precision(check, report.passes)
+            with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):
+                with _gate.Gate(src, check, warn, worker, rounding=_rounding(report.passes)) as gate:
+                    verdict = gate.verify(staged_path)
+                    _blame(gate, verdict, run, lambda: modelio.load_model(src))
+                    gate.reproduce(staged_path, verdict, *repro_files)
+            report.notes.extend(verdict.notes)
+            report.check = verdict.result
+            failure = verdict.failure
+            commit = failure is None or force
+            error = None
+            if failure is not None:
+                first, *rest = failure.split("\n")  # the located difference follows the error's one line
+                error = CheckFailedError("\n".join([first + ("" if commit else f"; {dst} not written"), *rest]))
+                if report.check is None:
+                    report.unchecked = first
+            report.conclude(error)
+            if report_path is not None:
+                # Staged with the output and renamed in the same commit, so that a report that
+                # cannot be written leaves the output as it was; it says what the commit will do.
+                report.written = commit
+                staged_report = True  # from here the report goes with the output, or not at all
+                staged.stage_file(report_path, report.write_json, f"--report {_destinations.shown(report_path)}")
+            try:
+                staged.commit(model=commit)
+            finally:  # an interrupt may arrive as the commit completes
+                report.written = staged.committed
+                if on_commit and commit:
+                    on_commit(staged.committed)
+    except OptimizeError as e:
+        if staged_report:
+            raise
+        # A refusal after the load (the static shapes, a pass, the --inputs, the --precision search):
+        # the report still says what ran, with the error (the output is not written).
+        report.conclude(e)
+        report.written = False
         if report_path is not None:
-            # Staged with the output and renamed in the same commit, so that a report that
-            # cannot be written leaves the output as it was; it says what the commit will do.
-            report.written = commit
-            staged.stage_file(report_path, report.write_json, f"--report {_destinations.shown(report_path)}")
-        try:
-            staged.commit(model=commit)
-        finally:  # an interrupt may arrive as the commit completes
-            report.written = staged.committed
-            if on_commit and commit:
-                on_commit(staged.committed)
-    if failure is not None:
-        first, *rest = failure.split("\n")  # the located difference follows the error's one line
-        error = CheckFailedError("\n".join([first + ("" if report.written else f"; {dst} not written"), *rest]))
+            report.write_json(report_path)
+        e.report = report  # type: ignore[attr-defined]
+        raise
+    if error is not None:
         error.report = report  # type: ignore[attr-defined]
         raise error
     return report
+
+
+def _build(passes: Iterable[str] | None, skip: Iterable[str], input_shapes: Mapping[str, Sequence[int]] | None,
+           fix_dims: Mapping[str, int] | None, options: Mapping[str, Any]) -> tuple[RunSpec, dict[str, Any]]:
+    """The validated run, and the static shapes as given: a shape without a name (the key
+    :data:`passes.shapes.SOLE_INPUT`) is named once the model is loaded (:func:`_name_sole_input`)."""
+    given = dict(input_shapes or {})
+    named = {k: v for k, v in given.items() if k != shapes.SOLE_INPUT}
+    return RunSpec.build(passes, skip, input_shapes=named, fix_dims=fix_dims, **options), given
+
+
+def _name_sole_input(run: RunSpec, model: ir.Model, input_shapes: Mapping[str, Sequence[int]]) -> RunSpec:
+    """``run`` with a shape given without a name (onnxsim's ``--input-shape 1,32``: the key
+    :data:`passes.shapes.SOLE_INPUT`) given to the model's only input."""
+    if shapes.SOLE_INPUT not in input_shapes:
+        return run
+    return dataclasses.replace(run, input_shapes=shapes.name_sole_input(model, {**run.input_shapes, **input_shapes}))
 
 
 #: Stats of an exact pass that count changes after which onnxruntime may round differently:
@@ -394,7 +436,8 @@ def optimize(
         output: With a path input, write the result there atomically and return its path.
         check: False to skip the onnxruntime comparison, or :class:`CheckOptions`.
         input_shapes: Static shapes of graph inputs by name, e.g. ``{"x": (1, 3, 224, 224)}``
-            (``--input-shape``): declared before the passes, and the check runs at those sizes.
+            (``--input-shape``): declared before the passes, and the check runs at those sizes. The
+            name ``""`` is the model's only input (``--input-shape 1,3,224,224``).
         fix_dims: Sizes of symbolic dims by name, e.g. ``{"batch": 1}`` (``--fix-dim``), set
             everywhere they appear.
         **options: Values of the passes' declared options, e.g. ``target_opset=18``,
@@ -410,12 +453,12 @@ def optimize(
         OptimizeError: a pass refused the model.
         CheckFailedError: the optimised model is invalid or computes something else.
     """
-    run = RunSpec.build(passes, skip, input_shapes=input_shapes, fix_dims=fix_dims, **options)
+    run, given = _build(passes, skip, input_shapes, fix_dims, options)
     checking = _check_options(check)
     _refuse_two_tolerances(run, checking)
     if isinstance(model, (str, os.PathLike)):
         if output is not None:
-            optimize_file(model, output, passes=run.passes, check=checking, input_shapes=run.input_shapes,
+            optimize_file(model, output, passes=run.passes, check=checking, input_shapes=given,
                           fix_dims=run.fix_dims, **run.options)  # fmt: skip
             return pathlib.Path(output)
         ir_model = modelio.load_model(model)
@@ -437,6 +480,7 @@ def optimize(
         )
     if output is not None:
         raise TypeError("optimize(): output= is only for a path input")
+    run = _name_sole_input(run, ir_model, given)
     checking = _check_at_static_sizes(run, ir_model, checking)
     _repro.check_request(checking, [original] if isinstance(original, pathlib.Path) else [])
     worker = _gate.start_worker(checking)  # its imports overlap with the passes

@@ -15,12 +15,11 @@ from typing import IO, Any
 import numpy as np
 import onnx_ir as ir
 
-from passes.errors import InputError
+from passes.errors import CheckFailedError, InputError
 from passes.ir.walk import default_opset, iter_scopes
-from passes.verify.result import QUOTE_LIMIT, TOLERANCES, CheckResult, name_text
+from passes.verify.result import QUOTE_LIMIT, CheckResult, name_text, unchecked_json
 
-__all__ = ["ModelSummary", "PassRun", "Report", "check_hint", "disk_bytes", "human_bytes", "signature_text",
-           "summarize"]
+__all__ = ["ModelSummary", "PassRun", "Report", "disk_bytes", "human_bytes", "signature_text", "summarize"]
 
 
 @dataclasses.dataclass
@@ -31,6 +30,8 @@ class PassRun:
     seconds: float
     modified: bool
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The error the pass raised (its message), or None.
+    error: str | None = None
 
 
 @dataclasses.dataclass
@@ -154,18 +155,32 @@ _GROWTH = {
 }
 
 
+#: Details said even for a pass that changed nothing (otherwise only its name, time and "no" are).
+_SAID_UNCHANGED = frozenset({"fusable_at_higher_opset", "skipped", "unlocated"})
+
+
 def _is_zero(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0) or value in ({}, [])
+    return (isinstance(value, (int, float)) and value == 0) or value is None or value in ({}, [])
 
 
-def _format_stats(stats: dict[str, Any], limit: int = 6, *, verbose: bool = True) -> tuple[str, list[str]]:
+def _kinds(value: dict[str, Any], limit: int) -> str:
+    """``Conv x40, Add x30, Mul x20 and 6 more`` (the most frequent first) for a long mapping of counts."""
+    top = sorted(value.items(), key=lambda kv: -kv[1])[:3]
+    named = ", ".join(f"{k} x{v}" if isinstance(v, int) else f"{k} {v:.3g}" for k, v in top)
+    total = sum(value.values())
+    return f"{total:g} in {len(value)} kinds: {named} and {len(value) - len(top)} more"
+
+
+def _format_stats(stats: dict[str, Any], limit: int = 6, *, verbose: bool = True,
+                  hidden: frozenset[str] = frozenset()) -> tuple[str, list[str]]:  # fmt: skip
     """Scalars on the pass's line; each mapping on a line of its own (summarised if long).
 
-    Without ``verbose``, zero counters and the counters of what did not apply are left out.
+    Without ``verbose``, zero, None and False values, the counters of what did not apply
+    and the ``hidden`` keys are left out.
     """
     inline, nested = [], []
     for key, value in stats.items():
-        if not verbose and (_is_zero(value) or key in _DETAIL_KEYS):
+        if not verbose and (_is_zero(value) or key in _DETAIL_KEYS or key in hidden):
             continue
         if isinstance(value, dict):
             if not value:
@@ -178,8 +193,7 @@ def _format_stats(stats: dict[str, Any], limit: int = 6, *, verbose: bool = True
                 nested.append(f"{key}: " + ", ".join(f"{k} x{v}" if isinstance(v, int) else f"{k} {v:.3g}"
                                                      for k, v in value.items()))  # fmt: skip
             else:
-                total = sum(v for v in value.values() if isinstance(v, (int, float)))
-                nested.append(f"{key}: {total} in {len(value)} kinds")
+                nested.append(f"{key}: {_kinds(value, limit)}")
         else:
             inline.append(f"{key}={value}")
     return " ".join(inline), nested
@@ -200,17 +214,36 @@ class Report:
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     #: Facts about the original found on the way (what the ONNX checker refuses in it too...).
     notes: list[str] = dataclasses.field(default_factory=list)
+    #: How the run ended: ``ok`` (checked, equal), ``not checked`` (written without a check: it could
+    #: not run, or ``--no-check``), ``check failed`` (exit 1), ``error`` (a refusal after the load, exit 2).
+    status: str = "ok"
+    #: The message of the error that ended the run, or None.
+    error: str | None = None
+    #: Why there is no check result when ``check`` is None (``--no-check``, a run that stopped before it).
+    unchecked: str = "not run: the run stopped before the check"
+
+    def conclude(self, error: BaseException | None = None) -> None:
+        """Sets :attr:`status` and :attr:`error` from how the run ends (``error``: what it raises)."""
+        if error is not None:
+            self.error = str(error)
+            self.status = "check failed" if isinstance(error, CheckFailedError) else "error"
+        else:
+            self.error = None
+            self.status = "ok" if self.check is not None and self.check.checked and self.check.ok else "not checked"
 
     def to_dict(self) -> dict[str, Any]:
-        """The report as a dict (what ``--report`` writes, before non-finite floats become strings)."""
+        """The report as a dict (what ``--report`` writes, before non-finite floats become strings;
+        every field is listed in docs/report.schema.json)."""
         return {
             "input": self.input,
             "output": self.output,
             "written": self.written,
+            "status": self.status,
+            "error": self.error,
             "before": self.before.to_dict(),
             "after": self.after.to_dict() if self.after else None,
             "passes": [dataclasses.asdict(p) for p in self.passes],
-            "check": self.check.to_json() if self.check else None,
+            "check": self.check.to_json() if self.check else unchecked_json(self.unchecked),
             "phases": dict(self.phases),
             "notes": list(self.notes),
         }
@@ -252,23 +285,48 @@ class Report:
             if tmp is not None:
                 tmp.unlink(missing_ok=True)
 
+    def _precision_flag(self) -> str:
+        """``fp16`` or ``bf16`` when the precision pass converted the model, else ""."""
+        types = {"float16": "fp16", "bfloat16": "bf16"}
+        return next((types.get(r.stats.get("precision"), "") for r in self.passes if r.name == "precision"), "")
+
+    def _pass_lines(self, verbose: bool) -> list[str]:
+        """A line per pass, then its mappings; a pass that changed nothing (and raised nothing) only says
+        so without ``verbose``. The precision search's errors are left out when the check ran (it
+        gives each output's error once)."""
+        checked = self.check is not None and self.check.checked
+        hidden = frozenset({"failure", *(("max_abs_error",) if checked else ())})
+        lines = []
+        for run in self.passes:
+            stats = run.stats
+            if not (verbose or run.modified or run.error):
+                stats = {k: v for k, v in stats.items() if k in _SAID_UNCHANGED}
+            inline, nested = _format_stats(stats, verbose=verbose, hidden=hidden)
+            key, why = _GROWTH.get(run.name, ("", ""))
+            if key and run.stats.get(key):
+                inline = f"{inline}: {why}" if inline else why
+            line = f"{run.name:<12}{run.seconds:>10.3f}  {'yes' if run.modified else 'no':<8} {inline}"
+            lines.append(line.rstrip())
+            lines.extend(f"{'':<32}{line}" for line in nested)
+        return lines
+
     def format(self, verbose: bool = False) -> str:
         """A plain-text table: op counts before and after, totals, passes and the check.
 
         Without ``verbose``, a pass's zero counters and its counters of what did not
         apply are left out (the JSON report has them all); a pass that makes the
         model larger says why. On a failed check, the first difference is left to
-        the error message (see :func:`check_hint`), so that it is said once.
+        the error message (see :func:`passes.cli.hints.check_hint`), so that it is said once.
         """
         after = self.after or self.before
         ops = sorted(set(self.before.op_counts) | set(after.op_counts))
         width = max([len("initializer bytes"), *(len(o) for o in ops)])
         lines = [f"{'op type':<{width}}  {'before':>9}  {'after':>9}"]
         lines.append("-" * (width + 22))
+        done = self.after is not None  # else the run stopped before the passes' result: no "after"
         for op in ops:
-            lines.append(
-                f"{op:<{width}}  {self.before.op_counts.get(op, 0):>9}  {after.op_counts.get(op, 0):>9}"
-            )
+            a = after.op_counts.get(op, 0) if done else "-"
+            lines.append(f"{op:<{width}}  {self.before.op_counts.get(op, 0):>9}  {a:>9}")
         lines.append("-" * (width + 22))
         for label, b, a in (
             ("nodes", self.before.nodes, after.nodes),
@@ -276,25 +334,19 @@ class Report:
             ("initializer bytes", self.before.initializer_bytes, after.initializer_bytes),
             ("opset", default_opset(self.before.opset) or "-", default_opset(after.opset) or "-"),
         ):
-            lines.append(f"{label:<{width}}  {b:>9}  {a:>9}")
+            lines.append(f"{label:<{width}}  {b:>9}  {a if done else '-':>9}")
         if self.before.file_bytes is not None or after.file_bytes is not None:
-            b, a = human_bytes(self.before.file_bytes), human_bytes(after.file_bytes)
+            b, a = human_bytes(self.before.file_bytes), human_bytes(after.file_bytes) if done else "-"
             lines.append(f"{'size on disk':<{width}}  {b:>9}  {a:>9}")
-        lines.extend(_signature_lines(self.before, after, verbose))
+        if done:
+            lines.extend(_signature_lines(self.before, after, verbose))
         if self.passes:
             lines.append("")
             lines.append(f"{'pass':<12}{'time (s)':>10}  {'changed':<8} details")
-            for run in self.passes:
-                inline, nested = _format_stats(run.stats, verbose=verbose)
-                key, why = _GROWTH.get(run.name, ("", ""))
-                if key and run.stats.get(key):
-                    inline = f"{inline}: {why}" if inline else why
-                line = f"{run.name:<12}{run.seconds:>10.3f}  {'yes' if run.modified else 'no':<8} {inline}"
-                lines.append(line.rstrip())
-                lines.extend(f"{'':<32}{line}" for line in nested)
+            lines.extend(self._pass_lines(verbose))
         if self.check is not None:
             lines.append("")
-            lines.extend(_check_lines(self.check))
+            lines.extend(_check_lines(self.check, self._precision_flag()))
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
@@ -326,11 +378,11 @@ def _signature_lines(before: ModelSummary, after: ModelSummary, verbose: bool) -
     return lines
 
 
-def _check_lines(check: CheckResult) -> list[str]:
+def _check_lines(check: CheckResult, precision: str = "") -> list[str]:
     """The check's status, the inputs it used, each output with its tolerance, its notes.
 
     A mismatch's sentence is said here once, on each output's line; the first
-    difference and the way out belong to the error (see :func:`check_hint`).
+    difference and the way out belong to the error (see :func:`passes.cli.hints.check_hint`).
     """
     failures = check.failures if check.checked and not check.error else []
     if failures:
@@ -347,9 +399,11 @@ def _check_lines(check: CheckResult) -> list[str]:
         if not out.ok:
             why = f"  ({_differing(out)})" if out.mismatches and out.shape is not None else (
                 f"  ({out.message})" if out.message else "")
+        scaled = out.within_scale + sum((s.get("within_scale") or {}).get(out.name, 0)
+                                        for s in (check.inputs.sets if check.inputs else []))  # fmt: skip
         lines.append(
             f"  {name_text(out.name)}: {status}  max abs {out.max_abs_error:.3g}  max rel {out.max_rel_error:.3g}"
-            f"  ({out.tolerance_text()})" + why
+            f"{out.bound_text(scaled)}  ({out.tolerance_text(precision)})" + why
         )
     lines.extend(f"note: {note}" for note in check.notes)
     return lines
@@ -358,55 +412,3 @@ def _check_lines(check: CheckResult) -> list[str]:
 def _differing(out: Any) -> str:
     total = math.prod(out.shape)
     return f"{out.mismatches} of {total} element(s) differ beyond the tolerance"
-
-
-def _near_tolerance(out: Any) -> bool:
-    """A float difference of rounding size: within 10x the default tolerance of its dtype, and not zero, between
-    values of the same shape (an output whose shape, dtype or structure differs has no differing elements to
-    measure, and a difference of NaN placement or of the sign of a zero alone is no rounding)."""
-    default = TOLERANCES.get(out.tolerance_dtype or out.dtype)
-    if default is None or not out.mismatches or not (out.max_abs_error or out.max_rel_error):
-        return False
-    if not (math.isfinite(out.max_abs_error) and math.isfinite(out.max_rel_error)):
-        return False
-    rtol, atol = default
-    return out.max_abs_error <= 10 * atol or out.max_rel_error <= 10 * rtol
-
-
-def check_hint(report: Report) -> list[str]:
-    """The way out of a failed check, fitted to its cause (one line each; empty if none fits).
-
-    * the pass blamed is ``simplify`` and it fused nodes: ``--no-fuse``;
-    * every differing output is off by a rounding-size amount: ``--rtol/--atol``;
-    * another pass blamed: ``--skip PASS``, and how to report it.
-    """
-    check = report.check
-    if check is None or not check.checked or check.ok:
-        return []
-    found = check.first_difference
-    blamed = found.pass_name if found is not None else ""
-    runs = {run.name: run for run in report.passes}
-    fused = runs["simplify"].stats.get("fused", 0) if "simplify" in runs else 0
-    failures = check.failures if not check.error else []
-    hints = []
-    if blamed == "simplify" and fused:
-        hints.append(f"hint: simplify's fusions (fused={fused}) change float rounding; "
-                     "--no-fuse keeps those ops as they are")
-    if failures and all(_near_tolerance(o) for o in failures):
-        worst_abs = max(o.max_abs_error for o in failures)
-        worst_rel = max(o.max_rel_error for o in failures)
-        dtype = failures[0].tolerance_dtype or failures[0].dtype
-        rtol, atol = TOLERANCES[dtype]
-        hints.append(f"hint: the differences are rounding-sized (max abs {worst_abs:.3g}, max rel {worst_rel:.3g}); "
-                     f"if your outputs allow that, set --rtol/--atol (default for {dtype}: "
-                     f"--rtol {rtol:g} --atol {atol:g})")
-    if blamed and blamed != "cleanup" and not (blamed == "simplify" and fused):
-        hints.append(f"hint: --skip {blamed} optimises without that pass; a pass that changes a result is a bug: "
-                     "please report it with the model (or its --report FILE.json)")
-    elif not hints:
-        hints.append("hint: " + ("" if report.written else "--force writes the output anyway; ")
-                     + "please report it with the model (or its --report FILE.json)")
-    if failures and check.repro is None:
-        hints.append("hint: --repro DIR writes the smallest pair of models that still differ, with their inputs, "
-                     "to attach to a report")
-    return hints

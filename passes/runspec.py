@@ -143,11 +143,13 @@ class RunSpec:
 
         return loop.build(self._steps(), record if record is not None else loop.Record())
 
-    def run(self, model: ir.Model, progress: Callable[[str], None] | None = None) -> list[PassRun]:
-        """Runs the passes on ``model`` in place; what each pass did, in order."""
+    def run(self, model: ir.Model, progress: Callable[[str], None] | None = None,
+            runs: list[PassRun] | None = None) -> list[PassRun]:
+        """Runs the passes on ``model`` in place; what each pass did, in order (also recorded into
+        ``runs`` as they run, so that a caller has them when a pass raises)."""
         from passes import loop
 
-        record = loop.Record(progress)
+        record = loop.Record(progress, runs)
         steps = self._steps()
         try:
             loop.run(loop.build(steps, record), model)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import re
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -304,3 +307,19 @@ def value_info_against_onnxruntime(
                     assert sizes.setdefault(d, n) == n, (info.name, d, sizes[d], array.shape)
                 checked += 1
     return checked
+
+
+_REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def optimize_command(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    """``optimize ARGS`` as a user types it in ``cwd`` (this checkout's command), its output as text."""
+    return subprocess.run([sys.executable, "-m", "passes", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(_REPO)}, timeout=600)  # fmt: skip
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The one line a refused command printed (exit 2, nothing else on stderr)."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("optimize: error: "), proc.stderr
+    return lines[0]

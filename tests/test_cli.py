@@ -705,11 +705,16 @@ def test_default_summary_leaves_out_zero_counters_and_what_did_not_apply(
     assert "declined: " in captured.out and "if_inlined=0" in captured.out
 
 
-def test_v_is_our_detail_and_vv_adds_other_libraries_debug_lines(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+def test_v_is_a_line_or_two_per_pass_and_vv_the_lines_per_node(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """``optimize demo.onnx out -v``: this tool's log, a line or two per pass run (the demo's loop runs
+    fold, simplify and decompose 3 rounds); the rules that did not apply, one line per node, with -vv."""
     one = run_cli(str(demo), str(tmp_path / "a.onnx"), "-v", "--no-check")
     two = run_cli(str(demo), str(tmp_path / "b.onnx"), "-vv", "--no-check")
     assert one.returncode == 0 and two.returncode == 0
-    assert "DEBUG: passes." in one.stderr and "DEBUG: onnx_ir" not in one.stderr
+    runs = one.stderr.count("INFO: passes.pipeline: pass ")
+    assert runs >= 6 and len(one.stderr.splitlines()) <= 2 * runs, one.stderr
+    assert "DEBUG:" not in one.stderr and "does not apply" not in one.stderr
+    assert "DEBUG: passes.simplify:" in two.stderr and "does not apply" in two.stderr
     assert "DEBUG: onnx_ir" in two.stderr
 
 
@@ -738,3 +743,73 @@ def test_a_pass_blamed_for_a_large_difference_gets_the_skip_hint(
     err = capsys.readouterr().err
     assert "hint: --skip nudge optimises without that pass" in err and "please report it" in err
     assert "--rtol/--atol" not in err and "--no-fuse" not in err
+
+
+class _WarnEachRoundPass(ir.passes.InPlacePass):
+    """Test-only: warns the same thing in every round of the loop (and a second thing once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        import logging
+
+        self.calls += 1
+        logging.getLogger("passes.toy").warning("the same warning, round after round")
+        if self.calls == 1:
+            logging.getLogger("passes.toy").warning("another warning")
+        return ir.passes.PassResult(model, modified=self.calls < 3)
+
+
+class _RefusePass(ir.passes.InPlacePass):
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        raise passes.InputError("the toy pass refuses this model")
+
+
+def test_warnings_before_an_error_are_each_said_once(demo: pathlib.Path, tmp_path: pathlib.Path,
+                                                      monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # fmt: skip
+    """A pass that warns in each of its rounds, then a refusal: each warning once, then the one error line."""
+    warn = _WarnEachRoundPass()
+    monkeypatch.setitem(pipeline.PASSES, "warn", pipeline.PassSpec("warn", "test only", lambda o: warn, repeats=True))
+    monkeypatch.setitem(pipeline.PASSES, "refuse", pipeline.PassSpec("refuse", "test only", lambda o: _RefusePass()))
+    assert cli.main([str(demo), str(tmp_path / "o.onnx"), "--passes", "fold,warn,refuse"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert warn.calls == 3  # the loop ran it three rounds
+    assert err == ["optimize: WARNING: passes.toy: the same warning, round after round",
+                   "optimize: WARNING: passes.toy: another warning",
+                   "optimize: error: the toy pass refuses this model"]
+
+
+def test_the_summary_reads_without_a_manual(demo: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """``optimize MODEL OUT``: the tolerance's source is the dtype (or the flag), a long list of kinds
+    names the three most frequent, a pass that changed nothing shows only its name, and an output
+    that passed with a relative error beyond rtol says which bound its elements met."""
+    proc = run_cli(str(REPO / "models" / "real" / "sk_mlp_opset13.onnx"), str(tmp_path / "m.onnx"))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "(rtol 0.0001 atol 1e-05: float32's default)" in proc.stdout and "value '" not in proc.stdout
+    converted = next(line for line in lines if line.strip().startswith("converted: "))
+    assert converted.strip() == "converted: 11 in 7 kinds: Cast x3, Add x2, MatMul x2 and 4 more"
+    for name in ("fold", "decompose", "cleanup"):  # changed nothing: the name, the time and "no"
+        (line,) = [line for line in lines if line.startswith(name + " ")]
+        assert line.split()[1:] == [line.split()[1], "no"], line
+    proc = run_cli(str(demo), str(tmp_path / "d.onnx"), "--rtol", "1e-9")
+    assert proc.returncode == 0, proc.stderr
+    lse = next(line for line in proc.stdout.splitlines() if line.strip().startswith("lse_flat: ok"))
+    assert "max rel 8.52e-08 (beyond rtol 1e-09 only within atol 1e-05)" in lse, lse
+    assert lse.endswith("(rtol 1e-09 (--rtol) atol 1e-05 (float32's default))"), lse
+    proc = run_cli(str(demo), str(tmp_path / "d.onnx"), "--rtol", "1e-3", "--atol", "1e-3")
+    assert "(rtol 0.001 atol 0.001: --rtol --atol)" in proc.stdout
+
+
+def test_one_error_figure_per_output_with_precision(tmp_path: pathlib.Path) -> None:
+    """``--precision fp16``: the check's error per output, not also the search's (the JSON has both)."""
+    report = tmp_path / "r.json"
+    proc = run_cli(str(REPO / "models" / "real" / "small_cnn_opset13.onnx"), str(tmp_path / "h.onnx"),
+                   "--precision", "fp16", "--report", str(report))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("max abs") == 2 and "max_abs_error" not in proc.stdout
+    assert "(rtol 0.01 atol 0.001: float16's default (--precision fp16))" in proc.stdout
+    (run,) = [r for r in json.loads(report.read_text())["passes"] if r["name"] == "precision"]
+    assert set(run["stats"]["max_abs_error"]) == {"log_probs", "features"}

@@ -418,19 +418,20 @@ def test_jobs_with_a_single_file_is_refused(tmp_path: pathlib.Path, capsys) -> N
 
 
 def test_an_interrupted_folder_leaves_no_partial_output(tmp_path: pathlib.Path) -> None:
+    """Ctrl-C: no partial file; the table, the totals and ``--report`` still say what finished."""
     folder = tmp_path / "in"
     folder.mkdir()
     models = 24  # about a second each: far from done when the first output appears
     for i in range(models):
         shutil.copy(REAL / "tiny_bert_opset17.onnx", folder / f"m{i}.onnx")
-    out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "passes", str(folder), "-o", str(out), "--jobs", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)  # fmt: skip
+    out, report = tmp_path / "out", tmp_path / "all.json"
+    proc = subprocess.Popen([sys.executable, "-m", "passes", str(folder), "-o", str(out), "--jobs", "2", "--report",
+                             str(report)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)  # fmt: skip
     deadline = time.monotonic() + 120
     while not (out.exists() and any(out.glob("*.onnx"))) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)  # interrupted mid-way: some models written, others running or not started
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    stdout, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert err.decode().strip().splitlines()[-1].startswith("optimize: error: interrupted")
     left = [p for p in out.rglob("*")] if out.exists() else []
@@ -438,6 +439,12 @@ def test_an_interrupted_folder_leaves_no_partial_output(tmp_path: pathlib.Path) 
     for p in left:
         onnx.checker.check_model(str(p))  # every model written is whole
     assert len(left) < models
+    data = json.loads(report.read_text())  # the report of the models that finished
+    finished = {r["model"] for r in data["models"]}
+    assert data["interrupted"] is True and finished and finished.isdisjoint(data["not_finished"])
+    assert finished | set(data["not_finished"]) == {f"m{i}.onnx" for i in range(models)}
+    assert finished <= {p.name for p in left} and all(r["status"] == "ok" for r in data["models"])
+    assert f"{len(data['not_finished'])} not finished" in stdout.decode().splitlines()[-1]
 
 
 def helpers_run(*args: str) -> subprocess.CompletedProcess[str]:

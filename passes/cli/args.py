@@ -4,32 +4,89 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from passes import __version__, pipeline
+from passes.cli import habits
 from passes.errors import EXIT_ERROR, InputError
 from passes.options import Option, parse_int, parse_nonnegative_int, parse_size, parse_tolerance, short
 from passes.verify.result import DEFAULT_TIMEOUT
 
-__all__ = ["PROG", "option_values", "parser", "resolve_output"]
+__all__ = ["PROG", "Parser", "option_values", "parser", "resolve_output", "static_shapes"]
 
 PROG = "optimize"
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+    """No abbreviations (``--job 2`` is not ``--jobs 2``: a folder's runs pass flags on by name), the
+    other tools' flags made ours or refused with a pointer (:mod:`passes.cli.habits`), one-line errors."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        try:
+            translated = habits.translate(sys.argv[1:] if args is None else args)
+        except habits.Refusal as e:
+            self.error(str(e))
+        return super().parse_known_args(translated, namespace)
+
     def error(self, message: str) -> NoReturn:
         """One line, as every other error (argparse's default adds a usage block of ~9 lines)."""
         self.exit(EXIT_ERROR, f"{PROG}: error: {self._suggest(message)}; see {PROG} --help\n")
 
     def _suggest(self, message: str) -> str:
-        """``--target_opset`` (onnxsim's spelling) -> "did you mean --target-opset?" when that flag exists."""
+        """``--target_opset`` (onnxsim's spelling) -> "did you mean --target-opset?" when that flag exists;
+        a number after the output (onnxsim's ``IN OUT N``) -> what the check does here."""
         prefix = "unrecognized arguments: "
-        if message.startswith(prefix):
-            for word in message[len(prefix):].split():
-                flag = word.split("=", 1)[0].replace("_", "-")
-                if word.startswith("--") and "_" in word and flag in self._option_string_actions:
-                    return f"{message} (did you mean {flag}?)"
-        return message
+        if not message.startswith(prefix):
+            return message
+        words = message[len(prefix):].split()
+        for word in words:
+            flag = word.split("=", 1)[0]
+            if not flag.startswith("--"):
+                continue
+            if "_" in flag and flag.replace("_", "-") in self._option_string_actions:
+                return f"{message} (did you mean {flag.replace('_', '-')}?)"
+            longer = sorted(f for f in self._option_string_actions if f.startswith(flag) and f != flag)
+            if longer:
+                return f"{message} (did you mean {' or '.join(longer[:3])}? flags are not abbreviated)"
+        return message + habits.bare_count_hint(words[0]) if words else message
+
+    def groups(self, argv: Sequence[str]) -> list[tuple[str | None, list[str]]]:
+        """The tokens of ``argv`` (as :meth:`parse_args` takes it, after the other tools' forms are
+        made ours) grouped by argument: ``(dest, tokens)`` for an option with its value, ``(None,
+        [token])`` for a positional. A folder's runs get the groups that are theirs."""
+        tokens = habits.translate(argv)
+        found: list[tuple[str | None, list[str]]] = []
+        i = 0
+        while i < len(tokens):
+            token = tokens[i]
+            i += 1
+            if token == "--":
+                found.extend((None, [t]) for t in tokens[i:])
+                break
+            if not token.startswith("-") or token == "-" or self._negative_number_matcher.match(token):
+                found.append((None, [token]))
+                continue
+            if token.startswith("--"):
+                action = self._option_string_actions.get(token.split("=", 1)[0])
+                takes = action is not None and action.nargs != 0 and "=" not in token
+                found.append((action.dest if action else None, [token, *tokens[i:i + 1]] if takes else [token]))
+                i += 1 if takes else 0
+                continue
+            for k in range(1, len(token)):  # -q, -vv, -oOUT, -o OUT
+                action = self._option_string_actions.get("-" + token[k])
+                if action is not None and action.nargs != 0:
+                    value = token[k + 1:]
+                    found.append((action.dest, ["-" + token[k], value] if value else ["-" + token[k], *tokens[i:i + 1]]))
+                    i += 0 if value else 1
+                    break
+                found.append((action.dest if action else None, ["-" + token[k]]))
+        return found
 
 
 def resolve_output(parser_: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -80,10 +137,13 @@ def _size(text: str) -> int | str:
 
 
 def _input_shape(text: str) -> tuple[str, list[int | str]]:
-    """``NAME:D0,D1,...`` (the name may hold ``:``, as TensorFlow's ``input:0`` does)."""
+    """``NAME:D0,D1,...`` (the name may hold ``:``, as TensorFlow's ``input:0`` does); ``D0,D1,...`` alone
+    (onnxsim's form for a model with one input) has the name "", which the pipeline reads as that input."""
     name, sep, sizes = text.rpartition(":")
-    if not sep or not name or not sizes.strip():
-        raise argparse.ArgumentTypeError(f"invalid --input-shape {short(text)} (expected NAME:D0,D1,...)")
+    bare = not sep and all(s.strip().isascii() and s.strip().isdigit() for s in sizes.split(","))
+    if not bare and (not sep or not name or not sizes.strip()):
+        raise argparse.ArgumentTypeError(f"invalid --input-shape {short(text)} (expected NAME:D0,D1,..., or "
+                                         "D0,D1,... for a model with one input)")
     return name, [_size(s.strip()) for s in sizes.split(",")]
 
 
@@ -139,10 +199,10 @@ def _names(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> Parser:
     """The command's parser; pass options come from the passes' declarations."""
     available = "\n".join(f"  {s.name:<10} {s.description}" for s in pipeline.PASSES.values())
-    result = _Parser(
+    result = Parser(
         prog=PROG,
         description=(
             "Optimise an ONNX model and prove with onnxruntime that it computes the same thing.\n\n"
@@ -180,7 +240,8 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--input-shape", "--overwrite-input-shape", dest="input_shape", type=_input_shape,
                         action="append", default=[], metavar="NAME:D0,D1,...",
                         help="declare a graph input with this static shape before the passes (shape "
-                             "arithmetic then folds; the check runs at it); repeatable")
+                             "arithmetic then folds; the check runs at it); repeatable; also onnxsim's "
+                             "forms: several after one flag, D0,D1,... alone for a model with one input")
     result.add_argument("--fix-dim", type=_fix_dim, action="append", default=[], metavar="NAME=SIZE",
                         help="set a symbolic dim to SIZE everywhere it appears (inputs, outputs, value "
                              "infos, subgraphs) before the passes; repeatable")
@@ -193,7 +254,8 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--check-memory", type=_memory, default=None, metavar="SIZE",
                         help="address-space bound of the check's process, e.g. 8G (default: 3/4 of "
                              "physical memory; 0: none)")
-    result.add_argument("--inputs", metavar="FILE.npz", help="check inputs by name (others are generated)")
+    result.add_argument("--inputs", metavar="FILE.npz",
+                        help="the check's inputs: an .npz of arrays by input name (others are generated)")
     result.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=SIZE",
                         help="size of a named dynamic dimension for generated inputs (default: "
                              "sizes tried until the original model runs); repeatable")
@@ -217,8 +279,9 @@ def parser() -> argparse.ArgumentParser:
     verbosity = result.add_mutually_exclusive_group()
     verbosity.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     verbosity.add_argument("-v", "--verbose", action="count", default=0,
-                           help="every counter of every pass, this tool's log and tracebacks; "
-                                "-vv adds other libraries' debug lines")
+                           help="every counter of every pass, this tool's log (a line or two per pass) "
+                                "and tracebacks; -vv adds the lines per node (each rule that did not "
+                                "apply) and other libraries' debug lines")
     result.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     return result
 

@@ -69,18 +69,28 @@ class _Console:
 class _OwnRecordsOnly(logging.Filter):
     """Without ``-v``, only this tool's records: libraries (onnx_ir's "cannot be found in
     any scope", "contains invalid UTF-8"...) log about models the tool then refuses in
-    its one error line, and their lines would come before it. With ``-v``, this tool's
-    detail and the libraries' records of INFO and above; their DEBUG lines (onnx_ir's
-    "ValueInfoProto not found", one per node) only with ``-vv``."""
+    its one error line, and their lines would come before it. With ``-v``, the records of
+    INFO and above (each pass's time and counters: a line or two per pass); the DEBUG
+    lines, one per node (this tool's "rule X does not apply to node Y", "folded node Y",
+    onnx_ir's "ValueInfoProto not found"), only with ``-vv``.
+
+    A warning said again with the same text is not printed again (a pass that runs in
+    several rounds, the search for the pass that brought a mismatch, would repeat it)."""
 
     def __init__(self, verbose: int) -> None:
         super().__init__()
         self.verbose = verbose
+        self.said: set[tuple[str, str]] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == "passes" or record.name.startswith("passes."):
-            return True
-        return self.verbose >= 2 or (self.verbose == 1 and record.levelno >= logging.INFO)
+        if record.levelno >= logging.WARNING:
+            key = (record.name, record.getMessage())
+            if key in self.said:
+                return False
+            self.said.add(key)
+        if record.levelno < logging.INFO:
+            return self.verbose >= 2
+        return self.verbose >= 1 or record.name == "passes" or record.name.startswith("passes.")
 
 
 @contextlib.contextmanager
@@ -92,7 +102,8 @@ def _logging(verbose: int, quiet: bool) -> Iterator[None]:
     root = logging.getLogger()
     level = root.level
     root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbose else logging.ERROR if quiet else logging.WARNING)
+    root.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO if verbose else logging.ERROR if quiet
+                  else logging.WARNING)  # fmt: skip
     try:
         yield
     finally:
@@ -246,7 +257,7 @@ def _failure_text(error: CheckFailedError, report: Report | None, *, summary_sho
         names = shown_names([o.name for o in failures])
         first = (f"check failed: {len(failures)} of {len(check.outputs)} output(s) differ ({names}; see above)"
                  + ("" if report.written else f"; {report.output} not written"))
-    from passes.report import check_hint  # loaded by the run already
+    from passes.cli.hints import check_hint  # its imports are loaded by the run already
 
     return "\n".join([first, *rest, *check_hint(report)])
 
@@ -306,16 +317,15 @@ def _interrupted(error: KeyboardInterrupt, state: dict[str, bool]) -> int:
     return 128 + (error.signum if isinstance(error, _Interrupted) else signal.SIGINT)
 
 
-def _folder(args: argparse.Namespace, argv: Sequence[str], output_path: str | None) -> int:
+def _folder(args: argparse.Namespace, groups: Sequence[tuple[str | None, list[str]]]) -> int:
     """``optimize DIR -o OUTDIR``: each model a single run (see :mod:`passes.cli.folder`)."""
     from passes.cli import folder
 
     if args.repro is not None:
         raise InputError("--repro DIR is for one model: run the model whose check fails again alone with it")
     try:
-        return folder.run_folder(pathlib.Path(args.input), pathlib.Path(args.output),
-                                 folder.child_arguments(argv, args.input, output_path), jobs=args.jobs,
-                                 report_path=args.report, quiet=args.quiet)  # fmt: skip
+        return folder.run_folder(pathlib.Path(args.input), pathlib.Path(args.output), folder.child_arguments(groups),
+                                 jobs=args.jobs, report_path=args.report, quiet=args.quiet)  # fmt: skip
     except KeyboardInterrupt as e:
         print(f"{PROG}: error: interrupted; the models not finished were not written (no partial output)",
               file=sys.stderr, flush=True)
@@ -327,13 +337,12 @@ def _main(argv: Sequence[str] | None, state: dict[str, bool]) -> int:
     try:
         parser_ = parser()
         raw = list(sys.argv[1:] if argv is None else argv)
-        args = parser_.parse_args(raw)
+        args = parser_.parse_intermixed_args(raw)  # OUTPUT may follow flags: ``IN --input-shape x:1,3 OUT``
         args.argv = raw
-        output_path = args.output_path
         resolve_output(parser_, args)
         verbose = args.verbose
         if os.path.isdir(args.input) and not args.input.rstrip(os.sep).lower().endswith(".onnx"):
-            return _folder(args, raw, output_path)  # (a folder named *.onnx stays "not a regular file")
+            return _folder(args, parser_.groups(raw))  # (a folder named *.onnx stays "not a regular file")
         if args.jobs is not None:
             raise InputError(f"--jobs is for a folder of models; {args.input} is not a folder")
         console = _Console(args.quiet)

@@ -208,7 +208,7 @@ class ConstantFoldingPass(Pass, spec=FOLD):
         modified = bool(
             stats.folded or stats.if_inlined or stats.removed_nodes or stats.removed_initializers
         )
-        logger.info("constant folding: %s", self.stats)
+        logger.info("constant folding: %s", {k: v for k, v in self.stats.items() if v} or "nothing folded")
         return ir.passes.PassResult(model, modified=modified)
 
 

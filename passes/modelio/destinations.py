@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import pathlib
 import stat
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from passes.errors import InputError
@@ -32,7 +33,8 @@ else:  # an early error (a missing file) must not pay for importing onnx
     onnx = lazy_module("onnx")
     _protobuf = lazy_module("google.protobuf.message")
 
-__all__ = ["check_data_file", "check_destinations", "check_encodable", "check_writable", "data_file_of", "shown"]
+__all__ = ["check_data_file", "check_destinations", "check_encodable", "check_report", "check_writable",
+           "data_file_of", "shown"]
 
 _KINDS = (
     (stat.S_ISCHR, "a character device"),
@@ -142,11 +144,13 @@ def check_data_file(destination: pathlib.Path, *, replace: bool = False) -> None
 
 
 def check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | os.PathLike[str] | None,
-                        model: ir.Model, replace_data: bool = False) -> None:  # fmt: skip
+                        model: ir.Model, replace_data: bool = False,
+                        reads: Iterable[str | os.PathLike[str]] = ()) -> None:  # fmt: skip
     """Refuses, before any work, what the run must not write.
 
-    * OUTPUT (or its ``.data`` file, or the report) overwriting part of the input
-      other than by replacing the input model as a whole (``-o INPUT``);
+    * OUTPUT (or its ``.data`` file, or the report) overwriting a file the run
+      reads (the input's files, and ``reads``: ``--inputs FILE.npz``) other than
+      by replacing the input model as a whole (``-o INPUT``);
     * OUTPUT, OUTPUT.data or the report existing as anything but a regular file
       (a device, a FIFO, a socket, a folder): only regular files and new paths
       are written;
@@ -154,17 +158,22 @@ def check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | os.Pa
       data (so the output will too), unless ``replace_data``; the commit checks
       again whatever the output turns out to need;
     * an OUTPUT path that is not UTF-8 text (onnx could not check the output).
+
+    The report is looked at first (:func:`check_report`): when another destination is
+    refused, the report of that refusal can still be written.
     """
     from passes.modelio.load import data_files, has_external_data  # load imports this module
 
     source = src.resolve()
     inputs = {source, *data_files(model)}
+    extra = {pathlib.Path(p).resolve() for p in reads}
     target = dst.resolve()
     data = target.with_name(target.name + ".data")
     written = {target, data}
-    clashes = sorted(written & inputs) if target != source else []
+    clashes = sorted((written & inputs) if target != source else set()) + sorted(written & extra)
     if clashes:
-        raise InputError(f"{dst}: writing it would overwrite the input's file {clashes[0]}; choose another output")
+        kind = "the input's file" if clashes[0] in inputs else "the file of check inputs"
+        raise InputError(f"{dst}: writing it would overwrite {kind} {clashes[0]}; choose another output")
     check_encodable(dst, shown(dst), "onnx and onnxruntime take paths as UTF-8 text, so the output "
                                      "could not be checked")
     check_writable(dst, shown(dst))
@@ -172,11 +181,24 @@ def check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | os.Pa
         check_data_file(dst, replace=replace_data)
     else:
         check_writable(data, f"{shown(data)} (the output's data file)")
-    if report is not None:
-        label = f"--report {shown(report)}"
-        resolved = pathlib.Path(report).resolve()
-        if resolved in inputs | written:
-            raise InputError(f"{label}: that is a model file of this run; choose another name")
-        if not resolved.parent.is_dir():
-            raise InputError(f"{label}: its folder does not exist")
-        check_writable(pathlib.Path(report), label)
+
+
+def check_report(report: str | os.PathLike[str] | None, src: pathlib.Path, dst: pathlib.Path, model: ir.Model,
+                 reads: Iterable[str | os.PathLike[str]] = ()) -> None:  # fmt: skip
+    """Refuses a ``--report`` path that names a file the run reads or writes (the input model, its
+    external data, ``reads``, OUTPUT, OUTPUT.data), or that is not a regular file or a new path in
+    an existing folder."""
+    if report is None:
+        return
+    from passes.modelio.load import data_files  # load imports this module
+
+    label = f"--report {shown(report)}"
+    resolved = pathlib.Path(report).resolve()
+    target = dst.resolve()
+    if resolved in {src.resolve(), *data_files(model), target, target.with_name(target.name + ".data")}:
+        raise InputError(f"{label}: that is a model file of this run; choose another name")
+    if resolved in {pathlib.Path(p).resolve() for p in reads}:
+        raise InputError(f"{label}: that is a file the run reads (--inputs); choose another name")
+    if not resolved.parent.is_dir():
+        raise InputError(f"{label}: its folder does not exist")
+    check_writable(pathlib.Path(report), label)

@@ -44,6 +44,7 @@ import onnx_ir as ir
 
 from passes.base import Pass, pass_stats
 from passes.declarations import PRECISION, precision_tolerance
+from passes.errors import CheckFailedError
 from passes.ir.tensors import KEEP_EXTERNAL, InlineData
 from passes.ir.walk import opset_of
 from passes.precision import convert as _convert, lazy as _lazy, plan as _plan
@@ -97,8 +98,30 @@ class PrecisionPass(Pass, spec=PRECISION):
             # Converted weights are not external tensors: still saved as external data (written a
             # chunk at a time from the input's, see passes.precision.lazy), the search's copies too.
             model.meta[KEEP_EXTERNAL] = True
+
+        def label(key: tuple[str, str]) -> str:
+            return f"{key[1]} ({nodes[key][1].op_type}{', in ' + key[0] if key[0] else ''})"
+
+        def details() -> dict[str, Any]:
+            described = {label(k): why for k, why in sorted(islands.items()) if k in nodes}
+            described.update({label(k): "fixed: " + why for k, why in sorted(plan.fixed.items()) if k in nodes})
+            return dict(
+                precision=type_name,
+                io=self.io,
+                tolerance=list(self.tolerance) if self.tolerance is not None else None,
+                check_ok=checked["ok"],
+                check_rounds=checked["rounds"],
+                islands=described,
+                max_abs_error={name: o["max_abs_error"] for name, o in checked["outputs"].items()},
+                **{k: checked[k] for k in ("skipped", "unlocated", "failure") if k in checked},
+            )
+
         if self.check:
-            self._search(model, plan, half, type_name, islands, checked)
+            try:
+                self._search(model, plan, half, type_name, islands, checked)
+            except CheckFailedError:  # the report still lists the rounds, the islands and the errors
+                self.stats = pass_stats({}, {}, **details())
+                raise
         exact = set(self._exact)
         counts = _convert.convert(model, plan, half, set(islands), exact, io=self.io)
         reasons: dict[str, int] = {}
@@ -106,24 +129,11 @@ class PrecisionPass(Pass, spec=PRECISION):
             kind = reason.split(":", 1)[0] if not reason.startswith("fixed:") else "fixed: " + reason[7:].split(":")[0]
             reasons[kind] = reasons.get(kind, 0) + 1
         reasons["between float32 nodes"] = counts["lone"]
-
-        def label(key: tuple[str, str]) -> str:
-            return f"{key[1]} ({nodes[key][1].op_type}{', in ' + key[0] if key[0] else ''})"
-
-        described = {label(k): why for k, why in sorted(islands.items()) if k in nodes}
-        described.update({label(k): "fixed: " + why for k, why in sorted(plan.fixed.items()) if k in nodes})
         self.stats = pass_stats(
             {"half_nodes": counts["half_nodes"], "initializers": counts["initializers"], "casts": counts["casts"],
              "inputs_and_outputs": counts["io"]},
             reasons,
-            precision=type_name,
-            io=self.io,
-            tolerance=list(self.tolerance) if self.tolerance is not None else None,
-            check_ok=checked["ok"],
-            check_rounds=checked["rounds"],
-            islands=described,
-            max_abs_error={name: o["max_abs_error"] for name, o in checked["outputs"].items()},
-            **{k: checked[k] for k in ("skipped", "unlocated", "failure") if k in checked},
+            **details(),
         )
         modified = counts["half_nodes"] > 0 or counts["initializers"] > 0 or counts["io"] > 0
         return ir.passes.PassResult(model, modified=modified)
@@ -214,8 +224,6 @@ class PrecisionPass(Pass, spec=PRECISION):
             if not result.ok:
                 checked["failure"] = result.summary()
                 if result.checked:
-                    from passes.errors import CheckFailedError
-
                     raise CheckFailedError(
                         f"--precision {self.precision}: the {type_name} model still differs from the float32 "
                         f"model after {checked['rounds']} rounds of float32 islands "

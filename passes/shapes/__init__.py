@@ -28,7 +28,11 @@ from passes.options import short
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-__all__ = ["check_dims", "input_shape_text", "requests_text", "normalize", "refusal", "refuse_malformed"]
+__all__ = ["SOLE_INPUT", "check_dims", "input_shape_text", "name_sole_input", "normalize", "refusal",
+           "refuse_malformed", "requests_text"]
+
+#: The name of a shape given without one (onnxsim's ``--input-shape 1,3,224,224``): the model's only input.
+SOLE_INPUT = ""
 
 
 def input_shape_text(name: str, shape: Sequence[Any]) -> str:
@@ -84,6 +88,31 @@ def normalize(input_shapes: Mapping[str, Sequence[Any]] | None,
     dims = dict(fix_dims or {})
     refuse_malformed(shapes, dims)
     return {k: tuple(int(d) for d in v) for k, v in shapes.items()}, {k: int(v) for k, v in dims.items()}
+
+
+def name_sole_input(model: ir.Model, input_shapes: Mapping[str, Sequence[Any]]) -> dict[str, tuple[int, ...]]:
+    """``input_shapes`` with the shape given without a name (:data:`SOLE_INPUT`) given the name of the
+    model's only input, validated as :func:`normalize` does.
+
+    Raises:
+        InputError: the model has not exactly one input, or that input has another shape too.
+    """
+    named = {k: v for k, v in input_shapes.items() if k != SOLE_INPUT}
+    if SOLE_INPUT not in input_shapes:
+        return normalize(named, {})[0]
+    shape = input_shapes[SOLE_INPUT]
+    sizes = ",".join(_size_text(d) for d in shape) if isinstance(shape, (list, tuple)) else _size_text(shape)
+    graph = model.graph
+    inputs = [v.name for v in graph.inputs if v.name not in graph.initializers]
+    if len(inputs) != 1:
+        raise InputError(f"--input-shape {short(sizes, 60)}: a shape without a name is for a model with one "
+                         f"input, and this one has {len(inputs)} ({_listed(inputs, 'inputs')}); give "
+                         f"NAME:{short(sizes, 60)[1:-1]}")
+    name = inputs[0]
+    if name in named and list(named[name]) != list(shape):
+        raise InputError(f"--input-shape {short(sizes, 60)} and {input_shape_text(name, named[name])}: "
+                         f"{short(name)} given twice with different sizes")
+    return normalize({**named, name: shape}, {})[0]
 
 
 def _dim(d: Any) -> int | str | None:

@@ -469,9 +469,11 @@ class Checker:
             return CheckResult(False, error=compared.get("error", ""))
         outputs = [OutputComparison.from_json(o) for o in compared["outputs"]]
         errors = self._merge_sets(outputs, compared.get("sets", []))
+        flags = " ".join(flag for flag, value in (("--rtol", self.rtol), ("--atol", self.atol)) if value is not None)
         for o in outputs:
             if o.rtol is not None:
                 o.tolerance_dtype, o.tolerance_value = self._sources.get(o.name, ("", ""))
+                o.tolerance_flags = flags
         ok = all(o.ok for o in outputs) and not errors
         return CheckResult(ok, outputs=outputs, error="; ".join(errors) or None)
 
@@ -554,7 +556,8 @@ class Checker:
         original, opt_proto = _files.whole(self.original_path), _files.whole(opt_path)  # copies that run need every attribute
         if self.precision is not None:  # half values compared as float32 under their own names
             opt_proto = _locate.widened(original, opt_proto)
-        names, types = _locate.comparable_values(original, opt_proto)
+        correspondence = _locate.Correspondence(original, opt_proto, through_casts=self.precision is not None)
+        names, types = _locate.comparable_values(original, opt_proto, correspondence)
         if not names:
             return FirstDifference(message="the two models have no intermediate value in common")
         tolerances = _locate.value_tolerances(original, names, self.rtol, self.atol, self.precision,
@@ -577,7 +580,7 @@ class Checker:
         if not answer.get("ok"):
             return FirstDifference(message=f"onnxruntime could not run the copies: {answer.get('error', '')}")
         self.located_values = answer["values"]
-        return _locate.first_difference(original, answer["values"])
+        return _locate.first_difference(original, answer["values"], correspondence)
 
     def magnitudes(self) -> dict[str, float]:
         """The largest finite magnitude of each float32 value of the original's main graph over

@@ -1,12 +1,25 @@
 """Where a mismatch starts: the first node of the original whose output differs.
 
-After a failed check, the values that exist under the same name in both
-models, with a known tensor type that onnxruntime can return, become extra
-graph outputs of a copy of each model; the child runs both copies on the kept
-inputs (a chunk of values per run, sized to a memory budget) and compares
+After a failed check, the values both models compute the same way become
+extra graph outputs of a copy of each model; the child runs both copies on the
+kept inputs (a chunk of values per run, sized to a memory budget) and compares
 each value with its own tolerance. The first node in the original's
 topological order with a differing output is the start; its inputs' errors
 say whether the node itself changed the result (all zero) or inherited it.
+
+A value is compared when both models have it under the same name, with the same
+known tensor type that onnxruntime can return, and the node making it in the
+optimised model reads the same values as the original's node
+(:class:`Correspondence`): a pass that rewrites a node (a fusion folding a
+BatchNormalization into the Conv's weights, a MatMul and an Add into a Gemm)
+gives it other inputs, so its output, although it keeps its name, now means
+something else, and comparing it would blame the rewrite's node for the
+difference of meaning. The node making it may be another op (a pass that
+changes an op while keeping its inputs is what the locator must find), may
+take more inputs (the upgrade turns attributes into inputs), and a constant
+that fold wrote under the value's name is compared with what the original
+computes. The nodes before the first difference that the passes rewrote or
+fused away are named with it.
 """
 
 from __future__ import annotations
@@ -23,8 +36,8 @@ from passes.modelio import destinations
 from passes.verify import lowest as _lowest, plan
 from passes.verify.result import FirstDifference, default_tolerance
 
-__all__ = ["augmented", "comparable_values", "first_difference", "link_external", "tensor_types", "value_tolerances",
-           "widened"]
+__all__ = ["Correspondence", "augmented", "comparable_values", "first_difference", "link_external", "tensor_types",
+           "value_tolerances", "widened"]
 
 #: Element types onnxruntime's Python API can return (not bfloat16, float8, int4...).
 _FETCHABLE = frozenset(t for t, name in plan.NUMPY_TYPES.items() if name != "bfloat16")
@@ -44,9 +57,96 @@ def tensor_types(proto: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def comparable_values(original: onnx.ModelProto, optimized: onnx.ModelProto) -> tuple[list[str], dict[str, int]]:
+class Correspondence:
+    """Which values of the original the optimised model computes the same way (see the module docstring).
+
+    ``through_casts``: the optimised model is a ``--precision`` model (or its emulation), whose
+    Casts to and from the half type stand between the values it shares with the original; they
+    are looked through, as Identity nodes are in both models.
+    """
+
+    def __init__(self, original: onnx.ModelProto, optimized: onnx.ModelProto, *, through_casts: bool = False) -> None:
+        self.original, self.optimized = original, optimized
+        self._a = {out: node for node in original.graph.node for out in node.output if out}
+        self._b = {out: node for node in optimized.graph.node for out in node.output if out}
+        self._b_names = set(self._b) | {t.name for t in optimized.graph.initializer}
+        self._b_names |= {i.name for i in optimized.graph.input}
+        self._through = ("Identity", "Cast") if through_casts else ("Identity",)
+        self._origins: dict[tuple[bool, str], str] = {}
+
+    def _origin(self, name: str, original: bool) -> str:
+        """``name`` followed back through the Identity nodes (and, in the optimised model, the Casts it
+        looks through) that make it; each chain walked once (cached)."""
+        producers, ops = (self._a, ("Identity",)) if original else (self._b, self._through)
+        chain = []
+        while (original, name) not in self._origins and len(chain) <= len(producers):
+            node = producers.get(name)
+            if node is None or node.op_type not in ops or node.domain not in ("", "ai.onnx") or not node.input:
+                self._origins[(original, name)] = name
+                break
+            chain.append(name)
+            name = node.input[0]
+        found = self._origins.get((original, name), name)
+        for link in chain:
+            self._origins[(original, link)] = found
+        return found
+
+    def _same_value(self, original_name: str, optimized_name: str) -> bool:
+        source = self._origin(original_name, True)
+        return self._origin(optimized_name, False) == self._origin(source, False)
+
+    def same(self, name: str) -> bool:
+        """Whether the optimised model's ``name`` is the original's value: a constant there, or made by a
+        node that reads the same values (the original's inputs, then any more)."""
+        made = self._a.get(name)
+        if made is None:
+            return name in self._b_names  # an initializer of the original
+        node = self._b.get(name)
+        while node is not None and made.op_type not in self._through and node.op_type in self._through:
+            node = self._b.get(node.input[0]) if node.input else None  # the Casts a --precision model adds
+        if node is None:
+            return name in self._b_names  # a constant there (fold, or a converted weight)
+        if len(node.input) < len(made.input):
+            return False
+        return all(not a or self._same_value(a, b) for a, b in zip(made.input, node.input))
+
+    def rewritten_before(self, node: onnx.NodeProto, compared: Mapping[str, Any], limit: int = 5) -> list[dict[str, Any]]:
+        """The nodes of the original before ``node`` (its inputs' producers, back to values that were
+        compared) whose outputs the passes rewrote or removed: ``{"node", "op", "position", "how"}``,
+        the ``limit`` nearest to it, in the original's order."""
+        position = {id(n): i for i, n in enumerate(self.original.graph.node)}
+        found: dict[int, onnx.NodeProto] = {}
+        pending = [name for name in node.input if name]
+        seen: set[str] = set()
+        while pending and len(seen) < 10_000:
+            name = pending.pop()
+            if name in seen or name in compared:
+                continue
+            seen.add(name)
+            producer = self._a.get(name)
+            if producer is None or id(producer) in found:
+                continue
+            pending.extend(i for i in producer.input if i)
+            outputs = [o for o in producer.output if o]
+            if producer.op_type == "Identity" or all(o in self._b_names and self.same(o) for o in outputs):
+                continue  # a copy (looked through), or not compared for another reason (its type)
+            found[id(producer)] = producer
+        nearest = sorted(found.values(), key=lambda n: position[id(n)])[-limit:]
+        return [{"node": n.name, "op": _op_name(n), "position": position[id(n)],
+                 "how": "rewritten" if any(o in self._b_names for o in n.output if o) else "fused away or removed"}
+                for n in nearest]  # fmt: skip
+
+
+def _op_name(node: onnx.NodeProto) -> str:
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+
+
+def comparable_values(original: onnx.ModelProto, optimized: onnx.ModelProto,
+                      correspondence: Correspondence | None = None) -> tuple[list[str], dict[str, int]]:  # fmt: skip
     """Values of the original (node outputs and initializers, in topological order) that the
-    optimised model has under the same name with the same element type, and those types."""
+    optimised model has under the same name with the same element type and computes the same way
+    (:class:`Correspondence`), and those types."""
+    same = (correspondence or Correspondence(original, optimized)).same
     a, b = tensor_types(original), tensor_types(optimized)
     inputs = {i.name for i in original.graph.input}
     names: list[str] = []
@@ -57,7 +157,7 @@ def comparable_values(original: onnx.ModelProto, optimized: onnx.ModelProto) -> 
         if name in seen or name in inputs:
             continue
         seen.add(name)
-        if a.get(name) is not None and a.get(name) == b.get(name) and a[name] in _FETCHABLE:
+        if a.get(name) is not None and a.get(name) == b.get(name) and a[name] in _FETCHABLE and same(name):
             names.append(name)
     return names, a
 
@@ -127,8 +227,10 @@ def augmented(
     return path
 
 
-def first_difference(original: onnx.ModelProto, values: Mapping[str, Mapping[str, Any]]) -> FirstDifference:
-    """The first node of ``original`` (in its node order, which is topological) whose output differs."""
+def first_difference(original: onnx.ModelProto, values: Mapping[str, Mapping[str, Any]],
+                     correspondence: Correspondence | None = None) -> FirstDifference:  # fmt: skip
+    """The first node of ``original`` (in its node order, which is topological) whose output differs;
+    with ``correspondence``, the nodes before it that the passes rewrote or fused away."""
     initializers = {t.name for t in original.graph.initializer}
     inputs = {i.name for i in original.graph.input} - initializers
     for position, node in enumerate(original.graph.node):
@@ -150,15 +252,18 @@ def first_difference(original: onnx.ModelProto, values: Mapping[str, Mapping[str
                     error = float(compared["max_abs_error"])
                 described.append({"name": name, "kind": kind, "max_abs_error": error,
                                   "ok": kind == "input" or bool(compared and compared.get("ok", False))})  # fmt: skip
-            op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+            rewritten = correspondence.rewritten_before(node, values) if correspondence is not None else []
             return FirstDifference(
-                node=node.name, op=op, position=position, output=output,
+                node=node.name, op=_op_name(node), position=position, output=output,
                 max_abs_error=float(found["max_abs_error"]), inputs=described, compared=len(values),
+                rewritten=rewritten,
             )  # fmt: skip
+    outputs = onnx.helper.make_node("Outputs", [o.name for o in original.graph.output], [])
     return FirstDifference(
         compared=len(values),
-        message=f"none of the {len(values)} values both models have differs beyond tolerance; "
-        "the difference arises in values only one of them has",
+        message=f"none of the {len(values)} values both models compute the same way differs beyond tolerance; "
+        "the difference arises in values the passes rewrote",
+        rewritten=correspondence.rewritten_before(outputs, values) if correspondence is not None else [],
     )
 
 

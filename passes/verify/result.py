@@ -27,6 +27,7 @@ __all__ = [
     "name_text",
     "shown",
     "shown_names",
+    "unchecked_json",
 ]
 
 #: Size of a dynamic dimension when no hint applies and ``dims`` does not name it
@@ -107,7 +108,9 @@ class OutputComparison:
 
     ``tolerance_dtype`` is the float type that chose the tolerance (the
     lowest-precision one the output depends on) and ``tolerance_value`` the
-    value of the original graph that has it; both empty for an exact comparison.
+    value of the original graph that has it (or the flag: ``--precision-tolerance``);
+    both empty for an exact comparison or when ``--rtol`` and ``--atol`` set it;
+    ``tolerance_flags`` the flags that set it (``--rtol``, ``--atol``, both, or "").
     ``input_set`` names the set of inputs compared (see :class:`InputsUsed`):
     the first one where the output differs, else the first set. ``within_scale``
     counts the elements of the edge-value sets that are beyond the tolerance of
@@ -129,6 +132,7 @@ class OutputComparison:
     tolerance_value: str = ""
     input_set: str = "normal"
     within_scale: int = 0
+    tolerance_flags: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -141,13 +145,38 @@ class OutputComparison:
             values["shape"] = tuple(values["shape"])
         return cls(**values)
 
-    def tolerance_text(self) -> str:
+    def tolerance_text(self, precision: str = "") -> str:
+        """``rtol 0.0001 atol 1e-05: float32's default``, ``rtol 0 atol 0: --rtol --atol``,
+        ``rtol 0 (--rtol) atol 1e-05 (float32's default)``, ``rtol 0.01 atol 0.001: float16's default
+        (--precision fp16)``; ``exact`` for a comparison without tolerance. ``precision``: the run's
+        ``--precision`` value, said when it chose the type."""
         if self.rtol is None:
             return "exact"
-        source = f"from {self.tolerance_dtype}" if self.tolerance_dtype else "given"
-        if self.tolerance_value:
-            source += f" value {shown(self.tolerance_value)}"
-        return f"rtol {self.rtol:g} atol {self.atol:g}, {source}"
+        if self.tolerance_value == "--precision-tolerance":
+            default = "--precision-tolerance"
+        elif self.tolerance_value.startswith("--precision"):
+            default = f"{self.tolerance_dtype}'s default (--precision {precision})" if precision else \
+                f"{self.tolerance_dtype}'s default (--precision)"
+        else:
+            default = f"{self.tolerance_dtype or 'the type'}'s default"
+        flags = self.tolerance_flags.split()
+        if not flags:
+            return f"rtol {self.rtol:g} atol {self.atol:g}: {default}"
+        if len(flags) == 2:
+            return f"rtol {self.rtol:g} atol {self.atol:g}: --rtol --atol"
+        rtol_from = "--rtol" if flags == ["--rtol"] else default
+        atol_from = "--atol" if flags == ["--atol"] else default
+        return f"rtol {self.rtol:g} ({rtol_from}) atol {self.atol:g} ({atol_from})"
+
+    def bound_text(self, within_scale: int = 0) -> str:
+        """Why an output that passed shows a relative error beyond ``rtol``: the bound its elements met
+        (``atol``, and for ``within_scale`` elements ``rtol`` of the output's largest magnitude); ""
+        when every element was within ``rtol`` of its own value."""
+        if not self.ok or self.rtol is None or self.atol is None or not self.max_rel_error > self.rtol:
+            return ""
+        scaled = f" or, for {within_scale} element(s), within {self.rtol:g} of the output's largest magnitude" \
+            if within_scale else ""
+        return f" (beyond rtol {self.rtol:g} only within atol {self.atol:g}{scaled})"
 
 
 @dataclasses.dataclass
@@ -234,9 +263,13 @@ class FirstDifference:
         pass_name: The pass whose addition to the pipeline brings the mismatch
             (found by rerunning the pipeline with fewer passes), or "".
         pipelines: Each rerun: the passes it ran and whether the check passed.
-        compared: How many intermediate values were compared.
+        compared: How many intermediate values were compared (those both models compute the same
+            way: see ``passes.verify.locate``).
         seconds: Time the locator took.
         message: Why it could not say more, if it could not.
+        rewritten: The nodes of the original before it whose outputs the passes rewrote (a fused
+            Conv) or removed (a BatchNormalization fused away), so not compared: ``node``, ``op``,
+            ``position``, ``how``; the difference may start there.
     """
 
     node: str = ""
@@ -250,9 +283,15 @@ class FirstDifference:
     compared: int = 0
     seconds: float = 0.0
     message: str = ""
+    rewritten: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def rewritten_text(self) -> str:
+        """``'a' (Conv, rewritten), 'b' (BatchNormalization, fused away or removed)``, or ""."""
+        return ", ".join(f"{shown(r['node'] or '#' + str(r['position']))} ({r['op']}, {r['how']})"
+                         for r in self.rewritten)
 
     def summary(self) -> str:
         """One or two lines: the node and its inputs' errors; the pass."""
@@ -268,22 +307,34 @@ class FirstDifference:
                        f"(max abs error {first['max_abs_error']:.3g})")  # fmt: skip
             elif worst == 0 and not unknown:
                 why = "its inputs are identical: this node itself changed the result"
+            elif len(unknown) == len(self.inputs):
+                why = f"its inputs are not compared ({shown_names(unknown)})"
             elif worst == 0:
-                why = f"its compared inputs are identical (not comparable: {shown_names(unknown)})"
+                why = f"its compared inputs are identical (not compared: {shown_names(unknown)})"
             else:
                 why = f"its inputs match within tolerance (max abs error {worst:.3g})"
+            if self.rewritten and not differing:
+                why += f"; before it, the passes rewrote nodes whose values are not compared: {self.rewritten_text()}"
             lines.append(
                 f"first difference: {label} ({self.op}, #{self.position} in the original), output "
                 f"{shown(self.output)} max abs error {self.max_abs_error:.3g}; {why}"
             )
         elif self.message:
-            lines.append(f"first difference: not located ({self.message})")
+            rewritten = f": {self.rewritten_text()}" if self.rewritten else ""
+            lines.append(f"first difference: not located ({self.message}{rewritten})")
         if self.pass_name:
             lines.append(f"  introduced by pass {shown(self.pass_name)} (the pipeline without it matches)")
         elif self.pipelines:
             lines.append("  no single pass found: " + "; ".join(
                 f"{'+'.join(p['passes']) or '(none)'}: {'ok' if p['ok'] else 'differs'}" for p in self.pipelines))
         return "\n".join(lines)
+
+
+def unchecked_json(reason: str) -> dict[str, Any]:
+    """The report's ``check`` when there is no :class:`CheckResult` (``--no-check``, a run that stopped
+    before its check, a model the ONNX checker refused): the same fields, ``checked`` false."""
+    return {"ok": None, "checked": False, "reason": reason, "skipped": reason, "hint": None, "error": None,
+            "inputs": None, "outputs": [], "first_difference": None, "notes": [], "seconds": {}}
 
 
 @dataclasses.dataclass
@@ -361,10 +412,20 @@ class CheckResult:
                 f"output {shown(r['output'])} differs in {r['mismatches']} element(s) (max abs error "
                 f"{r['max_abs_error']:.3g}){stopped}; compare them again: {r['rerun']}")
 
+    @property
+    def reason(self) -> str | None:
+        """Why the check did not run or did not pass, in one line; None when it passed."""
+        if self.skipped:
+            return self.skipped
+        if self.error:
+            return f"the optimised model does not run: {self.error}"
+        return None if self.ok else self.summary().split("\n", 1)[0]
+
     def to_json(self) -> dict[str, Any]:
         return json_safe({
             "ok": self.ok if self.checked else None,
             "checked": self.checked,
+            "reason": self.reason,
             "skipped": self.skipped,
             "hint": self.hint or None,
             "error": self.error,
