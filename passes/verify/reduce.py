@@ -223,11 +223,13 @@ class _Level:
         pair, search = self.pair, self.search
         rtol, atol, precision, precision_tolerance = search.tolerance
         compared = _locate.widened(pair.original, pair.optimized) if precision else pair.optimized
-        names, types = _locate.comparable_values(pair.original, compared)
+        # Every value both models name: the locator compares only those the passes left computed the
+        # same way, but a fused node's value may still stand for the original's (tested by running it).
+        names, types = _locate.comparable_values(pair.original, compared, by_name=True)
         self.names = [n for n in names if n in self.o.producer]
         self.tolerances = _locate.value_tolerances(pair.original, self.names, rtol, atol, precision,
                                                    precision_tolerance)  # fmt: skip
-        if pair.values is not None or not self.names:
+        if not self.names or (pair.values is not None and set(self.names) <= set(pair.values)):
             return pair.values or {}
         folder = search._folder("values")
         answer = search._request({
@@ -240,8 +242,8 @@ class _Level:
 
     def _first_difference(self) -> str:
         """The target: the first value both models name that differs, upstream of an output that
-        differs, and whose value in one model stands for the other's (:meth:`_stands_for`; the
-        locator's first, ``hint``, is tried first); else the first output that differs.
+        differs, and whose value in one model stands for the other's (:meth:`_stands_for`; tried in the
+        original's order, the locator's first, ``hint``, among them); else the first output that differs.
 
         Values that agree within their tolerance are where the regions may be cut."""
         values = self._compared()
@@ -252,7 +254,8 @@ class _Level:
             return ""
         upstream = self._computed(outputs, set())
         differing = [n for n in self.names if ok.get(n) is False and n in upstream and n not in outputs]
-        tried = [n for n in dict.fromkeys([self.pair.hint, *differing]) if n in differing][:MAX_TARGETS]
+        # In the original's order (the earliest difference gives the smallest region), the locator's among them.
+        tried = [n for n in dict.fromkeys([*differing[:MAX_TARGETS], self.pair.hint]) if n in differing]
         target = next((n for n in tried if self._stands_for(n, outputs, values)), outputs[0])
         self.tolerance = self.tolerances[target]
         return target
