@@ -89,6 +89,8 @@ OUTCOMES = [
     ("success", [str(DEMO), "o.onnx"], 0, "ok", True, True, True, None),
     ("check failed", [str(CNN), "o.onnx", "--rtol", "0", "--atol", "0"], 1, "check failed", False, True, False,
      "check failed"),
+    ("check failed, --repro", [str(CNN), "o.onnx", "--rtol", "0", "--atol", "0", "--repro", "repro"], 1,
+     "check failed", False, True, False, "check failed"),
     ("not checked", [str(DEMO), "o.onnx", "--dim", f"batch={10**9}"], 0, "not checked", True, False, None,
      "inputs"),
     ("--no-check", [str(DEMO), "o.onnx", "--no-check"], 0, "not checked", True, False, None, "--no-check"),
@@ -121,6 +123,10 @@ def test_every_outcome_writes_the_report_with_every_field(outcome: str, args: li
         assert report["error"] and errors and errors[0] == f"optimize: error: {report['error'].splitlines()[0]}"
     else:
         assert report["error"] is None and not errors
+    if outcome == "check failed, --repro":  # what was written, and the command that compares it again
+        assert check["repro"]["written"] and check["repro"]["rerun"] and (tmp_path / "repro" / "original.onnx").exists()
+    else:
+        assert check["repro"] is None
     if outcome == "--precision failure":  # what the search did, to read and act on
         (precision,) = [p for p in report["passes"] if p["name"] == "precision"]
         assert precision["error"] and precision["stats"]["check_rounds"] > 1 and precision["stats"]["islands"]

@@ -334,7 +334,7 @@ def unchecked_json(reason: str) -> dict[str, Any]:
     """The report's ``check`` when there is no :class:`CheckResult` (``--no-check``, a run that stopped
     before its check, a model the ONNX checker refused): the same fields, ``checked`` false."""
     return {"ok": None, "checked": False, "reason": reason, "skipped": reason, "hint": None, "error": None,
-            "inputs": None, "outputs": [], "first_difference": None, "notes": [], "seconds": {}}
+            "inputs": None, "outputs": [], "first_difference": None, "repro": None, "notes": [], "seconds": {}}
 
 
 @dataclasses.dataclass
