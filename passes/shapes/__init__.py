@@ -87,9 +87,9 @@ def normalize(input_shapes: Mapping[str, Sequence[Any]] | None,
 
 
 def _dim(d: Any) -> int | str | None:
-    """A dim of an onnx_ir shape: its size, its name, or None (unknown)."""
+    """A dim of an onnx_ir shape: its size, its name, or None (unknown: a negative size too)."""
     if isinstance(d, int):
-        return d
+        return d if d >= 0 else None
     value = getattr(d, "value", None)
     return value if isinstance(value, (int, str)) and value != "" else None
 
