@@ -98,7 +98,8 @@ def _check_at_static_sizes(run: RunSpec, model: ir.Model, check: CheckOptions) -
     if problem is not None:
         raise InputError(problem)
     dims = shapes.check_dims(model, run.input_shapes, run.fix_dims, check.dims)
-    return dataclasses.replace(check, dims=dims, shapes=dict(run.input_shapes))
+    return dataclasses.replace(check, dims=dims, shapes=dict(run.input_shapes), free_dims=dict(check.dims),
+                               static=shapes.requests_text(run.input_shapes, run.fix_dims))  # fmt: skip
 
 
 def build_pass_manager(
