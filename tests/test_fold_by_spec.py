@@ -159,16 +159,18 @@ def test_the_inputs_of_a_fold_by_the_spec_are_still_confirmed(monkeypatch: pytes
     assert [n.op_type for n in out.graph.node] == ["Cast", "Add", "Cast", "Mul"]
 
 
-def test_an_op_whose_rounding_the_spec_leaves_open_stays_unconfirmed() -> None:
-    """bfloat16 Exp: no kernel, and the spec does not fix its last bit: not folded."""
+@pytest.mark.parametrize("op", ["Exp", "Relu"])
+def test_an_op_whose_result_the_spec_leaves_open_stays_unconfirmed(op: str) -> None:
+    """bfloat16 Exp (its last bit) and Relu (the sign of max(-0, 0)): no kernel, and the spec does not
+    fix every bit: not folded."""
     proto = helper.make_model(helper.make_graph(
-        [helper.make_node("Exp", ["a"], ["e"]), helper.make_node("Cast", ["e"], ["ef"], to=F32),
+        [helper.make_node(op, ["a"], ["e"]), helper.make_node("Cast", ["e"], ["ef"], to=F32),
          helper.make_node("Mul", ["x", "ef"], ["y"])], "g",
         [helper.make_tensor_value_info("x", F32, [len(A)])], [helper.make_tensor_value_info("y", F32, [len(A)])],
         [_tensor("a", A)]), opset_imports=[helper.make_opsetid("", 18)], ir_version=8)  # fmt: skip
     out, fold_pass = _fold(proto)
-    assert fold_pass.stats["by_spec"] == {} and fold_pass.stats["unconfirmed"] == {"Exp": 1, "Cast": 1}
-    assert [n.op_type for n in out.graph.node] == ["Exp", "Cast", "Mul"]
+    assert fold_pass.stats["by_spec"] == {} and fold_pass.stats["unconfirmed"] == {op: 1, "Cast": 1}
+    assert [n.op_type for n in out.graph.node] == [op, "Cast", "Mul"]
 
 
 def test_an_integer_relu_onnxruntime_has_no_kernel_for_is_folded_by_the_spec() -> None:

@@ -89,7 +89,9 @@ from passes.fold import extract
 from passes.fold.agree import ACCUMULATING, agrees_in_chunks, differing_bits, file_chunks, is_float
 from passes.fold.runner import TIMEOUT, Runner, _close_idle  # noqa: F401  (the child's side, named here too)
 
-__all__ = ["EXEMPT", "MAX_SESSIONS", "SPEC_FIXED", "TIMEOUT", "Batch", "Fold", "Runner", "is_exempt", "settle"]
+__all__ = [
+    "EXEMPT", "MAX_SESSIONS", "SPEC_FIXED", "TIMEOUT", "ZERO_TIES", "Batch", "Fold", "Runner", "is_exempt", "settle",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -102,12 +104,15 @@ EXEMPT: frozenset[str] = frozenset({
 #: Default-domain ops whose every result the spec fixes bit for bit, kept by the spec where onnxruntime
 #: has no kernel: at most one correctly rounded IEEE operation per element (in float32, which holds
 #: bfloat16's and float8's results exactly before their one rounding), comparisons, logic and Cast.
-#: Not Max, Min or Clip: the sign of a zero they pick on a tie of +0 and -0 is onnxruntime's choice.
+#: Max, Min, Clip and Relu on integers only (:data:`ZERO_TIES`).
 SPEC_FIXED: frozenset[str] = frozenset({
-    "Add", "Sub", "Mul", "Div", "Sqrt", "Reciprocal", "Neg", "Abs", "Relu", "Floor", "Ceil", "Round", "Sign",
+    "Add", "Sub", "Mul", "Div", "Sqrt", "Reciprocal", "Neg", "Abs", "Floor", "Ceil", "Round", "Sign",
     "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "Not", "IsNaN", "IsInf",
     "Where", "Cast", "CastLike", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot",
 })  # fmt: skip
+#: Ops the spec fixes on integers, not on floats: the zero they give on a tie of +0 and -0 is
+#: onnxruntime's choice (``max(-0, 0)``), which a bfloat16 model has no kernel to make.
+ZERO_TIES: frozenset[str] = frozenset({"Max", "Min", "Clip", "Relu"})
 
 #: Sessions one batch may use while looking for the folds onnxruntime cannot compute.
 MAX_SESSIONS = 16
@@ -351,7 +356,7 @@ class Batch:
         found = _NO_KERNEL.search(error)
         only = next(iter(nodes.values())) if len(nodes) == 1 else None
         fold = None if found is None else nodes.get(found["name"], only)
-        if fold is None or fold in self.by_spec or fold.domain != "" or fold.op_type not in SPEC_FIXED:
+        if fold is None or fold in self.by_spec or not _spec_fixed(fold):
             return False
         signature = _signature(fold)
         for other in self.folds:
@@ -411,6 +416,15 @@ class Batch:
 
 #: onnxruntime's session error for a node without a kernel for its op, version and element types.
 _NO_KERNEL = re.compile(r"Could not find an implementation for [\w.]+\(\d+\) node with name '(?P<name>[^']*)'")
+
+
+def _spec_fixed(fold: Fold) -> bool:
+    """Whether the spec fixes every bit of ``fold``'s results (see :data:`SPEC_FIXED`)."""
+    if fold.domain != "":
+        return False
+    if fold.op_type in ZERO_TIES:
+        return all(a is None or a.dtype.kind in "iub" for a in fold.arrays)
+    return fold.op_type in SPEC_FIXED
 
 
 def _signature(fold: Fold) -> tuple[Any, ...]:
