@@ -304,3 +304,15 @@ def value_info_against_onnxruntime(
                     assert sizes.setdefault(d, n) == n, (info.name, d, sizes[d], array.shape)
                 checked += 1
     return checked
+
+
+def run_cli(args: list[str], capsys: Any) -> tuple[int, str, str]:
+    """``optimize ARGS`` in this process: the exit code (a usage error's too), stdout and stderr."""
+    from passes.cli import command
+
+    try:
+        code = command.main(args)
+    except SystemExit as e:  # a usage error, from argparse
+        code = int(e.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

@@ -21,7 +21,6 @@ from onnx import TensorProto, helper as oh
 
 import helpers
 import passes
-from passes.cli import command as cli
 
 F = TensorProto.FLOAT
 OPSETS = [oh.make_opsetid("", 17)]
@@ -73,22 +72,13 @@ def _function() -> onnx.ModelProto:
                          functions=[function])  # fmt: skip
 
 
-def _run(args: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        code = cli.main(args)
-    except SystemExit as e:  # a usage error, from argparse
-        code = int(e.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def _refused(proto: onnx.ModelProto, args: list[str], keywords: dict, message: str, tmp_path: pathlib.Path,
              capsys) -> None:  # fmt: skip
     """Exit 2 with ``message`` as the one line, nothing written, the input untouched; the API alike."""
     src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
     onnx.save(proto, src)
     before = src.read_bytes()
-    code, text, err = _run([str(src), "-o", str(out), "--report", str(tmp_path / "r.json"), *args], capsys)
+    code, text, err = helpers.run_cli([str(src), "-o", str(out), "--report", str(tmp_path / "r.json"), *args], capsys)
     assert code == 2, err
     assert err.splitlines() == [f"optimize: error: {message}"]
     assert text == "" and src.read_bytes() == before
@@ -119,7 +109,7 @@ def test_a_shape_the_original_runs_at_is_declared_and_equal_in_onnxruntime(build
     """The no-op of the refusal: at 2 x 8 x 64 (16 rows) the model runs, and the result is the original's."""
     src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
     onnx.save(build(), src)
-    code, _, err = _run([str(src), "-o", str(out), "--input-shape", "x:2,8,64", "-q"], capsys)
+    code, _, err = helpers.run_cli([str(src), "-o", str(out), "--input-shape", "x:2,8,64", "-q"], capsys)
     assert code == 0, err
     result = onnx.load(out)
     assert helpers.dims_of(result.graph.input[0]) == [2, 8, 64]
@@ -137,7 +127,7 @@ def test_a_model_onnxruntime_cannot_load_is_not_refused_for_it(tmp_path, capsys)
     proto = oh.make_model(graph, opset_imports=[*OPSETS, oh.make_opsetid("custom.ops", 1)], ir_version=8)
     src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
     onnx.save(proto, src)
-    code, text, err = _run([str(src), "-o", str(out), "--input-shape", "x:1,32,64"], capsys)
+    code, text, err = helpers.run_cli([str(src), "-o", str(out), "--input-shape", "x:1,32,64"], capsys)
     assert code == 0, err
     assert "NOT CHECKED: the original model does not load in onnxruntime" in text and out.exists()
 
@@ -149,7 +139,7 @@ def test_a_model_that_runs_at_no_size_is_not_refused_for_the_request(tmp_path, c
                           [onnx.numpy_helper.from_array(np.array([7, 9], np.int64), "target")])  # fmt: skip
     src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
     onnx.save(oh.make_model(graph, opset_imports=OPSETS, ir_version=8), src)
-    code, text, err = _run([str(src), "-o", str(out), "--input-shape", "x:1,64"], capsys)
+    code, text, err = helpers.run_cli([str(src), "-o", str(out), "--input-shape", "x:1,64"], capsys)
     assert code == 0, err
     assert "NOT CHECKED: the original model does not run in onnxruntime on generated inputs" in text and out.exists()
 
@@ -170,7 +160,7 @@ def test_a_fix_dim_no_input_carries_is_refused(tmp_path, capsys) -> None:
 def test_a_fix_dim_an_input_carries_is_taken(tmp_path, capsys) -> None:
     src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
     onnx.save(_concat(), src)
-    code, _, err = _run([str(src), "-o", str(out), "--fix-dim", "N=5", "-q"], capsys)
+    code, _, err = helpers.run_cli([str(src), "-o", str(out), "--fix-dim", "N=5", "-q"], capsys)
     assert code == 0, err
     result = onnx.load(out)
     assert helpers.dims_of(result.graph.input[0]) == [5]
@@ -194,6 +184,6 @@ def test_the_largest_size_onnx_holds_passes_argument_validation(tmp_path, capsys
     """2**63 - 1 is a size ONNX holds: not refused as malformed (the model then cannot take it: one line)."""
     src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
     onnx.save(_concat(), src)
-    code, _, err = _run([str(src), "-o", str(out), "--fix-dim", f"N={2**63 - 1}"], capsys)
+    code, _, err = helpers.run_cli([str(src), "-o", str(out), "--fix-dim", f"N={2**63 - 1}"], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and "over the largest" not in err and "internal" not in err
     assert not out.exists()
