@@ -426,8 +426,9 @@ def optimize(
         ir_model = modelio.model_from_proto(copy, validate=True)
     elif isinstance(model, ir.Model):
         original = modelio.model_to_proto(model)
-        modelio.validate_proto(original)
+        modelio.validate_proto(original)  # (its repairs are the copy's: those the IR needs are made again)
         ir_model = model
+        modelio.repair_in_memory(ir_model)
     else:
         raise TypeError(
             f"optimize() takes a path, bytes, an onnx.ModelProto or an onnx_ir.Model, not {type(model).__name__}"

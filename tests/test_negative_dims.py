@@ -19,6 +19,7 @@ import pytest
 from onnx import helper as oh, numpy_helper
 
 import helpers
+import passes
 from passes import modelio, pipeline
 from passes.modelio import repair
 from passes.verify import plan
@@ -202,3 +203,15 @@ def test_a_model_without_negative_dims_has_no_such_note(tmp_path) -> None:
     _, report = _optimize(proto, tmp_path)
     assert not any("negative" in n for n in report.notes)
     assert modelio.model_notes(modelio.load_model(tmp_path / "in.onnx")) == []
+
+
+@pytest.mark.parametrize("build", [_main, _branch, _function], ids=["main", "branch", "function"])
+def test_a_model_built_in_memory_is_repaired_in_place_too(build) -> None:
+    """``passes.optimize(ir_model)`` optimises the caller's IR in place: its -1 dims become unknown there
+    too (the branch's Shape declared [-1] made the result fail the checker)."""
+    proto = build()
+    model = ir.serde.deserialize_model(proto)
+    out = ir.serde.serialize_model(passes.optimize(model))
+    assert _negative(out) == []
+    feeds = {"x": np.ones((5, 3), np.float32)} | ({"c": np.array(True)} if build is _branch else {})
+    _same(proto, out, feeds)

@@ -31,10 +31,15 @@ from collections.abc import Iterator
 
 import onnx
 import onnx.checker
+import onnx_ir as ir
 
 from passes.errors import InputError
+from passes.ir import walk
 
-__all__ = ["MAIN_GRAPH_NAME", "locate", "repair", "shape_fields_present", "shapeless_values", "unknown_negative_dims"]
+__all__ = [
+    "MAIN_GRAPH_NAME", "locate", "negative_dims_note", "repair", "shape_fields_present", "shapeless_values",
+    "unknown_negative_dims", "unknown_negative_ir_dims",
+]
 
 MAIN_GRAPH_NAME = "main_graph"
 _NAME_LIMIT = 100
@@ -67,12 +72,36 @@ def repair(proto: onnx.ModelProto) -> list[str]:
     for value in shapeless_values(proto):
         kind = "input" if any(v is value for v in proto.graph.input) else "output"
         notes.append(f"graph {kind} {short(value.name)} declares no shape: read as an unknown shape")
-    negative = unknown_negative_dims(proto)
-    if negative:
-        shown = ", ".join(negative[:3]) + (f" and {len(negative) - 3} more" if len(negative) > 3 else "")
-        notes.append(f"declared negative dims (onnx-graphsurgeon's and tract's -1 for an unknown dim) read as "
-                     f"unknown dims, as onnxruntime reads them: {shown}")
+    note = negative_dims_note(unknown_negative_dims(proto))
+    if note is not None:
+        notes.append(note)
     return notes
+
+
+def negative_dims_note(changed: list[str]) -> str | None:
+    """The note of :func:`unknown_negative_dims` (or :func:`unknown_negative_ir_dims`); None for no change."""
+    if not changed:
+        return None
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return (f"declared negative dims (onnx-graphsurgeon's and tract's -1 for an unknown dim) read as unknown dims, "
+            f"as onnxruntime reads them: {shown}")
+
+
+def unknown_negative_ir_dims(model: ir.Model) -> list[str]:
+    """:func:`unknown_negative_dims` on a model built in memory (``passes.optimize(ir_model)``), in place."""
+    changed: list[str] = []
+    for scope in walk.iter_scopes(model):
+        body = scope.body
+        where = ("graph" if scope.owner is None else f"subgraph {short(body.name or '')}") if scope.function is None \
+            else f"function {short(scope.function.name)}"
+        roles = [("input", v) for v in body.inputs] + [("output", v) for v in body.outputs]
+        roles += [("value", v) for node in body for v in node.outputs if v not in body.outputs]
+        for role, value in roles:
+            if value.shape is not None and any(isinstance(d, int) and d < 0 for d in value.shape):
+                before = "[" + ", ".join(str(d) if isinstance(d, int) else (d.value or "?") for d in value.shape) + "]"
+                value.shape = ir.Shape([None if isinstance(d, int) and d < 0 else d for d in value.shape])
+                changed.append(f"{where} {role} {short(value.name or '')} {before}")
+    return changed
 
 
 def unknown_negative_dims(proto: onnx.ModelProto) -> list[str]:
