@@ -7,6 +7,10 @@ Cases (each built at run time in a temporary folder, seeded):
   in ``else``). Aim: under 1 GiB peak RSS.
 - ``if-constant``: the same weight as a ``Constant`` node inside the branch,
   its tensor in external data.
+- ``if-nested``: that Constant in the branch of an If nested in the branch
+  (simplify lifts it out of the merged branch: it read the weight's bytes to
+  compare it with the main graph's constants, 2.4x the weight in peak RSS).
+- ``if-branch-initializer``: the weight an initializer of the branch.
 - ``trees-cast`` / ``trees``: an ``ai.onnx.ml`` 1 ``TreeEnsembleClassifier``
   (opset 9, ``--trees`` trees of depth 10, about 99 MB of attribute lists)
   whose probabilities go ``Cast -> Identity -> ZipMap``, and the same without
@@ -18,7 +22,8 @@ its "Maximum resident set size" (the largest single process of the tree, so
 the check's onnxruntime child counts too).
 
 Usage:
-    python benchmarks/bench_bounds.py [--cases if-weight,if-constant,trees-cast,trees] [--trees N] [--no-check]
+    python benchmarks/bench_bounds.py [--cases if-weight,if-constant,if-nested,if-branch-initializer,trees-cast,trees]
+        [--trees N] [--no-check]
 """
 
 from __future__ import annotations
@@ -39,32 +44,43 @@ from onnx import TensorProto, helper
 WEIGHT_SIDE = 8192  # 8192 x 8192 float32 = 256 MiB
 
 
-def build_if_weight(path: pathlib.Path, side: int = WEIGHT_SIDE, constant: bool = False) -> None:
+def build_if_weight(path: pathlib.Path, side: int = WEIGHT_SIDE, constant: bool = False, nested: bool = False,
+                    branch_initializer: bool = False) -> None:  # fmt: skip
     """Writes the If-branch model to ``path`` with its weight in ``path.name + '.data'``.
 
     ``constant``: the weight is a ``Constant`` node inside the branch (its tensor external
     too, as ``onnx.save_model(..., convert_attribute=True)`` writes it), not a main-graph initializer.
+    ``nested``: the branch holds an If on the same condition whose branch holds the weight
+    (simplify merges the two Ifs and lifts the weight out of the inner branch).
+    ``branch_initializer``: the weight is an initializer of the branch itself.
     """
     rng = np.random.default_rng(0)
     weight = rng.standard_normal((side, side), dtype=np.float32)
     init = onnx.numpy_helper.from_array(weight, "W")
+    t = helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, side])
     body = [helper.make_node("MatMul", ["x", "W"], ["t"])]
     if constant:
         body.insert(0, helper.make_node("Constant", [], ["W"], value=init))
-    then = helper.make_graph(
-        body, "then", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, side])],
-    )  # fmt: skip
+    then = helper.make_graph(body, "then", [], [t], initializer=[init] if branch_initializer else [])
     other = helper.make_graph(
         [helper.make_node("Identity", ["x"], ["e"])], "else", [],
         [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, side])],
     )  # fmt: skip
+    if nested:
+        inner = helper.make_node("If", ["c"], ["t2"], then_branch=then, else_branch=other)
+        t2 = helper.make_tensor_value_info("t2", TensorProto.FLOAT, [1, side])
+        then = helper.make_graph([inner], "outer_then", [], [t2])
+        other = helper.make_graph(
+            [helper.make_node("Neg", ["x"], ["e2"])], "outer_else", [],
+            [helper.make_tensor_value_info("e2", TensorProto.FLOAT, [1, side])],
+        )  # fmt: skip
     node = helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)
     graph = helper.make_graph(
         [node], "if_weight",
         [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
          helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, side])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, side])],
-        initializer=[] if constant else [init],
+        initializer=[] if constant or branch_initializer else [init],
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
     onnx.save_model(model, str(path), save_as_external_data=True, location=path.name + ".data",
@@ -143,13 +159,15 @@ def measure(model: pathlib.Path, out: pathlib.Path, check: bool, timeout: float 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="if-weight,if-constant,trees-cast,trees")
+    parser.add_argument("--cases", default="if-weight,if-constant,if-nested,if-branch-initializer,trees-cast,trees")
     parser.add_argument("--trees", type=int, default=1200)
     parser.add_argument("--no-check", action="store_true", help="run optimize with --no-check")
     args = parser.parse_args(argv)
     builders = {
         "if-weight": build_if_weight,
         "if-constant": lambda p: build_if_weight(p, constant=True),
+        "if-nested": lambda p: build_if_weight(p, constant=True, nested=True),
+        "if-branch-initializer": lambda p: build_if_weight(p, branch_initializer=True),
         "trees-cast": lambda p: build_trees(p, args.trees, cast=True),
         "trees": lambda p: build_trees(p, args.trees, cast=False),
     }

@@ -99,7 +99,8 @@ def _check_at_static_sizes(run: RunSpec, model: ir.Model, check: CheckOptions) -
     if problem is not None:
         raise InputError(problem)
     dims = shapes.check_dims(model, run.input_shapes, run.fix_dims, check.dims)
-    return dataclasses.replace(check, dims=dims, shapes=dict(run.input_shapes))
+    return dataclasses.replace(check, dims=dims, shapes=dict(run.input_shapes), free_dims=dict(check.dims),
+                               static=shapes.requests_text(run.input_shapes, run.fix_dims))  # fmt: skip
 
 
 def build_pass_manager(
@@ -472,8 +473,9 @@ def optimize(
         ir_model = modelio.model_from_proto(copy, validate=True)
     elif isinstance(model, ir.Model):
         original = modelio.model_to_proto(model)
-        modelio.validate_proto(original)
+        modelio.validate_proto(original)  # (its repairs are the copy's: those the IR needs are made again)
         ir_model = model
+        modelio.repair_in_memory(ir_model)
     else:
         raise TypeError(
             f"optimize() takes a path, bytes, an onnx.ModelProto or an onnx_ir.Model, not {type(model).__name__}"

@@ -323,3 +323,15 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("optimize: error: "), proc.stderr
     return lines[0]
+
+
+def run_cli(args: list[str], capsys: Any) -> tuple[int, str, str]:
+    """``optimize ARGS`` in this process: the exit code (a usage error's too), stdout and stderr."""
+    from passes.cli import command
+
+    try:
+        code = command.main(args)
+    except SystemExit as e:  # a usage error, from argparse
+        code = int(e.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

@@ -24,7 +24,6 @@ import pytest
 from onnx import TensorProto, helper
 
 import passes
-from passes.cli import command as cli
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 BERT = REPO / "models" / "real" / "tiny_bert_opset17.onnx"
@@ -110,21 +109,12 @@ def _dims(info: onnx.ValueInfoProto) -> list[int | str | None]:
             for d in info.type.tensor_type.shape.dim]  # fmt: skip
 
 
-def _run(args: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        code = cli.main(args)
-    except SystemExit as e:  # a usage error, from argparse
-        code = int(e.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 # --- static shapes ---------------------------------------------------------------------------------
 
 
 def test_a_cnn_with_dynamic_batch_and_spatial_dims_made_static(tmp_path: pathlib.Path, capsys) -> None:
     src, out, report = _save(_cnn(), tmp_path / "cnn.onnx"), tmp_path / "out.onnx", tmp_path / "r.json"
-    code, text, err = _run([str(src), "-o", str(out), "--input-shape", "x:2,3,8,8", "--report", str(report)], capsys)
+    code, text, err = helpers.run_cli([str(src), "-o", str(out), "--input-shape", "x:2,3,8,8", "--report", str(report)], capsys)
     assert code == 0, err
     result = onnx.load(str(out))
     ops = [n.op_type for n in result.graph.node]
@@ -151,7 +141,7 @@ def test_the_api_declares_the_same_shapes(tmp_path: pathlib.Path) -> None:
 
 def test_a_transformer_with_fixed_batch_and_sequence(tmp_path: pathlib.Path, capsys) -> None:
     src, out = _save(_attention(), tmp_path / "attn.onnx"), tmp_path / "out.onnx"
-    code, text, err = _run([str(src), str(out), "--fix-dim", "batch=1", "--fix-dim", "seq=128"], capsys)
+    code, text, err = helpers.run_cli([str(src), str(out), "--fix-dim", "batch=1", "--fix-dim", "seq=128"], capsys)
     assert code == 0, err
     result = onnx.load(str(out))
     assert "Shape" not in [n.op_type for n in result.graph.node]
@@ -161,7 +151,7 @@ def test_a_transformer_with_fixed_batch_and_sequence(tmp_path: pathlib.Path, cap
 
 def test_fix_dim_sets_the_dim_everywhere_in_a_real_model(tmp_path: pathlib.Path, capsys) -> None:
     out = tmp_path / "bert.onnx"
-    code, text, err = _run([str(BERT), str(out), "--fix-dim", "batch=1", "--fix-dim", "seq=16", "-q"], capsys)
+    code, text, err = helpers.run_cli([str(BERT), str(out), "--fix-dim", "batch=1", "--fix-dim", "seq=16", "-q"], capsys)
     assert code == 0, err
     result = onnx.load(str(out))
     assert "Shape" not in [n.op_type for n in result.graph.node]
@@ -171,7 +161,7 @@ def test_fix_dim_sets_the_dim_everywhere_in_a_real_model(tmp_path: pathlib.Path,
 
 def test_a_fixed_dim_needs_no_dim_flag_and_a_same_dim_is_accepted(tmp_path: pathlib.Path, capsys) -> None:
     src, out = _save(_cnn(), tmp_path / "cnn.onnx"), tmp_path / "out.onnx"
-    code, text, err = _run([str(src), str(out), "--fix-dim", "N=2", "--dim", "N=2", "--dim", "H=4", "--dim", "W=4"],
+    code, text, err = helpers.run_cli([str(src), str(out), "--fix-dim", "N=2", "--dim", "N=2", "--dim", "H=4", "--dim", "W=4"],
                            capsys)  # fmt: skip
     assert code == 0, err
     assert "inputs: generated (seed 0): H=4, N=2, W=4" in text
@@ -204,7 +194,7 @@ def test_each_refusal_is_one_line_exit_2_nothing_written(case: str, tmp_path: pa
     args, keywords, message = REFUSALS[case]
     src, out = _save(_cnn(), tmp_path / "cnn.onnx"), tmp_path / "out.onnx"
     before = src.read_bytes()
-    code, text, err = _run([str(src), "-o", str(out), *args], capsys)
+    code, text, err = helpers.run_cli([str(src), "-o", str(out), *args], capsys)
     assert code == 2
     assert err.splitlines() == [f"optimize: error: {message}"]
     assert not out.exists() and src.read_bytes() == before and text == ""
@@ -217,7 +207,7 @@ def test_each_refusal_is_one_line_exit_2_nothing_written(case: str, tmp_path: pa
 def test_a_shape_the_model_cannot_run_at_is_refused(tmp_path: pathlib.Path, capsys) -> None:
     """tiny_bert's position table has 32 rows: a sequence of 128 is no shape it runs at."""
     out = tmp_path / "bert.onnx"
-    code, text, err = _run([str(BERT), str(out), "--fix-dim", "seq=128"], capsys)
+    code, text, err = helpers.run_cli([str(BERT), str(out), "--fix-dim", "seq=128"], capsys)
     assert code == 2 and not out.exists()
     assert len(err.splitlines()) == 1
     assert err.startswith("optimize: error: --fix-dim 'seq=128': the model cannot run at these shapes")
@@ -226,14 +216,14 @@ def test_a_shape_the_model_cannot_run_at_is_refused(tmp_path: pathlib.Path, caps
 def test_a_malformed_flag_is_a_usage_error(tmp_path: pathlib.Path, capsys) -> None:
     src = _save(_cnn(), tmp_path / "cnn.onnx")
     for args in (["--input-shape", "x"], ["--fix-dim", "N"], ["--input-shape", "x:1,3,8,8", "--input-shape", "x:2,3,8,8"]):
-        code, text, err = _run([str(src), str(tmp_path / "o.onnx"), *args], capsys)
+        code, text, err = helpers.run_cli([str(src), str(tmp_path / "o.onnx"), *args], capsys)
         assert code == 2 and len(err.splitlines()) == 1, err
     assert not (tmp_path / "o.onnx").exists()
 
 
 def test_overwrite_input_shape_is_an_alias(tmp_path: pathlib.Path, capsys) -> None:
     src, out = _save(_cnn(), tmp_path / "cnn.onnx"), tmp_path / "out.onnx"
-    code, _, err = _run([str(src), str(out), "--overwrite-input-shape", "x:1,3,8,8", "-q"], capsys)
+    code, _, err = helpers.run_cli([str(src), str(out), "--overwrite-input-shape", "x:1,3,8,8", "-q"], capsys)
     assert code == 0, err
     assert _dims(onnx.load(str(out)).graph.input[0]) == [1, 3, 8, 8]
 
@@ -260,7 +250,7 @@ def _against_onnxruntime(path: pathlib.Path, feeds_by_size: list[dict[str, np.nd
 
 def test_value_info_on_a_dynamic_transformer_matches_onnxruntime(tmp_path: pathlib.Path, capsys) -> None:
     out = tmp_path / "bert.onnx"
-    code, _, err = _run([str(BERT), str(out), "-q"], capsys)
+    code, _, err = helpers.run_cli([str(BERT), str(out), "-q"], capsys)
     assert code == 0, err
     result = onnx.load(str(out))
     _typed_values(result.graph)
@@ -326,7 +316,7 @@ def test_value_info_in_subgraphs(tmp_path: pathlib.Path) -> None:
 
 def test_the_summary_shows_the_signature_and_the_size_on_disk(tmp_path: pathlib.Path, capsys) -> None:
     src, out, report = _save(_cnn(), tmp_path / "cnn.onnx"), tmp_path / "out.onnx", tmp_path / "r.json"
-    code, text, err = _run([str(src), str(out), "--input-shape", "x:2,3,8,8", "--report", str(report)], capsys)
+    code, text, err = helpers.run_cli([str(src), str(out), "--input-shape", "x:2,3,8,8", "--report", str(report)], capsys)
     assert code == 0, err
     lines = text.splitlines()
     start = lines.index(next(line for line in lines if line.startswith("signature")))
@@ -347,7 +337,7 @@ def test_the_size_on_disk_counts_external_data(tmp_path: pathlib.Path, capsys) -
     src = tmp_path / "bert.onnx"
     onnx.save_model(model, str(src), save_as_external_data=True, location="bert.weights", size_threshold=0)
     out, report = tmp_path / "out.onnx", tmp_path / "r.json"
-    code, text, err = _run([str(src), str(out), "--report", str(report), "-q"], capsys)
+    code, text, err = helpers.run_cli([str(src), str(out), "--report", str(report), "-q"], capsys)
     assert code == 0, err
     data = json.loads(report.read_text())
     assert data["before"]["file_bytes"] == src.stat().st_size + (tmp_path / "bert.weights").stat().st_size
@@ -413,7 +403,7 @@ def test_a_folder_of_good_models_exits_0(tmp_path: pathlib.Path) -> None:
 
 
 def test_jobs_with_a_single_file_is_refused(tmp_path: pathlib.Path, capsys) -> None:
-    code, _, err = _run([str(REPO / "models" / "demo.onnx"), str(tmp_path / "o.onnx"), "--jobs", "2"], capsys)
+    code, _, err = helpers.run_cli([str(REPO / "models" / "demo.onnx"), str(tmp_path / "o.onnx"), "--jobs", "2"], capsys)
     assert code == 2 and err.startswith("optimize: error: --jobs is for a folder of models")
 
 

@@ -55,7 +55,9 @@ onnxruntime from the original's constants, in one session per sweep, before
 it is written; one that onnxruntime computes differently, or cannot compute,
 is not folded: the node stays (``stats["disagrees_with_onnxruntime"]`` and
 ``stats["unconfirmed"]``, by op; ``stats["confirmed"]`` counts the folds
-onnxruntime agreed with). Where the two agree within a few ULPs but not bit
+onnxruntime agreed with). Where onnxruntime has no kernel for the node
+itself (a bfloat16 Add), the spec is the only reference: refimpl's value is
+kept and counted by op in ``stats["by_spec"]``. Where the two agree within a few ULPs but not bit
 for bit (a sum in another order, another exp), onnxruntime's bits are written
 (``stats["onnxruntime_rounding"]``): the folded model computes what the
 original computes in onnxruntime. See ``confirm`` for the comparison and the
@@ -65,7 +67,8 @@ The pieces: ``rules`` (Constant, Shape, Size, Identity, If), ``policy`` (the
 guards a node with constant inputs must pass, each giving a reason that is
 logged and counted in ``stats["declined"]``), ``size`` and ``cost`` (the
 estimates), ``evaluate`` (inputs, kernel, result checks), ``surgery`` (graph
-changes and garbage collection), ``confirm`` (onnxruntime's verdict).
+changes and garbage collection), ``confirm`` (onnxruntime's verdict), ``extract``
+(the model onnxruntime computes a batch of folds with).
 
 Why Constant nodes rather than initializers in subgraphs: a function cannot
 hold initializers at all, and a subgraph initializer is legal but handled
@@ -131,6 +134,9 @@ class FoldStats:
     onnxruntime_rounding: int = 0
     disagrees_with_onnxruntime: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     unconfirmed: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    #: Folded values of nodes onnxruntime has no kernel for (a bfloat16 Add), by op: computed by
+    #: refimpl as the spec defines them, the only reference there (see ``passes.fold.confirm``).
+    by_spec: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
     @property
     def folded(self) -> int:
@@ -139,7 +145,7 @@ class FoldStats:
     def as_dict(self) -> dict[str, Any]:
         details = dataclasses.asdict(self)
         del details["applied"], details["declined"]
-        for key in ("unsupported", "failed", "kernel_bugs", "disagrees_with_onnxruntime", "unconfirmed"):
+        for key in ("unsupported", "failed", "kernel_bugs", "disagrees_with_onnxruntime", "unconfirmed", "by_spec"):
             details[key] = dict(sorted(getattr(self, key).items()))
         return pass_stats(self.applied, self.declined, folded=self.folded, **details)
 
@@ -170,8 +176,8 @@ class ConstantFoldingPass(Pass, spec=FOLD):
     ``skipped_too_large``, ``removed_nodes``, ``removed_initializers``, and
     ``unsupported`` / ``failed`` counts by op type (a kernel that rejects its
     inputs counts as failed and the node stays);
-    ``confirmed``, and by op ``disagrees_with_onnxruntime`` and ``unconfirmed``
-    (see ``passes.fold.confirm``).
+    ``confirmed``, and by op ``disagrees_with_onnxruntime``, ``unconfirmed`` and
+    ``by_spec`` (see ``passes.fold.confirm``).
 
     Attributes:
         size_limit: A folded result larger than this many bytes is kept only
@@ -468,7 +474,9 @@ class _Sweep:
             if fold.exempt or fold not in batch.judged:
                 continue  # an intermediate value, not written
             verdict = verdicts[fold]
-            if verdict == _confirm.AGREES:
+            if verdict == _confirm.AGREES and fold in batch.by_spec:
+                self.stats.by_spec[fold.op_type] += 1
+            elif verdict == _confirm.AGREES:
                 self.stats.confirmed += 1
             elif verdict == _confirm.DISAGREES:
                 self.stats.disagrees_with_onnxruntime[fold.op_type] += 1

@@ -16,12 +16,25 @@ judges each fold:
   array's largest magnitude after a sum);
 * **disagrees**: onnxruntime computed something else: the fold is undone (the
   node stays) and counted by op in ``disagrees_with_onnxruntime``;
-* **unconfirmed**: onnxruntime could not compute it (no kernel, a session
-  error, a crash, the time limit): the fold is undone too and counted by op
-  in ``unconfirmed``. Exit 0 means "proved in onnxruntime": a value nothing
-  confirmed is not written, and keeping the node costs nothing that the
-  original did not already cost (onnxruntime cannot run the original either
-  when it lacks the kernel).
+* **unconfirmed**: onnxruntime could not compute it (a session error, a
+  crash, the time limit): the fold is undone too and counted by op in
+  ``unconfirmed``. Exit 0 means "proved in onnxruntime": a value nothing
+  confirmed is not written;
+* **by the spec** (:attr:`Batch.by_spec`): onnxruntime has no kernel for the
+  node itself (its session says "Could not find an implementation" for that
+  node: a bfloat16 Add), and the op is one whose every result the spec
+  fixes (:data:`SPEC_FIXED`: one correctly rounded operation per element, a
+  comparison, a Cast), so the spec is the only reference and refimpl computes
+  what it defines (bfloat16 arithmetic in float32, rounded once to nearest
+  even, which for these operations is the correctly rounded result): the fold
+  is kept and counted by op in ``by_spec``. A transcendental function, a sum
+  of more than two terms or a product of a bfloat16 by a float32 attribute
+  rounds as the implementation chooses: it stays unconfirmed. Its
+  inputs are still confirmed like any written value (read as initializers,
+  as an exempt fold's are), and a fold that reads it reads its value as an
+  initializer. onnxruntime cannot load the original either (it resolves every
+  node's kernel, in subgraphs too, when it builds the session), so the check
+  does not run on it; nothing onnxruntime computes is changed.
 
 Which values flow where. Exempt ops (:data:`EXEMPT`) only move bytes (or read
 a static shape): they are not sent to onnxruntime, and their results are
@@ -63,6 +76,7 @@ import collections
 import dataclasses
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -71,10 +85,13 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from passes.fold import extract
 from passes.fold.agree import ACCUMULATING, agrees_in_chunks, differing_bits, file_chunks, is_float
 from passes.fold.runner import TIMEOUT, Runner, _close_idle  # noqa: F401  (the child's side, named here too)
 
-__all__ = ["EXEMPT", "MAX_SESSIONS", "TIMEOUT", "Batch", "Fold", "Runner", "is_exempt", "settle"]
+__all__ = [
+    "EXEMPT", "MAX_SESSIONS", "SPEC_FIXED", "TIMEOUT", "ZERO_TIES", "Batch", "Fold", "Runner", "is_exempt", "settle",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +100,19 @@ EXEMPT: frozenset[str] = frozenset({
     "Concat", "ConstantOfShape", "Expand", "Flatten", "Gather", "Identity", "Reshape", "Shape", "Size",
     "Slice", "Split", "Squeeze", "Tile", "Transpose", "Unsqueeze",
 })  # fmt: skip
+
+#: Default-domain ops whose every result the spec fixes bit for bit, kept by the spec where onnxruntime
+#: has no kernel: at most one correctly rounded IEEE operation per element (in float32, which holds
+#: bfloat16's and float8's results exactly before their one rounding), comparisons, logic and Cast.
+#: Max, Min, Clip and Relu on integers only (:data:`ZERO_TIES`).
+SPEC_FIXED: frozenset[str] = frozenset({
+    "Add", "Sub", "Mul", "Div", "Sqrt", "Reciprocal", "Neg", "Abs", "Floor", "Ceil", "Round", "Sign",
+    "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "Not", "IsNaN", "IsInf",
+    "Where", "Cast", "CastLike", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot",
+})  # fmt: skip
+#: Ops the spec fixes on integers, not on floats: the zero they give on a tie of +0 and -0 is
+#: onnxruntime's choice (``max(-0, 0)``), which a bfloat16 model has no kernel to make.
+ZERO_TIES: frozenset[str] = frozenset({"Max", "Min", "Clip", "Relu"})
 
 #: Sessions one batch may use while looking for the folds onnxruntime cannot compute.
 MAX_SESSIONS = 16
@@ -159,6 +189,8 @@ class Batch:
         #: onnxruntime's result where it agrees with refimpl's within ULPs but not bit for bit:
         #: written instead of refimpl's, so the folded model computes what the original does.
         self.adopted: dict[tuple[Fold, int], np.ndarray] = {}
+        #: Folds whose node onnxruntime has no kernel for: kept by the spec (see the module docstring).
+        self.by_spec: set[Fold] = set()
         for fold in self.folds:  # sweep order: a fold's chained inputs come first
             self.accumulated[fold] = (fold.domain == "" and fold.op_type in ACCUMULATING) or any(
                 self.accumulated.get(f, False) for f in self._chained_inputs(fold)
@@ -167,18 +199,19 @@ class Batch:
     def _chained(self, value: ir.Value | None) -> Fold | None:
         """The fold of this batch that computes ``value`` in the extracted model, if any."""
         fold = None if value is None else self.origin.get(value)
-        return fold if fold is not None and fold in self.members and not fold.exempt else None
+        computed = fold is not None and fold in self.members and not fold.exempt and fold not in self.by_spec
+        return fold if computed else None
 
     def _chained_inputs(self, fold: Fold) -> list[Fold]:
         return [f for f in (self._chained(v) for v in fold.inputs) if f is not None]
 
     def _fed(self, fold: Fold) -> list[Fold]:
-        """The folds whose results ``fold`` trusts: read as initializers (an exempt fold: all of
-        them, including the input whose static shape a Shape or Size fold read)."""
+        """The folds whose results ``fold`` trusts: read as initializers (an exempt fold or one by
+        the spec: all of them, including the input whose static shape a Shape or Size fold read)."""
         fed = []
         for value in fold.inputs:
             origin = None if value is None else self.origin.get(value)
-            if origin is not None and (fold.exempt or self._chained(value) is None):
+            if origin is not None and (fold.exempt or fold in self.by_spec or self._chained(value) is None):
                 fed.append(origin)
         return fed
 
@@ -213,8 +246,11 @@ class Batch:
             not compared (``judged``) is AGREES: its result is not written.
         """
         written = [f for f in self.folds if any(_written(v) for v in f.made if v is not None)]
-        self.judged = self._closure(written, chained=False)
-        self._compute_all(self.judged)
+        todo = self._closure(written, chained=False)
+        while todo:  # a fold found to be by the spec reads its inputs as initializers: they are compared
+            self.judged |= todo
+            self._compute_all(todo)
+            todo = self._closure(self.by_spec, chained=False) - self.judged
         verdicts = self._propagate()
         undone = [f for f in self.judged if verdicts[f] != AGREES]
         reread = {f for u in undone for f in self._chained_inputs(u)} - self.judged
@@ -230,7 +266,7 @@ class Batch:
         """One session per set of opset imports over the non-exempt ``folds``."""
         groups: dict[tuple[tuple[str, int], ...], list[Fold]] = collections.defaultdict(list)
         for fold in self.folds:
-            if fold in folds and not fold.exempt:
+            if fold in folds and not fold.exempt and fold not in self.by_spec:
                 groups[tuple(sorted(fold.opsets.items()))].append(fold)
         for group in groups.values():
             self._compute(group)
@@ -277,6 +313,9 @@ class Batch:
         """Sets ``results`` for ``targets``, halving the set while onnxruntime fails on it."""
         from passes.verify.child import WorkerError, WorkerTimeout
 
+        targets = [t for t in targets if t not in self.by_spec]
+        if not targets:
+            return
         if self.sessions >= MAX_SESSIONS:
             self._unconfirmed(targets, "too many sessions failed")
             return
@@ -284,7 +323,7 @@ class Batch:
         folder = tempfile.mkdtemp(prefix="fold-confirm-")
         try:
             try:
-                request, names, nbytes = self._write(targets, folder)
+                request, names, nodes, nbytes = self._write(targets, folder)
             except Exception as e:  # noqa: BLE001  onnx_ir's serialisation raises several kinds
                 logger.warning("cannot write the folded constants' model: %s", e)
                 self._split_or_fail(targets, f"not serialisable: {e}")
@@ -298,11 +337,34 @@ class Batch:
                 self._split_or_fail(targets, f"onnxruntime failed: {e}")
                 return
             if not answer.get("ok"):
-                self._split_or_fail(targets, str(answer.get("error", "onnxruntime failed")))
+                error = str(answer.get("error", "onnxruntime failed"))
+                if self._no_kernel(error, nodes):
+                    self._compute(targets)  # again, with the folds by the spec read as initializers
+                else:
+                    self._split_or_fail(targets, error)
                 return
             self._judge(names, answer["values"])
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+    def _no_kernel(self, error: str, nodes: Mapping[str, Fold]) -> bool:
+        """Whether ``error`` says onnxruntime has no kernel for a node of the extracted model (named
+        as in ``nodes``); that fold, and the batch's folds of its op, domain, opset and element
+        types (the same kernel lookup), are then by the spec. A node onnxruntime expands into its
+        schema's function (an int16 Relu is a Max) names an inner node: it is the fold at fault
+        when it is the model's only node."""
+        found = _NO_KERNEL.search(error)
+        only = next(iter(nodes.values())) if len(nodes) == 1 else None
+        fold = None if found is None else nodes.get(found["name"], only)
+        if fold is None or fold in self.by_spec or not _spec_fixed(fold):
+            return False
+        signature = _signature(fold)
+        for other in self.folds:
+            if not other.exempt and _signature(other) == signature:
+                self.by_spec.add(other)
+                self.results[other] = AGREES
+                self.reasons[other] = f"onnxruntime has no kernel ({found[0]}): kept by the spec"
+        return True
 
     def _split_or_fail(self, targets: list[Fold], reason: str) -> None:
         if len(targets) == 1:
@@ -338,21 +400,9 @@ class Batch:
                 self.results[fold] = DISAGREES
                 self.reasons[fold] = f"output {index}: onnxruntime computes another value"
 
-    def _write(self, targets: list[Fold], folder: str) -> tuple[dict[str, Any], dict[str, tuple[Fold, int]], int]:
-        """Saves the model computing ``targets`` (with what they need) in ``folder``.
-
-        Written as a protobuf directly (a sweep may send thousands of nodes: onnx_ir's
-        objects would cost more than onnxruntime's session). Constants in files and
-        those of :data:`RAW_OVER` bytes or more are inputs of the model, read by the
-        child from a file (see :func:`_raw`), so that the parent never holds a
-        second copy and the protobuf stays small.
-
-        Returns:
-            The worker's request, the model's outputs by name with the fold and
-            output index they stand for, and the bytes of constants it reads.
-        """
-        import onnx
-
+    def _write(self, targets: list[Fold], folder: str) -> extract.Written:
+        """Saves the model computing ``targets`` (with the folds of the batch they are computed from) in
+        ``folder`` (see :func:`passes.fold.extract.write`, which says what it returns)."""
         wanted: dict[Fold, None] = {}
         stack = list(reversed(targets))
         while stack:  # the batch's non-exempt folds the targets are computed from
@@ -360,96 +410,28 @@ class Batch:
             if fold not in wanted:
                 wanted[fold] = None
                 stack.extend(f for f in self._chained_inputs(fold) if f not in wanted)
-        model = onnx.ModelProto(ir_version=max(self.model.ir_version, 4), producer_name="onnx-optimize")
-        for domain, version in targets[0].opsets.items():
-            model.opset_import.add(domain=domain, version=version)
-        graph = model.graph
-        graph.name = "folded_constants"
-        mapped: dict[ir.Value, str] = {}
-        raw: dict[str, dict[str, Any]] = {}
-        nbytes = inline = 0
-        for fold in (f for f in self.folds if f in wanted):
-            inputs: list[str] = []
-            for value, tensor in zip(fold.inputs, fold.tensors):
-                if value is None:
-                    inputs.append("")
-                    continue
-                name = mapped.get(value)
-                if name is None:
-                    assert self._chained(value) is None and tensor is not None
-                    name = mapped[value] = f"c{len(mapped)}"
-                    size = int(tensor.nbytes)
-                    nbytes += size
-                    found = _raw(tensor, folder, name, force=inline + size > INLINE_BYTES)
-                    if isinstance(found, dict):
-                        graph.input.append(onnx.helper.make_tensor_value_info(
-                            name, int(tensor.dtype), [int(d) for d in tensor.shape.dims]))  # fmt: skip
-                        raw[name] = found
-                    else:
-                        proto = ir.serde.serialize_tensor(found)
-                        proto.name = name
-                        graph.initializer.append(proto)
-                        inline += size
-                inputs.append(name)
-            node = fold.node
-            outputs = [f"v{len(mapped) + i}" for i in range(len(fold.outputs))]
-            for i, name in enumerate(outputs):
-                mapped[fold.outputs[i]] = name
-                made = fold.made[i]
-                if made is not None:
-                    mapped[made] = name
-            proto_node = graph.node.add(op_type=node.op_type, domain=fold.domain, name=f"n{len(graph.node)}",
-                                        input=inputs, output=outputs)  # fmt: skip
-            if node.overload:
-                proto_node.overload = node.overload
-            for attr in node.attributes.values():
-                proto_node.attribute.append(ir.serde.serialize_attribute(attr))
-        names: dict[str, tuple[Fold, int]] = {}
-        for fold in targets:
-            for index, array in enumerate(fold.arrays):
-                if array is not None:
-                    name = mapped[fold.outputs[index]]
-                    names[name] = (fold, index)
-                    graph.output.add(name=name)
-        path = os.path.join(folder, "constants.onnx")
-        with open(path, "wb") as f:
-            f.write(model.SerializeToString())
-        request = {"op": "constants", "model": path, "names": list(names), "folder": folder, "raw": raw}
-        return request, names, nbytes
+        return extract.write([f for f in self.folds if f in wanted], targets, self._chained,
+                             max(self.model.ir_version, 4), folder)  # fmt: skip
 
 
-#: Constants of this many bytes or more are read by the child from a file (see ``Batch._write``).
-RAW_OVER = 1 << 20
-#: Inline constants of one model add up to at most this (the rest is read from files too).
-INLINE_BYTES = 256 << 20
-_NO_RAW = frozenset({ir.DataType.STRING, ir.DataType.UNDEFINED})
+#: onnxruntime's session error for a node without a kernel for its op, version and element types.
+_NO_KERNEL = re.compile(r"Could not find an implementation for [\w.]+\(\d+\) node with name '(?P<name>[^']*)'")
 
 
-def _raw(tensor: ir.TensorProtocol, folder: str, name: str, force: bool = False) -> dict[str, Any] | ir.TensorProtocol:
-    """Where the child reads a tensor from (path, offset, dtype, shape), or the tensor to inline.
+def _spec_fixed(fold: Fold) -> bool:
+    """Whether the spec fixes every bit of ``fold``'s results (see :data:`SPEC_FIXED`)."""
+    if fold.domain != "":
+        return False
+    if fold.op_type in ZERO_TIES:
+        return all(a is None or a.dtype.kind in "iub" for a in fold.arrays)
+    return fold.op_type in SPEC_FIXED
 
-    A tensor in a file (external data, a weight left in the model file) is read
-    by the child from that file; one in memory of :data:`RAW_OVER` bytes or more
-    (or any, when ``force``: the inline ones add up to :data:`INLINE_BYTES`) from a file written here; a smaller one is inlined, as is a string or 4-bit
-    tensor (read here if it is in a file: the model is saved elsewhere).
-    """
-    from passes.ir.tensors import _contained, is_file_backed, read_external
 
-    in_file = is_file_backed(tensor)
-    if tensor.dtype in _NO_RAW or tensor.dtype.bitwidth < 8:
-        if in_file:
-            assert isinstance(tensor, ir.ExternalTensor)
-            return ir.tensor(read_external(tensor), dtype=tensor.dtype)
-        return tensor
-    if not in_file and int(tensor.nbytes) < RAW_OVER and not force:
-        return tensor
-    description = {"dtype": tensor.dtype.numpy().name, "shape": [int(d) for d in tensor.shape.dims]}
-    if in_file:
-        assert isinstance(tensor, ir.ExternalTensor)
-        return {"path": _contained(tensor), "offset": int(tensor.offset or 0), **description}
-    path = os.path.join(folder, f"{name}.bin")
-    np.ascontiguousarray(tensor.numpy()).tofile(path)
-    return {"path": path, "offset": 0, **description}
+def _signature(fold: Fold) -> tuple[Any, ...]:
+    """What onnxruntime looks a kernel up by: the op, its domain's opset and the element types."""
+    types = tuple(None if t is None else t.dtype for t in fold.tensors)
+    return (fold.domain, fold.op_type, fold.opsets.get(fold.domain), types,
+            tuple(None if a is None else a.dtype for a in fold.arrays))  # fmt: skip
 
 
 def _written(value: ir.Value) -> bool:

@@ -28,7 +28,9 @@ from passes.errors import InputError
 from passes.ir import tensors, walk
 from passes.limits import PROTOBUF_MAX
 
-__all__ = ["infer_all", "infer_static_shapes", "infer_types", "inference_error", "is_static", "shape_slice"]
+__all__ = [
+    "infer_all", "infer_static_shapes", "infer_types", "inference_error", "is_static", "known_dims", "shape_slice",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +40,21 @@ _PLACEHOLDER = "onnx-optimize-shape-inference-placeholder.bin"
 
 
 def is_static(shape: ir.Shape | None) -> bool:
-    """Whether every dimension of ``shape`` is a known integer."""
-    return shape is not None and all(isinstance(d, int) for d in shape)
+    """Whether every dimension of ``shape`` is a known size (an int >= 0: a negative one is unknown,
+    see :func:`known_dims`)."""
+    return shape is not None and all(isinstance(d, int) and d >= 0 for d in shape)
+
+
+def known_dims(shape: ir.Shape) -> tuple[int | str | None, ...]:
+    """Each dim of ``shape``: its size, its symbol's name, or None (unknown).
+
+    A negative int is unknown: no tensor has such a dim, and onnx-graphsurgeon and
+    tract write ``-1`` for an unknown one. The load makes them unnamed dims
+    (:func:`passes.modelio.repair.unknown_negative_dims`); a model built in memory
+    may still hold one, and no prover may take it for a size.
+    """
+    return tuple((d if d >= 0 else None) if isinstance(d, int) else (d.value if isinstance(d, ir.SymbolicDim) else None)
+                 for d in shape)  # fmt: skip
 
 
 def shape_slice(dims: Sequence[int], start: int = 0, end: int | None = None) -> np.ndarray:

@@ -32,6 +32,7 @@ from passes.modelio.load import (
     proto_from_bytes,
     read_graph,
     read_whole,
+    repair_in_memory,
     source_files,
     validate_proto,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "read_graph",
     "read_weights_in_file",
     "read_whole",
+    "repair_in_memory",
     "save_model",
     "signals_deferred",
     "staged_output",

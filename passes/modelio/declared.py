@@ -35,10 +35,17 @@ SHAPE_CONFLICT = "Inferred shape and existing shape differ"
 
 
 def declared_dims(type_proto: onnx.TypeProto) -> tuple[int | str | None, ...] | None:
+    """A tensor type's declared shape: each dim its size, its name or None (unknown); None: no shape.
+
+    A negative size (onnx-graphsurgeon's and tract's ``-1``) is an unknown dim, as onnxruntime reads
+    it and as the load repairs it (:func:`passes.modelio.repair.unknown_negative_dims`): every reader
+    of a file that was not loaded (the check's view of the original) reads it so too.
+    """
     if not type_proto.HasField("tensor_type") or not type_proto.tensor_type.HasField("shape"):
         return None
     return tuple(
-        d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in type_proto.tensor_type.shape.dim
+        (d.dim_value if d.dim_value >= 0 else None) if d.HasField("dim_value") else (d.dim_param or None)
+        for d in type_proto.tensor_type.shape.dim
     )
 
 

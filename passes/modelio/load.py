@@ -57,6 +57,7 @@ __all__ = [
     "proto_from_bytes",
     "read_graph",
     "read_whole",
+    "repair_in_memory",
     "validate_proto",
 ]
 
@@ -181,6 +182,14 @@ def check_unchanged(model: ir.Model) -> None:
                 f"external data file {shown(path)} changed after it was validated "
                 "(replaced, rewritten or removed); refusing to use it"
             )
+
+
+def repair_in_memory(model: ir.Model) -> None:
+    """The load's repairs that apply to a model built in memory (``passes.optimize(ir_model)``, whose
+    copy was validated as a proto), in place, each noted: declared negative dims are unknown dims."""
+    note = _repair.negative_dims_note(_repair.unknown_negative_ir_dims(model))
+    if note is not None:
+        add_model_notes(model, [note])
 
 
 def _root_message(error: BaseException) -> str:

@@ -10,6 +10,14 @@
   shape, as onnxruntime reads it: it is not changed (no shape says "any rank", which
   no shape field can), and the checker is run as if the field were there
   (:func:`shape_fields_present`); strict shape inference sees it unknown.
+* A declared dim of ``-1`` (or any negative size: onnx-graphsurgeon and tract
+  write ``-1`` for an unknown dim) on a graph input, output or ``value_info``,
+  in the main graph, every subgraph and every function, is an unknown dim, as
+  onnxruntime reads it: the dim is left unnamed. Not a fresh name: ``-1``
+  says nothing of which dims are equal, and the check sizes an unnamed dim of
+  an input by its position, as it would a name it does not recognise; a name
+  would also become a dim that ``--fix-dim`` and ``--dim`` could address but
+  that the model never stated.
 
 Each repair returns a one-line note for the report. :func:`locate` names the
 value or node a checker failure is about, for the message of a refusal.
@@ -23,10 +31,15 @@ from collections.abc import Iterator
 
 import onnx
 import onnx.checker
+import onnx_ir as ir
 
 from passes.errors import InputError
+from passes.ir import walk
 
-__all__ = ["MAIN_GRAPH_NAME", "free_names", "locate", "repair", "shape_fields_present", "shapeless_values"]
+__all__ = [
+    "MAIN_GRAPH_NAME", "free_names", "locate", "negative_dims_note", "repair", "shape_fields_present",
+    "shapeless_values", "unknown_negative_dims", "unknown_negative_ir_dims",
+]
 
 MAIN_GRAPH_NAME = "main_graph"
 _NAME_LIMIT = 100
@@ -59,7 +72,77 @@ def repair(proto: onnx.ModelProto) -> list[str]:
     for value in shapeless_values(proto):
         kind = "input" if any(v is value for v in proto.graph.input) else "output"
         notes.append(f"graph {kind} {short(value.name)} declares no shape: read as an unknown shape")
+    note = negative_dims_note(unknown_negative_dims(proto))
+    if note is not None:
+        notes.append(note)
     return notes
+
+
+def negative_dims_note(changed: list[str]) -> str | None:
+    """The note of :func:`unknown_negative_dims` (or :func:`unknown_negative_ir_dims`); None for no change."""
+    if not changed:
+        return None
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return (f"declared negative dims (onnx-graphsurgeon's and tract's -1 for an unknown dim) read as unknown dims, "
+            f"as onnxruntime reads them: {shown}")
+
+
+def unknown_negative_ir_dims(model: ir.Model) -> list[str]:
+    """:func:`unknown_negative_dims` on a model built in memory (``passes.optimize(ir_model)``), in place."""
+    changed: list[str] = []
+    for scope in walk.iter_scopes(model):
+        body = scope.body
+        where = ("graph" if scope.owner is None else f"subgraph {short(body.name or '')}") if scope.function is None \
+            else f"function {short(scope.function.name)}"
+        roles = [("input", v) for v in body.inputs] + [("output", v) for v in body.outputs]
+        roles += [("value", v) for node in body for v in node.outputs if v not in body.outputs]
+        for role, value in roles:
+            if value.shape is not None and any(isinstance(d, int) and d < 0 for d in value.shape):
+                before = "[" + ", ".join(str(d) if isinstance(d, int) else (d.value or "?") for d in value.shape) + "]"
+                value.shape = ir.Shape([None if isinstance(d, int) and d < 0 else d for d in value.shape])
+                changed.append(f"{where} {role} {short(value.name or '')} {before}")
+    return changed
+
+
+def unknown_negative_dims(proto: onnx.ModelProto) -> list[str]:
+    """Makes every negative declared dim of ``proto`` an unknown (unnamed) dim, in place; each value
+    changed, as ``"graph input 'x' [-1, 3]"`` (its declared shape before)."""
+    changed: list[str] = []
+    stack: list[tuple[str, onnx.GraphProto | onnx.FunctionProto]] = [("graph", proto.graph)]
+    stack += [(f"function {short(f.name)}", f) for f in proto.functions]
+    while stack:
+        where, body = stack.pop()
+        roles = [("value", body.value_info)]
+        if isinstance(body, onnx.GraphProto):
+            roles = [("input", body.input), ("output", body.output), *roles]
+        for role, values in roles:
+            for value in values:
+                before = _negative_shape(value.type)
+                if before is not None:
+                    changed.append(f"{where} {role} {short(value.name)} {before}")
+        for node in body.node:
+            for attr in node.attribute:
+                stack.extend((f"subgraph {short(g.name)}", g) for g in ([attr.g] if attr.HasField("g") else attr.graphs))
+    return changed
+
+
+def _negative_shape(type_proto: onnx.TypeProto) -> str | None:
+    """Clears the negative dims of ``type_proto`` (and of the types it holds); its shape before, or None."""
+    kind = type_proto.WhichOneof("value")
+    if kind in ("sequence_type", "optional_type"):
+        return _negative_shape(getattr(type_proto, kind).elem_type)
+    if kind == "map_type":
+        return _negative_shape(type_proto.map_type.value_type)
+    if kind not in ("tensor_type", "sparse_tensor_type") or not getattr(type_proto, kind).HasField("shape"):
+        return None
+    dims = getattr(type_proto, kind).shape.dim
+    if not any(d.HasField("dim_value") and d.dim_value < 0 for d in dims):
+        return None
+    before = "[" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in dims) + "]"
+    for d in dims:
+        if d.HasField("dim_value") and d.dim_value < 0:
+            d.ClearField("dim_value")
+    return before
 
 
 def _repair_graph(graph: onnx.GraphProto, label: str, notes: list[str]) -> None:

@@ -5,10 +5,11 @@ takes the same values; :class:`passes.pipeline.RunSpec` validates them here,
 so that every route refuses the same request with the same one-line message:
 
 * :func:`refuse_malformed` (no model needed): a size that is not a positive
-  integer, an empty name, an empty shape;
+  integer or that ONNX cannot hold (2**63 and above), an empty name, an empty shape;
 * :func:`refusal` (against the loaded model): an input or dim name the model
-  does not have, a rank that differs from the declared one, a size that
-  contradicts a static declared dim (or another request);
+  does not have, a ``--fix-dim`` of a dim no graph input carries, a rank that
+  differs from the declared one, a size that contradicts a static declared dim
+  (or another request);
 * :func:`check_dims`: ``--dim`` against them (a fixed dim no longer needs
   ``--dim``; one of another size is refused).
 
@@ -55,14 +56,23 @@ def _size_text(size: Any) -> str:
     return str(size) if isinstance(size, int) and not isinstance(size, bool) else short(str(size))
 
 
-def _is_size(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+#: The largest dim an ONNX shape holds (``dim_value`` is an int64).
+MAX_SIZE = 2**63 - 1
+
+
+def _size_problem(value: Any) -> str | None:
+    """Why ``value`` is not a size a static shape can declare, or None."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        return f"size {_size_text(value)} is not a positive integer"
+    if value > MAX_SIZE:
+        return f"size {_size_text(value)} is over the largest dim ONNX holds (2**63 - 1)"
+    return None
 
 
 def refuse_malformed(input_shapes: Mapping[str, Sequence[Any]], fix_dims: Mapping[str, Any]) -> None:
     """Raises :class:`InputError` for a request that no model could satisfy.
 
-    Sizes must be positive integers (a static shape has no -1, 0 or ``?``).
+    Sizes must be positive integers (a static shape has no -1, 0 or ``?``) that ONNX holds (below 2**63).
     """
     for name, shape in input_shapes.items():
         shown = input_shape_text(str(name), shape if isinstance(shape, (list, tuple)) else [shape])
@@ -71,14 +81,14 @@ def refuse_malformed(input_shapes: Mapping[str, Sequence[Any]], fix_dims: Mappin
         if not isinstance(shape, (list, tuple)) or not shape:
             raise InputError(f"{shown}: expected NAME:D0,D1,... with at least one size")
         for size in shape:
-            if not _is_size(size):
-                raise InputError(f"{shown}: size {_size_text(size)} is not a positive integer")
+            if (problem := _size_problem(size)) is not None:
+                raise InputError(f"{shown}: {problem}")
     for name, size in fix_dims.items():
         shown = f"--fix-dim {short(f'{name}={size}')}"
         if not isinstance(name, str) or not name:
             raise InputError(f"{shown}: the dim name is empty")
-        if not _is_size(size):
-            raise InputError(f"{shown}: size {_size_text(size)} is not a positive integer")
+        if (problem := _size_problem(size)) is not None:
+            raise InputError(f"{shown}: {problem}")
 
 
 def normalize(input_shapes: Mapping[str, Sequence[Any]] | None,
@@ -116,9 +126,9 @@ def name_sole_input(model: ir.Model, input_shapes: Mapping[str, Sequence[Any]]) 
 
 
 def _dim(d: Any) -> int | str | None:
-    """A dim of an onnx_ir shape: its size, its name, or None (unknown)."""
+    """A dim of an onnx_ir shape: its size, its name, or None (unknown: a negative size too)."""
     if isinstance(d, int):
-        return d
+        return d if d >= 0 else None
     value = getattr(d, "value", None)
     return value if isinstance(value, (int, str)) and value != "" else None
 
@@ -137,6 +147,10 @@ def refusal(model: ir.Model, input_shapes: Mapping[str, tuple[int, ...]], fix_di
             dim_names: Sequence[str]) -> str | None:  # fmt: skip
     """Why ``model`` cannot take these static shapes, or None.
 
+    A ``--fix-dim`` must name a dim a graph input carries: one that only outputs
+    or computed values declare is what the graph computes (``o = Concat(x, x)``
+    declared ``[M]`` is twice x's length whatever ``M`` is said to be).
+
     Args:
         model: The loaded model (not changed).
         input_shapes: Static shapes by graph input name.
@@ -145,12 +159,17 @@ def refusal(model: ir.Model, input_shapes: Mapping[str, tuple[int, ...]], fix_di
     """
     graph = model.graph
     inputs = {v.name: v for v in graph.inputs if v.name not in graph.initializers}
+    carried = list(dict.fromkeys(d for v in inputs.values() for d in map(_dim, v.shape or ()) if isinstance(d, str)))
     bound: dict[str, tuple[int, str]] = {}  # dim name -> (size, the request that set it)
     for name, size in fix_dims.items():
+        shown = f"--fix-dim {short(f'{name}={size}')}"
         if name not in dim_names:
-            return f"--fix-dim {short(f'{name}={size}')}: the model has no dim named {short(name)} " \
-                   f"({_listed(list(dim_names), 'dim names')})"
-        bound[name] = (size, f"--fix-dim {short(f'{name}={size}')}")
+            return f"{shown}: the model has no dim named {short(name)} ({_listed(list(dim_names), 'dim names')})"
+        if name not in carried:  # an output's or a computed value's: the graph decides its size, not a request
+            named = _listed(carried, "inputs' dim names") if carried else "no input has a named dim"
+            return (f"{shown}: no graph input carries {short(name)}, only values the graph computes: their size "
+                    f"is what the graph makes of its inputs ({named})")
+        bound[name] = (size, shown)
     for name, shape in input_shapes.items():
         shown = input_shape_text(name, shape)
         value = inputs.get(name)

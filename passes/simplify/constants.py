@@ -9,7 +9,9 @@ models of IR >= 4 (below, every initializer must be a graph input).
   main-graph initializers too: a subgraph sees the values of every enclosing
   graph. Two equal ones (same dtype, shape and bytes: ``-0.0`` is not
   ``0.0``) become one initializer, and one equal to an initializer already in
-  the main graph (not a graph input: a caller may override those) uses it. A
+  the main graph (not a graph input: a caller may override those) uses it;
+  only constants of up to 65,536 elements are compared, so a large one (an
+  external weight in a branch) is moved, never read. A
   lifted constant keeps its name when no other value of the model has it,
   else gets a fresh one (:class:`passes.ir.names.Names`): a subgraph may
   shadow an outer name, and the initializer must not capture, or be captured
@@ -137,8 +139,8 @@ def lift_subgraph_constants(model: ir.Model, applied: collections.Counter[str]) 
             if tensor is None:
                 continue
             names = names or Names(model)
-            key = _key(tensor)
-            value = existing.find(key) if key is not None and tensor.size <= _SHARE_LIMIT else None
+            key = _key(tensor) if tensor.size <= _SHARE_LIMIT else None  # a weight's bytes are never read
+            value = existing.find(key) if key is not None else None
             if value is not None:
                 old.replace_all_uses_with(value)
                 names.release_value(old.name)
@@ -155,7 +157,7 @@ def lift_subgraph_constants(model: ir.Model, applied: collections.Counter[str]) 
                 else:
                     value.name = names.value("constant")
                 main.register_initializer(value)
-                if key is not None and tensor.size <= _SHARE_LIMIT:
+                if key is not None:
                     existing.add(key, value)
                 applied["constants/subgraph_constant_to_initializer"] += 1
             body.remove(node, safe=True)

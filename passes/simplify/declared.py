@@ -18,12 +18,9 @@ from collections.abc import Mapping
 import onnx_ir as ir
 
 from passes.ir import walk
+from passes.ir.inference import known_dims as _dims
 
 __all__ = ["correct_declared_shapes"]
-
-
-def _dims(shape: ir.Shape) -> tuple[int | str | None, ...]:
-    return tuple(d if isinstance(d, int) else (d.value if isinstance(d, ir.SymbolicDim) else None) for d in shape)
 
 
 def _contradicts(declared: tuple, inferred: tuple) -> bool:

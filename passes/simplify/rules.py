@@ -22,7 +22,7 @@ from typing import Any, Union
 import numpy as np
 import onnx_ir as ir
 
-from passes.ir import tensors
+from passes.ir import inference, tensors
 from passes.ir.names import Names
 from passes.ir.walk import Scope
 
@@ -172,10 +172,7 @@ class Context:
             shape = self.inferred.get(value, (None, None))[1]
             if shape is None and value.producer() is None:
                 shape = value.shape  # an outer-scope value of a subgraph, or a function input
-        if shape is None:
-            return None
-        return tuple(d if isinstance(d, int) else (d.value if isinstance(d, ir.SymbolicDim) else None)
-                     for d in shape)  # fmt: skip
+        return None if shape is None else inference.known_dims(shape)
 
     def static_dims(self, value: ir.Value | None) -> tuple[int, ...] | None:
         dims = self.dims(value)

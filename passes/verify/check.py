@@ -83,6 +83,15 @@ EXTRA_SETS_SHARE = 0.25
 LOCATE_BUDGET = 1 << 28
 
 
+def _first_error(prepared: dict[str, Any]) -> str:
+    """Why the original did not run on any try: the smallest sizes' error is the telling one (the last
+    may be a limit), with the last's if it differs."""
+    error = str(prepared.get("error", ""))
+    attempts = prepared.get("attempts", [])
+    first = attempts[0].get("error", "") if attempts else ""
+    return f"{first} (at the last sizes: {error})" if first and first != error else error
+
+
 def _hint_for_sizes(specs: list[plan.InputSpec]) -> str:
     names = sorted({d for s in specs for d in s.dims if isinstance(d, str)})
     if names:
@@ -132,6 +141,12 @@ class Checker:
             numpy's ``astype`` rounds), and its outputs are widened to float32 to be compared.
         precision_tolerance: ``--precision-tolerance``: (rtol, atol or None) instead of the half
             type's default tolerance (:func:`passes.verify.result.default_tolerance`).
+        free_dims: With static shapes declared (``--input-shape``, ``--fix-dim``: ``shapes`` and
+            ``dims`` hold them), the caller's own ``--dim`` sizes: when the original does not run
+            on generated inputs at the static shapes, it is run once without them (these sizes,
+            the others planned); if it runs there, the shapes are what fails and
+            ``CheckResult.shapes_refused`` holds onnxruntime's message. A model onnxruntime cannot
+            load (a custom op) or run at any size is not the request's fault.
     """
 
     def __init__(
@@ -151,8 +166,10 @@ class Checker:
         rounding: bool = False,
         precision: str | None = None,
         precision_tolerance: tuple[float, float | None] | None = None,
+        free_dims: Mapping[str, int] | None = None,
     ) -> None:
         self.original = original
+        self.free_dims = None if free_dims is None else dict(free_dims)
         self.rounding = rounding
         self.precision = precision
         self.precision_tolerance = precision_tolerance
@@ -263,7 +280,11 @@ class Checker:
         except OSError as e:
             return CheckResult(True, skipped=f"the check did not run: cannot start its process ({_first_line(e)})")
         if not prepared.get("ok"):
-            return self._original_failed(prepared, specs, every_input_given)
+            failed = self._original_failed(prepared, specs, every_input_given)
+            static = self.free_dims is not None and prepared.get("stage") == "run" and not given
+            if static and self._runs_free(deadline):
+                failed.shapes_refused = _first_error(prepared)
+            return failed
         self._prepared = True
         chosen = tries[prepared["try"] - 1]
         self._prepare["tries"] = [chosen]  # a restarted child makes the same inputs at once
@@ -420,6 +441,15 @@ class Checker:
             hint="pass --inputs FILE.npz with inputs it runs on, or --no-check",
         )  # fmt: skip
 
+    def _runs_free(self, deadline: float) -> bool:
+        """Whether the original runs on generated inputs without the static shapes (``free_dims``)."""
+        assert self.worker is not None and self.original_proto is not None and self._prepare is not None
+        tries, _ = plan.size_tries(plan.input_specs(self.original_proto), dims=self.free_dims)
+        try:
+            return bool(tries) and bool(self.worker.request({**self._prepare, "tries": tries}, deadline).get("ok"))
+        except (WorkerError, OSError):
+            return False
+
     def _original_failed(self, prepared: dict[str, Any], specs: list[plan.InputSpec],
                          every_input_given: bool) -> CheckResult:  # fmt: skip
         stage, error = prepared.get("stage"), prepared.get("error", "")
@@ -435,9 +465,7 @@ class Checker:
                                skipped=f"the original model does not run in onnxruntime on the given inputs: {error}")
         if stage == "run":
             attempts = prepared.get("attempts", [])
-            first = attempts[0].get("error", "") if attempts else ""
-            if first and first != error:  # the smallest sizes' error is the telling one; the last may be a limit
-                error = f"{first} (at the last sizes: {error})"
+            error = _first_error(prepared)
             return CheckResult(
                 True, skipped=f"the original model does not run in onnxruntime on generated inputs"
                 f"{_tries_text(attempts)}: {error}", hint=_hint_for_sizes(specs),

@@ -74,6 +74,12 @@ class CheckOptions:
         repro: ``--repro DIR``: after a difference, the smallest reproduction is written there
             (:mod:`passes.verify.repro`).
         command: The command line that ran, for the reproduction's README ("" for the API).
+        static: The run's static shapes as flags (``--input-shape x:1,32,64``; "" for none), set by
+            the pipeline with ``shapes`` and the fixed ``dims``: where the original does not run
+            in onnxruntime at them but runs without them, the run is refused (exit 2, nothing
+            written) with onnxruntime's message.
+        free_dims: With ``static``: the caller's own ``dims`` (``--dim``), the sizes the original
+            is tried at without the static shapes.
     """
 
     enabled: bool = True
@@ -93,6 +99,8 @@ class CheckOptions:
     precision_tolerance: tuple[float, float | None] | None = None
     repro: str | os.PathLike[str] | None = None
     command: str = ""
+    static: str = ""
+    free_dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 #: The check options of the run under way (set by the pipeline while the passes run): a pass that checks
@@ -292,6 +300,7 @@ class Gate:
             rtol=check.rtol, atol=check.atol, seed=check.seed, timeout=check.timeout,
             memory_limit=check.memory_limit, worker=self.worker, rounding=self.rounding,
             precision=check.precision, precision_tolerance=check.precision_tolerance,
+            free_dims=dict(check.free_dims) if check.static else None,
         ))  # fmt: skip
         result = verdict.result = self._checker.check(staged)
         if check.locate and result.checked and not result.ok:
@@ -300,6 +309,10 @@ class Gate:
             found.seconds = round(time.perf_counter() - start, 3)
             result.first_difference = found
             result.seconds["locate"] = found.seconds
+        if result.shapes_refused is not None:
+            message = " ".join(result.shapes_refused.split())
+            raise InputError(f"{check.static}: the model cannot run at these shapes (onnxruntime: "
+                             f"{message if len(message) <= 300 else message[:297] + '...'})")
         if result.inputs_rejected:
             source = check.inputs_source or (str(check.inputs_file) if check.inputs_file else "(given)")
             raise InputError(f"--inputs {source}: {result.skipped}")

@@ -28,6 +28,7 @@ from typing import Any
 
 import onnx
 
+from passes.modelio.declared import declared_dims
 from passes.verify.dim_expressions import evaluate as _evaluate
 from passes.verify.dim_expressions import expression as _expression
 from passes.verify.result import MAX_GENERATED_BYTES, MAX_TRIES
@@ -231,9 +232,9 @@ def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int | None]]:
     for info in [*graph.input, *graph.value_info, *graph.output]:
         if info.name in shapes or not info.type.HasField("tensor_type"):
             continue
-        tensor = info.type.tensor_type
-        if tensor.HasField("shape"):
-            shapes[info.name] = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        dims = declared_dims(info.type)
+        if dims is not None:
+            shapes[info.name] = [d if isinstance(d, int) else None for d in dims]
     for node in graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             for attr in node.attribute:
@@ -307,10 +308,7 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
             continue
         tensor = type_proto.tensor_type
         dtype = NUMPY_TYPES.get(tensor.elem_type)
-        dims: list[int | str | None] = []
-        if tensor.HasField("shape"):
-            for d in tensor.shape.dim:
-                dims.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
+        dims: list[int | str | None] = list(declared_dims(type_proto) or ())
         is_int = dtype is not None and dtype.startswith(("int", "uint"))
         spatial = any(node.op_type in _SPATIAL_OPS and index == 0
                       for node, index in _reaches(info.name, uses, _PASS_THROUGH))  # fmt: skip
@@ -503,9 +501,7 @@ def declared_output_shapes(model: onnx.ModelProto) -> dict[str, list[int | str |
     """Each graph output's declared shape (static dims as ints, names as strings, None unknown)."""
     shapes = {}
     for info in model.graph.output:
-        if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
-            shapes[info.name] = [
-                d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                for d in info.type.tensor_type.shape.dim
-            ]
+        dims = declared_dims(info.type)
+        if dims is not None:
+            shapes[info.name] = list(dims)
     return shapes

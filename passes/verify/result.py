@@ -352,6 +352,9 @@ class CheckResult:
         error: Why the optimised model failed to run where the original ran.
         inputs_rejected: The check did not run because the original model does not
             run on the inputs the caller gave (wrong names, dtypes or shapes).
+        shapes_refused: onnxruntime's message where the original model does not run at the
+            static shapes the run declares (``--input-shape``, ``--fix-dim``) but runs without them:
+            the request is what fails (see ``free_dims`` of :class:`passes.verify.check.Checker`).
         outputs: One comparison per output of the original model.
         inputs: The inputs both models ran on.
         first_difference: Where a mismatch starts (only after a failure).
@@ -366,6 +369,7 @@ class CheckResult:
     skipped: str | None = None
     error: str | None = None
     inputs_rejected: bool = False
+    shapes_refused: str | None = None
     outputs: list[OutputComparison] = dataclasses.field(default_factory=list)
     hint: str = ""
     inputs: InputsUsed | None = None

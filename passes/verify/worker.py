@@ -66,9 +66,10 @@ def _phase(text: str) -> None:
 # running Reshape node. Name:'r' Status Message: /onnxruntime_src/...h:84 onnxruntime::Reshape...(
 # ...) size != 0 && ... was false. The input tensor cannot be reshaped ..." -> "Reshape node 'r':
 # The input tensor cannot be reshaped ..." (the source path, function and condition say nothing
-# to a user; the op, the node and ORT's own sentence do).
-_ORT_RUN_ERROR = re.compile(
-    r"^\[ONNXRuntimeError\] : \d+ : \w+ : Non-zero status code returned while running (?P<op>\S+) node\. "
+# to a user; the op, the node and ORT's own sentence do). A node of a subgraph fails inside its
+# If/Loop/Scan node's message: "Reshape node 'r' (in If node 'i'): The input tensor ...".
+_ORT_NODE_ERROR = re.compile(
+    r"^Non-zero status code returned while running (?P<op>\S+) node\. "
     r"Name:'(?P<name>[^']*)' Status Message: (?:\S+:\d+ [^ ]+\(.*?\) .*? was false\. )?(?P<message>.*)$")
 _ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
 
@@ -78,11 +79,16 @@ def _first_line(error: BaseException) -> str:
     if not text:
         return type(error).__name__
     line = text.splitlines()[0]
-    run = _ORT_RUN_ERROR.match(line)
-    if run:
-        line = f"{run['op']} node {run['name']!r}: {run['message']}"
-    else:
-        line = _ORT_PREFIX.sub("onnxruntime: ", line)
+    message = _ORT_PREFIX.sub("", line)
+    nodes = []
+    while run := _ORT_NODE_ERROR.match(message):
+        nodes.append(f"{run['op']} node {run['name']!r}")
+        message = run["message"]
+    if nodes:
+        outer = f" (in {' in '.join(reversed(nodes[:-1]))})" if len(nodes) > 1 else ""
+        line = f"{nodes[-1]}{outer}: {message}"
+    elif message != line:
+        line = f"onnxruntime: {message}"
     return line[:500]
 
 
