@@ -28,7 +28,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import helpers
 from passes.cli import command as cli
-from passes.report import ModelSummary, PassRun, Report, check_hint
+from passes.cli.hints import check_hint
+from passes.report import ModelSummary, PassRun, Report
 from passes.verify.compare import compare
 from passes.verify.result import CheckResult, FirstDifference
 
