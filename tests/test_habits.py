@@ -111,7 +111,7 @@ def _as_ours(command: str, cwd: pathlib.Path) -> list[str]:
     words = command.split()
     if words[0] in TOOLS:
         words = words[1:]
-        while words and words[0] in ("surgeon", "sanitize", "run", "convert"):
+        while words and words[0] in ("surgeon", "sanitize", "run", "convert", "debug", "reduce"):
             words = words[1:]
     if "in.onnx" not in words:
         words = ["in.onnx", "out.onnx", *words]

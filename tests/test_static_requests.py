@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pathlib
 
 import numpy as np
@@ -82,7 +84,9 @@ def _refused(proto: onnx.ModelProto, args: list[str], keywords: dict, message: s
     assert code == 2, err
     assert err.splitlines() == [f"optimize: error: {message}"]
     assert text == "" and src.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.onnx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.onnx", "r.json"]  # no output, the report
+    report = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
+    assert (report["status"], report["written"], report["error"]) == ("error", False, message)
     with pytest.raises(passes.InputError) as api:
         passes.optimize(src, output=out, **keywords)
     assert str(api.value) == f"{src}: {message}" or str(api.value) == message
