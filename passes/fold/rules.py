@@ -30,23 +30,23 @@ from passes.ir import inference
 from passes.ir.tensors import constant_tensor, read_array
 
 if TYPE_CHECKING:
-    from passes.fold import _Scope, _Sweep
+    from passes.fold.sweep import Scope, Sweep
 
 __all__ = ["RULES"]
 
 logger = logging.getLogger(__name__)
 
-Handler = Callable[["_Sweep", ir.Node, "_Scope"], bool]
+Handler = Callable[["Sweep", ir.Node, "Scope"], bool]
 
 
-def _constant(sweep: _Sweep, node: ir.Node, scope: _Scope) -> bool:
+def _constant(sweep: Sweep, node: ir.Node, scope: Scope) -> bool:
     tensor = constant_tensor(node, sweep.size_limit)
     if tensor is not None:
         sweep.known[node.outputs[0]] = tensor
     return True
 
 
-def _shape_or_size(sweep: _Sweep, node: ir.Node, scope: _Scope) -> bool:
+def _shape_or_size(sweep: Sweep, node: ir.Node, scope: Scope) -> bool:
     x = node.inputs[0] if node.inputs else None
     if x is None or not scope.can_store:
         return True
@@ -63,7 +63,7 @@ def _shape_or_size(sweep: _Sweep, node: ir.Node, scope: _Scope) -> bool:
     return True
 
 
-def _identity(sweep: _Sweep, node: ir.Node, scope: _Scope) -> bool:
+def _identity(sweep: Sweep, node: ir.Node, scope: Scope) -> bool:
     """``Identity(c) -> c`` when ``c`` stays in use: a copy would duplicate its bytes.
 
     (Tied weights in torch exports reach their users through such Identity
@@ -94,7 +94,7 @@ def _identity(sweep: _Sweep, node: ir.Node, scope: _Scope) -> bool:
     return True
 
 
-def _if(sweep: _Sweep, node: ir.Node, scope: _Scope) -> bool:
+def _if(sweep: Sweep, node: ir.Node, scope: Scope) -> bool:
     cond = node.inputs[0] if node.inputs else None
     if cond is not None:
         sweep.settle_value(cond)  # a folded condition is confirmed before a branch is dropped
