@@ -117,7 +117,7 @@ def test_a_crash_of_the_optimised_model_only_fails_the_check(tmp_path: pathlib.P
 def test_an_endless_loop_times_out_cleanly(tmp_path: pathlib.Path, capsys) -> None:
     from passes.fold import confirm
 
-    confirm._close_idle()  # the one idle child an earlier in-process run of fold may have kept
+    confirm.close_idle()  # the one idle child an earlier in-process run of fold may have kept
     src, out = tmp_path / "loop.onnx", tmp_path / "out.onnx"
     onnx.save_model(endless_loop_model(), str(src))
     assert cli.main([str(src), "-o", str(out), "--check-timeout", "2", "-q"]) == 0

@@ -430,7 +430,7 @@ def _children() -> set[int]:
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="reads /proc")
 def test_runs_in_one_process_share_one_idle_child_and_a_dead_one_is_replaced() -> None:
     """Many runs in one process start onnxruntime once; one child at most waits between them."""
-    confirm._close_idle()
+    confirm.close_idle()
     proto = where_model()
     before = _children()
     pids = []
@@ -451,5 +451,5 @@ def test_runs_in_one_process_share_one_idle_child_and_a_dead_one_is_replaced() -
     assert fold_pass.stats["folded"] == 1
     new = _children() - before
     assert len(new) == 1 and new != {pids[0]}
-    confirm._close_idle()
+    confirm.close_idle()
     assert _children() - before == set()

@@ -87,7 +87,7 @@ import onnx_ir as ir
 
 from passes.fold import extract
 from passes.fold.agree import ACCUMULATING, agrees_in_chunks, differing_bits, file_chunks, is_float
-from passes.fold.runner import TIMEOUT, Runner, _close_idle  # noqa: F401  (the child's side, named here too)
+from passes.fold.runner import TIMEOUT, Runner, close_idle  # noqa: F401  (the child's side, named here too)
 
 __all__ = [
     "EXEMPT", "MAX_SESSIONS", "SPEC_FIXED", "TIMEOUT", "ZERO_TIES", "Batch", "Fold", "Runner", "is_exempt", "settle",

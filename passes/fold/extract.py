@@ -114,7 +114,7 @@ def _raw(tensor: ir.TensorProtocol, folder: str, name: str, force: bool = False)
     (or any, when ``force``: the inline ones add up to :data:`INLINE_BYTES`) from a file written here; a smaller one is inlined, as is a string or 4-bit
     tensor (read here if it is in a file: the model is saved elsewhere).
     """
-    from passes.ir.tensors import _contained, is_file_backed, read_external
+    from passes.ir.tensors import contained_path, is_file_backed, read_external
 
     in_file = is_file_backed(tensor)
     if tensor.dtype in _NO_RAW or tensor.dtype.bitwidth < 8:
@@ -127,7 +127,7 @@ def _raw(tensor: ir.TensorProtocol, folder: str, name: str, force: bool = False)
     description = {"dtype": tensor.dtype.numpy().name, "shape": [int(d) for d in tensor.shape.dims]}
     if in_file:
         assert isinstance(tensor, ir.ExternalTensor)
-        return {"path": _contained(tensor), "offset": int(tensor.offset or 0), **description}
+        return {"path": contained_path(tensor), "offset": int(tensor.offset or 0), **description}
     path = os.path.join(folder, f"{name}.bin")
     np.ascontiguousarray(tensor.numpy()).tofile(path)
     return {"path": path, "offset": 0, **description}

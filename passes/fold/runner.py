@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["TIMEOUT", "Runner"]
+__all__ = ["TIMEOUT", "Runner", "close_idle"]
 
 logger = logging.getLogger("passes.fold.confirm")
 
@@ -44,7 +44,9 @@ def _keep_idle(worker: Any) -> None:
 
 
 @atexit.register
-def _close_idle() -> None:
+def close_idle() -> None:
+    """Ends the idle onnxruntime child a run of this process left waiting for the next, if any
+    (at exit, and where a test needs to start from none)."""
     worker = _take_idle()
     if worker is not None:
         worker.close()

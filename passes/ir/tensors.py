@@ -32,6 +32,7 @@ __all__ = [
     "InlineData",
     "attribute_values",
     "constant_tensor",
+    "contained_path",
     "is_file_backed",
     "make_tensor",
     "read_array",
@@ -169,8 +170,11 @@ def read_tensor(tensor: ir.TensorProtocol, where: str) -> np.ndarray:
     return np.asarray(array)
 
 
-def _contained(tensor: ir.ExternalTensor) -> str:
+def contained_path(tensor: ir.ExternalTensor) -> str:
     """The data file's path, refused if it leaves ``base_dir`` (as onnx_ir's own loader does).
+
+    Every reader of external data goes through it: the reads here, and the fold's confirmation,
+    whose child reads a weight from its file by this path (``passes.fold.extract``).
 
     The location must stay inside the base folder both as written and with
     symbolic links resolved, and the file must not have other hard links.
@@ -239,7 +243,7 @@ def _checked_file(tensor: ir.ExternalTensor) -> Iterator[tuple[int, int]]:
         raise InputError(
             f"external data length {tensor.length} does not match the {nbytes} bytes of its type"
         )
-    path = _contained(tensor)
+    path = contained_path(tensor)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
