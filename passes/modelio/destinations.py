@@ -1,12 +1,15 @@
 """What a run may write to: regular files or new paths, and only its own data file.
 
-* :func:`check_writable`: a destination that exists must be a regular file
+* :func:`check_writable` (from :mod:`passes.modelio.paths`, with the other
+  checks of one path): a destination that exists must be a regular file
   (a symlink is followed to see what it names). Renaming over anything else
   replaces it, and as root that includes ``/dev/null`` itself; a FIFO, a
   socket, a device or a folder is refused instead.
-* :func:`check_encodable`: onnx and onnxruntime take paths as UTF-8 text, so
-  a path with bytes that are not UTF-8 cannot be checked (or, for a data file,
-  even named inside the model).
+* :func:`check_encodable` (also from ``paths``): onnx and onnxruntime take
+  paths as UTF-8 text, so a path with bytes that are not UTF-8 cannot be
+  checked (or, for a data file, even named inside the model).
+* :func:`check_destinations` and :func:`check_report`: nothing the run
+  writes may be a file it reads (the input, its external data, ``--inputs``).
 * :func:`check_data_file`: ``OUT.data`` may be replaced only when it is
   ``OUT``'s own data file, i.e. the existing ``OUT`` is a model that refers to
   it. Otherwise it may hold another model's weights (that model would then
@@ -24,86 +27,17 @@ from typing import TYPE_CHECKING
 from passes.errors import InputError
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_MAX
+from passes.modelio.load import data_files, has_external_data, read_graph
+from passes.modelio.paths import check_encodable, check_writable, data_file_of, external_locations, shown
 
 if TYPE_CHECKING:
-    import google.protobuf.message
-    import onnx
     import onnx_ir as ir
 else:  # an early error (a missing file) must not pay for importing onnx
-    onnx = lazy_module("onnx")
     _protobuf = lazy_module("google.protobuf.message")
 
+# The path helpers (passes.modelio.paths) are named here too: the save and the check take them from here.
 __all__ = ["check_data_file", "check_destinations", "check_encodable", "check_report", "check_writable",
-           "data_file_of", "shown"]
-
-_KINDS = (
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISDIR, "a folder"),
-)
-
-
-def shown(path: str | os.PathLike[str], limit: int = 200) -> str:
-    """``path`` for a message: undecodable bytes as ``\\xNN``, at most ``limit`` characters."""
-    text = os.fsencode(path).decode("utf-8", "backslashreplace")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def data_file_of(destination: pathlib.Path) -> pathlib.Path:
-    """The external-data file that saving ``destination`` writes (``NAME.data`` next to it)."""
-    return destination.with_name(destination.name + ".data")
-
-
-def check_writable(path: pathlib.Path, label: str) -> None:
-    """Refuses ``path`` unless it is absent (a dangling symlink counts) or names a regular file.
-
-    Raises:
-        InputError: it is a device, a FIFO, a socket or a folder, or cannot be looked at.
-    """
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        return
-    except NotADirectoryError:
-        raise InputError(f"{label}: a part of the path is not a folder") from None
-    except (OSError, ValueError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise InputError(f"{label}: cannot use this path ({reason})") from e
-    if stat.S_ISREG(info.st_mode):
-        return
-    kind = next((name for test, name in _KINDS if test(info.st_mode)), "not a regular file")
-    raise InputError(f"{label}: is {kind}, not a regular file; refusing to replace it")
-
-
-def check_encodable(path: pathlib.Path | str, label: str, why: str) -> None:
-    """Refuses a path that is not valid UTF-8 text (bytes the file system decoding could not read).
-
-    Raises:
-        InputError: it holds such bytes; ``why`` says what needs the text.
-    """
-    try:
-        os.fspath(path).encode("utf-8")
-    except UnicodeEncodeError:
-        raise InputError(f"{label}: the path is not valid UTF-8 text; {why}") from None
-
-
-def external_locations(proto: onnx.ModelProto) -> set[str]:
-    """The external-data locations any tensor of ``proto`` refers to, at any depth."""
-    found: set[str] = set()
-    stack: list[google.protobuf.message.Message] = [proto]
-    while stack:
-        message = stack.pop()
-        if isinstance(message, onnx.TensorProto) and message.data_location == onnx.TensorProto.EXTERNAL:
-            found.update(e.value for e in message.external_data if e.key == "location")
-        for field, value in message.ListFields():
-            if field.type == field.TYPE_MESSAGE:
-                if isinstance(value, _protobuf.Message):
-                    stack.append(value)
-                else:
-                    stack.extend(value)
-    return found
+           "data_file_of", "external_locations", "shown"]
 
 
 def _refers_to(model_path: pathlib.Path, data: pathlib.Path) -> bool:
@@ -112,8 +46,6 @@ def _refers_to(model_path: pathlib.Path, data: pathlib.Path) -> bool:
         info = os.stat(model_path)
         if not stat.S_ISREG(info.st_mode) or not 0 < info.st_size < PROTOBUF_MAX:
             return False
-        from passes.modelio.load import read_graph  # local import: load imports this module
-
         proto, _ = read_graph(model_path)
     except (OSError, ValueError, RuntimeError, UnicodeDecodeError, _protobuf.DecodeError):
         return False
@@ -162,8 +94,6 @@ def check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | os.Pa
     The report is looked at first (:func:`check_report`): when another destination is
     refused, the report of that refusal can still be written.
     """
-    from passes.modelio.load import data_files, has_external_data  # load imports this module
-
     source = src.resolve()
     inputs = {source, *data_files(model)}
     extra = {pathlib.Path(p).resolve() for p in reads}
@@ -190,8 +120,6 @@ def check_report(report: str | os.PathLike[str] | None, src: pathlib.Path, dst: 
     an existing folder."""
     if report is None:
         return
-    from passes.modelio.load import data_files  # load imports this module
-
     label = f"--report {shown(report)}"
     resolved = pathlib.Path(report).resolve()
     target = dst.resolve()

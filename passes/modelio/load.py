@@ -24,7 +24,7 @@ from passes.ir.notes import add_model_notes, model_notes, set_model_notes
 from passes.errors import InputError, first_line as _first_line, raise_interrupt_behind
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_MAX
-from passes.modelio.destinations import check_encodable, external_locations, shown
+from passes.modelio.paths import check_encodable, external_locations, shown
 
 # The command's early errors come from load_model's first lines, before any of these is needed.
 if TYPE_CHECKING:
