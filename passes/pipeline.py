@@ -4,8 +4,9 @@ Data flows one way: the command or the API describes the run once
 (:class:`RunSpec`: the passes, their options, validated), this module runs
 the passes (:mod:`passes.loop`), saves, and asks the gate
 (:mod:`passes.verify.gate`) for a verdict; on a mismatch it looks for the pass
-that brought it by rerunning the pipeline with fewer passes. Nothing below
-calls back up.
+that brought it by rerunning the pipeline with fewer passes
+(:mod:`passes.pipeline_check`: that search, and what the run tells the check or
+refuses before it). Nothing below calls back up.
 
 * :data:`PASSES`: the passes by CLI name, in their default order (their
   declarations, :mod:`passes.declarations`).
@@ -30,7 +31,6 @@ import dataclasses
 import logging
 import os
 import pathlib
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -44,9 +44,9 @@ from passes.declarations import (
     PassSpec,
 )
 from passes import shapes  # light: --input-shape / --fix-dim validated once
-from passes.dim_names import refuse_unknown_dims  # light
 from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
 from passes.lazy import lazy_module
+from passes import pipeline_check as _check
 from passes.runspec import RunSpec, pass_options, select_passes
 from passes.phases import Phases
 from passes.verify.gate import (
@@ -58,7 +58,6 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from passes.report import PassRun, Report
-    from passes.verify.gate import Gate
 else:
     onnx = lazy_module("onnx")
     ir = lazy_module("onnx_ir")
@@ -66,7 +65,6 @@ _report = lazy_module("passes.report")
 _walk = lazy_module("passes.ir.walk")
 _destinations = lazy_module("passes.modelio.destinations")
 _gate = lazy_module("passes.verify.gate")
-_inference = lazy_module("passes.ir.inference")
 _repro = lazy_module("passes.verify.repro")
 
 __all__ = [
@@ -85,22 +83,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-def _check_at_static_sizes(run: RunSpec, model: ir.Model, check: CheckOptions) -> CheckOptions:
-    """``check`` with the check's inputs at the run's declared static sizes (a ``--dim`` name the model
-    does not have, or one that contradicts them, refused; see :func:`passes.shapes.check_dims`)."""
-    refuse_unknown_dims(model, check.dims)
-    if not run.static:
-        return check
-    from passes.shapes.declare import symbolic_dim_names
-
-    problem = shapes.refusal(model, run.input_shapes, run.fix_dims, symbolic_dim_names(model))
-    if problem is not None:
-        raise InputError(problem)
-    dims = shapes.check_dims(model, run.input_shapes, run.fix_dims, check.dims)
-    return dataclasses.replace(check, dims=dims, shapes=dict(run.input_shapes), free_dims=dict(check.dims),
-                               static=shapes.requests_text(run.input_shapes, run.fix_dims))  # fmt: skip
 
 
 def build_pass_manager(
@@ -191,7 +173,7 @@ def optimize_file(
     """
     run, given = _build(passes, skip, input_shapes, fix_dims, options)
     check = check or CheckOptions()
-    _refuse_two_tolerances(run, check)
+    _check.refuse_two_tolerances(run, check)
     worker = _gate.start_worker(check)  # its imports overlap with the passes
     try:
         return _optimize_file(pathlib.Path(source), pathlib.Path(output), run, check, force, report_path,
@@ -221,14 +203,14 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
     staged_report = False
     try:
         run = _name_sole_input(run, model, input_shapes)
-        check = _check_at_static_sizes(run, model, check)
+        check = _check.check_at_static_sizes(run, model, check)
         with phases.phase("passes", None):
             token = _gate.current_check.set(check)  # a pass that checks its candidates uses the same inputs
             try:
                 run.run(model, progress, report.passes)
             finally:
                 _gate.current_check.reset(token)
-            _refuse_impossible_shapes(run, model, lambda: modelio.load_model(src))
+            _check.refuse_impossible_shapes(run, model, lambda: modelio.load_model(src))
         report.notes.extend(modelio.model_notes(model))  # the load's lossless repairs, the passes' corrections
         report.after = _report.summarize(model)
 
@@ -238,11 +220,11 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
             report.after.file_bytes = _report.disk_bytes(staged.files)
             _release(model)
             del model
-            check = _with_precision(check, report.passes)
+            check = _check.with_precision(check, report.passes)
             with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):
-                with _gate.Gate(src, check, warn, worker, rounding=_rounding(report.passes)) as gate:
+                with _gate.Gate(src, check, warn, worker, rounding=_check.rounding_may_change(report.passes)) as gate:
                     verdict = gate.verify(staged_path)
-                    _blame(gate, verdict, run, lambda: modelio.load_model(src))
+                    _check.blame(gate, verdict, run, lambda: modelio.load_model(src))
                     gate.reproduce(staged_path, verdict, *repro_files)
             report.notes.extend(verdict.notes)
             report.check = verdict.result
@@ -299,96 +281,6 @@ def _name_sole_input(run: RunSpec, model: ir.Model, input_shapes: Mapping[str, S
     if shapes.SOLE_INPUT not in input_shapes:
         return run
     return dataclasses.replace(run, input_shapes=shapes.name_sole_input(model, {**run.input_shapes, **input_shapes}))
-
-
-#: Stats of an exact pass that count changes after which onnxruntime may round differently:
-#: simplify's named fusions, and fold's constants that became a weight onnxruntime prepacks.
-_ROUNDING_STATS = ("fused", "weights_made_constant")
-
-
-def _rounding(runs: Sequence[PassRun]) -> bool:
-    """Whether a pass may have changed float rounding: one that is not exact changed the model, or
-    an exact one made changes after which onnxruntime rounds differently (:data:`_ROUNDING_STATS`)."""
-    return any((r.modified and r.name in PASSES and not PASSES[r.name].exact)
-               or any(r.stats.get(key, 0) for key in _ROUNDING_STATS) for r in runs)  # fmt: skip
-
-
-def _with_precision(check: CheckOptions, runs: Sequence[PassRun]) -> CheckOptions:
-    """``check`` told the half type the precision pass converted the model to (its tolerance and
-    input sets, see :class:`passes.verify.check.Checker`), if it did."""
-    for r in runs:
-        if r.name == "precision" and r.modified and r.stats.get("precision"):
-            tolerance = r.stats.get("tolerance")
-            return dataclasses.replace(check, precision=r.stats["precision"],
-                                       precision_tolerance=tuple(tolerance) if tolerance else None)  # fmt: skip
-    return check
-
-
-def _refuse_two_tolerances(run: RunSpec, check: CheckOptions) -> None:
-    """``--precision-tolerance`` with ``--rtol``/``--atol``: both would set the tolerance of the
-    precision check (``--rtol``/``--atol`` set every output's, which wins): one is refused."""
-    if run.options.get("precision_tolerance") is not None and (check.rtol is not None or check.atol is not None):
-        raise InputError("--precision-tolerance and --rtol/--atol both set the tolerance of the --precision "
-                         "check: give one (--precision-tolerance: the half type's; --rtol/--atol: every output's)")
-
-
-def _refuse_impossible_shapes(run: RunSpec, model: ir.Model, fresh: Callable[[], ir.Model]) -> None:
-    """Refuses static shapes the model cannot run at (exit 2, nothing written).
-
-    Folding makes a contradiction visible that the declared inputs alone do not
-    (a 128-long sequence added to a 32-row position table): when onnx shape
-    inference refuses the result, and the same passes without the static shapes
-    give a result it accepts, the shapes are the cause.
-    """
-    if not run.static or (error := _inference.inference_error(model)) is None:
-        return
-    dynamic = RunSpec(run.passes, run.options, run.cleanup)
-    plain = fresh()
-    dynamic.run(plain)
-    if _inference.inference_error(plain) is None:
-        shown = error if len(error) <= 200 else error[:197] + "..."
-        raise InputError(f"{shapes.requests_text(run.input_shapes, run.fix_dims)}: the model cannot run at these "
-                         f"shapes (onnx shape inference: {shown})")
-
-
-def _blame(gate: Gate, verdict: Any, run: RunSpec, fresh: Callable[[], ir.Model]) -> None:
-    """After a mismatch, the pass whose addition brings it: reruns the pipeline from a fresh load
-    with one pass less at a time (from the end), then without the clean-up, until the check passes.
-
-    Sets the first difference's ``pass_name`` (or "") and ``pipelines`` (each rerun and its verdict),
-    and the verdict's failure to the result's summary, which names the pass.
-    """
-    if not (verdict.differs and verdict.result.first_difference is not None):
-        return
-    start = time.perf_counter()
-    found = verdict.result.first_difference
-    pipelines: list[dict[str, Any]] = []
-    culprit = ""
-    names = run.passes
-    candidates = [(run.without(k, True), names[k]) for k in range(len(names) - 1, -1, -1)]
-    candidates.append((run.without(0, False), "cleanup"))
-    for fewer, suspect in candidates:
-        label = [*fewer.passes, "cleanup"] if fewer.cleanup else ["(load and save only)"]
-        try:
-            model = fresh()
-            fewer.run(model)
-            folder = gate.folder / f"bisect-{len(pipelines)}"
-            folder.mkdir()
-            modelio.save_model(model, folder / "model.onnx")
-        except OptimizeError as e:
-            pipelines.append({"passes": label, "ok": False, "error": first_line(e)})
-            break
-        ok = gate.recheck(folder / "model.onnx")
-        pipelines.append({"passes": label, "ok": bool(ok)})
-        if ok is None:
-            break
-        if ok:
-            culprit = suspect
-            break
-    found.pass_name, found.pipelines = culprit, pipelines
-    found.seconds = round(found.seconds + time.perf_counter() - start, 3)
-    verdict.result.seconds["locate"] = found.seconds
-    verdict.failure = verdict.result.summary()  # now naming the pass
 
 
 def _release(model: ir.Model) -> None:
@@ -456,7 +348,7 @@ def optimize(
     """
     run, given = _build(passes, skip, input_shapes, fix_dims, options)
     checking = _check_options(check)
-    _refuse_two_tolerances(run, checking)
+    _check.refuse_two_tolerances(run, checking)
     if isinstance(model, (str, os.PathLike)):
         if output is not None:
             optimize_file(model, output, passes=run.passes, check=checking, input_shapes=given,
@@ -483,7 +375,7 @@ def optimize(
     if output is not None:
         raise TypeError("optimize(): output= is only for a path input")
     run = _name_sole_input(run, ir_model, given)
-    checking = _check_at_static_sizes(run, ir_model, checking)
+    checking = _check.check_at_static_sizes(run, ir_model, checking)
     _repro.check_request(checking, [original] if isinstance(original, pathlib.Path) else [])
     worker = _gate.start_worker(checking)  # its imports overlap with the passes
     try:
@@ -510,12 +402,12 @@ def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, run: RunS
         runs = run.run(ir_model)
     finally:
         _gate.current_check.reset(token)
-    checking = _with_precision(checking, runs)
-    _refuse_impossible_shapes(run, ir_model, lambda: _fresh(original))
+    checking = _check.with_precision(checking, runs)
+    _check.refuse_impossible_shapes(run, ir_model, lambda: _fresh(original))
     proto = modelio.model_to_proto(ir_model)
-    with _gate.Gate(original, checking, logger.warning, worker, rounding=_rounding(runs)) as gate:
+    with _gate.Gate(original, checking, logger.warning, worker, rounding=_check.rounding_may_change(runs)) as gate:
         verdict = gate.verify(proto)
-        _blame(gate, verdict, run, lambda: _fresh(original))
+        _check.blame(gate, verdict, run, lambda: _fresh(original))
         gate.reproduce(proto, verdict, [original] if isinstance(original, pathlib.Path) else [])
     notes = [*modelio.model_notes(ir_model), *verdict.notes]  # the load's repairs, the passes' corrections
     for note in [*notes, *(verdict.result.notes if verdict.result else [])]:

@@ -1,0 +1,143 @@
+"""What the pipeline does around the check: its options, the requests refused first, the blame.
+
+The gate (:mod:`passes.verify.gate`) compares two models and knows nothing of
+passes; the pipeline (:mod:`passes.pipeline`) tells it what it needs from the
+run, with these: the check's inputs at the run's static sizes
+(:func:`check_at_static_sizes`), the half type the precision pass converted to
+(:func:`with_precision`), whether a pass may have changed float rounding
+(:func:`rounding_may_change`). It refuses, before anything is written, what the
+check could only misread (:func:`refuse_two_tolerances`, and static shapes the
+model cannot run at, :func:`refuse_impossible_shapes`). After a mismatch,
+:func:`blame` reruns the pipeline with one pass less at a time to name the pass
+that brought it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from passes import modelio, shapes  # light: onnx and onnx_ir on first use
+from passes.declarations import PASSES
+from passes.dim_names import refuse_unknown_dims  # light
+from passes.errors import InputError, OptimizeError, first_line
+from passes.lazy import lazy_module
+from passes.runspec import RunSpec
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from passes.report import PassRun
+    from passes.verify.gate import CheckOptions, Gate
+_inference = lazy_module("passes.ir.inference")
+
+__all__ = ["blame", "check_at_static_sizes", "refuse_impossible_shapes", "refuse_two_tolerances",
+           "rounding_may_change", "with_precision"]
+
+
+def check_at_static_sizes(run: RunSpec, model: ir.Model, check: CheckOptions) -> CheckOptions:
+    """``check`` with the check's inputs at the run's declared static sizes (a ``--dim`` name the model
+    does not have, or one that contradicts them, refused; see :func:`passes.shapes.check_dims`)."""
+    refuse_unknown_dims(model, check.dims)
+    if not run.static:
+        return check
+    from passes.shapes.declare import symbolic_dim_names
+
+    problem = shapes.refusal(model, run.input_shapes, run.fix_dims, symbolic_dim_names(model))
+    if problem is not None:
+        raise InputError(problem)
+    dims = shapes.check_dims(model, run.input_shapes, run.fix_dims, check.dims)
+    return dataclasses.replace(check, dims=dims, shapes=dict(run.input_shapes), free_dims=dict(check.dims),
+                               static=shapes.requests_text(run.input_shapes, run.fix_dims))  # fmt: skip
+
+
+#: Stats of an exact pass that count changes after which onnxruntime may round differently:
+#: simplify's named fusions, and fold's constants that became a weight onnxruntime prepacks.
+_ROUNDING_STATS = ("fused", "weights_made_constant")
+
+
+def rounding_may_change(runs: Sequence[PassRun]) -> bool:
+    """Whether a pass may have changed float rounding: one that is not exact changed the model, or
+    an exact one made changes after which onnxruntime rounds differently (:data:`_ROUNDING_STATS`)."""
+    return any((r.modified and r.name in PASSES and not PASSES[r.name].exact)
+               or any(r.stats.get(key, 0) for key in _ROUNDING_STATS) for r in runs)  # fmt: skip
+
+
+def with_precision(check: CheckOptions, runs: Sequence[PassRun]) -> CheckOptions:
+    """``check`` told the half type the precision pass converted the model to (its tolerance and
+    input sets, see :class:`passes.verify.check.Checker`), if it did."""
+    for r in runs:
+        if r.name == "precision" and r.modified and r.stats.get("precision"):
+            tolerance = r.stats.get("tolerance")
+            return dataclasses.replace(check, precision=r.stats["precision"],
+                                       precision_tolerance=tuple(tolerance) if tolerance else None)  # fmt: skip
+    return check
+
+
+def refuse_two_tolerances(run: RunSpec, check: CheckOptions) -> None:
+    """``--precision-tolerance`` with ``--rtol``/``--atol``: both would set the tolerance of the
+    precision check (``--rtol``/``--atol`` set every output's, which wins): one is refused."""
+    if run.options.get("precision_tolerance") is not None and (check.rtol is not None or check.atol is not None):
+        raise InputError("--precision-tolerance and --rtol/--atol both set the tolerance of the --precision "
+                         "check: give one (--precision-tolerance: the half type's; --rtol/--atol: every output's)")
+
+
+def refuse_impossible_shapes(run: RunSpec, model: ir.Model, fresh: Callable[[], ir.Model]) -> None:
+    """Refuses static shapes the model cannot run at (exit 2, nothing written).
+
+    Folding makes a contradiction visible that the declared inputs alone do not
+    (a 128-long sequence added to a 32-row position table): when onnx shape
+    inference refuses the result, and the same passes without the static shapes
+    give a result it accepts, the shapes are the cause.
+    """
+    if not run.static or (error := _inference.inference_error(model)) is None:
+        return
+    dynamic = RunSpec(run.passes, run.options, run.cleanup)
+    plain = fresh()
+    dynamic.run(plain)
+    if _inference.inference_error(plain) is None:
+        shown = error if len(error) <= 200 else error[:197] + "..."
+        raise InputError(f"{shapes.requests_text(run.input_shapes, run.fix_dims)}: the model cannot run at these "
+                         f"shapes (onnx shape inference: {shown})")
+
+
+def blame(gate: Gate, verdict: Any, run: RunSpec, fresh: Callable[[], ir.Model]) -> None:
+    """After a mismatch, the pass whose addition brings it: reruns the pipeline from a fresh load
+    with one pass less at a time (from the end), then without the clean-up, until the check passes.
+
+    Sets the first difference's ``pass_name`` (or "") and ``pipelines`` (each rerun and its verdict),
+    and the verdict's failure to the result's summary, which names the pass.
+    """
+    if not (verdict.differs and verdict.result.first_difference is not None):
+        return
+    start = time.perf_counter()
+    found = verdict.result.first_difference
+    pipelines: list[dict[str, Any]] = []
+    culprit = ""
+    names = run.passes
+    candidates = [(run.without(k, True), names[k]) for k in range(len(names) - 1, -1, -1)]
+    candidates.append((run.without(0, False), "cleanup"))
+    for fewer, suspect in candidates:
+        label = [*fewer.passes, "cleanup"] if fewer.cleanup else ["(load and save only)"]
+        try:
+            model = fresh()
+            fewer.run(model)
+            folder = gate.folder / f"bisect-{len(pipelines)}"
+            folder.mkdir()
+            modelio.save_model(model, folder / "model.onnx")
+        except OptimizeError as e:
+            pipelines.append({"passes": label, "ok": False, "error": first_line(e)})
+            break
+        ok = gate.recheck(folder / "model.onnx")
+        pipelines.append({"passes": label, "ok": bool(ok)})
+        if ok is None:
+            break
+        if ok:
+            culprit = suspect
+            break
+    found.pass_name, found.pipelines = culprit, pipelines
+    found.seconds = round(found.seconds + time.perf_counter() - start, 3)
+    verdict.result.seconds["locate"] = found.seconds
+    verdict.failure = verdict.result.summary()  # now naming the pass
