@@ -72,6 +72,7 @@ from refimpl._dtypes import (
     overflow_limit,
 )
 from refimpl._errors import UndefinedResultError
+from refimpl._extremes import extreme
 from refimpl._reduction_guards import (
     check_cancellation,
     check_log_sum_exp,
@@ -280,56 +281,6 @@ def _exact_int(op: Reducer, *, power: int) -> Reducer:
     return reduce
 
 
-def _check_extreme(x: Array, axes: Axes, keepdims: int, out: Array) -> None:
-    """Declines a float ReduceMax/Min over NaN, or over +0 and -0 when the extreme is a zero.
-
-    onnxruntime's loop drops a NaN that is not first and keeps the first of equal values, but
-    its vectorised whole-tensor path does neither reliably: there is no rule to match.
-    """
-    if np.isnan(out).any() or np.isnan(x).any():
-        raise UndefinedResultError("ReduceMax/Min over NaN: onnxruntime's result depends on its code path")
-    if not np.any(out == 0):
-        return
-    zero = x == 0
-    negative = np.logical_or.reduce(zero & np.signbit(x), axes, keepdims=keepdims)
-    positive = np.logical_or.reduce(zero & ~np.signbit(x), axes, keepdims=keepdims)
-    if np.any(negative & positive & (out == 0)):
-        raise UndefinedResultError("ReduceMax/Min over +0 and -0: onnxruntime's zero depends on its code path")
-
-
-def _identity(dtype: np.dtype, *, largest: bool) -> Any:
-    """A max (min) over an empty set: -inf (+inf), the dtype's min (max), False (True)."""
-    if dtype.kind == "b":
-        return not largest
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        return info.min if largest else info.max
-    return -np.inf if largest else np.inf
-
-
-_IDENTITIES = {
-    (dt, largest): _identity(np.dtype(dt), largest=largest)
-    for dt in (np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
-               np.int64, np.uint64, np.float16, np.float32, np.float64)
-    for largest in (True, False)
-}
-
-
-def _extreme(ufunc: np.ufunc, *, largest: bool) -> Reducer:
-    """ReduceMax/ReduceMin; the identity fills the results of empty sets."""
-
-    def reduce(x: Array, axes: Axes, keepdims: int) -> Array:
-        if x.size:  # then no reduced set is empty
-            out = ufunc.reduce(x, axes, None, None, keepdims)
-            if x.dtype.kind == "f":
-                _check_extreme(x, axes, keepdims, out)
-            return out
-        initial = _IDENTITIES[(x.dtype.type, largest)]
-        return ufunc.reduce(x, axes, None, None, keepdims, initial)
-
-    return reduce
-
-
 def _check_defined(x: Array, axes: Axes, what: str) -> int:
     """The number of reduced elements; raises if an output element reduces an empty set."""
     count = _count(x, axes)
@@ -455,8 +406,8 @@ _REDUCERS: dict[str, Reducer] = {
     "ReduceL2": _reducer(_float_l2, _int_l2, held=True, check=check_squares),
     "ReduceMean": _reducer(_float_mean, _int_mean, quiet=True, held=True, check=check_cancellation),
     "ReduceProd": _reducer(_prod, _exact_int(_prod, power=0), check=check_partial_products),
-    "ReduceMax": _reducer(*[_extreme(np.maximum, largest=True)] * 2, exact=True),
-    "ReduceMin": _reducer(*[_extreme(np.minimum, largest=False)] * 2, exact=True),
+    "ReduceMax": _reducer(*[extreme(np.maximum, largest=True)] * 2, exact=True),
+    "ReduceMin": _reducer(*[extreme(np.minimum, largest=False)] * 2, exact=True),
     "ReduceLogSum": _reducer(
         _float_log_sum, _int_log_sum, quiet=True, held=True, check=_check_log_sum_inputs
     ),
