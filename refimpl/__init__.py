@@ -18,7 +18,8 @@ Kernels live in family modules and are registered with the schema versions they 
 ``_registry`` holds the registry, ``_errors`` the exceptions, ``_dtypes`` the schema dtypes and
 the conversion and rounding helpers, ``_common`` the argument helpers all families share;
 ``_reduction_guards`` the checks with which a float reduction declines where onnxruntime's
-order decides its result (``reduction``'s alone).
+order decides its result, and ``_extremes`` ReduceMax/ReduceMin (``reduction``'s alone);
+``_resize_coordinates`` Resize's coordinate formulas, exact and onnxruntime's (``resize``'s).
 Families import those, never each other.
 
 Errors: :class:`UnsupportedOpError` (no kernel), :class:`RefImplError` (invalid inputs or
