@@ -4,7 +4,7 @@
   target, each comparing two consecutive :class:`Schema` s once (attribute
   defaults that changed, inputs and outputs renamed, allowed types that shrank).
 * :func:`check_meaning` and :func:`check_valid`: the schema-driven checks of a
-  drafted node (:class:`passes.upgrade.adapters.Draft`), the evidence that a plain
+  drafted node (:class:`passes.upgrade.plan.Draft`), the evidence that a plain
   version bump would change what it computes, or that the drafted node is not
   a valid node of the new schema.
 * :func:`reduce_ops_by_axes_version`: which Reduce ops moved ``axes`` from an
@@ -27,7 +27,7 @@ from passes.ir.schemas import input_since
 from passes.ir.types import type_string
 
 if TYPE_CHECKING:
-    from passes.upgrade.adapters import Draft
+    from passes.upgrade.plan import Draft
 
 __all__ = [
     "MIN_TARGET_OPSET",
@@ -69,7 +69,7 @@ def dtype_of(value: object) -> ir.DataType | None:
     """The element type of a node's input or output, or None when it is not known.
 
     ``value`` is an ``ir.Value``, None, or a constant the upgrade will create
-    (:class:`passes.upgrade.adapters.ConstInput`, which knows its own ``dtype``).
+    (:class:`passes.upgrade.plan.ConstInput`, which knows its own ``dtype``).
     """
     if value is None:
         return None
