@@ -1,8 +1,8 @@
 """The import graph of ``passes/`` and ``refimpl/``: its cycles, its private reach-ins, its table.
 
-``python tests/house_imports.py`` prints the table that docs/architecture.md holds between its
-``<!-- import-graph -->`` markers (``tests/test_house.py`` checks that they agree), and exits 1
-with the cycles and the private reach-ins it finds, if any.
+``python tests/house_imports.py`` prints what docs/architecture.md holds between its
+``<!-- import-graph -->`` markers (``tests/test_house.py`` checks that they agree): each room's
+imports, the cycles and the private reach-ins; it exits 1 when it finds a cycle or a reach-in.
 
 What counts as an import (the rule the house keeps):
 
@@ -19,8 +19,12 @@ What counts as an import (the rule the house keeps):
   package that re-exports from its modules is the intended shape, not a cycle).
 
 A private reach-in is ``from x import _y`` or ``x._y`` (``x`` bound to another module of ours, by
-an import or ``lazy_module``) where ``_y`` is not a dunder name: what one module gives another
-gets a public name and a docstring.
+an import or ``lazy_module``) where ``_y`` is not a dunder name, imports for annotations
+included: what one module gives another gets a public name and a docstring. A module whose own
+name starts with ``_`` (``refimpl._registry``) is its package's, imported by its siblings.
+
+Imports under ``TYPE_CHECKING`` make no cycle that runs, and are listed apart: a type two
+modules share belongs in the lower one, and the list says where that is not so yet.
 """
 
 from __future__ import annotations
@@ -214,13 +218,26 @@ def table(graph: Graph) -> str:
     return "\n".join(lines)
 
 
+def _listed(groups: list[list[str]]) -> str:
+    return "; ".join(" ↔ ".join(f"`{m}`" for m in group) for group in groups) or "none"
+
+
+def summary(graph: Graph) -> str:
+    """The table, then the cycles (at run time, then through annotations only) and the reach-ins."""
+    return "\n".join([
+        table(graph),
+        "",
+        f"Import cycles between modules: {_listed(cycles(graph.edges))}.",
+        f"Private names a module takes from another: {', '.join(graph.private) or 'none'}.",
+        "Cycles through imports for annotations only (`if TYPE_CHECKING:`, never run): "
+        f"{_listed(cycles(graph.typing_edges))}.",
+    ])  # fmt: skip
+
+
 def main() -> int:
     graph = build()
-    print(table(graph))
-    problems = [f"cycle: {' <-> '.join(c)}" for c in cycles(graph.edges)] + graph.private
-    for line in problems:
-        print(line, file=sys.stderr)
-    return 1 if problems else 0
+    print(summary(graph))
+    return 1 if cycles(graph.edges) or graph.private else 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import pathlib
 from typing import Any, ClassVar
 
 import helpers
+import house_imports
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -175,7 +176,10 @@ _LEAVES = {"errors", "options", "limits", "lazy", "phases"}
 MAY_IMPORT: dict[str, set[str]] = {
     "__main__": {"cli"},
     "cli": {"pipeline", "report", "verify", "declarations", *_LEAVES},
-    "pipeline": {"runspec", "report", "verify", "modelio", "ir", "declarations", "dim_names", "shapes", *_LEAVES},
+    "pipeline": {"runspec", "report", "verify", "modelio", "ir", "declarations", "dim_names", "shapes",
+                 "pipeline_check", *_LEAVES},
+    "pipeline_check": {"runspec", "report", "verify", "modelio", "ir", "declarations", "dim_names", "shapes",
+                       *_LEAVES},
     "runspec": {"loop", "cleanup", "report", "declarations", "shapes", *_LEAVES},
     "loop": {"report", *_LEAVES},
     "report": {"verify", "ir", *_LEAVES},
@@ -248,3 +252,58 @@ def test_every_room_imports_only_the_floors_below_it() -> None:
             if target not in (room, "passes") and target not in MAY_IMPORT[room] and (room, target) not in EXCEPTIONS:
                 wrong.append(f"{path.relative_to(REPO)} imports {module}")
     assert wrong == []
+
+
+# --- the import graph: no cycles, no private reach-ins, the page drawn from it ---------------------
+
+
+def test_no_module_imports_itself_back() -> None:
+    graph = house_imports.build()
+    assert house_imports.cycles(graph.edges) == []
+
+
+def test_no_private_name_is_taken_from_another_module() -> None:
+    assert house_imports.build().private == []
+
+
+def test_the_finder_sees_every_kind_of_cycle_and_reach_in(tmp_path: pathlib.Path) -> None:
+    """A planted package: each cycle and reach-in the rule counts is found, and nothing else."""
+    files = {
+        "__init__.py": "from pkg.a import A\n",
+        "a.py": "from pkg import Thing\nA = 1\n",  # a name of the package's face: a -> pkg -> a
+        "b.py": "from . import c\n",  # relative, a submodule
+        "c.py": "def late():\n    from pkg.b import x\n",  # inside a function: counts
+        "d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.e import E\n",
+        "e.py": "import pkg.d\n",  # d <-> e through an annotation only: not a cycle that runs
+        "f.py": "from pkg import e\n",  # a submodule, not the face: no cycle with pkg
+        "g.py": ("import pkg.e as ee\nfrom pkg.lazy import lazy_module\nfrom pkg.e import _hidden, shown\n"
+                 "m = lazy_module('pkg.f')\nee._x, m._y, ee.__name__, pkg.e._z\n"),
+        "lazy.py": "",
+        "h.py": "from pkg.lazy import lazy_module\nback = lazy_module('pkg.i')\n",
+        "i.py": "import pkg.h\n",  # h <-> i through lazy_module (an import at first use)
+    }
+    for name, text in files.items():
+        (tmp_path / "pkg").mkdir(exist_ok=True)
+        (tmp_path / "pkg" / name).write_text(text)
+    graph = house_imports.build(tmp_path, ["pkg"])
+    assert house_imports.cycles(graph.edges) == [["pkg", "pkg.a"], ["pkg.b", "pkg.c"], ["pkg.h", "pkg.i"]]
+    assert ["pkg.d", "pkg.e"] in house_imports.cycles(graph.typing_edges)
+    assert graph.edges["pkg.f"] == {"pkg.e"}
+    assert graph.private == ["pkg.g imports pkg.e._hidden", "pkg.g uses pkg.e._x", "pkg.g uses pkg.e._z",
+                             "pkg.g uses pkg.f._y"]
+    # A long chain closed at its end is one component (the finder does not recurse).
+    chain = {f"m{k}": {f"m{k + 1}"} for k in range(3000)} | {"m3000": {"m0"}}
+    assert house_imports.cycles(chain) == [sorted(chain)]
+
+
+def test_the_architecture_page_holds_the_generated_import_graph() -> None:
+    import subprocess
+    import sys
+
+    page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    marker = "<!-- import-graph -->"
+    assert page.count(marker) == 2
+    held = page.split(marker)[1].strip()
+    printed = subprocess.run([sys.executable, str(REPO / "tests" / "house_imports.py")], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    assert held == printed, "docs/architecture.md: paste `python tests/house_imports.py` between the markers"
