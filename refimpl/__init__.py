@@ -24,7 +24,8 @@ Families import those, never each other.
 
 Errors: :class:`UnsupportedOpError` (no kernel), :class:`RefImplError` (invalid inputs or
 attributes) and its subclass :class:`UndefinedResultError` (the spec leaves the result
-undefined), and :class:`KernelBugError` (a bug in a kernel; not a RefImplError).
+undefined; its subclass :class:`RuntimeChoiceError`: defined up to the runtime's order or
+choice of zero), and :class:`KernelBugError` (a bug in a kernel; not a RefImplError).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 from refimpl._errors import (
     KernelBugError,
     RefImplError,
+    RuntimeChoiceError,
     UndefinedResultError,
     UnsupportedOpError,
 )
@@ -55,6 +57,7 @@ from refimpl import (  # noqa: E402,F401  isort: skip
 __all__ = [
     "KernelBugError",
     "RefImplError",
+    "RuntimeChoiceError",
     "UndefinedResultError",
     "UnsupportedOpError",
     "lookup",

@@ -7,6 +7,9 @@
 * :class:`UndefinedResultError`, a :class:`RefImplError`: the inputs are valid but the spec
   leaves the result undefined (integer division by zero, float -> int out of range, duplicate
   scatter indices, integer overflow in a reduction, the mean of an empty set...).
+* :class:`RuntimeChoiceError`, an :class:`UndefinedResultError`: the value is defined up to a
+  choice the implementation makes (the order of a float sum, where its accumulator starts, which
+  zero a tie of +0 and -0 gives): the runtime's own evaluation of the node decides it.
 * :class:`KernelBugError`, *not* a :class:`RefImplError`: anything else that escaped a kernel.
   It is a bug in refimpl, never a verdict on the inputs, so callers count it apart.
 
@@ -16,7 +19,7 @@ exception into :class:`KernelBugError` (MemoryError and KeyboardInterrupt propag
 
 from __future__ import annotations
 
-__all__ = ["KernelBugError", "RefImplError", "UndefinedResultError", "UnsupportedOpError"]
+__all__ = ["KernelBugError", "RefImplError", "RuntimeChoiceError", "UndefinedResultError", "UnsupportedOpError"]
 
 
 class UnsupportedOpError(LookupError):
@@ -51,6 +54,16 @@ class RefImplError(ValueError):
 
 class UndefinedResultError(RefImplError):
     """The inputs are valid, but the spec leaves the result undefined: there is no value."""
+
+
+class RuntimeChoiceError(UndefinedResultError):
+    """The value is fixed only up to the runtime's choice of order, accumulator start or tie-break.
+
+    Float results only: the sign of a zero whose terms are all -0, a sum that cancels within the
+    rounding of another order, terms that may overflow or underflow in the runtime's order, the
+    zero a Max/Min/Where gives on a tie of +0 and -0. A caller that can ask the runtime (fold's
+    confirmation) takes the runtime's value; others treat it as undefined.
+    """
 
 
 class KernelBugError(RuntimeError):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from refimpl._errors import UndefinedResultError
+from refimpl._errors import RuntimeChoiceError, UndefinedResultError
 
 __all__ = ["extreme"]
 
@@ -38,7 +38,7 @@ def _check_extreme(x: Array, axes: Axes, keepdims: int, out: Array) -> None:
     negative = np.logical_or.reduce(zero & np.signbit(x), axes, keepdims=keepdims)
     positive = np.logical_or.reduce(zero & ~np.signbit(x), axes, keepdims=keepdims)
     if np.any(negative & positive & (out == 0)):
-        raise UndefinedResultError("ReduceMax/Min over +0 and -0: onnxruntime's zero depends on its code path")
+        raise RuntimeChoiceError("ReduceMax/Min over +0 and -0: onnxruntime's zero depends on its code path")
 
 
 def _identity(dtype: np.dtype, *, largest: bool) -> Any:

@@ -46,7 +46,7 @@ from refimpl._dtypes import (
     quiet,
     work_types,
 )
-from refimpl._errors import RefImplError, UndefinedResultError
+from refimpl._errors import RefImplError, RuntimeChoiceError, UndefinedResultError
 from refimpl._registry import Kernel, Typed, register
 
 Array = np.ndarray
@@ -271,7 +271,7 @@ def _zero_tie(op: str, left: Array, right: Array, result: Array) -> Array:
         return result
     if left.size == 1 and right.size == 1:
         return right.reshape(result.shape).copy()
-    raise UndefinedResultError(f"{op} of +0 and -0: onnxruntime's choice depends on the position")
+    raise RuntimeChoiceError(f"{op} of +0 and -0: onnxruntime's choice depends on the position")
 
 
 def _variadic(
@@ -424,7 +424,7 @@ def _where_kernel(types: DTypes) -> Kernel:
         if dtype.kind in "fV" and np.any(np.signbit(result) & (result == 0)):
             # onnxruntime's Where gives +0 for a selected -0 on some paths (Where([True], [-0], [1])
             # is +0, Where(True, [-0], [1]) is -0): the sign is its choice, so refimpl declines.
-            raise UndefinedResultError("Where selecting -0: onnxruntime's sign depends on its path")
+            raise RuntimeChoiceError("Where selecting -0: onnxruntime's sign depends on its path")
         return (result,)
 
     return kernel

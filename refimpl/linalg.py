@@ -28,7 +28,7 @@ import numpy as np
 
 from refimpl._common import Attrs, Inputs, as_text, broadcasts_to, same_dtype
 from refimpl._dtypes import DTypes, accumulator_type, checked, wide_type
-from refimpl._errors import RefImplError, UndefinedResultError
+from refimpl._errors import RefImplError, RuntimeChoiceError, UndefinedResultError
 from refimpl._registry import Kernel, Typed, register
 
 def _lowest_bit(x: np.ndarray) -> float:
@@ -85,11 +85,11 @@ def _check_terms(
         products = combine(*(np.abs(a) for a in wide))
         magnitude = abs(scale) * products + (0 if added is None else added)
         if np.any(products >= limit) or np.any(magnitude >= limit):
-            raise UndefinedResultError(f"{op}: terms that may overflow: the runtime's order decides inf or NaN")
+            raise RuntimeChoiceError(f"{op}: terms that may overflow: the runtime's order decides inf or NaN")
         held = combine(*(np.abs(a) for a in arrays))  # the products as the input type holds them
     smallest = sum(_log2_smallest(a) for a in arrays) + _log2_smallest(np.array([scale]))
     if smallest < math.log2(float(accumulator.tiny)) + 1:
-        raise UndefinedResultError(f"{op}: products that may underflow: fused multiply-adds decide their rounding")
+        raise RuntimeChoiceError(f"{op}: products that may underflow: fused multiply-adds decide their rounding")
     zero = held == 0
     if np.any(zero):
         signs = [np.where(np.signbit(a), -1.0, 1.0) for a in arrays]
@@ -98,7 +98,7 @@ def _check_terms(
         if extra is not None:
             unsure &= (extra == 0) & np.signbit(extra)  # + (+0) makes any zero +0
         if np.any(unsure):
-            raise UndefinedResultError(f"{op}: an output whose terms are all -0 (or underflow) has the runtime's sign")
+            raise RuntimeChoiceError(f"{op}: an output whose terms are all -0 (or underflow) has the runtime's sign")
     with np.errstate(all="ignore"):
         doubtful = np.abs(result.astype(np.float64)) <= float(accumulator.eps) * magnitude
     doubtful &= (magnitude > 0) & np.isfinite(result)
@@ -108,7 +108,7 @@ def _check_terms(
             quantum = min(quantum, _lowest_bit(extra))
         exact = magnitude < 2.0 ** (accumulator.nmant + 1 + quantum) if math.isfinite(quantum) else True
         if np.any(doubtful & ~exact):
-            raise UndefinedResultError(f"{op}: a sum that cancels within rounding error: the runtime's order decides")
+            raise RuntimeChoiceError(f"{op}: a sum that cancels within rounding error: the runtime's order decides")
 
 
 # --- MatMul ------------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def _gemm(c_optional: bool) -> Typed:
                     term = work.type(beta) * c.astype(work, copy=False)
                     y = y + term
             if dtype.kind == "f" and alpha == 0 and not np.all(y):
-                raise UndefinedResultError("Gemm: alpha = 0 gives a zero whose sign is that of A @ B")
+                raise RuntimeChoiceError("Gemm: alpha = 0 gives a zero whose sign is that of A @ B")
             _check_terms("Gemm", np.matmul, (a, b), np.asarray(y), scale=float(alpha), extra=term)
             return (y.astype(dtype, copy=False),)
 

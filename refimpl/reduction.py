@@ -71,7 +71,7 @@ from refimpl._dtypes import (
     int_range,
     overflow_limit,
 )
-from refimpl._errors import UndefinedResultError
+from refimpl._errors import RuntimeChoiceError, UndefinedResultError
 from refimpl._extremes import extreme
 from refimpl._reduction_guards import (
     check_cancellation,
@@ -188,7 +188,7 @@ def _sum(x: Array, axes: Axes, keepdims: int) -> Array:
         # size-1 axis does not), so such a sum declines.
         total = np.add.reduce(x, axes, None, None, keepdims, -0.0)
         if np.any((total == 0) & np.signbit(total)):
-            raise UndefinedResultError("a sum of only -0: onnxruntime's sign depends on its code path")
+            raise RuntimeChoiceError("a sum of only -0: onnxruntime's sign depends on its code path")
     else:
         total = np.add.reduce(x, axes, None, None, keepdims)
     # A reduction to one element returns a numpy scalar (a bare Python int for object arrays).

@@ -1185,6 +1185,7 @@ def test_model_without_constants_is_not_modified() -> None:
         "disagrees_with_onnxruntime": {},
         "unconfirmed": {},
         "by_spec": {},
+        "runtime_decided": {},
     }
     assert op_types(out.graph) == ["Relu", "Add"]
 

@@ -43,12 +43,16 @@ class EvaluationError(Exception):
         kernel_bug: The kernel itself failed (``refimpl.KernelBugError``):
             counted as ``kernel_bugs`` and logged as an error, never as an
             ordinary "did not fold".
+        runtime_choice: The value is onnxruntime's choice (``refimpl.RuntimeChoiceError``):
+            with confirmation on, onnxruntime computes it (:mod:`passes.fold.decide`).
     """
 
-    def __init__(self, message: str, *, unsupported: bool = False, kernel_bug: bool = False) -> None:
+    def __init__(self, message: str, *, unsupported: bool = False, kernel_bug: bool = False,
+                 runtime_choice: bool = False) -> None:  # fmt: skip
         super().__init__(message)
         self.unsupported = unsupported
         self.kernel_bug = kernel_bug
+        self.runtime_choice = runtime_choice
 
 
 def read_inputs(candidate: Candidate) -> list[np.ndarray | None]:
@@ -79,6 +83,9 @@ def evaluate(candidate: Candidate) -> list[np.ndarray | None]:
     except refimpl.UnsupportedOpError as e:
         logger.debug("Not folding %s: %s", node.name, e)
         raise EvaluationError(str(e), unsupported=True) from e
+    except refimpl.RuntimeChoiceError as e:
+        logger.debug("%s node %r: %s", op, node.name, e)
+        raise EvaluationError(str(e), runtime_choice=True) from e
     except refimpl.RefImplError as e:
         logger.warning("Not folding %s node %r: %s", op, node.name, e)
         raise EvaluationError(str(e)) from e
@@ -171,6 +178,9 @@ def check_results(
             outputs.append(None)
             continue
         array = results[i]
+        if array is None and not needed:
+            outputs.append(None)
+            continue
         if not isinstance(array, (np.ndarray, np.generic)):
             raise _misfit(node, f"output {i} is a {type(array).__name__}")
         array = np.asarray(array)

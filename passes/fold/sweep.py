@@ -22,7 +22,7 @@ import onnx_ir as ir
 
 from passes.base import pass_stats
 from passes.fold import confirm as _confirm
-from passes.fold import evaluate, policy
+from passes.fold import decide, evaluate, policy
 from passes.fold.surgery import Rewriter, subgraphs_of
 from passes.ir import checked_inputs, inference
 from passes.ir.tensors import attribute_values, make_tensor
@@ -63,6 +63,9 @@ class FoldStats:
     #: Folded values of nodes onnxruntime has no kernel for (a bfloat16 Add), by op: computed by
     #: refimpl as the spec defines them, the only reference there (see ``passes.fold.confirm``).
     by_spec: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    #: Folded values refimpl leaves to the runtime's choice (the sign of a zero whose terms are all
+    #: -0...), by op: computed by onnxruntime from the same constants (see ``passes.fold.decide``).
+    runtime_decided: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
     @property
     def folded(self) -> int:
@@ -71,7 +74,8 @@ class FoldStats:
     def as_dict(self) -> dict[str, Any]:
         details = dataclasses.asdict(self)
         del details["applied"], details["declined"]
-        for key in ("unsupported", "failed", "kernel_bugs", "disagrees_with_onnxruntime", "unconfirmed", "by_spec"):
+        for key in ("unsupported", "failed", "kernel_bugs", "disagrees_with_onnxruntime", "unconfirmed", "by_spec",
+                    "runtime_decided"):
             details[key] = dict(sorted(getattr(self, key).items()))
         return pass_stats(self.applied, self.declined, folded=self.folded, **details)
 
@@ -140,6 +144,7 @@ class Sweep:
         self._inferred: dict[ir.Value, tuple[int, ...]] = {}
         self._ranks: dict[ir.Value, int] = {}
         self._dims: dict[ir.Value, tuple[int, ...]] = {}
+        self.decided = 0  # nodes onnxruntime computed for refimpl (see ``decide``)
 
     def run(self) -> None:
         found = inference.infer_types(self.model, [*self._unknown_shapes(), *self._unknown_ranks()])
@@ -280,6 +285,9 @@ class Sweep:
             try:
                 outputs = evaluate.evaluate(candidate)
             except evaluate.EvaluationError as e:
+                if e.runtime_choice:
+                    decide.decide(self, candidate, scope, str(e))
+                    return
                 if e.kernel_bug:
                     counter = self.stats.kernel_bugs
                 else:
@@ -309,10 +317,12 @@ class Sweep:
         arrays: Sequence[np.ndarray | None],
         scope: Scope,
         tensors: Sequence[ir.TensorProtocol | None] | None = None,
+        decided: bool = False,
     ) -> None:
         """Replaces the node's outputs by constants with the same names, and drops the node.
 
-        With confirmation on, the fold stays pending until :meth:`settle`.
+        With confirmation on, the fold stays pending until :meth:`settle`, unless onnxruntime
+        computed ``arrays`` (``decided``: :mod:`passes.fold.decide`).
         ``tensors`` are the node's constant inputs (read from the sweep if not given).
         """
         inputs, outputs = tuple(node.inputs), tuple(node.outputs)
@@ -325,7 +335,7 @@ class Sweep:
         self.made_values.update(dict.fromkeys(replaced.values()))
         self.stats.applied[node.op_type] += 1
         logger.debug("Folded %s node %r", node.op_type, node.name)
-        if not self.confirm:
+        if not self.confirm or decided:
             return
         fold = _confirm.Fold(
             node=node,

@@ -6,8 +6,9 @@ and model-local function until nothing changes (bounded):
 * ``constants``: ``Constant`` nodes of the main graph and of its subgraphs
   become main-graph initializers (IR >= 4; subgraphs see outer values;
   functions keep their Constant nodes, they do not); equal ones are shared,
-  exactly (``-0.0`` is not ``0.0``), as are equal small initializers
-  (onnx_ir's ``DeduplicateInitializersPass``, which leaves graph inputs alone).
+  exactly (``-0.0`` is not ``0.0``), as are equal initializers of one graph
+  (dtype, shape and bytes; never a graph input: a caller may override it), so
+  that CSE merges their users.
 * ``control_flow``: an If whose condition an enclosing branch decides (an If
   on ``c``, ``Not(c)`` or a recomputation of ``c`` inside a branch of
   ``If(c)``), or whose two branches are the same graph, gets a constant
@@ -165,6 +166,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         self._inferred = None
         self._amplified = Amplified(model)  # one walk for the whole call, on the first fusion found
         later: collections.Counter[tuple[str, str]] = collections.Counter()
+        digests: dict[int, Any] = {}  # the initializers' digests, read once per call
         while rounds < _MAX_ROUNDS:
             rounds += 1
             later = collections.Counter()  # the patterns of the last round, which sees the final graph
@@ -172,15 +174,13 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             changed |= control_flow.resolve_known_conditions(model, applied)
             changed |= constants.lift_main_graph_constants(model, applied)
             changed |= constants.lift_subgraph_constants(model, applied)
+            changed |= constants.share_equal_initializers(model, applied, digests)
             changed |= cse.eliminate(model, applied)
             if changed:
                 common_passes.RemoveUnusedNodesPass()(model)
             else:
                 self._correct_declared_shapes(model, applied)  # the last sweep's inference holds
                 break
-        dedup = common_passes.DeduplicateInitializersPass()(model).modified
-        if dedup:
-            applied["constants/shared_initializer"] += 1
         self._amplified = None
         # What the last round found in the final graph, by the stat it is counted in: fusion patterns only
         # a higher opset would take ("fusable_at_higher_opset": {"Gelu@20": n}) and fusions declined as

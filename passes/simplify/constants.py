@@ -1,4 +1,4 @@
-"""``Constant`` nodes become main-graph initializers.
+"""``Constant`` nodes become main-graph initializers; equal initializers become one.
 
 A ``Constant`` node and an initializer hold the same tensor; the other tools
 store constants as initializers, and users compare node counts. Only in
@@ -24,6 +24,18 @@ in the subgraph: the ONNX checker and onnxruntime reject an outer value
 there), that nothing uses, or whose value is an attribute reference or a
 sparse tensor, stays a node.
 
+Equal initializers of one graph (same dtype, shape and bytes: ``-0.0`` is not
+``0.0``, NaN payloads count) become the first one (:func:`share_equal_initializers`):
+its users read it, and CSE then merges the nodes that became the same (four equal
+bool masks each feeding an ``And`` with the same other input: one mask, one And).
+Never an initializer that is a graph input (overridable: a caller may feed it)
+or a graph output, nor across graphs (a subgraph's initializer stays its own).
+Only tensors of the same dtype and shape are read, one at a time (a digest of
+their bytes, then the bytes compared with the kept one's), and none over
+:data:`SHARE_BYTES`: a model of many same-shaped weights is read once per run at most.
+
+onnx_ir's ``DeduplicateInitializersPass`` is not used: it compares only tensors of
+up to 1,024 elements (a 64x64 mask stays twice) and holds every key's bytes.
 onnx_ir's ``LiftConstantsToInitializersPass`` is not used: it also lifts the
 Constants of subgraphs into subgraph initializers, and by default skips
 small tensors and the ``value_*`` forms.
@@ -32,15 +44,21 @@ small tensors and the ``value_*`` forms.
 from __future__ import annotations
 
 import collections
+import hashlib
 from collections.abc import Hashable
+
+import numpy as np
 
 import onnx_ir as ir
 
 from passes.ir.names import Names
-from passes.ir.tensors import constant_tensor
+from passes.ir.tensors import constant_tensor, read_tensor
 from passes.ir.walk import iter_scopes
 
-__all__ = ["lift_main_graph_constants", "lift_subgraph_constants"]
+__all__ = ["SHARE_BYTES", "lift_main_graph_constants", "lift_subgraph_constants", "share_equal_initializers"]
+
+#: Initializers over this many bytes are not compared (see :func:`share_equal_initializers`).
+SHARE_BYTES = 64 << 20
 
 #: Main-graph initializers up to this many elements are compared with lifted constants.
 _SHARE_LIMIT = 1 << 16
@@ -163,3 +181,65 @@ def lift_subgraph_constants(model: ir.Model, applied: collections.Counter[str]) 
             body.remove(node, safe=True)
             lifted = True
     return lifted
+
+
+def _contents(value: ir.Value) -> np.ndarray | None:
+    tensor = value.const_value
+    if tensor is None or tensor.dtype == ir.DataType.STRING or tensor.dtype.bitwidth < 8:
+        return None
+    try:
+        return np.ascontiguousarray(read_tensor(tensor, f"initializer {value.name!r}"))
+    except Exception:  # noqa: BLE001  an unreadable tensor is left alone (the check reports it)
+        return None
+
+
+def share_equal_initializers(model: ir.Model, applied: collections.Counter[str],
+                             digests: dict[int, tuple[ir.TensorProtocol, bytes | None]] | None = None) -> bool:  # fmt: skip
+    """Replaces each initializer equal to an earlier one of its graph by that one; whether any was.
+
+    Counted as ``constants/shared_initializer`` (one per initializer removed). ``digests`` keeps
+    each tensor's digest across calls (by the tensor object, held there), so that the rounds of a
+    pass read a weight once.
+    """
+    digests = {} if digests is None else digests
+    changed = False
+    for graph in model.graphs():
+        groups: dict[tuple[ir.DataType, tuple[int, ...]], list[ir.Value]] = collections.defaultdict(list)
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if value.is_graph_input() or value.is_graph_output() or tensor is None:
+                continue
+            if int(tensor.nbytes) <= SHARE_BYTES:
+                groups[(tensor.dtype, tuple(tensor.shape))].append(value)
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            kept: dict[bytes, ir.Value] = {}
+            for value in members:
+                digest = _digest(value, digests)
+                if digest is None:
+                    continue
+                first = kept.setdefault(digest, value)
+                if first is value:
+                    continue
+                a, b = _contents(first), _contents(value)
+                if a is None or b is None or not np.array_equal(a.view(np.uint8), b.view(np.uint8)):
+                    continue  # a collision of digests: never merged on a digest alone
+                value.replace_all_uses_with(first)
+                assert value.name is not None
+                graph.initializers.pop(value.name)
+                applied["constants/shared_initializer"] += 1
+                changed = True
+    return changed
+
+
+def _digest(value: ir.Value, digests: dict[int, tuple[ir.TensorProtocol, bytes | None]]) -> bytes | None:
+    tensor = value.const_value
+    assert tensor is not None
+    found = digests.get(id(tensor))
+    if found is not None and found[0] is tensor:
+        return found[1]
+    array = _contents(value)
+    digest = None if array is None else hashlib.blake2b(array.view(np.uint8).reshape(-1), digest_size=32).digest()
+    digests[id(tensor)] = (tensor, digest)
+    return digest
