@@ -153,3 +153,19 @@ def test_matmuls_sharing_their_input_stay_apart(dtype) -> None:
     out, _ = simplify_checked(original)
     assert ops(out.graph) == ["MatMul"] * 4 and "Split" not in ops(out.graph)
     same_outputs(original, out, {"a": rng.standard_normal((5, 768)).astype(dtype)})
+
+
+def test_masks_equal_where_the_key_samples_them_are_compared_whole() -> None:
+    """The key samples a few bytes (first, last, strided); masks 1 and 3 equal there but differ at a byte
+    no sample reads: 1 stays apart from 0, and 3, equal to 1, still merges with 1, not with 0."""
+    original = reformer_like()
+    base = numpy_helper.to_array(original.graph.initializer[0]).copy()
+    changed = base.copy()
+    changed[31, 37] = not changed[31, 37]  # byte 2021: not in the first or last 256, not on the 64-byte stride
+    assert (31 * 64 + 37) % 64 and 256 <= 31 * 64 + 37 < 4096 - 256
+    for i in (1, 3):
+        original.graph.initializer[i].CopyFrom(numpy_helper.from_array(changed, f"mask{i}"))
+    out, stats = simplify_checked(original)
+    assert sorted(i.name for i in out.graph.initializer) == ["mask0", "mask1"]
+    assert ops(out.graph).count("And") == 2 and stats["applied"]["constants/shared_initializer"] == 2
+    same_outputs(original, out, feeds())

@@ -30,9 +30,12 @@ its users read it, and CSE then merges the nodes that became the same (four equa
 bool masks each feeding an ``And`` with the same other input: one mask, one And).
 Never an initializer that is a graph input (overridable: a caller may feed it)
 or a graph output, nor across graphs (a subgraph's initializer stays its own).
-Only tensors of the same dtype and shape are read, one at a time (a digest of
-their bytes, then the bytes compared with the kept one's), and none over
-:data:`SHARE_BYTES`: a model of many same-shaped weights is read once per run at most.
+Only tensors of the same dtype and shape are compared: first by a key of a few
+sampled bytes (:func:`_sample_key`: the first and last 256 bytes and 64 strided
+ones, so random weights of one shape part there without being hashed whole), then
+byte for byte with each earlier tensor of the same key. None over
+:data:`SHARE_BYTES`, and a weight left in its data file only up to
+:data:`FILE_SHARE_BYTES`: a large model's weights are not read for this.
 
 onnx_ir's ``DeduplicateInitializersPass`` is not used: it compares only tensors of
 up to 1,024 elements (a 64x64 mask stays twice) and holds every key's bytes.
@@ -44,7 +47,6 @@ small tensors and the ``value_*`` forms.
 from __future__ import annotations
 
 import collections
-import hashlib
 from collections.abc import Hashable
 
 import numpy as np
@@ -52,13 +54,15 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.ir.names import Names
-from passes.ir.tensors import constant_tensor, read_tensor
+from passes.ir.tensors import constant_tensor, is_file_backed, read_tensor
 from passes.ir.walk import iter_scopes
 
 __all__ = ["SHARE_BYTES", "lift_main_graph_constants", "lift_subgraph_constants", "share_equal_initializers"]
 
 #: Initializers over this many bytes are not compared (see :func:`share_equal_initializers`).
 SHARE_BYTES = 64 << 20
+#: Weights left in their data file are compared up to this size (reading one costs a read of the file).
+FILE_SHARE_BYTES = 1 << 20
 
 #: Main-graph initializers up to this many elements are compared with lifted constants.
 _SHARE_LIMIT = 1 << 16
@@ -198,8 +202,8 @@ def share_equal_initializers(model: ir.Model, applied: collections.Counter[str],
     """Replaces each initializer equal to an earlier one of its graph by that one; whether any was.
 
     Counted as ``constants/shared_initializer`` (one per initializer removed). ``digests`` keeps
-    each tensor's digest across calls (by the tensor object, held there), so that the rounds of a
-    pass read a weight once.
+    each tensor's sample key across calls (by the tensor object, held there), so that the rounds
+    of a pass sample a weight once.
     """
     digests = {} if digests is None else digests
     changed = False
@@ -209,22 +213,22 @@ def share_equal_initializers(model: ir.Model, applied: collections.Counter[str],
             tensor = value.const_value
             if value.is_graph_input() or value.is_graph_output() or tensor is None:
                 continue
-            if int(tensor.nbytes) <= SHARE_BYTES:
+            limit = FILE_SHARE_BYTES if is_file_backed(tensor) else SHARE_BYTES
+            if int(tensor.nbytes) <= limit:
                 groups[(tensor.dtype, tuple(tensor.shape))].append(value)
         for members in groups.values():
             if len(members) < 2:
                 continue
-            kept: dict[bytes, ir.Value] = {}
+            kept: dict[bytes, list[ir.Value]] = collections.defaultdict(list)
             for value in members:
-                digest = _digest(value, digests)
-                if digest is None:
+                key = _digest(value, digests)
+                if key is None:
                     continue
-                first = kept.setdefault(digest, value)
-                if first is value:
+                b = _contents(value) if kept[key] else None
+                first = next((k for k in kept[key] if _same_bytes(_contents(k), b)), None)
+                if first is None:  # the first of its key, or equal to none of them (the key is a sample)
+                    kept[key].append(value)
                     continue
-                a, b = _contents(first), _contents(value)
-                if a is None or b is None or not np.array_equal(a.view(np.uint8), b.view(np.uint8)):
-                    continue  # a collision of digests: never merged on a digest alone
                 value.replace_all_uses_with(first)
                 assert value.name is not None
                 graph.initializers.pop(value.name)
@@ -240,6 +244,17 @@ def _digest(value: ir.Value, digests: dict[int, tuple[ir.TensorProtocol, bytes |
     if found is not None and found[0] is tensor:
         return found[1]
     array = _contents(value)
-    digest = None if array is None else hashlib.blake2b(array.view(np.uint8).reshape(-1), digest_size=32).digest()
+    digest = None if array is None else _sample_key(array)
     digests[id(tensor)] = (tensor, digest)
     return digest
+
+
+def _sample_key(array: np.ndarray) -> bytes:
+    """A few of the array's bytes: its first and last 256 and 64 strided ones (equal arrays, equal keys)."""
+    flat = array.reshape(-1).view(np.uint8)
+    step = max(1, flat.size // 64)
+    return b"".join((flat[:256].tobytes(), flat[-256:].tobytes(), flat[::step][:64].tobytes()))
+
+
+def _same_bytes(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return a is not None and b is not None and np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
