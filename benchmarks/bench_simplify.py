@@ -597,19 +597,22 @@ def _dims(value: onnx.ValueInfoProto) -> list[int | str | None] | None:
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim]
 
 
-def interface_change(original: onnx.GraphProto, output: onnx.GraphProto) -> str:
+def interface_change(original: onnx.GraphProto, output: onnx.GraphProto, ir_version: int = 8) -> str:
     """How ``output`` changed the graph inputs callers see: "" when kept, else the first change.
 
-    Every declared input of the original (initializer-backed ones included: by the
-    IR spec an initializer that is also a graph input is a default a caller may
-    override) must stay, at the same position, with the same type, and with a
-    shape no narrower: no dim made static, no rank imposed on an input without one.
+    Every declared input of the original (initializer-backed ones included from IR 4: by
+    the IR spec an initializer that is also a graph input is a default a caller may
+    override; below IR 4, its ``ir_version``, onnxruntime runs them as constants that no
+    caller can feed, so they are not inputs callers see) must stay, at the same position,
+    with the same type, and with a shape no narrower: no dim made static, no rank imposed
+    on an input without one.
     """
     inputs = list(output.input)
-    for index, before in enumerate(original.input):
+    constants = {t.name for t in original.initializer} if ir_version < 4 else set()
+    for index, before in enumerate(v for v in original.input if v.name not in constants):
         if index >= len(inputs) or inputs[index].name != before.name:
             kept = {v.name for v in inputs}
-            dropped = [v.name for v in original.input if v.name not in kept]
+            dropped = [v.name for v in original.input if v.name not in kept | constants]
             if dropped:
                 return f"drops {len(dropped)} of the {len(original.input)} inputs (e.g. {dropped[0]!r})"
             return f"reorders the inputs ({before.name!r} is no longer input {index})"
@@ -643,7 +646,8 @@ def verify(output: str, ref_pickle: str, original: str = "") -> None:
     result: dict[str, Any] = {"nodes": count_nodes(model), "op_counts": op_counts(model),
                               "opset": default_opset(model)}
     if original:
-        result["interface"] = interface_change(onnx.load(original, load_external_data=False).graph, model.graph)
+        source = onnx.load(original, load_external_data=False)
+        result["interface"] = interface_change(source.graph, model.graph, source.ir_version)
     del model
     try:
         onnx.checker.check_model(output, full_check=True)

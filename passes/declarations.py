@@ -128,8 +128,8 @@ SIMPLIFY = PassSpec(
                "MatMul+Add into Gemm, LayerNorm/Gelu/RMSNorm patterns into the standard ops (the only "
                "simplifications that change float results, by rounding)"),
         Option("freeze_initializer_inputs", False, "treat initializers that are also graph inputs "
-               "(every initializer of an IR 3 model) as constants that fold and fuse, and remove them "
-               "from the inputs: callers can no longer override them"),
+               "as constants that fold and fuse, and remove them from the inputs: callers can no longer "
+               "override them (below IR 4 the load already does, as onnxruntime runs them)"),
     ),  # fmt: skip
     repeats=True,
 )

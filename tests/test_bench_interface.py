@@ -1,8 +1,8 @@
 """The simplification benchmark's check of the graph inputs a tool's output keeps.
 
 ``bench_simplify.interface_change`` decides whether another tool's output counts
-as right: dropping an initializer-backed input (what the other tools do to IR 3
-models), reordering inputs or narrowing a symbolic dim (onnxslim's trap in the
+as right: dropping an initializer-backed input of an IR >= 4 model (below IR 4
+they are constants in onnxruntime, so dropping them is right), reordering inputs or narrowing a symbolic dim (onnxslim's trap in the
 simplify issue) must be reported; renaming a symbol, widening a dim or keeping
 everything must not.
 """
@@ -45,6 +45,17 @@ ORIGINAL = _graph([("x", TensorProto.FLOAT, ["n", 3]), ("w", TensorProto.FLOAT, 
 def test_interface_change(inputs, expected) -> None:
     found = bench_simplify.interface_change(ORIGINAL, _graph(inputs))
     assert found.startswith(expected) and bool(found) == bool(expected), found
+
+
+def test_below_ir_4_initializer_backed_inputs_are_constants_not_inputs() -> None:
+    """onnxruntime runs an IR 3 model's initializers as constants: dropping them changes nothing callers see;
+    dropping or reordering a real input still does."""
+    original = _graph([("w", TensorProto.FLOAT, [3]), ("x", TensorProto.FLOAT, ["n", 3])], initializers=("w",))
+    assert bench_simplify.interface_change(original, _graph([("x", TensorProto.FLOAT, ["n", 3])]), 3) == ""
+    assert bench_simplify.interface_change(original, _graph([("x", TensorProto.FLOAT, ["n", 3])])).startswith(
+        "drops 1 of the 2 inputs (e.g. 'w')")  # from IR 4 it is an input callers may feed
+    assert bench_simplify.interface_change(original, _graph([("x", TensorProto.FLOAT, [2, 3])]), 3).startswith(
+        "narrows dim 0 of input 'x'")
 
 
 def test_an_input_without_a_shape_must_stay_without_one() -> None:

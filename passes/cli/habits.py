@@ -77,7 +77,7 @@ def _table() -> dict[str, Habit]:
     add("onnxsim", "not needed: subgraphs (If/Loop bodies) and model-local functions are always optimised; "
         "drop the flag", "--include-subgraph")
     add("onnxsim", _FOLD_LIMIT, "--no-large-tensor")
-    add("onnxsim", "not needed: initializers that are graph inputs are never folded by default "
+    add("onnxsim", "not needed: initializers that are graph inputs (IR >= 4) are never folded by default "
         "(--freeze-initializer-inputs folds them); drop the flag", "--mutable-initializer")
     add("onnxsim", "no equivalent: the check compares in onnxruntime (on by default) instead of proving with "
         "Z3; --require-check makes a check that cannot run an error", "--certify")

@@ -20,6 +20,7 @@ import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from passes.ir.initializer_inputs import OVERRIDABLE_SINCE, constant_inputs_note, freeze_initializer_inputs
 from passes.ir.notes import add_model_notes, model_notes, set_model_notes
 from passes.errors import InputError, first_line as _first_line, raise_interrupt_behind
 from passes.lazy import lazy_module
@@ -186,7 +187,13 @@ def check_unchanged(model: ir.Model) -> None:
 
 def repair_in_memory(model: ir.Model) -> None:
     """The load's repairs that apply to a model built in memory (``passes.optimize(ir_model)``, whose
-    copy was validated as a proto), in place, each noted: declared negative dims are unknown dims."""
+    copy was validated as a proto), in place, each noted: the initializers an IR < 4 model lists as
+    inputs are constants, declared negative dims are unknown dims."""
+    if model.ir_version < OVERRIDABLE_SINCE:
+        ir_version = model.ir_version
+        frozen = constant_inputs_note(freeze_initializer_inputs(model), ir_version)
+        model.ir_version = max(model.ir_version, OVERRIDABLE_SINCE)
+        add_model_notes(model, [frozen] if frozen else [])
     note = _repair.negative_dims_note(_repair.unknown_negative_ir_dims(model))
     if note is not None:
         add_model_notes(model, [note])
@@ -247,8 +254,9 @@ def validate_proto(
     """The load-time validation of :func:`load_model`, for a model already in memory.
 
     Args:
-        proto: The model; an IR 3 model whose initializers are not inputs is
-            read as IR 4 (changed in place), as at load.
+        proto: The model; an IR < 4 model is read as IR 4 with the initializers it lists
+            as inputs taken out of the inputs (constants, as onnxruntime runs them; changed
+            in place, noted), as at load.
         base_dir: The folder external data is relative to; a model in memory
             that refers to external data needs one.
         path: The model's file, if it has one (the checker reads external data through it).
@@ -265,13 +273,16 @@ def validate_proto(
     Raises:
         InputError: the model is invalid (see :func:`load_model`).
     """
-    if 0 < proto.ir_version < 4:
-        # IR 3 requires every initializer to also be a graph input; IR 4 reads initializers
-        # the same way and only drops that rule. Exporters of the time broke it (onnxruntime's
-        # own datasets/mul_1.onnx does) and onnxruntime runs such models, so they are read
-        # as IR 4 (the upgrade raises the version further anyway).
-        proto.ir_version = 4
-    repaired = _repair.repair(proto)
+    frozen: str | None = None
+    if 0 < proto.ir_version < OVERRIDABLE_SINCE:
+        # IR 3 requires every initializer to also be a graph input, and onnxruntime runs them as
+        # constants there (no caller can feed them); IR 4 reads initializers the same way and drops
+        # that rule. So an IR 3 model is read as IR 4 with its initializers out of the inputs: the
+        # same constants, which the upgrade to a later IR does not make overridable. (Exporters of
+        # the time also broke the rule, as onnxruntime's own datasets/mul_1.onnx does.)
+        frozen = constant_inputs_note(_repair.constant_initializer_inputs(proto), proto.ir_version)
+        proto.ir_version = OVERRIDABLE_SINCE
+    repaired = [*([frozen] if frozen else []), *_repair.repair(proto)]
     if notes is not None:
         notes.extend(repaired)
     if whole is not None and repaired:

@@ -37,7 +37,7 @@ from passes.errors import InputError
 from passes.ir import walk
 
 __all__ = [
-    "MAIN_GRAPH_NAME", "free_names", "locate", "negative_dims_note", "repair", "shape_fields_present",
+    "MAIN_GRAPH_NAME", "constant_initializer_inputs", "free_names", "locate", "negative_dims_note", "repair", "shape_fields_present",
     "shapeless_values", "unknown_negative_dims", "unknown_negative_ir_dims",
 ]
 
@@ -76,6 +76,19 @@ def repair(proto: onnx.ModelProto) -> list[str]:
     if note is not None:
         notes.append(note)
     return notes
+
+
+def constant_initializer_inputs(proto: onnx.ModelProto) -> list[str]:
+    """The proto form of :func:`passes.ir.initializer_inputs.freeze_initializer_inputs`, for the load of an
+    IR < 4 model: the main graph's inputs that an initializer backs are removed from its inputs, in
+    place (the caller raises the IR version); their names."""
+    graph = proto.graph
+    initializers = {t.name for t in graph.initializer}
+    frozen = [value.name for value in graph.input if value.name in initializers]
+    for i in reversed(range(len(graph.input))):
+        if graph.input[i].name in initializers:
+            del graph.input[i]
+    return frozen
 
 
 def negative_dims_note(changed: list[str]) -> str | None:

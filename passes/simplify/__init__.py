@@ -84,6 +84,7 @@ from passes.base import Pass, pass_stats
 from passes.declarations import SIMPLIFY
 from passes.ir import inference
 from passes.ir.amplification import Amplified
+from passes.ir.initializer_inputs import freeze_initializer_inputs
 from passes.ir.names import Names
 from passes.ir.notes import add_model_notes
 from passes.ir.walk import iter_scopes
@@ -131,11 +132,12 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
 
     Attributes:
         fuse: Apply the fusions (they change float results by rounding).
-        freeze_initializer_inputs: Opt-in: take initializers that are main-graph inputs
-            (every initializer of an IR 3 model) out of the inputs, making them constants
-            that fold and fuse; callers can then no longer override them. The IR spec makes
-            them defaults a caller may override; onnxruntime treats them as constants below
-            IR 4. Counted as ``constants/frozen_input``; the IR version becomes at least 4.
+        freeze_initializer_inputs: Opt-in: take initializers that are main-graph inputs out of
+            the inputs, making them constants that fold and fuse; callers can then no longer
+            override them. From IR 4 the spec and onnxruntime make them defaults a caller may
+            override; below IR 4 onnxruntime treats them as constants and the load already
+            makes them so (:mod:`passes.ir.initializer_inputs`, one mechanism for both).
+            Counted as ``constants/frozen_input``; the IR version becomes at least 4.
     """
 
     def __init__(self, fuse: bool = True, freeze_initializer_inputs: bool = False) -> None:
@@ -161,7 +163,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         applied: collections.Counter[str] = collections.Counter()
         refused: collections.Counter[str] = collections.Counter()
         if self.freeze_initializer_inputs:
-            _freeze_initializer_inputs(model, applied)
+            applied["constants/frozen_input"] += len(freeze_initializer_inputs(model))
         rounds = 0
         self._inferred = None
         self._amplified = Amplified(model)  # one walk for the whole call, on the first fusion found
@@ -267,14 +269,3 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
                         refused[rule.name] += 1
                     logger.debug("%s does not apply to %s node %r: %s", rule.name, node.op_type, node.name, outcome)
         return changed
-
-
-def _freeze_initializer_inputs(model: ir.Model, applied: collections.Counter[str]) -> None:
-    """Takes the main graph's initializer-backed inputs out of its inputs (they become constants)."""
-    graph = model.graph
-    frozen = [value for value in graph.inputs if value.is_initializer()]
-    for value in frozen:
-        graph.inputs.remove(value)
-    if frozen:
-        model.ir_version = max(model.ir_version, 4)  # below 4, every initializer must be an input
-        applied["constants/frozen_input"] += len(frozen)

@@ -14,6 +14,9 @@
   ambiguous).
 * ``Concat`` of every dim of ``x`` in order is the output of a ``Shape(x)``
   that comes before it.
+* ``Equal`` of shape arithmetic and a constant, or of two shape arithmetics,
+  whose every pair of elements is decided (a dim is never negative; two dims
+  with the same symbol are equal) becomes a constant.
 
 A dim is known only when inference derives it from the graph inputs (the
 shapes the model declares for computed values are not used); a symbolic dim
@@ -196,36 +199,50 @@ def constant_reshape_target(node: ir.Node, ctx: Context) -> Outcome:
 
 @rule("Equal", family="shapes", name="compare_shape_value")
 def compare_shape_value(node: ir.Node, ctx: Context) -> Outcome:
-    """``Equal(s, k)`` of shape arithmetic ``s`` and a constant ``k`` that every element decides.
+    """``Equal(s, k)`` of shape arithmetic ``s`` and a constant or shape arithmetic ``k``, where every
+    pair of elements is decided.
 
-    A dim is never negative, so it never equals a negative ``k`` (TorchScript's
-    ``expand(-1)`` handling compares a shape with ``-1``); a literal element is
-    compared as it is. Where one element is a dim that may equal ``k``, the
-    node stays.
+    A dim is never negative, so it never equals a negative int (TorchScript's
+    ``expand(-1)`` handling compares a shape with ``-1``); literal elements are
+    compared as they are; two dims are equal when they are the same dim of the
+    same value, or when inference (or what the ops require) gives both the same
+    symbol: ``x.shape[0] == y.shape[0]`` for a ``y`` computed from ``x``, or
+    the output of an If whose branches agree on that dim. Where a pair may or
+    may not be equal, the node stays.
     """
-    for index in (0, 1):
-        built = shape_value(ctx, node.inputs[index])
-        constant = ctx.constant(node.inputs[1 - index])
-        if built is None or constant is None or constant.dtype.kind not in "iu":
-            continue
+    sides = []
+    for value in node.inputs[:2]:
+        built = shape_value(ctx, value)
+        if built is None:
+            return "not a comparison of shape arithmetic with a constant or shape arithmetic"
         elements = np.empty(len(built.elements), dtype=object)
         elements[:] = list(built.elements)
-        left = elements.reshape(()) if built.scalar else elements
-        try:
-            shape = np.broadcast_shapes(left.shape, constant.shape)
-        except ValueError:
-            return "the shapes do not broadcast"
-        pairs = zip(np.broadcast_to(left, shape).reshape(-1), np.broadcast_to(constant, shape).reshape(-1).tolist())
-        result = []
-        for element, k in pairs:
-            if isinstance(element, int):
-                result.append(element == k)
-            elif k < 0:
-                result.append(False)
-            else:
-                return "a dim that is not static may equal the constant"
-        return _replace_by_constant(node, ctx, np.array(result, dtype=bool).reshape(shape))
-    return "not a comparison of shape arithmetic with a constant"
+        sides.append(elements.reshape(()) if built.scalar else elements)
+    try:
+        shape = np.broadcast_shapes(sides[0].shape, sides[1].shape)
+    except ValueError:
+        return "the shapes do not broadcast"
+    result = []
+    for a, b in zip(*(np.broadcast_to(side, shape).reshape(-1) for side in sides)):
+        equal = _same_size(ctx, a, b)
+        if equal is None:
+            return "a dim that is not static may or may not equal the other side"
+        result.append(equal)
+    return _replace_by_constant(node, ctx, np.array(result, dtype=bool).reshape(shape))
+
+
+def _same_size(ctx: Context, a: int | DimOf, b: int | DimOf) -> bool | None:
+    """Whether two elements of shape arithmetic are equal at run time; None when that is not decided."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    if isinstance(a, int) or isinstance(b, int):
+        return False if min(v for v in (a, b) if isinstance(v, int)) < 0 else None  # a dim is never negative
+    if a == b:
+        return True
+    da, db = ctx.dims(a.value), ctx.dims(b.value)
+    if da is None or db is None or a.index >= len(da) or b.index >= len(db):
+        return None
+    return True if da[a.index] is not None and da[a.index] == db[b.index] else None
 
 
 @rule("Concat", family="shapes", name="whole_shape")
