@@ -83,6 +83,7 @@ from passes.base import Pass, pass_stats
 from passes.declarations import SIMPLIFY
 from passes.ir import inference
 from passes.ir.amplification import Amplified
+from passes.ir.dead import remove_unused_nodes
 from passes.ir.names import Names
 from passes.ir.notes import add_model_notes
 from passes.ir.walk import iter_scopes
@@ -174,7 +175,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             changed |= constants.lift_subgraph_constants(model, applied)
             changed |= cse.eliminate(model, applied)
             if changed:
-                common_passes.RemoveUnusedNodesPass()(model)
+                remove_unused_nodes(model)
             else:
                 self._correct_declared_shapes(model, applied)  # the last sweep's inference holds
                 break
