@@ -7,14 +7,13 @@ import dataclasses
 import json
 import math
 import os
-import pathlib
-import tempfile
 from collections.abc import Iterable
 from typing import IO, Any
 
 import numpy as np
 import onnx_ir as ir
 
+from passes.atomic import write_text
 from passes.errors import CheckFailedError, InputError
 from passes.ir.walk import default_opset, iter_scopes
 from passes.verify.result import QUOTE_LIMIT, CheckResult, name_text, unchecked_json
@@ -267,23 +266,10 @@ class Report:
         if not isinstance(path, (str, os.PathLike)):
             path.write(text)
             return
-        target = pathlib.Path(path)
-        tmp: pathlib.Path | None = None
         try:
-            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-            tmp = pathlib.Path(name)
-            mask = os.umask(0o022)
-            os.umask(mask)
-            os.fchmod(fd, 0o666 & ~mask)  # as an ordinary new file would be, not mkstemp's 0600
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, target)
-            tmp = None
+            write_text(path, text)
         except OSError as e:
             raise InputError(f"{path}: cannot write the report ({e.strerror or e})") from e
-        finally:
-            if tmp is not None:
-                tmp.unlink(missing_ok=True)
 
     def _precision_flag(self) -> str:
         """``fp16`` or ``bf16`` when the precision pass converted the model, else ""."""

@@ -5,7 +5,9 @@ no "internal error", and the input, an existing output and the files next to
 them byte-identical (and devices, FIFOs and sockets still what they were).
 Covered: destinations that are not regular files (the real ``/dev/null`` and
 ``/dev/full`` included: we run as root, where renaming over them replaces
-them), a ``.data`` file of another model, a report that cannot be written,
+them), outputs and reports that are symlinks or hard links (replaced, never
+written through), output paths that cannot name a file, a ``.data`` file of
+another model, a report that cannot be written,
 strict JSON, a signal after the commit, odd external-data locations and
 offsets, paths that are not UTF-8, a data file swapped after validation,
 library log lines, and a sparse constant standing for 1 GiB.
@@ -117,6 +119,81 @@ def test_destination_that_is_not_a_regular_file_is_refused(
         argv += ["--report", str(target)]
     _refused(capfd, argv, _NEEDLES[kind], src.parent, out_dir)
     del keep
+
+
+def _link(kind: str, folder: pathlib.Path, src: pathlib.Path, name: str) -> pathlib.Path | None:
+    """Makes ``folder/name`` a link of ``kind``; returns the file it leads to (None: nothing there)."""
+    path = folder / name
+    if kind == "symlink_to_a_file":
+        (folder / "theirs.onnx").write_bytes(b"someone else's file")
+        os.symlink("theirs.onnx", path)
+        return folder / "theirs.onnx"
+    if kind == "symlink_to_the_input":
+        os.symlink(os.path.relpath(src, folder), path)
+        return src
+    if kind == "dangling_symlink":
+        os.symlink("nowhere.onnx", path)
+        return None
+    os.link(src, path)  # a hard link to the input
+    return src
+
+
+_LINKS = ["symlink_to_a_file", "symlink_to_the_input", "dangling_symlink", "hard_link_to_the_input"]
+
+
+@pytest.mark.parametrize("kind", _LINKS)
+def test_an_output_that_is_a_link_is_replaced_never_written_through(
+    kind: str, tmp_path: pathlib.Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """OUTPUT a symlink or a hard link: the link becomes our regular file; what it led to (the input,
+    another file) keeps its bytes, and a dangling link's target is not created."""
+    src = tmp_path / "in" / "model.onnx"
+    src.parent.mkdir()
+    src.write_bytes(DEMO.read_bytes())
+    out = tmp_path / "o.onnx"
+    led_to = _link(kind, tmp_path, src, out.name)
+    before = snapshot(src.parent), (led_to.read_bytes() if led_to is not None else None)
+    code = cli.main([str(src), "-o", str(out), "-q"])
+    assert code == 0, capfd.readouterr().err
+    assert (snapshot(src.parent), led_to.read_bytes() if led_to is not None else None) == before
+    assert stat.S_ISREG(os.lstat(out).st_mode) and not (tmp_path / "nowhere.onnx").exists()
+    onnx.checker.check_model(str(out), full_check=True)
+    assert leftovers(tmp_path) == [] and leftovers(src.parent) == []
+
+
+@pytest.mark.parametrize("kind", ["symlink_to_the_input", "hard_link_to_the_input"])
+def test_a_report_linked_to_the_input_never_writes_the_input(
+    kind: str, tmp_path: pathlib.Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A symlink is the input by another name (refused, nothing written); a hard link is replaced by
+    the report, the input's bytes unchanged."""
+    src = tmp_path / "in" / "model.onnx"
+    src.parent.mkdir()
+    src.write_bytes(DEMO.read_bytes())
+    report = tmp_path / "r.json"
+    _link(kind, tmp_path, src, report.name)
+    argv = [str(src), "-o", str(tmp_path / "o.onnx"), "--report", str(report), "-q"]
+    if kind == "symlink_to_the_input":
+        _refused(capfd, argv, "a model file of this run", src.parent, tmp_path)
+        return
+    before = snapshot(src.parent)
+    assert cli.main(argv) == 0, capfd.readouterr().err
+    assert snapshot(src.parent) == before
+    assert json.loads(report.read_text())["written"] is True and not report.samefile(src)
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(("output", "needle"), [("f.txt/o.onnx", "not a folder"), ("", "is a folder")],
+                         ids=["a file as a folder", "empty"])
+def test_an_output_path_that_cannot_be_a_file_is_refused(
+    output: str, needle: str, tmp_path: pathlib.Path, capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    src = tmp_path / "model.onnx"
+    src.write_bytes(DEMO.read_bytes())
+    (tmp_path / "f.txt").write_text("a file")
+    monkeypatch.chdir(tmp_path)
+    _refused(capfd, [str(src), "-o", output, "-q"], needle, tmp_path)
 
 
 @pytest.fixture()
@@ -397,6 +474,8 @@ ODD_EXTERNAL = {
     "offset_arabic_indic": (lambda: external(weights(), "w.bin", offset="\u0660"), "not a non-negative integer"),
     "length_arabic_indic": (lambda: external(weights(), "w.bin", length="\u0661\u0666"), "not a non-negative integer"),
     "offset_with_spaces": (lambda: external(weights(), "w.bin", offset=" 0"), "not a non-negative integer"),
+    "location_of_the_folder_itself": (lambda: external(weights(), "."), "refusing to read it"),
+    "location_through_a_subfolder_out": (lambda: external(weights(), "a/../../w.bin"), "outside the model's folder"),
 }
 
 

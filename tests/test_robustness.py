@@ -923,6 +923,62 @@ def test_a_second_signal_does_not_interrupt_the_clean_up(
     assert snapshot(src.parent) == before
 
 
+@pytest.mark.parametrize(("maker", "prefix"), [("mkdtemp", ".out.onnx."), ("mkstemp", ".r.json.")],
+                         ids=["the staged model's folder", "the staged report"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_signal_as_a_temporary_file_is_made_leaves_none(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+    maker: str, prefix: str, signum: int,
+) -> None:
+    """The signal comes the moment the file exists, before its maker has returned (under load a
+    signal arriving during the call is handled there): the run still knows the file and removes it.
+    The deferral that held it delivered the signal before the model's clean-up was set up, and
+    the staged model's folder (``.out.onnx.*.tmp``) stayed behind."""
+    import tempfile
+
+    src, before = _small_external(tmp_path)
+    real = getattr(tempfile, maker)
+
+    def make_then_signal(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if str(kwargs.get("prefix", "")).startswith(prefix):
+            signal.raise_signal(signum)
+        return result
+
+    monkeypatch.setattr(tempfile, maker, make_then_signal)
+    code = cli.main([str(src), "-o", str(tmp_path / "out.onnx"), "--report", str(tmp_path / "r.json"), "-q"])
+    assert code == 128 + signum
+    assert one_error_line(capfd.readouterr().err) == "optimize: error: interrupted; no output written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+    assert snapshot(src.parent) == before
+
+
+def test_a_signal_as_the_report_of_a_refused_run_is_made_leaves_no_temporary_file(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A run refused after the load still writes its report (not staged with an output): the same."""
+    import tempfile
+
+    src, before = _small_external(tmp_path)
+    real = tempfile.mkstemp
+
+    def make_then_signal(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if str(kwargs.get("prefix", "")).startswith(".r.json."):
+            signal.raise_signal(signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(tempfile, "mkstemp", make_then_signal)
+    args = [str(src), "-o", str(tmp_path / "out.onnx"), "--report", str(tmp_path / "r.json"), "-q",
+            "--input-shape", "nosuchinput:1"]  # fmt: skip
+    code = cli.main(args)
+    err = capfd.readouterr().err
+    assert code == 128 + signal.SIGTERM, err
+    assert one_error_line(err) == "optimize: error: interrupted; no output written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+    assert snapshot(src.parent) == before
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupt_inside_a_weakref_callback_still_ends_the_run(tmp_path: pathlib.Path, signum: int) -> None:
     """A signal handled while Python runs a weakref callback (the import system's module-lock

@@ -5,13 +5,24 @@ from __future__ import annotations
 import logging
 
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 
+from passes.ir.dead import remove_unused_nodes
 from passes.ir.walk import DEFAULT_DOMAINS, iter_scopes, normalize_domain
 
-__all__ = ["CleanupPass", "RemoveUnusedOpsetImportsPass"]
+__all__ = ["CleanupPass", "RemoveUnusedNodesPass", "RemoveUnusedOpsetImportsPass"]
 
 logger = logging.getLogger(__name__)
+
+
+class RemoveUnusedNodesPass(ir.passes.InPlacePass):
+    """Removes dead nodes and unused initializers (:func:`passes.ir.dead.remove_unused_nodes`).
+
+    A node keeps the absent inputs (``""``) its schema needs: ``Loop(M, "")``
+    stays so; ``Clip(x, min, "")`` becomes ``Clip(x, min)``.
+    """
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        return ir.passes.PassResult(model, modified=remove_unused_nodes(model))
 
 
 class RemoveUnusedOpsetImportsPass(ir.passes.InPlacePass):
@@ -56,4 +67,4 @@ class CleanupPass(ir.passes.Sequential):
     """
 
     def __init__(self) -> None:
-        super().__init__(common_passes.RemoveUnusedNodesPass(), RemoveUnusedOpsetImportsPass())
+        super().__init__(RemoveUnusedNodesPass(), RemoveUnusedOpsetImportsPass())

@@ -41,6 +41,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from passes.atomic import write_text
 from passes.errors import EXIT_CHECK, EXIT_ERROR, EXIT_OK, InputError
 
 __all__ = ["child_arguments", "run_folder"]
@@ -208,13 +209,9 @@ def _totals(records: list[dict[str, Any]], seconds: float, not_finished: int) ->
 
 
 def _write_report(report_path: str, document: dict[str, Any]) -> None:
-    text = json.dumps(document, indent=2) + "\n"
-    tmp = pathlib.Path(report_path).with_name(f".{pathlib.Path(report_path).name}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, report_path)
+        write_text(report_path, json.dumps(document, indent=2) + "\n")
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise InputError(f"{report_path}: cannot write the report ({e.strerror or e})") from e
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.ir.names import Names
-from passes.ir.schemas import input_since
+from passes.ir.schemas import input_since, kept_input_count
 
 __all__ = ["Builder", "axes_are_input"]
 
@@ -48,8 +48,7 @@ class Builder:
         """A node ``op_type(inputs, **attributes)`` with one output of element type ``dtype``."""
         name = self.names.node(f"{self.prefix}/{tag}")
         output = ir.val(self.names.value(f"{name}_output"), dtype)
-        while inputs and inputs[-1] is None:  # trailing absent optional inputs
-            inputs = inputs[:-1]
+        inputs = inputs[: kept_input_count(inputs, op_type, self.opset)]  # absent ones at the end, where optional
         self.nodes.append(ir.node(op_type, inputs, attributes, name=name, outputs=[output]))
         return output
 

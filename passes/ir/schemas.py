@@ -4,6 +4,8 @@
   input (``axes`` of ReduceSum became an input at 13, of ReduceMax at 18).
 * :func:`is_deterministic`: whether the op's schema at an opset is deterministic.
 * :func:`expected_dtypes`: the element types the schema gives a node's outputs.
+* :func:`kept_input_count` and :func:`trim_absent_inputs`: how many inputs a node
+  keeps once absent ones (``""``) at its end are left out, where the schema allows it.
 """
 
 from __future__ import annotations
@@ -16,8 +18,17 @@ import onnx.defs
 import onnx_ir as ir
 
 from passes.ir.types import dtype_of_type_string
+from passes.ir.walk import normalize_domain
 
-__all__ = ["expected_dtypes", "input_since", "is_deterministic", "min_ir_version", "schema_at"]
+__all__ = [
+    "expected_dtypes",
+    "input_since",
+    "is_deterministic",
+    "kept_input_count",
+    "min_ir_version",
+    "schema_at",
+    "trim_absent_inputs",
+]
 
 _RANDOM_OPS = frozenset(
     {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -36,6 +47,52 @@ def schema_at(op_type: str, opset: int, domain: str = "") -> onnx.defs.OpSchema 
         return onnx.defs.get_schema(op_type, opset, domain)
     except onnx.defs.SchemaError:
         return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _optional_tail(op_type: str, opset: int, domain: str) -> tuple[int, int]:
+    """The positions ``[start, stop)`` at which an absent input at a node's end may be left out."""
+    schema = schema_at(op_type, opset, domain)
+    if schema is None:
+        return (0, 0)
+    stop = len(schema.inputs)
+    for index, formal in enumerate(schema.inputs):
+        if formal.option == onnx.defs.OpSchema.FormalParameterOption.Variadic:
+            stop = index
+            break
+    return (schema.min_input, stop)
+
+
+def kept_input_count(inputs: Sequence[object | None], op_type: str, opset: int, domain: str = "") -> int:
+    """How many of a node's ``inputs`` stay once the absent ones (None) at its end are left out.
+
+    An absent input at the end is the same as a left-out one only where the
+    schema makes that position optional on its own: at or past the schema's
+    least input count, and before any variadic list. ``Loop(M, "")`` keeps its
+    ``""`` (Loop takes at least two inputs, its loop-carried list follows);
+    ``Clip(x, min, "")`` becomes ``Clip(x, min)``; a variadic list's length is
+    part of its meaning. An op without a schema (a custom domain, a function)
+    keeps every input.
+    """
+    start, stop = _optional_tail(op_type, opset, normalize_domain(domain))
+    count = len(inputs)
+    while start < count <= stop and inputs[count - 1] is None:
+        count -= 1
+    return count
+
+
+def trim_absent_inputs(node: ir.Node, opset: int | None) -> bool:
+    """Leaves out the absent inputs at ``node``'s end that :func:`kept_input_count` allows; whether any went.
+
+    ``opset`` is the version its scope imports for the node's domain (None: unknown, nothing goes).
+    """
+    if opset is None:
+        return False
+    count = kept_input_count(node.inputs, node.op_type, opset, node.domain)
+    if count == len(node.inputs):
+        return False
+    node.resize_inputs(count)
+    return True
 
 
 @functools.cache

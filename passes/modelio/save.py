@@ -16,12 +16,11 @@ import logging
 import os
 import pathlib
 import shutil
-import signal
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING
 
+from passes.atomic import signals_deferred, temporary_file
 from passes.errors import InputError, first_line as _first_line
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_LIMIT
@@ -245,30 +244,6 @@ def _placeholder(
     return placeholder, piece
 
 
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Holds SIGINT and SIGTERM until the block ends, then delivers them.
-
-    A commit (several renames) or a clean-up must not be cut in half by an
-    interrupt. Only the main thread can install signal handlers; elsewhere this
-    does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    # A handler installed outside Python (getsignal() is None) could not be restored: leave it.
-    signums = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not None]
-    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in signums}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        if received:
-            signal.raise_signal(received[0])
-
-
 class StagedOutput:
     """A temporary folder next to the destination; :meth:`commit` renames its files into place.
 
@@ -315,10 +290,7 @@ class StagedOutput:
         target = pathlib.Path(target)
         check_writable(target, label)
         try:
-            with signals_deferred():  # the temporary file is registered before an interrupt can land
-                fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-                self.extra.append((pathlib.Path(name), target, label))
-            os.fchmod(fd, 0o666 & ~_umask())  # as an ordinary new file would be, not mkstemp's 0600
+            fd = temporary_file(target, lambda tmp: self.extra.append((tmp, target, label)))
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 write(f)
         except OSError as e:
@@ -384,12 +356,6 @@ class StagedOutput:
         self.extra.clear()
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 @contextlib.contextmanager
 def staged_output(destination: str | os.PathLike[str], *, replace_data: bool = False) -> Iterator[StagedOutput]:
     """Context manager for an atomic save; the temporary folder (and staged files) are always removed.
@@ -410,12 +376,14 @@ def staged_output(destination: str | os.PathLike[str], *, replace_data: bool = F
         raise InputError(f"{shown(destination)}: folder {shown(str(parent) or '.')!r} does not exist")
     check_writable(destination, shown(destination))
     check_writable(data_file_of(destination), f"{shown(data_file_of(destination))} (the output's data file)")
+    staged: StagedOutput | None = None
     try:
-        with signals_deferred():  # an interrupt must not leave the folder behind
-            staged = StagedOutput(destination, replace_data=replace_data)
-    except OSError as e:
-        raise InputError(f"{shown(destination)}: cannot write here ({_first_line(e)})") from e
-    try:
+        try:
+            with signals_deferred():  # the folder is recorded before an interrupt can land ...
+                staged = StagedOutput(destination, replace_data=replace_data)
+        except OSError as e:
+            raise InputError(f"{shown(destination)}: cannot write here ({_first_line(e)})") from e
         yield staged
-    finally:
-        staged.discard()
+    finally:  # ... and removed here, an interrupt held by that deferral included
+        if staged is not None:
+            staged.discard()

@@ -84,6 +84,7 @@ from passes.base import Pass, pass_stats
 from passes.declarations import SIMPLIFY
 from passes.ir import inference
 from passes.ir.amplification import Amplified
+from passes.ir.dead import remove_unused_nodes
 from passes.ir.initializer_inputs import freeze_initializer_inputs
 from passes.ir.names import Names
 from passes.ir.notes import add_model_notes
@@ -179,7 +180,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             changed |= constants.share_equal_initializers(model, applied, digests)
             changed |= cse.eliminate(model, applied)
             if changed:
-                common_passes.RemoveUnusedNodesPass()(model)
+                remove_unused_nodes(model)
             else:
                 self._correct_declared_shapes(model, applied)  # the last sweep's inference holds
                 break

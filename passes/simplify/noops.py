@@ -12,6 +12,7 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.ir import tensors
+from passes.ir.schemas import trim_absent_inputs
 from passes.simplify.rules import Context, Outcome, rule
 from passes.simplify.shape_values import is_dim_of, reshape_restores, shape_value
 
@@ -302,8 +303,7 @@ def zero_initial_state(node: ir.Node, ctx: Context) -> Outcome:
     def rewrite() -> None:
         for index in dropped:
             node.replace_input_with(index, None)
-        while node.inputs and node.inputs[-1] is None:
-            node.resize_inputs(len(node.inputs) - 1)
+        trim_absent_inputs(node, ctx.opset)
 
     return rewrite
 

@@ -144,7 +144,7 @@ class UpgradeOpsetPass(Pass, spec=UPGRADE):
             if not drafts:
                 continue
             assert names is not None
-            rewriter = ScopeRewriter(scope, names, stats)
+            rewriter = ScopeRewriter(scope, names, stats, target)
             for draft in drafts:
                 rewriter.commit(draft)
         modified = bool(to_upgrade)  # at least one opset import changes

@@ -23,6 +23,7 @@ import onnx_ir as ir
 
 from passes.ir import walk
 from passes.ir.names import Names
+from passes.ir.schemas import kept_input_count
 from passes.upgrade.plan import ConstInput, Draft, Stats
 
 __all__ = ["ScopeRewriter"]
@@ -43,8 +44,9 @@ class ScopeRewriter:
     :meth:`add_node` and :meth:`fresh_value_name`.
     """
 
-    def __init__(self, scope: walk.Scope, names: Names, stats: Stats) -> None:
+    def __init__(self, scope: walk.Scope, names: Names, stats: Stats, opset: int) -> None:
         self._scope = scope
+        self._opset = opset  # the default-domain opset the scope's nodes are drafted for
         self._names = names
         self._stats = stats
         self._cache: dict[tuple[object, ...], ir.Value] = {}
@@ -140,8 +142,7 @@ class ScopeRewriter:
             if current.get(name) is not attr:
                 attributes[name] = attr
         inputs = [self._materialize(value, node) for value in draft.inputs]
-        while inputs and inputs[-1] is None:
-            inputs.pop()
+        inputs = inputs[: kept_input_count(inputs, draft.op_type, self._opset)]
         if len(inputs) != len(node.inputs):
             node.resize_inputs(len(inputs))
         for index, value in enumerate(inputs):

@@ -23,7 +23,7 @@ import onnx
 import onnx_ir as ir
 
 from passes.declarations import DEFAULT_TARGET_OPSET
-from passes.ir.schemas import input_since
+from passes.ir.schemas import input_since, kept_input_count
 from passes.ir.types import type_string
 
 if TYPE_CHECKING:
@@ -273,9 +273,7 @@ def check_valid(draft: Draft, schema: Schema, typed: Iterable[tuple[str, int, Fo
     for name in schema.required:
         if name not in draft.attributes:
             return f"{schema.label} requires attribute '{name}'"
-    num_inputs = len(draft.inputs)
-    while num_inputs and draft.inputs[num_inputs - 1] is None:
-        num_inputs -= 1
+    num_inputs = kept_input_count(draft.inputs, schema.name, schema.since)
     low, high = schema.input_range
     if not low <= num_inputs <= high:
         return f"{num_inputs} inputs, {schema.label} takes {low} to {high}"
