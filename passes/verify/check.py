@@ -133,7 +133,7 @@ class Checker:
         rounding: bool = False,
         precision: str | None = None,
         precision_tolerance: tuple[float, float | None] | None = None,
-        free_dims: Mapping[str, int] | None = None,
+        free_dims: Mapping[str, int | Sequence[int]] | None = None,
     ) -> None:
         self.original = original
         self.free_dims = None if free_dims is None else dict(free_dims)
@@ -301,7 +301,8 @@ class Checker:
     def _runs_free(self, deadline: float) -> bool:
         """Whether the original runs on generated inputs without the static shapes (``free_dims``)."""
         assert self.worker is not None and self.original_proto is not None and self._prepare is not None
-        tries, _ = plan.size_tries(plan.input_specs(self.original_proto), dims=self.free_dims)
+        free = {k: v if isinstance(v, int) else v[0] for k, v in (self.free_dims or {}).items()}
+        tries, _ = plan.size_tries(plan.input_specs(self.original_proto), dims=free)
         try:
             return bool(tries) and bool(self.worker.request({**self._prepare, "tries": tries}, deadline).get("ok"))
         except (WorkerError, OSError):
