@@ -160,6 +160,8 @@ class Checker:
         self._last_sets: list[dict[str, Any]] = []  # the sets, with the last comparison's verdicts
         #: The first set of inputs where an output differs, after a comparison (None: none).
         self.failing_set: str | None = None
+        #: The outputs that differ after a comparison (the locator looks only upstream of them).
+        self.failing_outputs: list[str] = []
         self._sources: dict[str, tuple[str, str]] = {}  # output -> (dtype, value) that chose its tolerance
         #: The locator's last comparison of every value both models name (``--repro`` starts from it).
         self.located_values: dict[str, Any] | None = None
@@ -343,6 +345,7 @@ class Checker:
                 o.tolerance_dtype, o.tolerance_value = self._sources.get(o.name, ("", ""))
                 o.tolerance_flags = flags
         ok = all(o.ok for o in outputs) and not errors
+        self.failing_outputs = [o.name for o in outputs if not o.ok]
         return CheckResult(ok, outputs=outputs, error="; ".join(errors) or None, notes=noted,
                            not_compared=not_compared)  # fmt: skip
 

@@ -7,13 +7,16 @@ an output differed, and names the first node of the original whose output
 differs. :func:`magnitudes` runs such a copy of the original on every set the
 check ran and gives each float32 value's largest finite magnitude
 (``--precision``'s range islands). Both ask the checker's child and use the
-checker's public state (its folder, original, tolerances, the set that failed).
+checker's public state (its folder, original, tolerances, the set and the outputs that
+failed: the locator compares only the values those outputs depend on, so that an output left
+out of the comparison as noise, see :mod:`passes.verify.verdict`, is not located either).
 """
 
 from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import onnx
@@ -22,7 +25,7 @@ from passes.verify import files as _files, locate as _locate
 from passes.verify.child import WorkerError
 from passes.verify.result import FirstDifference
 
-__all__ = ["LOCATE_BUDGET", "first_difference", "magnitudes"]
+__all__ = ["LOCATE_BUDGET", "first_difference", "magnitudes", "upstream"]
 
 #: Intermediate values fetched per run by the locator, in bytes.
 LOCATE_BUDGET = 1 << 28
@@ -45,6 +48,9 @@ def first_difference(checker: Any, optimized: Any) -> FirstDifference:
         opt_proto = _locate.widened(original, opt_proto)
     correspondence = _locate.Correspondence(original, opt_proto, through_casts=checker.precision is not None)
     names, types = _locate.comparable_values(original, opt_proto, correspondence)
+    if checker.failing_outputs:  # not the values only a noisy (not compared) output depends on
+        feeding = upstream(original.graph, checker.failing_outputs)
+        names = [n for n in names if n in feeding]
     if not names:
         return FirstDifference(message="the two models have no intermediate value in common")
     tolerances = _locate.value_tolerances(original, names, checker.rtol, checker.atol, checker.precision,
@@ -68,6 +74,24 @@ def first_difference(checker: Any, optimized: Any) -> FirstDifference:
         return FirstDifference(message=f"onnxruntime could not run the copies: {answer.get('error', '')}")
     checker.located_values = answer["values"]
     return _locate.first_difference(original, answer["values"], correspondence)
+
+
+def upstream(graph: onnx.GraphProto, outputs: Sequence[str]) -> set[str]:
+    """Every value of ``graph`` that ``outputs`` depend on (themselves included): a node read by
+    a subgraph counts through the node that holds it."""
+    producer = {out: node for node in graph.node for out in node.output if out}
+    seen, todo = set(outputs), list(outputs)
+    while todo:
+        node = producer.get(todo.pop())
+        if node is None:
+            continue
+        reads = [*node.input, *(n for a in node.attribute for g in ([a.g] if a.HasField("g") else a.graphs)
+                                for inner in g.node for n in inner.input)]  # fmt: skip
+        for name in reads:
+            if name and name not in seen:
+                seen.add(name)
+                todo.append(name)
+    return seen
 
 
 def magnitudes(checker: Any) -> dict[str, float]:
