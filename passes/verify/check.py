@@ -53,7 +53,6 @@ from passes.verify.result import (
     FirstDifference,
     InputsUsed,
     OutputComparison,
-    default_tolerance,
     shown,
 )
 
@@ -284,21 +283,8 @@ class Checker:
 
     def _set_tolerances(self) -> None:
         assert self.original_proto is not None
-        lowest = _lowest.float_dependencies(self.original_proto.graph)
-        for output in self.original_proto.graph.output:
-            found = lowest.get(output.name)
-            if found is None:
-                continue
-            if self.precision is not None:
-                found = _lowest.lower(found, (self.precision, f"--precision ({self.precision})"))
-                if found[0] == self.precision and self.precision_tolerance is not None:
-                    found = (found[0], "--precision-tolerance")
-            default_rtol, default_atol = default_tolerance(found[0], self.precision, self.precision_tolerance)
-            rtol = default_rtol if self.rtol is None else self.rtol
-            atol = default_atol if self.atol is None else self.atol
-            self._tolerances[output.name] = (rtol, atol)
-            if self.rtol is None or self.atol is None:
-                self._sources[output.name] = found
+        self._tolerances, self._sources = _lowest.output_tolerances(
+            self.original_proto.graph, self.rtol, self.atol, self.precision, self.precision_tolerance)
 
     def _runs_free(self, deadline: float) -> bool:
         """Whether the original runs on generated inputs without the static shapes (``free_dims``)."""

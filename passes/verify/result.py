@@ -200,10 +200,8 @@ class InputsUsed:
             a set tried and skipped is also one of the result's ``notes``), ``dims`` (the
             0-sized set's sizes) and, for the edge-value sets, ``within_scale``: per output,
             how many elements matched only within the tolerance of the output's largest
-            magnitude (see :attr:`OutputComparison.within_scale`); ``shapes``: the inputs'
-            shapes of a set that ran. ``larger`` (``larger-2``...): every dynamic dimension at a
-            larger size (``--dim NAME=A,B,...``'s next), skipped with a note when over the
-            check's budget (see :mod:`passes.verify.sets`).
+            magnitude; ``shapes``: the inputs' shapes of a set that ran. ``larger``, ``larger-2``...:
+            the dynamic dimensions at larger sizes (:mod:`passes.verify.sets`).
         sizes: Each dynamic dimension's sizes over the sets both models ran on, the chosen
             inputs' first (a named one by its name, an unnamed one as ``input[axis]``).
     """
@@ -240,19 +238,13 @@ class InputsUsed:
         shapes = {k: v for k, v in self.shapes.items() if k in self.generated}
         return ", ".join(f"{name_text(k)}{list(v)}" for k, v in shapes.items()) or "static shapes"
 
-    def checked_sizes_text(self) -> str:
-        """``sizes checked: batch 1, 3, 0; sequence 16, 256, 0``, or "" without dynamic dimensions."""
-        if not self.sizes:
-            return ""
-        return "sizes checked: " + "; ".join(f"{name_text(k)} {', '.join(map(str, v))}"
-                                             for k, v in self.sizes.items())  # fmt: skip
-
     def text(self) -> str:
         parts = []
         if self.generated:
             parts.append(f"generated (seed {self.seed}): {self.sizes_text()}")
-        if self.checked_sizes_text():
-            parts.append(self.checked_sizes_text())
+        if self.sizes:  # sizes checked: batch 1, 3, 0; sequence 16, 256, 0
+            parts.append("sizes checked: " + "; ".join(f"{name_text(k)} {', '.join(map(str, v))}"
+                                                       for k, v in self.sizes.items()))  # fmt: skip
         if self.given:
             parts.append("given: " + ", ".join(name_text(n) for n in self.given))
         if self.tries > 1:
