@@ -2,8 +2,9 @@
 
 A rewrite exact at batch 1 and wrong at batch 2 or more (the first row broadcast over the
 batch) passed a check that only ran at batch 1; it fails now, on the ``larger`` set, in the
-main graph and in an If branch. ``--dim NAME=A,B,...`` sets the sizes; a static model has no
-larger set; a larger set over the budget is skipped and the summary says so.
+main graph and in an If branch. A model that does not run at the larger sizes is checked at
+shorter ones (each dim at most twice its size). ``--dim NAME=A,B,...`` sets the sizes; a static
+model has no larger set; a larger set over the budget is skipped and the summary says so.
 """
 
 from __future__ import annotations
@@ -140,3 +141,28 @@ def test_the_command_lists_the_sizes(tmp_path: pathlib.Path, capsys) -> None:
     assert data["sizes"] == {"batch": [1, 2]} and data["dims"] == {"batch": 1}
     code, _, err = run_cli([str(src), str(tmp_path / "o.onnx"), "--dim", "batch=1,two"], capsys)
     assert code == 2 and "invalid --dim 'batch=1,two'" in err and "Traceback" not in err
+
+
+def _positions(first_row_only: bool) -> onnx.ModelProto:
+    """y = x + table[:seq] with a table of 64 positions (the original runs at seq 32, not 256); the
+    ``first_row_only`` form adds it to x's first row expanded over the batch (wrong at batch 2)."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "one"], ["n"], axis=0),
+             helper.make_node("Slice", ["table", "zero", "n"], ["p"])]  # fmt: skip
+    if first_row_only:
+        nodes += [helper.make_node("Slice", ["x", "zero", "one", "zero"], ["row"]),
+                  helper.make_node("Add", ["row", "p"], ["r"]), helper.make_node("Expand", ["r", "s"], ["y"])]
+    else:
+        nodes += [helper.make_node("Add", ["x", "p"], ["y"])]
+    return _model(nodes, ["batch", "seq"], [
+        numpy_helper.from_array(np.arange(64, dtype=np.float32), "table"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([1], np.int64), "one")])
+
+
+def test_a_model_that_does_not_run_at_the_larger_sizes_is_checked_at_shorter_ones() -> None:
+    result = passes.check(_positions(False), _positions(True))
+    assert result.checked and not result.ok and result.failures[0].input_set == "larger", result.summary()
+    larger = _sets(result)["larger"]
+    assert larger["ran"] and larger["dims"] == {"batch": 2, "seq": 32}, larger
+    assert "does not run on it at batch=3, seq=256" in larger["note"] and "it runs at batch=2, seq=32" in larger["note"]
+    assert any(n.startswith("input set 'larger' (larger-size (batch=2, seq=32) inputs) (used)") for n in result.notes)
+    assert result.inputs.sizes == {"batch": [1, 2, 0], "seq": [16, 32, 0]}

@@ -100,7 +100,8 @@ class Checker:
         precision: The half type an optimised model computes in (``"float16"``, ``"bfloat16"``:
             ``--precision``): float outputs are compared at that type's tolerance (at least), and
             the sets after the seeded standard-normal one are two more standard-normal sets
-            (other seeds) and the 0-sized dimensions, not float32's edge values (1e30, 3e38 and
+            (other seeds), a larger set with sequence-like dims long (see :mod:`passes.verify.sets`)
+            and the 0-sized dimensions, not float32's edge values (1e30, 3e38 and
             float32 subnormals are outside the half type's range: a half model is not asked to
             hold them). An optimised model whose graph inputs (outputs) are of that type where the
             original's are float32 (``--precision-io``) is fed the same inputs rounded to it (as
@@ -277,8 +278,8 @@ class Checker:
         )  # fmt: skip
         declared = plan.declared_output_shapes(self.original_proto)
         result.notes.extend(verdict.declaration_notes(declared, prepared["outputs"]))
-        result.notes.extend(f"input set {r['name']!r} ({r['label']} inputs) skipped: {r['note']}"
-                            for r in self._records if r["tried"] and not r["ran"])  # fmt: skip
+        result.notes.extend(f"input set {r['name']!r} ({r['label']} inputs) {'(used): ' if r['ran'] else 'skipped: '}"
+                            f"{r['note']}" for r in self._records if r["tried"] and r["note"])  # fmt: skip
         return result
 
     def _set_tolerances(self) -> None:

@@ -245,6 +245,7 @@ def larger_sizes(
     lists: Mapping[str, Sequence[int]] | None = None,
     given: Mapping[str, tuple[int, ...]] | None = None,
     sequence: int | None = None,
+    modest: bool = False,
 ) -> dict[str, Any] | None:
     """The sizes of the ``step``-th set after ``base`` (the try that ran): a name ``lists`` gives
     (``--dim NAME=A,B,...``) takes its entry ``step`` (its last when shorter); one the caller fixed
@@ -259,6 +260,8 @@ def larger_sizes(
 
     def larger(role: str, size: int) -> int:
         target = sequence if sequence is not None and role == "sequence" else LARGER.get(role, LARGER["other"])
+        if modest:  # a model that does not run at the larger sizes (a table of 32 positions) may at these
+            target = min(target, max(2 * size, 2))
         return max(size, target)
 
     sizes: dict[str, int] = {}

@@ -47,23 +47,26 @@ def _larger_sets(specs: list[plan.InputSpec], chosen: dict[str, Any], shapes: An
                  lists: Mapping[str, Sequence[int]], precision: str | None, seed: int,
                  out_bytes: int) -> list[tuple[dict[str, Any], str]]:  # fmt: skip
     """The larger-size sets, each with its estimate (scale of the inputs' bytes, bytes of inputs and
-    outputs) and, with ``--precision``, the shorter forms (``fallbacks``) tried when the long one
-    is over the budget."""
+    outputs) and its shorter forms (``fallbacks``: with ``--precision`` 2048 and 1024 for a long
+    sequence; then every dim at most twice its size, :func:`passes.verify.plan.larger_sizes`'s
+    ``modest``), tried when the original does not run a form or it is over the budget."""
     steps = max([1, *(len(v) - 1 for v in lists.values())])
     base_bytes = max(1, plan.input_bytes(chosen))
-    longs = plan.LONG_SEQUENCE if precision is not None else (None,)
+    longs: tuple[int | None, ...] = plan.LONG_SEQUENCE if precision is not None else (None,)
     found: list[tuple[dict[str, Any], str]] = []
     for step in range(1, steps + 1):
-        forms = []
-        for long in longs:
-            sized = plan.larger_sizes(specs, chosen, step=step, dims=dims, lists=lists, given=shapes, sequence=long)
+        forms: list[dict[str, Any]] = []
+        for long, modest in [*((n, False) for n in longs), (None, True)]:
+            sized = plan.larger_sizes(specs, chosen, step=step, dims=dims, lists=lists, given=shapes, sequence=long,
+                                      modest=modest)  # fmt: skip
             if sized is None or (forms and sized["inputs"] == forms[-1]["inputs"]):
                 continue
             scale = plan.input_bytes(sized) / base_bytes
             name = "larger" if steps == 1 else f"larger-{step}"
             forms.append({"name": name, "label": f"larger-size ({sizes_text(sized['dims']) or 'unnamed dims'})",
                           "kind": "sizes", **sized, "seed": seed + 3 if precision else seed,
-                          "estimate": {"scale": scale, "bytes": int(plan.input_bytes(sized) + out_bytes * scale)}})  # fmt: skip
+                          "estimate": {"scale": scale, "bytes": int(plan.input_bytes(sized) + out_bytes * scale)},
+                          "as": f"at {sizes_text(sized['dims']) or 'smaller unnamed dims'}"})  # fmt: skip
         if not forms:
             if step == 1:
                 found.append(({"name": "larger", "label": "larger-size", "kind": "sizes"},
@@ -81,8 +84,9 @@ def plan_sets(specs: list[plan.InputSpec], given: dict[str, Any] | None, chosen:
               precision: str | None = None, seed: int = 0,
               out_bytes: int = 0) -> list[tuple[dict[str, Any], str]]:  # fmt: skip
     """Each set after the chosen one: its description, and why it cannot be made ("" if it can).
-    The 0-sized-dims set has a second form (``then``), tried when the original does not run
-    the first: only the first dynamic dimension 0, the others as chosen."""
+    A set may have other forms (``fallbacks``, each saying ``as`` what), tried in turn when the
+    original does not run the first or it is over the budget: the 0-sized-dims set with only the
+    first dynamic dimension 0, the others as chosen; the larger set at shorter sizes."""
     keep = sorted(s.name for s in specs if s.index)
     values = [s for s in specs if not s.index and s.dtype is not None and s.dtype != "bool"]
     floats = [s for s in values if s.dtype in _lowest.FLOAT_TYPES.values()]
@@ -90,7 +94,8 @@ def plan_sets(specs: list[plan.InputSpec], given: dict[str, Any] | None, chosen:
     zero = plan.zero_sizes(specs, dims=dims, given=shapes)
     first = plan.zero_sizes(specs, dims=dims, given=shapes, base=chosen)
     if zero is not None and first is not None and first["inputs"] != zero["inputs"]:
-        zero["then"] = {"name": "zero-dims", "label": "0-sized-dimension", "kind": "sizes", **first}
+        zero["fallbacks"] = [{"name": "zero-dims", "label": "0-sized-dimension", "kind": "sizes", **first,
+                              "as": "with only the first dynamic dimension 0"}]  # fmt: skip
     larger = _larger_sets(specs, chosen, shapes, dims, lists or {}, precision, seed, out_bytes)
     zeros = ({"name": "zero-dims", "label": "0-sized-dimension", "kind": "sizes", **(zero or {})},
              "" if zero else "no dynamic dimension left free to be 0")  # fmt: skip
@@ -157,44 +162,38 @@ class SetRunner:
             record = {"name": description["name"], "label": description["label"], "tried": not reason,
                       "ran": False, "ok": None, "note": reason, "dims": None}  # fmt: skip
             records.append(record)
-            if reason:
-                continue
-            over = []
-            for form in (description, *description.get("fallbacks", ())):
-                over.append(affordable(form["estimate"], seconds) if "estimate" in form else "")
-                if not over[-1]:
-                    break
-            if over[-1]:
-                record["note"] = f"over the check's budget: {over[0]}"
-                continue
-            if len(over) > 1:
-                description = {**description["fallbacks"][len(over) - 2]}
-                record["label"] = description["label"]
-                record["note"] = f"the longer sizes are over the check's budget ({over[0]}); these were used"
-            expected = seconds * float(description.get("estimate", {}).get("scale", 1.0))
-            now = time.monotonic()
-            if now + expected > min(budget, deadline):
-                record["note"] = (f"no time left: the original takes {expected:.2g} s a run and the check gives "
-                                  f"more sets {self.timeout * EXTRA_SETS_SHARE:g} s of --check-timeout")  # fmt: skip
-                continue
-            limit = min(deadline, now + max(10.0, 10 * expected))
-            errors = []
-            for form in (description, description.get("then")):
-                if form is None:
-                    break
-                form = {k: v for k, v in form.items() if k not in ("then", "fallbacks", "estimate")}
-                error = self.add(form, limit, deadline, now)
-                if error is None:
-                    record["ran"], record["dims"], record["shapes"] = True, form.get("dims"), self.shapes
-                    break
-                errors.append(error)
-            if errors:
-                record["note"] = "the original does not run on it: " + errors[0]
-            if len(errors) == 2:
-                record["note"] += f"; nor with only the first dynamic dimension 0: {errors[1]}"
-            elif errors and record["ran"]:
-                record["note"] += "; it runs with only the first dynamic dimension 0, which was used"
+            if not reason:
+                self._run_forms(record, description, seconds, min(budget, deadline), deadline)
         return records
+
+    def _run_forms(self, record: dict[str, Any], description: dict[str, Any], seconds: float, budget: float,
+                   deadline: float) -> None:  # fmt: skip
+        """Runs the original on the first form of a set (it, then its ``fallbacks``) that is within the
+        budget and runs, and says in the record's note why the forms before it were not used."""
+        said: list[str] = []
+        for number, form in enumerate((description, *description.get("fallbacks", ()))):
+            lead = f"nor {form['as']}: " if number else ""
+            over = affordable(form["estimate"], seconds) if "estimate" in form else ""
+            if over:
+                said.append(f"{lead}over the check's budget: {over}" if number else
+                            f"{form.get('as', 'it is')} over the check's budget: {over}")  # fmt: skip
+                continue
+            expected = seconds * float(form.get("estimate", {}).get("scale", 1.0))
+            now = time.monotonic()
+            if now + expected > budget:
+                said.append(f"no time left: the original takes {expected:.2g} s a run and the check gives more "
+                            f"sets {self.timeout * EXTRA_SETS_SHARE:g} s of --check-timeout")  # fmt: skip
+                break
+            run = {k: v for k, v in form.items() if k not in ("fallbacks", "estimate", "as")}
+            error = self.add(run, min(deadline, now + max(10.0, 10 * expected)), deadline, now)
+            if error is None:
+                record.update(ran=True, dims=form.get("dims"), shapes=self.shapes, label=form["label"])
+                if said:
+                    said.append(f"it runs {form['as']}, which was used")
+                break
+            where = f" {form['as']}" if "as" in form else ""
+            said.append(f"{lead}{error}" if number else f"the original does not run on it{where}: {error}")
+        record["note"] = "; ".join(said)
 
     def add(self, description: dict[str, Any], limit: float, deadline: float, now: float) -> str | None:
         """Runs the original on one more set; why it does not run, or None (the set is kept)."""
