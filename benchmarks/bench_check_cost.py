@@ -15,8 +15,11 @@ The original's second runs (the noise rule) cost nothing here: they happen only 
 differ. Printed side by side, with each ``optimize`` time as a ratio to vc+onnxsim's and the
 check's own seconds (from ``--report``) and the sizes it checked.
 
+With ``--flags '--precision fp16'`` both ``optimize`` runs convert to float16: the search's check
+runs the long sequence set (4096) too.
+
 Usage:
-    python benchmarks/bench_check_cost.py [--models NAME,...] [--repeat N]
+    python benchmarks/bench_check_cost.py [--models NAME,...] [--repeat N] [--flags '--precision fp16']
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ if {one_size!r}:
     sets.LARGER_BYTES = -1
 from passes.cli import command
 src, dst, report = sys.argv[1], sys.argv[2], sys.argv[3]
-code = command.main([src, dst, "--report", report])
+code = command.main([src, dst, "--report", report, *sys.argv[4:]])
 seconds = time.perf_counter() - start
 data = json.load(open(report))
 check = data.get("check") or {{}}
@@ -62,6 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--repeat", type=int, default=3, help="runs per tool and model; the fastest is kept")
+    parser.add_argument("--flags", default="", help="more flags for optimize, e.g. '--precision fp16'")
     args = parser.parse_args()
     have_onnxsim = tool_installed("vc+onnxsim") == ""
     print(f"{'model':<34}{'vc+onnxsim':>11}{'one size':>18}{'sizes':>18}{'check 1':>9}{'check n':>9}  sizes checked")
@@ -72,7 +76,8 @@ def main() -> None:
             found = {}
             for label, snippet in (("one", _OURS.format(repo=str(REPO), one_size=True)),
                                    ("sizes", _OURS.format(repo=str(REPO), one_size=False))):  # fmt: skip
-                found[label] = _best([measure(label, name, snippet, [src, out, report]) for _ in range(args.repeat)])
+                found[label] = _best([measure(label, name, snippet, [src, out, report, *args.flags.split()])
+                                     for _ in range(args.repeat)])
             reference = None
             if have_onnxsim:
                 sim = _best([measure("vc+onnxsim", name, tool_snippet("vc+onnxsim"), [src, out])
