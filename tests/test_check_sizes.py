@@ -155,7 +155,8 @@ def _positions(first_row_only: bool) -> onnx.ModelProto:
         nodes += [helper.make_node("Add", ["x", "p"], ["y"])]
     return _model(nodes, ["batch", "seq"], [
         numpy_helper.from_array(np.arange(64, dtype=np.float32), "table"),
-        numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([1], np.int64), "one")])
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "one")])
 
 
 def test_a_model_that_does_not_run_at_the_larger_sizes_is_checked_at_shorter_ones() -> None:

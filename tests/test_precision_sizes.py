@@ -42,7 +42,8 @@ def _rope() -> onnx.ModelProto:
              numpy_helper.from_array(inv_freq, "inv_freq"),
              numpy_helper.from_array((rng.standard_normal((8, 8)) * 0.3).astype(np.float32), "w")]  # fmt: skip
     graph = helper.make_graph(nodes, "rope", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["sequence", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["sequence", 8])], inits)  # fmt: skip
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["sequence", 8])],
+                              inits)  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
