@@ -90,3 +90,27 @@ def test_a_set_the_original_does_not_run_again_is_not_compared() -> None:
     assert [o["name"] for o in sets[0]["outputs"]] == ["y2"] and sets[0]["ok"] is False
     assert [(e["output"], e["set"]) for e in not_compared] == [("y1", "normal"), ("y1", "edge")]
     assert "SIGABRT" in notes[0] and "max abs 0.5" in notes[1]
+
+
+def _in_branch(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with y1's nodes (the random draw) in the then-branch of an If on a constant true."""
+    y2 = [n for n in model.graph.node if "y2" in n.output]
+    branch = helper.make_graph([n for n in model.graph.node if n not in y2], "then", [],
+                               [helper.make_tensor_value_info("y1", TensorProto.FLOAT, None)])  # fmt: skip
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["y1e"])], "else", [],
+                              [helper.make_tensor_value_info("y1e", TensorProto.FLOAT, None)])  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["y1"], then_branch=branch, else_branch=other), *y2], "g",
+        list(model.graph.input), list(model.graph.output),
+        [*model.graph.initializer, numpy_helper.from_array(np.array(True), "cond")],
+    )  # fmt: skip
+    result = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result.ir_version = 8
+    return result
+
+
+def test_noise_from_an_if_branch() -> None:
+    result = passes.check(_in_branch(_noisy()), _in_branch(_noisy(doubled=True)))
+    assert result.ok and {e["output"] for e in result.not_compared} == {"y1"}, result.summary()
+    result = passes.check(_in_branch(_noisy()), _in_branch(_noisy("Abs", doubled=True)))
+    assert [o.name for o in result.failures] == ["y2"] and result.first_difference.output == "y2", result.summary()

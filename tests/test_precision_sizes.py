@@ -116,3 +116,35 @@ def test_without_a_long_set_the_details_say_so(tmp_path: pathlib.Path, capsys, m
     assert stats["proven_sizes"] == {"sequence": [16, 0]}
     assert "over the check's budget" in stats["proven_note"] and "proven_note" in out, out
     assert _error(_rope(), converted, 1024) > 1  # what the long set catches: not proven, not right
+
+
+def _rope_in_function() -> onnx.ModelProto:
+    """The rotary chain inside a model-local function ``local.rotary(x) -> s``; the MatMul and the Add outside."""
+    model = _rope()
+    chain = [n for n in model.graph.node if n.op_type not in ("MatMul", "Add")]
+    body = [helper.make_node("Constant", [], [i.name], value=i) for i in model.graph.initializer if i.name != "w"]
+    function = helper.make_function("local", "rotary", ["x"], ["s"], [*body, *chain], [helper.make_opsetid("", 17)])
+    graph = helper.make_graph(
+        [helper.make_node("rotary", ["x"], ["s"], domain="local"),
+         *(n for n in model.graph.node if n.op_type in ("MatMul", "Add"))], "g",
+        list(model.graph.input), list(model.graph.output), [i for i in model.graph.initializer if i.name == "w"],
+    )  # fmt: skip
+    result = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],
+                               functions=[function])  # fmt: skip
+    result.ir_version = 8
+    return result
+
+
+def test_in_a_function_the_difference_at_4096_refuses_the_run(tmp_path: pathlib.Path, capsys, monkeypatch) -> None:
+    """The function's body is converted inside its call (a fixed island): no island found there
+    closes the gap, so the run fails (exit 1, nothing written) naming the long set; without the long
+    set the same run writes a model that is wrong at sequence 1024."""
+    src, out = tmp_path / "f.onnx", tmp_path / "out.onnx"
+    onnx.save_model(_rope_in_function(), str(src))
+    code, stdout, err = run_cli([str(src), str(out), "--precision", "fp16"], capsys)
+    assert code == 1 and not out.exists(), stdout + err
+    assert "larger-size (sequence=4096)" in stdout + err, stdout + err
+    monkeypatch.setattr(sets_module, "LARGER_BYTES", 0)
+    code, stdout, err = run_cli([str(src), str(out), "--precision", "fp16"], capsys)
+    assert code == 0, stdout + err
+    assert _error(_rope_in_function(), onnx.load(str(out)), 1024) > 1
