@@ -8,7 +8,7 @@ model is loaded, before anything is written, with the names the model has.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from passes.errors import InputError
@@ -34,12 +34,13 @@ def dim_names(model: ir.Model) -> list[str]:
     return list(names)
 
 
-def refuse_unknown_dims(model: ir.Model, dims: Mapping[str, int]) -> None:
+def refuse_unknown_dims(model: ir.Model, dims: Mapping[str, int | Sequence[int]]) -> None:
     """Raises :class:`InputError` (exit 2) for the first ``dims`` name the model's inputs do not have."""
     if not dims:
         return
     known = dim_names(model)
     for name, size in dims.items():
+        size = size if isinstance(size, int) else ",".join(map(str, size))
         if name not in known:
             listed = ", ".join(short(n) for n in known[:20]) + (", ..." if len(known) > 20 else "")
             have = f"its dim names: {listed}" if known else "its inputs have no named dims"

@@ -155,7 +155,7 @@ _GROWTH = {
 
 
 #: Details said even for a pass that changed nothing (otherwise only its name, time and "no" are).
-_SAID_UNCHANGED = frozenset({"fusable_at_higher_opset", "skipped", "unlocated"})
+_SAID_UNCHANGED = frozenset({"fusable_at_higher_opset", "skipped", "unlocated", "proven_sizes", "proven_note"})
 
 
 def _is_zero(value: Any) -> bool:

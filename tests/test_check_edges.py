@@ -54,12 +54,14 @@ def test_an_identical_model_passes_on_every_set() -> None:
     result = passes.check(model, model)
     assert result.checked and result.ok, result.summary()
     sets = _sets(result)
-    assert list(sets) == ["normal", "edge", "edge-nonfinite", "zero-dims"]
+    assert list(sets) == ["normal", "larger", "edge", "edge-nonfinite", "zero-dims"]
     assert all(s["ran"] and s["ok"] for s in sets.values()), sets
     assert sets["zero-dims"]["dims"] == {"batch": 0}
+    assert sets["larger"]["dims"] == {"batch": 3} and result.inputs.sizes == {"batch": [1, 3, 0]}
     assert result.notes == []
     text = result.inputs.text()
-    assert "also edge-value, NaN/infinity, 0-sized-dimension inputs" in text, text
+    assert "also larger-size (batch=3), edge-value, NaN/infinity, 0-sized-dimension inputs" in text, text
+    assert "sizes checked: batch 1, 3, 0" in text, text
     data = json.loads(json.dumps(result.to_json()))
     assert [s["name"] for s in data["inputs"]["sets"]] == list(sets)
 
@@ -227,12 +229,12 @@ def test_a_model_that_cannot_run_with_0_sized_dims_is_still_checked_and_passes(t
     onnx.save_model(swapped, str(src))
     assert cli.main([str(src), "-o", str(tmp_path / "o.onnx"), "--report", str(report)]) == 0
     out = capsys.readouterr().out
-    assert "also edge-value, NaN/infinity inputs; skipped: 0-sized-dimension (see the note)" in out, out
+    assert "edge-value, NaN/infinity inputs; skipped: 0-sized-dimension (see the note)" in out, out
     assert out.count("nor with only the first dynamic dimension 0") == 1, out  # the reason once, in the note
     assert "[ONNXRuntimeError]" not in out and "onnxruntime_src" not in out, out  # ORT's sentence, not its source
     data = json.loads(report.read_text())["check"]
     assert {s["name"]: s["ran"] for s in data["inputs"]["sets"]} == {
-        "normal": True, "edge": True, "edge-nonfinite": True, "zero-dims": False}
+        "normal": True, "larger": True, "edge": True, "edge-nonfinite": True, "zero-dims": False}
 
 
 def test_a_set_that_crashes_the_original_is_skipped_and_the_check_goes_on() -> None:
@@ -418,15 +420,15 @@ def test_exit_0_means_the_same_results_at_edge_values_and_0_sized_dims(tmp_path:
 
 
 def test_the_sets_after_the_first_get_a_bounded_share_of_the_time(monkeypatch) -> None:
-    from passes.verify import check as check_module
+    from passes.verify import sets as sets_module
 
-    monkeypatch.setattr(check_module, "EXTRA_SETS_SHARE", 0.0)
+    monkeypatch.setattr(sets_module, "EXTRA_SETS_SHARE", 0.0)
     model = _where_over_100(-0.0)
     result = passes.check(model, _where_over_100(0.0))
     assert result.checked and result.ok, result.summary()  # only the normal set: the difference is not seen
     sets = _sets(result)
     assert all(not s["ran"] and "no time left" in s["note"] for n, s in sets.items() if n != "normal"), sets
-    assert sum("no time left" in n for n in result.notes) == 3, result.notes
+    assert sum("no time left" in n for n in result.notes) == 4, result.notes
 
 
 def test_a_finite_difference_above_100_is_found_where_the_output_stays_in_range() -> None:

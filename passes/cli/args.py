@@ -117,15 +117,16 @@ def _typed(option: Option) -> Any:
     return parse
 
 
-def _dim(text: str) -> tuple[str, int]:
-    name, sep, size = text.partition("=")
+def _dim(text: str) -> tuple[str, int | tuple[int, ...]]:
+    """``NAME=SIZE`` (a size), or ``NAME=A,B,...`` (the sizes the check tries the dim at, in order)."""
+    name, sep, sizes = text.partition("=")
     try:
-        value = parse_nonnegative_int(size)
+        values = tuple(parse_nonnegative_int(size.strip()) for size in sizes.split(","))
     except ValueError:
-        value = None
-    if not sep or not name or value is None:
-        raise argparse.ArgumentTypeError(f"invalid --dim {short(text)} (expected NAME=SIZE)")
-    return name, value
+        values = ()
+    if not sep or not name or not values:
+        raise argparse.ArgumentTypeError(f"invalid --dim {short(text)} (expected NAME=SIZE or NAME=A,B,...)")
+    return name, values[0] if len(values) == 1 else values
 
 
 def _size(text: str) -> int | str:
@@ -256,9 +257,10 @@ def parser() -> Parser:
                              "physical memory; 0: none)")
     result.add_argument("--inputs", metavar="FILE.npz",
                         help="the check's inputs: an .npz of arrays by input name (others are generated)")
-    result.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=SIZE",
+    result.add_argument("--dim", type=_dim, action="append", default=[], metavar="NAME=SIZE[,SIZE...]",
                         help="size of a named dynamic dimension for generated inputs (default: "
-                             "sizes tried until the original model runs); repeatable")
+                             "sizes tried until the original model runs, then a larger one); more sizes "
+                             "after commas: the check's larger sets; repeatable")
     result.add_argument("--seed", type=_seed, default=0, help="seed of generated inputs (default: 0)")
     result.add_argument("--rtol", type=_tolerance, default=None, help="relative tolerance for float outputs")
     result.add_argument("--atol", type=_tolerance, default=None, help="absolute tolerance for float outputs")

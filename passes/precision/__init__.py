@@ -26,7 +26,11 @@ kept in float32, each found and listed with its reason:
 
 When the check still fails, the pass raises :class:`passes.errors.CheckFailedError`
 (exit 1, nothing written), naming the output. The search uses the run's check
-options (``--inputs``, ``--dim``, the seed: :data:`passes.verify.gate.current_check`).
+options (``--inputs``, ``--dim``, the seed: :data:`passes.verify.gate.current_check`). Its sets of
+inputs include a larger one where each sequence-like dim is long (4096, else 2048 or 1024 as the
+check's budget allows: :mod:`passes.verify.sets`), so values that grow with a dim (positions from
+``Range``) are measured there; the details' ``proven_sizes`` are the sizes compared, and
+``proven_note`` says why a long size was shortened or not run.
 
 ``--precision-io`` (``io``) makes the main graph's float32 inputs and outputs half
 too; ``--precision-tolerance`` (``tolerance``) replaces the half type's tolerance
@@ -113,7 +117,8 @@ class PrecisionPass(Pass, spec=PRECISION):
                 check_rounds=checked["rounds"],
                 islands=described,
                 max_abs_error={name: o["max_abs_error"] for name, o in checked["outputs"].items()},
-                **{k: checked[k] for k in ("skipped", "unlocated", "failure") if k in checked},
+                **{k: checked[k] for k in ("proven_sizes", "proven_note", "skipped", "unlocated", "failure")
+                   if k in checked},
             )
 
         if self.check:
@@ -200,6 +205,7 @@ class PrecisionPass(Pass, spec=PRECISION):
                 checked["ok"] = None
                 checked["skipped"] = result.summary()
                 return
+            self._proven(result, checked)
             magnitudes = checker.magnitudes()
             added = self._range_islands(reference, plan, magnitudes, limit, islands)
             if added:
@@ -230,6 +236,18 @@ class PrecisionPass(Pass, spec=PRECISION):
                         f"({len(islands)} islands): {result.summary()}"
                         + (f"; {checked['unlocated']}" if checked.get("unlocated") else "")
                         + "\n" + self._reproduce(checker, model, plan, half, islands, converted, options))
+
+    @staticmethod
+    def _proven(result: Any, checked: dict[str, Any]) -> None:
+        """The sizes the search compares the models at (``proven_sizes``: each dynamic dim's, the
+        long sequence sizes included) and why a larger set was shorter than asked or not run."""
+        if result.inputs is None:
+            return
+        checked["proven_sizes"] = {k: list(v) for k, v in result.inputs.sizes.items()}
+        said = [f"{s['label']}: {s['note']}" for s in result.inputs.sets
+                if s["name"].startswith("larger") and s.get("tried") and s.get("note")]  # fmt: skip
+        if said:
+            checked["proven_note"] = "; ".join(said)
 
     def _reproduce(self, checker: Any, model: ir.Model, plan: _plan.Plan, half: ir.DataType,
                    islands: dict[tuple[str, str], str], emulated: ir.Model, options: Any) -> str:  # fmt: skip

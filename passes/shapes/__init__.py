@@ -191,7 +191,7 @@ def refusal(model: ir.Model, input_shapes: Mapping[str, tuple[int, ...]], fix_di
 
 
 def check_dims(model: ir.Model, input_shapes: Mapping[str, tuple[int, ...]], fix_dims: Mapping[str, int],
-               dims: Mapping[str, int]) -> dict[str, int]:  # fmt: skip
+               dims: Mapping[str, int | Sequence[int]]) -> dict[str, int | Sequence[int]]:  # fmt: skip
     """The sizes of named dims for the check's generated inputs: ``--dim`` and what the static shapes fix.
 
     A dim fixed by ``--fix-dim`` or by an input's ``--input-shape`` needs no ``--dim``; a ``--dim`` of
@@ -209,8 +209,10 @@ def check_dims(model: ir.Model, input_shapes: Mapping[str, tuple[int, ...]], fix
         for d, size in zip((_dim(d) for d in value.shape), shape):
             if isinstance(d, str):
                 fixed.setdefault(d, (size, input_shape_text(value.name, shape)))
-    for name, size in dims.items():
-        if name in fixed and fixed[name][0] != size:
+    for name, sizes in dims.items():
+        other = [s for s in ([sizes] if isinstance(sizes, int) else sizes) if name in fixed and s != fixed[name][0]]
+        if other:
+            size = other[0]
             raise InputError(f"--dim {short(f'{name}={size}')} contradicts {fixed[name][1]} "
                              f"({short(name)} is {fixed[name][0]} there)")
     return {**{n: s for n, (s, _) in fixed.items()}, **dims}

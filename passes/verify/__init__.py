@@ -3,8 +3,11 @@
 * ``result``: what a check found (plain data, no onnxruntime import).
 * ``check``: :func:`~passes.verify.check.check` and the :class:`~passes.verify.check.Checker`
   session; imports onnx, not onnxruntime.
-* ``plan``: what the check reads from the original graph (input sizes to try,
-  index ranges, the float type that chooses each tolerance).
+* ``feeds``: what each graph input feeds (its dims' roles, index ranges); ``plan``: the sizes
+  to try, the larger and the 0-sized sets; ``lowest``: the float type that chooses each tolerance.
+* ``sets``: the sets of inputs after the chosen one and the original's runs on them (the budget);
+  ``verdict``: the verdict from the child's answers (the original's own noise left out);
+  ``values``: the locator's and the magnitudes' runs.
 * ``child`` / ``worker``: the child process that runs onnxruntime (the worker
   imports numpy, onnxruntime, ``compare``, ``npz`` and ``result`` only).
 * ``edges``: the edge-value inputs (numpy only; made in the child).

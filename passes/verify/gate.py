@@ -55,7 +55,9 @@ class CheckOptions:
         inputs: Input arrays by name (others are generated).
         inputs_source: Where ``inputs`` came from, for messages (``--inputs FILE``).
         inputs_file: An ``.npz`` of input arrays by name, read bounded (``--inputs FILE``).
-        dims: Sizes of named dynamic dimensions for generated inputs.
+        dims: Sizes of named dynamic dimensions for generated inputs: a size, or the sizes the check
+            tries it at (``--dim NAME=A,B,...``: the first for the chosen inputs, the others for the
+            larger sets, see :mod:`passes.verify.sets`).
         shapes: Static shapes of inputs by name (``--input-shape``): generated inputs take them.
         seed: Seed of generated inputs.
         rtol: Relative tolerance for float outputs (default per dtype).
@@ -86,7 +88,7 @@ class CheckOptions:
     inputs: Mapping[str, Any] | None = None
     inputs_source: str = ""
     inputs_file: str | os.PathLike[str] | None = None
-    dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    dims: Mapping[str, int | Sequence[int]] = dataclasses.field(default_factory=dict)
     shapes: Mapping[str, Sequence[int]] = dataclasses.field(default_factory=dict)
     seed: int = 0
     rtol: float | None = None
@@ -100,7 +102,7 @@ class CheckOptions:
     repro: str | os.PathLike[str] | None = None
     command: str = ""
     static: str = ""
-    free_dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    free_dims: Mapping[str, int | Sequence[int]] = dataclasses.field(default_factory=dict)
 
 
 #: The check options of the run under way (set by the pipeline while the passes run): a pass that checks

@@ -33,14 +33,14 @@ from typing import Any
 import onnx
 
 from passes.modelio import destinations
-from passes.verify import lowest as _lowest, plan
+from passes.verify import feeds, lowest as _lowest
 from passes.verify.result import FirstDifference, default_tolerance
 
 __all__ = ["Correspondence", "augmented", "comparable_values", "first_difference", "link_external", "tensor_types",
            "value_tolerances", "widened"]
 
 #: Element types onnxruntime's Python API can return (not bfloat16, float8, int4...).
-_FETCHABLE = frozenset(t for t, name in plan.NUMPY_TYPES.items() if name != "bfloat16")
+_FETCHABLE = frozenset(t for t, name in feeds.NUMPY_TYPES.items() if name != "bfloat16")
 
 
 def tensor_types(proto: onnx.ModelProto) -> dict[str, int]:

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 
 import onnx
 
-from passes.verify.result import PRECISION_ORDER
+from passes.verify.result import PRECISION_ORDER, default_tolerance
 
-__all__ = ["FLOAT_TYPES", "Lowest", "float_dependencies", "lower"]
+__all__ = ["FLOAT_TYPES", "Lowest", "float_dependencies", "lower", "output_tolerances"]
 
 #: Float element types by name, for the tolerance.
 FLOAT_TYPES: dict[int, str] = {
@@ -124,3 +124,27 @@ def float_dependencies(graph: onnx.GraphProto, outer: Mapping[str, Lowest] | Non
     for info in graph.output:
         lowest[info.name] = lower(lowest.get(info.name), declared.get(info.name))
     return lowest
+
+
+def output_tolerances(graph: onnx.GraphProto, rtol: float | None, atol: float | None, precision: str | None,
+                      precision_tolerance: tuple[float, float | None] | None,
+                      ) -> tuple[dict[str, tuple[float, float]], dict[str, Lowest]]:  # fmt: skip
+    """Each float output's (rtol, atol): the flags', else the default of the lowest-precision float
+    type it depends on (the half type of ``--precision`` at least); and, where a default applies,
+    the (type, value) that chose it."""
+    lowest = float_dependencies(graph)
+    tolerances: dict[str, tuple[float, float]] = {}
+    sources: dict[str, Lowest] = {}
+    for output in graph.output:
+        found = lowest.get(output.name)
+        if found is None:
+            continue
+        if precision is not None:
+            found = lower(found, (precision, f"--precision ({precision})"))
+            if found[0] == precision and precision_tolerance is not None:
+                found = (found[0], "--precision-tolerance")
+        default_rtol, default_atol = default_tolerance(found[0], precision, precision_tolerance)
+        tolerances[output.name] = (default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
+        if rtol is None or atol is None:
+            sources[output.name] = found
+    return tolerances, sources

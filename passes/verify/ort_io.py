@@ -1,6 +1,7 @@
 """The check's child's side of onnxruntime: sessions, runs, inputs made from a description, outputs.
 
-Imported by :mod:`passes.verify.worker` only (it runs in the child process):
+Imported by :mod:`passes.verify.worker` (it runs in the child process), and by
+:mod:`passes.verify.check` for :func:`make_inputs` (in the caller's process):
 nothing here imports onnx or the passes, and numpy, onnxruntime and ml_dtypes
 are imported at first use. onnxruntime's Python API has no numpy array of
 bfloat16: such inputs go as OrtValues of their bytes (:func:`feed`) and such
@@ -10,9 +11,11 @@ outputs are read from their bytes (:func:`tensor`).
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
-__all__ = ["as_declared", "describe", "feed", "generate", "numpy_dtype", "run", "session", "spill", "tensor"]
+__all__ = ["as_declared", "constants", "describe", "error_line", "feed", "generate", "make_inputs", "numpy_dtype",
+           "run", "session", "spill", "tensor"]
 
 
 def numpy_dtype(name: str) -> Any:
@@ -134,3 +137,105 @@ def spill(values: dict[str, Any], folder: str, threshold: int, prefix: str = "ex
         np.save(path, array)
         result[name] = np.load(path, mmap_mode="r")
     return result
+
+
+# onnxruntime's run errors: "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while
+# running Reshape node. Name:'r' Status Message: /onnxruntime_src/...h:84 onnxruntime::Reshape...(
+# ...) size != 0 && ... was false. The input tensor cannot be reshaped ..." -> "Reshape node 'r':
+# The input tensor cannot be reshaped ..." (the source path, function and condition say nothing
+# to a user; the op, the node and ORT's own sentence do). A node of a subgraph fails inside its
+# If/Loop/Scan node's message: "Reshape node 'r' (in If node 'i'): The input tensor ...".
+_ORT_NODE_ERROR = re.compile(
+    r"^Non-zero status code returned while running (?P<op>\S+) node\. "
+    r"Name:'(?P<name>[^']*)' Status Message: (?:\S+:\d+ [^ ]+\(.*?\) .*? was false\. )?(?P<message>.*)$")
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+
+
+def error_line(error: BaseException) -> str:
+    """onnxruntime's error in one line: the op, the node and its own sentence (see the comment above)."""
+    text = str(error).strip()
+    if not text:
+        return type(error).__name__
+    line = text.splitlines()[0]
+    message = _ORT_PREFIX.sub("", line)
+    nodes = []
+    while run := _ORT_NODE_ERROR.match(message):
+        nodes.append(f"{run['op']} node {run['name']!r}")
+        message = run["message"]
+    if nodes:
+        outer = f" (in {' in '.join(reversed(nodes[:-1]))})" if len(nodes) > 1 else ""
+        line = f"{nodes[-1]}{outer}: {message}"
+    elif message != line:
+        line = f"onnxruntime: {message}"
+    return line[:500]
+
+
+def constants(request: dict[str, Any], phase: Any) -> dict[str, Any]:
+    """Runs a model of constants and saves the requested outputs' bytes one after the other in
+    ``folder/outputs.bin`` (answering each one's offset, dtype and shape; a string output as
+    ``folder/N.npy``). Its large constants are inputs, read here from the files ``raw`` names
+    (path, offset, dtype, shape). ``phase`` tells the parent what is about to happen."""
+    import numpy as np
+
+    phase("loading the folded constants' model")
+    try:
+        loaded = session(request["model"])
+        names = list(request["names"])
+        phase("reading the large constants")
+        feeds = {}
+        for name, raw in request.get("raw", {}).items():  # read here, not by the parent
+            shape = [int(d) for d in raw["shape"]]
+            count = int(np.prod(shape, dtype=np.int64))
+            array = np.fromfile(raw["path"], dtype=numpy_dtype(raw["dtype"]), count=count, offset=int(raw["offset"]))
+            feeds[name] = array.reshape(shape)
+        phase("computing the folded constants")
+        values = run(loaded, feeds, names)
+    except Exception as e:  # noqa: BLE001
+        return {"ok": False, "stage": "run", "error": error_line(e)}
+    del loaded
+    saved: dict[str, Any] = {}
+    data = os.path.join(request["folder"], "outputs.bin")
+    with open(data, "wb") as f:  # one file for all outputs: a sweep may confirm thousands
+        for i, (name, value) in enumerate(zip(names, values)):
+            if not isinstance(value, np.ndarray):
+                saved[name] = {"error": f"a {type(value).__name__}, not a tensor"}
+                continue
+            if value.dtype.kind in "OSU":
+                path = os.path.join(request["folder"], f"{i}.npy")
+                np.save(path, value.astype(str), allow_pickle=False)
+                saved[name] = {"path": path, "dtype": "str"}
+                continue
+            saved[name] = {"path": data, "offset": f.tell(), "dtype": value.dtype.name, "shape": list(value.shape)}
+            np.ascontiguousarray(value).tofile(f)
+    return {"ok": True, "values": saved}
+
+
+def make_inputs(session: Any, *, dims: Any = None, seed: int = 0) -> dict[str, Any]:
+    """Seeded inputs for every graph input of an onnxruntime ``session``, in this process.
+
+    Floats are standard normal, integers uniform in [0, 4), booleans fair coins;
+    a dynamic dimension takes its size from ``dims`` by name, else
+    :data:`DEFAULT_DIM`. (The check itself chooses sizes that make the model
+    run and index ranges from the graph; see :mod:`passes.verify.plan`.)
+
+    Raises:
+        ValueError: an input has a type that cannot be generated (sequence, map...).
+    """
+    import numpy as np
+
+    from passes.verify.result import DEFAULT_DIM, shown
+
+    rng = np.random.default_rng(seed)
+    names = {
+        "tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16",
+        "tensor(bfloat16)": "bfloat16", "tensor(bool)": "bool", "tensor(string)": "str",
+    }  # fmt: skip
+    feeds = {}
+    for arg in session.get_inputs():
+        dtype = names.get(arg.type) or (arg.type[len("tensor("):-1] if arg.type.startswith("tensor(int")
+                                        or arg.type.startswith("tensor(uint") else None)  # fmt: skip
+        if dtype is None:
+            raise ValueError(f"cannot generate input {shown(arg.name)} of type {arg.type}; pass --inputs")
+        shape = [d if isinstance(d, int) and d >= 0 else int((dims or {}).get(d, DEFAULT_DIM)) for d in arg.shape]
+        feeds[arg.name] = np.asarray(generate({"dtype": dtype, "shape": shape}, rng))
+    return feeds

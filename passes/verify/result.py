@@ -200,7 +200,10 @@ class InputsUsed:
             a set tried and skipped is also one of the result's ``notes``), ``dims`` (the
             0-sized set's sizes) and, for the edge-value sets, ``within_scale``: per output,
             how many elements matched only within the tolerance of the output's largest
-            magnitude (see :attr:`OutputComparison.within_scale`).
+            magnitude; ``shapes``: the inputs' shapes of a set that ran. ``larger``, ``larger-2``...:
+            the dynamic dimensions at larger sizes (:mod:`passes.verify.sets`).
+        sizes: Each dynamic dimension's sizes over the sets both models ran on, the chosen
+            inputs' first (a named one by its name, an unnamed one as ``input[axis]``).
     """
 
     given: list[str] = dataclasses.field(default_factory=list)
@@ -211,6 +214,7 @@ class InputsUsed:
     tries: int = 0
     attempts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     sets: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    sizes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -238,6 +242,9 @@ class InputsUsed:
         parts = []
         if self.generated:
             parts.append(f"generated (seed {self.seed}): {self.sizes_text()}")
+        if self.sizes:  # sizes checked: batch 1, 3, 0; sequence 16, 256, 0
+            parts.append("sizes checked: " + "; ".join(f"{name_text(k)} {', '.join(map(str, v))}"
+                                                       for k, v in self.sizes.items()))  # fmt: skip
         if self.given:
             parts.append("given: " + ", ".join(name_text(n) for n in self.given))
         if self.tries > 1:
@@ -334,7 +341,8 @@ def unchecked_json(reason: str) -> dict[str, Any]:
     """The report's ``check`` when there is no :class:`CheckResult` (``--no-check``, a run that stopped
     before its check, a model the ONNX checker refused): the same fields, ``checked`` false."""
     return {"ok": None, "checked": False, "reason": reason, "skipped": reason, "hint": None, "error": None,
-            "inputs": None, "outputs": [], "first_difference": None, "repro": None, "notes": [], "seconds": {}}
+            "inputs": None, "outputs": [], "first_difference": None, "repro": None, "notes": [], "seconds": {},
+            "not_compared": []}
 
 
 @dataclasses.dataclass
@@ -361,6 +369,9 @@ class CheckResult:
         notes: Facts about the original found on the way (a declared output shape
             its graph contradicts...).
         seconds: Time of the check and, after a failure, of the locator.
+        not_compared: The outputs left out of the comparison on a set of inputs, because the
+            original disagrees with itself there or onnxruntime fails to run it again (see
+            :mod:`passes.verify.verdict`): ``{"output", "set", "reason"}`` each; never a failure.
         repro: With ``--repro DIR``, after a difference: what was written there (see
             :func:`passes.verify.repro.reproduce`), or None.
     """
@@ -377,6 +388,7 @@ class CheckResult:
     notes: list[str] = dataclasses.field(default_factory=list)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     repro: dict[str, Any] | None = None
+    not_compared: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def checked(self) -> bool:
@@ -437,6 +449,7 @@ class CheckResult:
             "outputs": [o.to_json() for o in self.outputs],
             "first_difference": self.first_difference.to_json() if self.first_difference else None,
             "notes": list(self.notes),
+            "not_compared": list(self.not_compared),
             "seconds": dict(self.seconds),
             "repro": self.repro,
         })

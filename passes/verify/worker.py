@@ -20,7 +20,8 @@ outputs; a set it cannot run is answered ``ok: false`` and not kept. One
 request per set, so that a crash on one (an integer division of the minimum by
 -1 is SIGFPE) loses that set only.
 ``compare``: run another model on the same inputs (the first set and every
-kept one) and compare its outputs with the kept ones. ``values``: run two
+kept one) and compare its outputs with the kept ones. ``again``: run the original
+again on one set and name the outputs on which it disagrees with itself. ``values``: run two
 models (both with extra graph outputs) on one set and compare the named
 values. ``constants``: run a model without inputs
 (the constant subgraphs whose values ``fold`` wants to write, see
@@ -35,16 +36,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sys
 import time
 from typing import Any
 
 from passes.verify.ort_io import (  # stdlib only at import: numpy and onnxruntime at first use
+    constants as _constants_of,
     describe as _describe,
+    error_line as _first_line,
     generate as _generate,
-    numpy_dtype as _numpy_dtype,
     run as _run,
     session as _session,
     spill as _spill,
@@ -60,36 +61,6 @@ def _send(message: dict[str, Any]) -> None:
 
 def _phase(text: str) -> None:
     _send({"phase": text})
-
-
-# onnxruntime's run errors: "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while
-# running Reshape node. Name:'r' Status Message: /onnxruntime_src/...h:84 onnxruntime::Reshape...(
-# ...) size != 0 && ... was false. The input tensor cannot be reshaped ..." -> "Reshape node 'r':
-# The input tensor cannot be reshaped ..." (the source path, function and condition say nothing
-# to a user; the op, the node and ORT's own sentence do). A node of a subgraph fails inside its
-# If/Loop/Scan node's message: "Reshape node 'r' (in If node 'i'): The input tensor ...".
-_ORT_NODE_ERROR = re.compile(
-    r"^Non-zero status code returned while running (?P<op>\S+) node\. "
-    r"Name:'(?P<name>[^']*)' Status Message: (?:\S+:\d+ [^ ]+\(.*?\) .*? was false\. )?(?P<message>.*)$")
-_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    if not text:
-        return type(error).__name__
-    line = text.splitlines()[0]
-    message = _ORT_PREFIX.sub("", line)
-    nodes = []
-    while run := _ORT_NODE_ERROR.match(message):
-        nodes.append(f"{run['op']} node {run['name']!r}")
-        message = run["message"]
-    if nodes:
-        outer = f" (in {' in '.join(reversed(nodes[:-1]))})" if len(nodes) > 1 else ""
-        line = f"{nodes[-1]}{outer}: {message}"
-    elif message != line:
-        line = f"onnxruntime: {message}"
-    return line[:500]
 
 
 def _isolate(memory_limit: int, parent: int) -> None:
@@ -299,6 +270,35 @@ def _compare_set(state: _State, kept: dict[str, Any], session: Any, names: list[
     return {"name": kept["set"]["name"], "ok": not differ, "outputs": differ, "within_scale": within_scale}
 
 
+def _again(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """Runs the original twice more on one set (``set``: a kept set's name; None: the chosen inputs)
+    and compares the named outputs of each run with its first run's: those on which it disagrees
+    with itself. Twice: a new session may repeat its first run's draws (a random op without a seed)."""
+    from passes.verify.compare import compare
+
+    chosen = [kept for kept in state.sets if kept["set"]["name"] == request.get("set")]
+    expected = chosen[0]["expected"] if chosen else state.expected
+    if state.session is None:
+        _phase("loading the original model again")
+        state.session = _session(state.prepare["model"])
+    feeds = _set_feeds(state, chosen[0]["set"] if chosen else None)
+    tolerances = request.get("tolerances", {})
+    noisy: dict[str, float] = {}
+    for run in (1, 2):
+        _phase(f"running the original model again on the same inputs ({run} of 2)")
+        try:
+            again = dict(zip(state.names, _run(state.session, feeds)))
+        except Exception as e:  # noqa: BLE001  onnxruntime's exceptions share no base class
+            return {"ok": False, "error": _first_line(e)}
+        for name in request["names"]:
+            if name in again:
+                rtol, atol = _tolerance(tolerances, name)
+                found = compare(name, expected[name], again[name], rtol, atol)
+                if not found.ok:
+                    noisy[name] = max(noisy.get(name, 0.0), found.max_abs_error)
+    return {"ok": True, "noisy": noisy}
+
+
 def _values(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     """Compares named values of two models run on the kept inputs, a chunk of names at a time."""
     from passes.verify.compare import compare
@@ -394,43 +394,8 @@ def _magnitudes(state: _State, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _constants(state: _State, request: dict[str, Any]) -> dict[str, Any]:
-    """Runs a model of constants and saves the requested outputs' bytes one after the other in
-    ``folder/outputs.bin`` (answering each one's offset, dtype and shape; a string output as
-    ``folder/N.npy``). Its large constants are inputs, read here from the files ``raw`` names
-    (path, offset, dtype, shape)."""
-    import numpy as np
-
-    _phase("loading the folded constants' model")
-    try:
-        session = _session(request["model"])
-        names = list(request["names"])
-        _phase("reading the large constants")
-        feeds = {}
-        for name, raw in request.get("raw", {}).items():  # read here, not by the parent
-            shape = [int(d) for d in raw["shape"]]
-            count = int(np.prod(shape, dtype=np.int64))
-            array = np.fromfile(raw["path"], dtype=_numpy_dtype(raw["dtype"]), count=count, offset=int(raw["offset"]))
-            feeds[name] = array.reshape(shape)
-        _phase("computing the folded constants")
-        values = _run(session, feeds, names)
-    except Exception as e:  # noqa: BLE001
-        return {"ok": False, "stage": "run", "error": _first_line(e)}
-    del session
-    saved: dict[str, Any] = {}
-    data = os.path.join(request["folder"], "outputs.bin")
-    with open(data, "wb") as f:  # one file for all outputs: a sweep may confirm thousands
-        for i, (name, value) in enumerate(zip(names, values)):
-            if not isinstance(value, np.ndarray):
-                saved[name] = {"error": f"a {type(value).__name__}, not a tensor"}
-                continue
-            if value.dtype.kind in "OSU":
-                path = os.path.join(request["folder"], f"{i}.npy")
-                np.save(path, value.astype(str), allow_pickle=False)
-                saved[name] = {"path": path, "dtype": "str"}
-                continue
-            saved[name] = {"path": data, "offset": f.tell(), "dtype": value.dtype.name, "shape": list(value.shape)}
-            np.ascontiguousarray(value).tofile(f)
-    return {"ok": True, "values": saved}
+    """``constants``: see :func:`passes.verify.ort_io.constants`."""
+    return _constants_of(request, _phase)
 
 
 def main() -> None:
@@ -439,7 +404,8 @@ def main() -> None:
     _isolate(memory_limit, parent)
     state = _State()
     handlers = {"prepare": _prepare, "add_set": _add_set, "compare": _compare, "values": _values,
-                "constants": _constants, "magnitudes": _magnitudes, "capture": _repro, "regions": _repro}
+                "constants": _constants, "magnitudes": _magnitudes, "again": _again, "capture": _repro,
+                "regions": _repro}
     try:
         import numpy  # noqa: F401
         import onnxruntime  # noqa: F401
