@@ -11,7 +11,10 @@ runtime does, so that the upgrade to a later IR does not make them overridable;
 
 from __future__ import annotations
 
-import onnx_ir as ir
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the load imports this module before the command defers sympy
+    import onnx_ir as ir
 
 __all__ = ["constant_inputs_note", "freeze_initializer_inputs"]
 

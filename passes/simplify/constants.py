@@ -34,8 +34,8 @@ Only tensors of the same dtype and shape are compared: first by a key of a few
 sampled bytes (:func:`_sample_key`: the first and last 256 bytes and 64 strided
 ones, so random weights of one shape part there without being hashed whole), then
 byte for byte with each earlier tensor of the same key. None over
-:data:`SHARE_BYTES`, and a weight left in its data file only up to
-:data:`FILE_SHARE_BYTES`: a large model's weights are not read for this.
+:data:`SHARE_BYTES`, and never a weight left in its data file: the save copies those
+with the kernel, unread (``tests/test_external_copy.py``), and this would read them.
 
 onnx_ir's ``DeduplicateInitializersPass`` is not used: it compares only tensors of
 up to 1,024 elements (a 64x64 mask stays twice) and holds every key's bytes.
@@ -61,8 +61,6 @@ __all__ = ["SHARE_BYTES", "lift_main_graph_constants", "lift_subgraph_constants"
 
 #: Initializers over this many bytes are not compared (see :func:`share_equal_initializers`).
 SHARE_BYTES = 64 << 20
-#: Weights left in their data file are compared up to this size (reading one costs a read of the file).
-FILE_SHARE_BYTES = 1 << 20
 
 #: Main-graph initializers up to this many elements are compared with lifted constants.
 _SHARE_LIMIT = 1 << 16
@@ -213,8 +211,7 @@ def share_equal_initializers(model: ir.Model, applied: collections.Counter[str],
             tensor = value.const_value
             if value.is_graph_input() or value.is_graph_output() or tensor is None:
                 continue
-            limit = FILE_SHARE_BYTES if is_file_backed(tensor) else SHARE_BYTES
-            if int(tensor.nbytes) <= limit:
+            if int(tensor.nbytes) <= SHARE_BYTES and not is_file_backed(tensor):
                 groups[(tensor.dtype, tuple(tensor.shape))].append(value)
         for members in groups.values():
             if len(members) < 2:
