@@ -271,6 +271,7 @@ class StagedOutput:
             InputError: the disk is full, another error of the file system, or an
                 input data file that changed since it was validated.
         """
+        check_unchanged(model)  # before any read: a data file swapped for a FIFO would block the read
         try:
             self.files = save_model(model, self.path, external_data=external_data, progress=progress)
         except OSError as e:
