@@ -47,6 +47,7 @@ from passes import shapes  # light: --input-shape / --fix-dim validated once
 from passes.dim_names import refuse_unknown_dims  # light
 from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
 from passes.lazy import lazy_module
+from passes import heap
 from passes.runspec import RunSpec, pass_options, select_passes
 from passes.phases import Phases
 from passes.verify.gate import (
@@ -197,6 +198,7 @@ def optimize_file(
         return _optimize_file(pathlib.Path(source), pathlib.Path(output), run, check, force, report_path,
                               progress, warn, on_commit, replace_data, worker, given)  # fmt: skip
     finally:
+        heap.thaw()
         if worker is not None:
             worker.close()
 
@@ -206,7 +208,7 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
                    warn: Callable[[str], None], on_commit: Callable[[bool], None] | None,
                    replace_data: bool, worker: Any, input_shapes: Mapping[str, Sequence[int]]) -> Report:  # fmt: skip
     phases = Phases(progress)
-    with phases.phase("load", f"loading {src}"):
+    with phases.phase("load", f"loading {src}"), heap.loading():  # the loaded model out of the collector's scans
         model = modelio.load_model(src)
     reads = [check.inputs_file] if check.inputs_file is not None else []
     _destinations.check_report(report_path, src, dst, model, reads)  # what may not be written: refused untouched
@@ -238,6 +240,7 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
             report.after.file_bytes = _report.disk_bytes(staged.files)
             _release(model)
             del model
+            heap.thaw()  # the model's nodes and values refer to each other: the collector frees them
             check = _with_precision(check, report.passes)
             with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):
                 with _gate.Gate(src, check, warn, worker, rounding=_rounding(report.passes)) as gate:
