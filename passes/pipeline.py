@@ -457,13 +457,14 @@ def optimize(
         OptimizeError: a pass refused the model.
         CheckFailedError: the optimised model is invalid or computes something else.
     """
+    passes, skip = (list(passes) if passes is not None else None), list(skip)  # read twice: by _build, by optimize_file
     run, given = _build(passes, skip, input_shapes, fix_dims, options)
     checking = _check_options(check)
     _refuse_two_tolerances(run, checking)
     if isinstance(model, (str, os.PathLike)):
         if output is not None:
-            optimize_file(model, output, passes=run.passes, check=checking, input_shapes=given,
-                          fix_dims=run.fix_dims, **run.options)  # fmt: skip
+            optimize_file(model, output, passes=passes, skip=skip, check=checking, input_shapes=given,
+                          fix_dims=run.fix_dims, **options)  # fmt: skip (the user's request: the same run)
             return pathlib.Path(output)
         ir_model = modelio.load_model(model)
         original: Any = pathlib.Path(model)

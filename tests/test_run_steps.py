@@ -79,3 +79,15 @@ def test_the_steps_of_a_run() -> None:
     assert [name for name, _, _ in RunSpec.build(skip=["fold"])._steps()][-2:] == ["cleanup", "types"]
     static = RunSpec.build(["upgrade"], input_shapes={"x": (4, 3)})
     assert [name for name, _, _ in static._steps()] == ["shapes", "upgrade", "cleanup", "types"]
+
+
+@pytest.mark.parametrize(("chosen", "typed"), [(None, True), (["upgrade"], False), (("upgrade" for _ in [0]), False)])
+def test_the_api_writes_what_the_command_writes(tmp_path: pathlib.Path, chosen, typed: bool) -> None:
+    """``passes.optimize(path, output=...)``: the default run types the values, a pass list (any
+    iterable) does not, as on the command line."""
+    import passes
+
+    src = tmp_path / "in.onnx"
+    onnx.save(_reduce_chain(), src)
+    passes.optimize(str(src), output=str(tmp_path / "out.onnx"), passes=chosen, check=False, target_opset=18)
+    assert bool(_value_infos(onnx.load(tmp_path / "out.onnx"))) == typed
