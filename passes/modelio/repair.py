@@ -145,10 +145,10 @@ def _negative_shape(type_proto: onnx.TypeProto) -> str | None:
 
 
 def _repair_graph(graph: onnx.GraphProto, label: str, notes: list[str]) -> None:
-    nested = [node for node in graph.node if _subgraphs(node)]
-    for node in nested:
-        _repair_subgraphs(node, notes)
-    if _sort(graph, {id(node) for node in nested}):
+    nested = {index for index, node in enumerate(graph.node) if _subgraphs(node)}
+    for index in sorted(nested):
+        _repair_subgraphs(graph.node[index], notes)
+    if _sort(graph, nested):
         notes.append(f"the nodes of {label} were not in topological order: sorted (stable)")
 
 
@@ -198,7 +198,7 @@ def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
 def _sort(graph: onnx.GraphProto, nested: set[int]) -> bool:
     """Sorts ``graph.node`` topologically, keeping the given order where it is free; whether it moved any.
 
-    ``nested``: the ids of the nodes with subgraphs (whose outer reads count as inputs). A cycle,
+    ``nested``: the indices of the nodes with subgraphs (whose outer reads count as inputs). A cycle,
     or a name produced twice, leaves the graph as it is.
     """
     nodes = list(graph.node)
@@ -211,7 +211,7 @@ def _sort(graph: onnx.GraphProto, nested: set[int]) -> bool:
                 producer[name] = index
     unsorted = False  # the common case first: one look at each input, no set built
     for index, node in enumerate(nodes):
-        reads = _subgraph_reads(node) if id(node) in nested else ()
+        reads = _subgraph_reads(node) if index in nested else ()
         for name in (*node.input, *reads):
             at = producer.get(name)
             if at is not None and at >= index:
@@ -221,8 +221,8 @@ def _sort(graph: onnx.GraphProto, nested: set[int]) -> bool:
     if not unsorted:
         return False
     needs: list[set[int]] = []
-    for node in nodes:
-        reads = set(node.input) | (_subgraph_reads(node) if id(node) in nested else set())
+    for index, node in enumerate(nodes):
+        reads = set(node.input) | (_subgraph_reads(node) if index in nested else set())
         needs.append({producer[name] for name in reads if name in producer})
     users: list[list[int]] = [[] for _ in nodes]
     waiting = [len(deps) for deps in needs]
