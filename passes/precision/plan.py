@@ -251,8 +251,8 @@ def nothing_converts(model: ir.Model, plan: Plan, islands: Mapping[tuple[str, st
     while changed and candidates:
         changed = False
         for index, node in list(candidates.items()):
-            near = any(v is not None and (v.const_value is not None or id(v.producer()) in candidates)
-                       for v in node.inputs)  # fmt: skip
+            near = any(v is not None and ((v.const_value is not None and v.const_value.dtype == FLOAT)
+                                          or id(v.producer()) in candidates) for v in node.inputs)  # fmt: skip
             near = near or any(id(use.node) in candidates for v in node.outputs for use in v.uses())
             if not near:
                 del candidates[index]
@@ -267,10 +267,8 @@ def nothing_converts(model: ir.Model, plan: Plan, islands: Mapping[tuple[str, st
                 return None
     kinds: dict[str, int] = {}
     alone = "alone between float32 nodes (two Casts and a rounding for nothing)"
-    for key in plan.slots:
-        if key not in islands:
-            islands = {**islands, key: alone}
-    for key, why in {**plan.fixed, **islands}.items():
+    reasons_by_node = {**{key: alone for key in plan.slots}, **plan.fixed, **islands}
+    for key, why in reasons_by_node.items():
         kind = f"{ops.get(key, key[1])}: {why}"
         kinds[kind] = kinds.get(kind, 0) + 1
     if not kinds:
