@@ -46,6 +46,7 @@ from passes.declarations import (
 from passes import shapes  # light: --input-shape / --fix-dim validated once
 from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
 from passes.lazy import lazy_module
+from passes import heap
 from passes import pipeline_check as _check
 from passes.runspec import RunSpec, pass_options, select_passes
 from passes.phases import Phases
@@ -179,6 +180,7 @@ def optimize_file(
         return _optimize_file(pathlib.Path(source), pathlib.Path(output), run, check, force, report_path,
                               progress, warn, on_commit, replace_data, worker, given)  # fmt: skip
     finally:
+        heap.thaw()
         if worker is not None:
             worker.close()
 
@@ -188,7 +190,7 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
                    warn: Callable[[str], None], on_commit: Callable[[bool], None] | None,
                    replace_data: bool, worker: Any, input_shapes: Mapping[str, Sequence[int]]) -> Report:  # fmt: skip
     phases = Phases(progress)
-    with phases.phase("load", f"loading {src}"):
+    with phases.phase("load", f"loading {src}"), heap.loading():  # the loaded model out of the collector's scans
         model = modelio.load_model(src)
     reads = [check.inputs_file] if check.inputs_file is not None else []
     _destinations.check_report(report_path, src, dst, model, reads)  # what may not be written: refused untouched
@@ -220,6 +222,7 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
             report.after.file_bytes = _report.disk_bytes(staged.files)
             _release(model)
             del model
+            heap.thaw()  # the model's nodes and values refer to each other: the collector frees them
             check = _check.with_precision(check, report.passes)
             with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):
                 with _gate.Gate(src, check, warn, worker, rounding=_check.rounding_may_change(report.passes)) as gate:
@@ -346,13 +349,14 @@ def optimize(
         OptimizeError: a pass refused the model.
         CheckFailedError: the optimised model is invalid or computes something else.
     """
+    passes, skip = (list(passes) if passes is not None else None), list(skip)  # read twice: by _build, by optimize_file
     run, given = _build(passes, skip, input_shapes, fix_dims, options)
     checking = _check_options(check)
     _check.refuse_two_tolerances(run, checking)
     if isinstance(model, (str, os.PathLike)):
         if output is not None:
-            optimize_file(model, output, passes=run.passes, check=checking, input_shapes=given,
-                          fix_dims=run.fix_dims, **run.options)  # fmt: skip
+            optimize_file(model, output, passes=passes, skip=skip, check=checking, input_shapes=given,
+                          fix_dims=run.fix_dims, **options)  # fmt: skip (the user's request: the same run)
             return pathlib.Path(output)
         ir_model = modelio.load_model(model)
         original: Any = pathlib.Path(model)

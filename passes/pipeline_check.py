@@ -94,7 +94,7 @@ def refuse_impossible_shapes(run: RunSpec, model: ir.Model, fresh: Callable[[], 
     """
     if not run.static or (error := _inference.inference_error(model)) is None:
         return
-    dynamic = RunSpec(run.passes, run.options, run.cleanup)
+    dynamic = dataclasses.replace(run, types=run.types or run.static, input_shapes={}, fix_dims={})
     plain = fresh()
     dynamic.run(plain)
     if _inference.inference_error(plain) is None:

@@ -59,7 +59,11 @@ class RunSpec:
     Attributes:
         passes: The passes to run, in order.
         options: Every declared option's value (defaults filled in).
-        cleanup: Whether the clean-up (and the typing of values) runs after the passes.
+        cleanup: Whether the clean-up runs after the passes.
+        types: Whether the ``types`` step (a value_info for every computed value) runs after the
+            clean-up: in the default pipeline (no pass list given), and in any run that declares
+            static shapes (the step tightens the outputs' shapes); not when the user chose the
+            passes (``--passes upgrade`` is the upgrade and its clean-up, nothing more).
         input_shapes: Static shapes of graph inputs (``--input-shape``), declared before the passes.
         fix_dims: Sizes of symbolic dims (``--fix-dim``), set everywhere before the passes.
     """
@@ -67,6 +71,7 @@ class RunSpec:
     passes: tuple[str, ...]
     options: Mapping[str, Any]
     cleanup: bool = True
+    types: bool = True
     input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     fix_dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
@@ -107,7 +112,7 @@ class RunSpec:
             reason = PASSES[name].refuse(values) if PASSES[name].refuse is not None else None
             if reason:
                 raise InputError(reason)
-        return cls(tuple(names), values, cleanup, static, fixed)
+        return cls(tuple(names), values, cleanup, cleanup and passes is None, static, fixed)
 
     def without(self, keep: int, cleanup: bool) -> RunSpec:
         """The same run with only the first ``keep`` passes (and the clean-up or not)."""
@@ -115,7 +120,7 @@ class RunSpec:
         running = {option.name for name in kept for option in PASSES[name].options}
         declared = {o.name: o for o in pass_options()}
         values = {k: (v if k in running else declared[k].default) for k, v in self.options.items()}
-        return RunSpec(kept, values, cleanup, self.input_shapes, self.fix_dims)
+        return RunSpec(kept, values, cleanup, self.types and cleanup, self.input_shapes, self.fix_dims)
 
     @property
     def static(self) -> bool:
@@ -129,11 +134,14 @@ class RunSpec:
             from passes.shapes.declare import DeclareShapesPass
 
             steps.insert(0, ("shapes", DeclareShapesPass(self.input_shapes, self.fix_dims), False))
+        types = self.cleanup and (self.types or self.static)
         if self.cleanup:
             from passes.cleanup import CleanupPass
+
+            steps.append(("cleanup", CleanupPass(untype=not types), False))
+        if types:
             from passes.shapes.value_info import TypeValuesPass
 
-            steps.append(("cleanup", CleanupPass(), False))
             steps.append(("types", TypeValuesPass(), False))  # after the clean-up: see passes.shapes.value_info
         return steps
 

@@ -1,4 +1,5 @@
-"""Clean-up run after the graph passes: dead nodes, unused initializers, unused opsets."""
+"""Clean-up run after the graph passes: dead nodes, unused initializers, unused opsets, and (when it
+is the last step) no type stated twice for an initializer."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import logging
 import onnx_ir as ir
 
 from passes.ir.dead import remove_unused_nodes
+from passes.ir.types import untype_initializers
 from passes.ir.walk import DEFAULT_DOMAINS, iter_scopes, normalize_domain
 
-__all__ = ["CleanupPass", "RemoveUnusedNodesPass", "RemoveUnusedOpsetImportsPass"]
+__all__ = ["CleanupPass", "RemoveUnusedNodesPass", "RemoveUnusedOpsetImportsPass", "UntypeInitializersPass"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +61,33 @@ class RemoveUnusedOpsetImportsPass(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified=modified)
 
 
+class UntypeInitializersPass(ir.passes.InPlacePass):
+    """Leaves the type of each constant initializer to its tensor (:func:`passes.ir.types.untype_initializers`).
+
+    The model's values and types are the same before and after (the tensor
+    carries them): only the written form loses a ``value_info`` per weight
+    that onnx_ir's load added, so this reports ``modified`` False.
+    """
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        untype_initializers(model)
+        return ir.passes.PassResult(model, modified=False)
+
+
 class CleanupPass(ir.passes.Sequential):
-    """Dead-node and unused-initializer removal, then unused opset imports.
+    """Dead-node and unused-initializer removal, then unused opset imports, then (``untype``)
+    the initializers' types left to their tensors.
 
     Model-local functions are never removed, even when nothing calls them:
     users may call them from other models.
+
+    Args:
+        untype: Whether to leave the initializers' types to their tensors: the last step of a run
+            does (the ``types`` step, when it follows, does it after its own inference).
     """
 
-    def __init__(self) -> None:
-        super().__init__(RemoveUnusedNodesPass(), RemoveUnusedOpsetImportsPass())
+    def __init__(self, untype: bool = True) -> None:
+        steps: list[ir.passes.PassBase] = [RemoveUnusedNodesPass(), RemoveUnusedOpsetImportsPass()]
+        if untype:
+            steps.append(UntypeInitializersPass())
+        super().__init__(*steps)

@@ -31,15 +31,21 @@ class Names:
         self._values: collections.Counter[str] = collections.Counter()
         self._nodes: collections.Counter[str] = collections.Counter()
         self._next: dict[str, int] = {}
+        values: list[str] = []
+        nodes: list[str] = []
         for scope in iter_scopes(model):
             body = scope.body
-            self._values.update(v.name for v in body.inputs if v.name)
+            values.extend(v.name for v in body.inputs if v.name)
             if isinstance(body, ir.Graph):
-                self._values.update(body.initializers.keys())
+                values.extend(body.initializers.keys())
             for node in body:
                 if node.name:
-                    self._nodes[node.name] += 1
-                self._values.update(v.name for v in node.outputs if v.name)
+                    nodes.append(node.name)
+                for value in node.outputs:
+                    if value.name:
+                        values.append(value.name)
+        self._values.update(values)  # counted once, in C
+        self._nodes.update(nodes)
         # Outputs of a function or graph that no node produces are its inputs or outer
         # values, already counted; names that only appear as inputs of nodes are outer
         # values of some scope, counted where they are defined.

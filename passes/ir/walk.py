@@ -128,8 +128,12 @@ def _graph_scopes(
 ) -> Iterator[Scope]:
     yield Scope(body, opset_imports, function, owner)
     for node in list(body):
-        for sub in _subgraphs(node):
-            yield from _graph_scopes(sub, opset_imports, function, node)
+        attributes = node.attributes
+        for attr in getattr(attributes, "data", attributes).values():
+            if getattr(attr, "type", None) in _GRAPH_TYPES:  # no generator for the nodes without subgraphs
+                for sub in _subgraphs(node):
+                    yield from _graph_scopes(sub, opset_imports, function, node)
+                break
 
 
 def iter_scopes(model: ir.Model, *, functions: bool = True) -> Iterator[Scope]:

@@ -129,7 +129,7 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
                      for e in t.external_data if e.key == "location"}  # fmt: skip
         external = validate_proto(view.proto, path.parent, path=path, check=check, identities=identities,
                                   whole=whole, notes=notes)  # fmt: skip
-        model = model_from_proto(view.proto, detached=view.attributes, weights=view.weights)
+        model = model_from_proto(view.proto, detached=view.attributes, weights=view.weights, repaired=True)
         if external:  # the files on disk the model is made of (its size on disk, in the report)
             locations |= external_locations(view.proto)
             model.meta[_FILES_KEY] = sorted({(real.parent / loc).resolve() for loc in locations})
@@ -331,7 +331,7 @@ def check_view(
 
 def model_from_proto(
     proto: onnx.ModelProto, *, validate: bool = False, detached: dict[str, _detach.Source] | None = None,
-    weights: dict[str, _detach.Weight] | None = None,
+    weights: dict[str, _detach.Weight] | None = None, repaired: bool = False,
 ) -> ir.Model:
     """Builds the IR of ``proto`` (changed in place: sparse Constants and map types stashed).
 
@@ -341,7 +341,8 @@ def model_from_proto(
     ``passes.modelio.sparse`` and ``passes.modelio.opaque``. :func:`model_to_proto` and
     :func:`save_model` put the stashed nodes and types back. ``detached`` and ``weights``:
     the attribute records and weights :func:`passes.modelio.detach.read_view` left in
-    the file, read when used.
+    the file, read when used. ``repaired``: :func:`validate_proto` has repaired ``proto``
+    already (a second repair, a walk of every node, would find nothing).
 
     Raises:
         InputError: with ``validate``, the model is invalid (see :func:`validate_proto`);
@@ -350,7 +351,7 @@ def model_from_proto(
     notes: list[str] = []
     if validate:
         validate_proto(proto, notes=notes)
-    else:
+    elif not repaired:
         notes = _repair.repair(proto)  # the IR needs sorted nodes
     proto, moved = _weights.move_out_large(proto)
     _one_default_domain(proto)

@@ -134,8 +134,7 @@ def unknown_negative_dims(proto: onnx.ModelProto) -> list[str]:
                 if before is not None:
                     changed.append(f"{where} {role} {short(value.name)} {before}")
         for node in body.node:
-            for attr in node.attribute:
-                stack.extend((f"subgraph {short(g.name)}", g) for g in ([attr.g] if attr.HasField("g") else attr.graphs))
+            stack.extend((f"subgraph {short(g.name)}", g) for g in _subgraphs(node))
     return changed
 
 
@@ -159,10 +158,22 @@ def _negative_shape(type_proto: onnx.TypeProto) -> str | None:
 
 
 def _repair_graph(graph: onnx.GraphProto, label: str, notes: list[str]) -> None:
-    for node in graph.node:
-        _repair_subgraphs(node, notes)
-    if _sort(graph):
+    nested = {index for index, node in enumerate(graph.node) if _subgraphs(node)}
+    for index in sorted(nested):
+        _repair_subgraphs(graph.node[index], notes)
+    if _sort(graph, nested):
         notes.append(f"the nodes of {label} were not in topological order: sorted (stable)")
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The subgraphs of ``node``'s attributes."""
+    found: list[onnx.GraphProto] = []
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            found.append(attr.g)
+        elif attr.graphs:
+            found.extend(attr.graphs)
+    return found
 
 
 def _repair_subgraphs(node: onnx.NodeProto, notes: list[str]) -> None:
@@ -197,10 +208,11 @@ def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
     return found
 
 
-def _sort(graph: onnx.GraphProto) -> bool:
+def _sort(graph: onnx.GraphProto, nested: set[int]) -> bool:
     """Sorts ``graph.node`` topologically, keeping the given order where it is free; whether it moved any.
 
-    A cycle, or a name produced twice, leaves the graph as it is.
+    ``nested``: the indices of the nodes with subgraphs (whose outer reads count as inputs). A cycle,
+    or a name produced twice, leaves the graph as it is.
     """
     nodes = list(graph.node)
     producer: dict[str, int] = {}
@@ -210,17 +222,21 @@ def _sort(graph: onnx.GraphProto) -> bool:
                 if name in producer:
                     return False
                 producer[name] = index
-    needs: list[set[int]] = []
-    unsorted = False
+    unsorted = False  # the common case first: one look at each input, no set built
     for index, node in enumerate(nodes):
-        reads = set(node.input) | _subgraph_reads(node)
-        deps = {producer[name] for name in reads if name in producer}
-        if index in deps:
-            return False
-        unsorted |= any(d > index for d in deps)
-        needs.append(deps)
+        reads = _subgraph_reads(node) if index in nested else ()
+        for name in (*node.input, *reads):
+            at = producer.get(name)
+            if at is not None and at >= index:
+                if at == index:
+                    return False
+                unsorted = True
     if not unsorted:
         return False
+    needs: list[set[int]] = []
+    for index, node in enumerate(nodes):
+        reads = set(node.input) | (_subgraph_reads(node) if index in nested else set())
+        needs.append({producer[name] for name in reads if name in producer})
     users: list[list[int]] = [[] for _ in nodes]
     waiting = [len(deps) for deps in needs]
     for index, deps in enumerate(needs):

@@ -78,8 +78,15 @@ def _nodes(graph_nodes: Iterable[onnx.NodeProto]) -> list[onnx.NodeProto]:
 
 def _check_no_attribute_references(graph: onnx.GraphProto) -> None:
     """A reference to a function's attribute (``ref_attr_name``) means nothing outside a function."""
-    for node in _nodes(graph.node):
+    stack = list(graph.node)  # the order of _nodes, in one look at each attribute
+    while stack:
+        node = stack.pop()
         for attr in node.attribute:
+            if attr.HasField("g"):
+                stack.extend(attr.g.node)
+            elif attr.graphs:
+                for subgraph in attr.graphs:
+                    stack.extend(subgraph.node)
             if attr.ref_attr_name:
                 raise InputError(
                     f"attribute {attr.name!r} of {node.op_type} node {node.name!r} refers to a function "

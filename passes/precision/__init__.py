@@ -66,6 +66,15 @@ RANGE_MARGIN = 16.0
 _TYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
+def _declined(islands: dict[tuple[str, str], str], plan: _plan.Plan) -> dict[str, int]:
+    """The islands and the fixed nodes counted by kind of reason (the stats' ``declined``)."""
+    reasons: dict[str, int] = {}
+    for reason in [*islands.values(), *("fixed: " + why for why in plan.fixed.values())]:
+        kind = reason.split(":", 1)[0] if not reason.startswith("fixed:") else "fixed: " + reason[7:].split(":")[0]
+        reasons[kind] = reasons.get(kind, 0) + 1
+    return reasons
+
+
 class PrecisionPass(Pass, spec=PRECISION):
     """Converts float32 to float16 or bfloat16 but for the islands (see the module docstring)."""
 
@@ -91,7 +100,7 @@ class PrecisionPass(Pass, spec=PRECISION):
         half = _plan.HALF_TYPES[self.precision]
         type_name = _TYPE_NAMES[self.precision]
         self._exact = set()
-        _plan.name_nodes(model)
+        named = _plan.name_nodes(model)
         plan = _plan.plan_model(model, half)
         islands: dict[tuple[str, str], str] = {}
         nodes = {(scope.key, node.name): (scope, node) for scope in _plan.scopes(model) for node in scope.body}
@@ -121,6 +130,13 @@ class PrecisionPass(Pass, spec=PRECISION):
                    if k in checked},
             )
 
+        nothing = _plan.nothing_converts(model, plan, islands, self.io)
+        if nothing is not None:  # the search only adds islands: no check, no copy of the model
+            for node in named:  # the model as it came
+                node.name = ""
+            checked["skipped"] = nothing
+            self.stats = pass_stats({}, _declined(islands, plan), **details())
+            return ir.passes.PassResult(model, modified=False)
         if self.check:
             try:
                 self._search(model, plan, half, type_name, islands, checked)
@@ -129,10 +145,7 @@ class PrecisionPass(Pass, spec=PRECISION):
                 raise
         exact = set(self._exact)
         counts = _convert.convert(model, plan, half, set(islands), exact, io=self.io)
-        reasons: dict[str, int] = {}
-        for reason in [*islands.values(), *("fixed: " + why for why in plan.fixed.values())]:
-            kind = reason.split(":", 1)[0] if not reason.startswith("fixed:") else "fixed: " + reason[7:].split(":")[0]
-            reasons[kind] = reasons.get(kind, 0) + 1
+        reasons = _declined(islands, plan)
         reasons["between float32 nodes"] = counts["lone"]
         self.stats = pass_stats(
             {"half_nodes": counts["half_nodes"], "initializers": counts["initializers"], "casts": counts["casts"],

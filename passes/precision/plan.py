@@ -22,7 +22,7 @@ from passes.ir.names import Names
 from passes.ir.schemas import schema_at
 from passes.ir.walk import opset_of
 
-__all__ = ["FLOAT", "HALF_TYPES", "Plan", "Scope", "name_nodes", "plan_model", "scopes"]
+__all__ = ["FLOAT", "HALF_TYPES", "Plan", "Scope", "name_nodes", "nothing_converts", "plan_model", "scopes"]
 
 FLOAT = ir.DataType.FLOAT
 #: The half types by option value.
@@ -63,15 +63,15 @@ def scopes(model: ir.Model) -> Iterator[Scope]:
                         None, function)  # fmt: skip
 
 
-def name_nodes(model: ir.Model) -> int:
-    """Gives every unnamed node a unique name (the islands are kept by name); how many it named."""
+def name_nodes(model: ir.Model) -> list[ir.Node]:
+    """Gives every unnamed node a unique name (the islands are kept by name); the nodes it named."""
     names = Names(model)
-    named = 0
+    named = []
     for scope in scopes(model):
         for node in scope.body:
             if not node.name:
                 node.name = names.node(node.op_type)
-                named += 1
+                named.append(node)
     return named
 
 
@@ -223,3 +223,56 @@ def plan_model(model: ir.Model, half: ir.DataType) -> Plan:
             elif found is not None:
                 slots[(scope.key, node.name)] = found
     return Plan(types, slots, fixed, widen)
+
+
+def nothing_converts(model: ir.Model, plan: Plan, islands: Mapping[tuple[str, str], str], io: bool) -> str | None:
+    """Why the conversion would change nothing with these islands (then no search can change that:
+    it only adds islands), or None when it may change something.
+
+    Something may change where a node that can be half is not an island, where a float32 weight
+    would be stored in the half type (a weight of an island, of a node fixed by its type
+    constraint at a type parameter, or of a function call; :func:`passes.precision.convert.convert`),
+    or with ``io``. Reads no attribute value (a tree ensemble's lists stay undecoded).
+    """
+    if io:
+        return None
+    functions = {(f.domain, f.name) for f in model.functions.values()}
+    ops: dict[tuple[str, str], str] = {}
+    candidates: dict[int, ir.Node] = {}
+    for scope in scopes(model):
+        for node in scope.body:
+            key = (scope.key, node.name)
+            ops[key] = node.op_type
+            if key in plan.slots and key not in islands:
+                candidates[id(node)] = node
+    # A half node alone between float32 ones stays float32 (convert's "lone"): a candidate is one
+    # with a float32 weight, or a candidate neighbour; what is left when none changes is the set.
+    changed = True
+    while changed and candidates:
+        changed = False
+        for index, node in list(candidates.items()):
+            near = any(v is not None and ((v.const_value is not None and v.const_value.dtype == FLOAT)
+                                          or id(v.producer()) in candidates) for v in node.inputs)  # fmt: skip
+            near = near or any(id(use.node) in candidates for v in node.outputs for use in v.uses())
+            if not near:
+                del candidates[index]
+                changed = True
+    if candidates:
+        return None
+    for scope in scopes(model):
+        for node in scope.body:
+            key = (scope.key, node.name)
+            if ((key in plan.slots or key in plan.widen or (node.domain, node.op_type) in functions)
+                    and any(v is not None and v.const_value is not None and v.dtype == FLOAT for v in node.inputs)):
+                return None
+    kinds: dict[str, int] = {}
+    alone = "alone between float32 nodes (two Casts and a rounding for nothing)"
+    reasons_by_node = {**{key: alone for key in plan.slots}, **plan.fixed, **islands}
+    for key, why in reasons_by_node.items():
+        kind = f"{ops.get(key, key[1])}: {why}"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    if not kinds:
+        return "no float32 value in the model"
+    reasons = sorted(kinds.items(), key=lambda kv: -kv[1])
+    shown = "; ".join(f"{why} (x{n})" for why, n in reasons[:3])
+    return f"no node can take the half type: {shown}" + (f" and {len(reasons) - 3} more" if len(reasons) > 3 else "")

@@ -32,7 +32,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from passes.ir import walk
+from passes.ir import types, walk
 from passes.ir.inference import infer_all
 from passes.shapes import symbols
 
@@ -143,14 +143,7 @@ class TypeValuesPass(ir.passes.InPlacePass):
                         value.shape = new
                         changed = True
                     typed += changed
-        untyped = 0
-        for graph in walk.graphs(model):
-            for value in graph.initializers.values():
-                # A tensor carries its own type: stated again it would be a value_info per weight.
-                if (not value.is_graph_input() and not value.is_graph_output() and value.const_value is not None
-                        and (value.type or value.shape)):
-                    value.type, value.shape = None, None
-                    untyped += 1
+        types.untype_initializers(model)  # after the prover, which reads their shapes
         self.stats = {"typed": typed, "outputs_tightened": outputs, "symbols_named": renaming.proved,
                       "symbols_renamed_apart": renaming.apart}
         return ir.passes.PassResult(model, modified=bool(typed or outputs))

@@ -1,0 +1,63 @@
+"""The collector during a run (passes.heap): paused while the model loads, the loaded model frozen
+out of its scans, everything handed back to it when the run ends, on every way out."""
+
+from __future__ import annotations
+
+import gc
+import pathlib
+
+import onnx
+import pytest
+
+import passes
+from passes import heap
+from passes.errors import InputError
+
+
+def test_loading_pauses_then_freezes_and_thaw_gives_back() -> None:
+    assert gc.get_freeze_count() == 0
+    with heap.loading():
+        assert not gc.isenabled()
+        kept = [[] for _ in range(1000)]
+    assert gc.isenabled() and gc.get_freeze_count() >= len(kept)
+    heap.thaw()
+    assert gc.get_freeze_count() == 0
+    heap.thaw()  # twice: nothing to give back
+
+
+def test_a_caller_that_froze_keeps_its_objects_frozen() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with heap.loading():
+            pass
+        heap.thaw()
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
+def test_a_paused_collector_stays_paused() -> None:
+    gc.disable()
+    try:
+        with heap.loading():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        heap.thaw()
+
+
+@pytest.mark.parametrize("args", [{}, {"passes": ["nope"]}, {"target_opset": 7}])
+def test_every_run_gives_the_model_back_to_the_collector(tmp_path: pathlib.Path, args: dict) -> None:
+    """A run that writes, one refused before the load, one a pass refuses after it."""
+    source = pathlib.Path(__file__).resolve().parents[1] / "models" / "demo.onnx"
+    try:
+        passes.optimize(str(source), output=str(tmp_path / "out.onnx"), check=False, **args)
+    except InputError:
+        assert args
+    except passes.OptimizeError:
+        assert args
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+    if not args:
+        onnx.checker.check_model(str(tmp_path / "out.onnx"))
