@@ -318,3 +318,30 @@ def test_the_architecture_page_holds_the_generated_import_graph() -> None:
     printed = subprocess.run([sys.executable, str(REPO / "tests" / "house_imports.py")], capture_output=True,
                              text=True, check=True).stdout.strip()
     assert held == printed, "docs/architecture.md: paste `python tests/house_imports.py` between the markers"
+
+
+# --- modules a reader holds at once ----------------------------------------------------------------
+
+#: The most lines a module of passes/ or refimpl/ may have: the house keeps them under ~450 and splits
+#: a longer one along a seam it already shows (each part with a docstring saying what it owns).
+MAX_MODULE_LINES = 460
+
+
+def _long_modules(root: pathlib.Path, limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    """The modules under ``root``'s passes/ and refimpl/ of more than ``limit`` lines, with their lengths."""
+    found = {}
+    for path in sorted([*root.glob("passes/**/*.py"), *root.glob("refimpl/**/*.py")]):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > limit:
+            found[path.relative_to(root).as_posix()] = lines
+    return found
+
+
+def test_no_module_is_longer_than_a_reader_holds_at_once(tmp_path: pathlib.Path) -> None:
+    assert _long_modules(REPO) == {}
+    # The count sees a planted module one line over, in a subpackage too, and not one at the limit.
+    (tmp_path / "passes" / "deep").mkdir(parents=True)
+    (tmp_path / "refimpl").mkdir()
+    (tmp_path / "passes" / "deep" / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (tmp_path / "refimpl" / "fits.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    assert _long_modules(tmp_path) == {"passes/deep/long.py": MAX_MODULE_LINES + 1}
