@@ -19,19 +19,18 @@ import dataclasses
 import importlib
 import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from passes.options import Option, parse_int, parse_size
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-    from passes.base import Pass
-
 __all__ = [
     "DEFAULT_FOLD_SIZE_LIMIT",
     "DEFAULT_TARGET_OPSET",
     "PASSES",
+    "DeclaredPass",
     "PassSpec",
     "implementation",
 ]
@@ -40,6 +39,22 @@ __all__ = [
 DEFAULT_TARGET_OPSET = 18
 #: The largest constant folding adds by default (bytes).
 DEFAULT_FOLD_SIZE_LIMIT = 1 << 20
+
+
+class DeclaredPass(Protocol):
+    """A pass class that declares itself: what :meth:`PassSpec.of` and :func:`implementation` read of
+    it. :class:`passes.base.Pass` is one (the module below it names it here, never imports it)."""
+
+    NAME: ClassVar[str]
+    DESCRIPTION: ClassVar[str]
+    OPTIONS: ClassVar[tuple[Option, ...]]
+    REPEATS: ClassVar[bool]
+    EXACT: ClassVar[bool]
+
+    @classmethod
+    def from_options(cls, values: Mapping[str, Any]) -> ir.passes.PassBase:
+        """The pass built with the values of its declared options (defaults where absent)."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +86,8 @@ class PassSpec:
     refuse: Callable[[Mapping[str, Any]], str | None] | None = None
 
     @classmethod
-    def of(cls, pass_class: type[Pass]) -> PassSpec:
-        """The spec a :class:`passes.base.Pass` subclass declares on itself."""
+    def of(cls, pass_class: type[DeclaredPass]) -> PassSpec:
+        """The spec a pass class (a :class:`passes.base.Pass` subclass) declares on itself."""
         return cls(pass_class.NAME, pass_class.DESCRIPTION, pass_class.from_options, pass_class.OPTIONS,
                    pass_class.REPEATS, pass_class.EXACT)  # fmt: skip
 
@@ -82,7 +97,7 @@ def implementation(locator: str) -> Callable[[Mapping[str, Any]], ir.passes.Pass
     module, _, name = locator.partition(":")
 
     def build(values: Mapping[str, Any]) -> ir.passes.PassBase:
-        pass_class: type[Pass] = getattr(importlib.import_module(module), name)
+        pass_class: type[DeclaredPass] = getattr(importlib.import_module(module), name)
         return pass_class.from_options(values)
 
     build.__qualname__ = f"implementation({locator!r})"

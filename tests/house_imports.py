@@ -2,14 +2,16 @@
 
 ``python tests/house_imports.py`` prints what docs/architecture.md holds between its
 ``<!-- import-graph -->`` markers (``tests/test_house.py`` checks that they agree): each room's
-imports, the cycles and the private reach-ins; it exits 1 when it finds a cycle or a reach-in.
+imports, the cycles and the private reach-ins; it exits 1 when it finds a cycle (one through an
+import for annotations too) or a reach-in.
 
 What counts as an import (the rule the house keeps):
 
 * every ``import a.b`` and ``from a import b`` in a module, at its top or inside a function or
   class (a function's import is a cycle waiting for its first call just the same), and every
   ``lazy_module("a.b")`` / ``importlib.import_module("a.b")`` with a literal name (an import at first
-  use); but not one under ``if TYPE_CHECKING:``, which never runs;
+  use); and one under ``if TYPE_CHECKING:``, which never runs but still says the lower module
+  needs the higher one's type (:func:`house_cycles`);
 * relative imports are resolved against the importing module's package (a package's
   ``__init__`` is its own package);
 * ``from a import b`` is an import of ``a.b`` when ``a.b`` is a module, else of ``a`` (its
@@ -23,8 +25,11 @@ an import or ``lazy_module``) where ``_y`` is not a dunder name, imports for ann
 included: what one module gives another gets a public name and a docstring. A module whose own
 name starts with ``_`` (``refimpl._registry``) is its package's, imported by its siblings.
 
-Imports under ``TYPE_CHECKING`` make no cycle that runs, and are listed apart: a type two
-modules share belongs in the lower one, and the list says where that is not so yet.
+Imports under ``TYPE_CHECKING`` make no cycle that runs, but a cycle through one is a cycle of the
+house all the same: the lower module reaches up for a type. A type two modules share belongs in
+the lower one (or in a module below both, or the lower one names what it needs as a ``Protocol``),
+so the check counts those imports too (:attr:`Graph.typing_edges`); the room table shows the
+imports that run (:attr:`Graph.edges`).
 """
 
 from __future__ import annotations
@@ -45,8 +50,8 @@ class Graph:
     """Modules (dotted names) with the modules each imports and the private names each takes."""
 
     packages: set[str] = field(default_factory=set)
-    edges: dict[str, set[str]] = field(default_factory=dict)
-    typing_edges: dict[str, set[str]] = field(default_factory=dict)  # imports for annotations only
+    edges: dict[str, set[str]] = field(default_factory=dict)  # the imports that run
+    typing_edges: dict[str, set[str]] = field(default_factory=dict)  # those and the ones for annotations
     private: list[str] = field(default_factory=list)  # "a.b takes c._d" lines
 
 
@@ -199,6 +204,11 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def house_cycles(graph: Graph) -> list[list[str]]:
+    """The cycles the house refuses: through any import, those for annotations only included."""
+    return cycles(graph.typing_edges)
+
+
 def room(module: str) -> str:
     """The room of the house a module belongs to: ``refimpl``, or ``passes.<x>`` (a package or a
     top-level module of ``passes``), or ``passes`` (the package's face)."""
@@ -223,21 +233,21 @@ def _listed(groups: list[list[str]]) -> str:
 
 
 def summary(graph: Graph) -> str:
-    """The table, then the cycles (at run time, then through annotations only) and the reach-ins."""
+    """The table, then the cycles (imports for annotations counted) and the reach-ins."""
     return "\n".join([
         table(graph),
         "",
-        f"Import cycles between modules: {_listed(cycles(graph.edges))}.",
+        "Import cycles between modules (imports under `if TYPE_CHECKING:` counted too): "
+        f"{_listed(house_cycles(graph))}.",
         f"Private names a module takes from another: {', '.join(graph.private) or 'none'}.",
-        "Cycles through imports for annotations only (`if TYPE_CHECKING:`, never run): "
-        f"{_listed(cycles(graph.typing_edges))}.",
     ])  # fmt: skip
 
 
-def main() -> int:
-    graph = build()
+def main(root: pathlib.Path = REPO, tops: Iterable[str] = ROOTS) -> int:
+    """Prints :func:`summary` of the modules under ``root/<top>``; 1 when they hold a cycle or a reach-in."""
+    graph = build(root, tops)
     print(summary(graph))
-    return 1 if cycles(graph.edges) or graph.private else 0
+    return 1 if house_cycles(graph) or graph.private else 0
 
 
 if __name__ == "__main__":

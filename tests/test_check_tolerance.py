@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from passes import cli, pipeline
 from passes.verify.lowest import float_dependencies
-from passes.verify.result import TOLERANCES
+from passes.verify.defaults import TOLERANCES
 
 
 def fp16_cnn(opset: int = 11) -> onnx.ModelProto:

@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import passes
 from passes import cli
-from passes.verify.result import TOLERANCES
+from passes.verify.defaults import TOLERANCES
 
 F32 = TensorProto.FLOAT
 HALF = {"fp16": (TensorProto.FLOAT16, "float16"), "bf16": (TensorProto.BFLOAT16, "bfloat16")}

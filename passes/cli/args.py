@@ -12,7 +12,7 @@ from passes import __version__, pipeline
 from passes.cli import habits
 from passes.errors import EXIT_ERROR, InputError
 from passes.options import Option, parse_int, parse_nonnegative_int, parse_size, parse_tolerance, short
-from passes.verify.result import DEFAULT_TIMEOUT
+from passes.verify.defaults import DEFAULT_TIMEOUT
 
 __all__ = ["PROG", "Parser", "option_values", "parser", "resolve_output", "static_shapes"]
 

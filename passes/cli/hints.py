@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from passes.verify.result import TOLERANCES
+from passes.verify.defaults import TOLERANCES
 
 if TYPE_CHECKING:
     from passes.report import Report

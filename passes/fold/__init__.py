@@ -50,7 +50,7 @@ minutes, while real models fold as before:
   truncated while the pass runs is an ``InputError``, not a SIGBUS.
 
 Confirmed by onnxruntime. Every value folded by a non-exempt op (see
-``confirm.EXEMPT``: ops that only move bytes) is computed again by
+``pending.EXEMPT``: ops that only move bytes) is computed again by
 onnxruntime from the original's constants, in one session per sweep, before
 it is written; one that onnxruntime computes differently, or cannot compute,
 is not folded: the node stays (``stats["disagrees_with_onnxruntime"]`` and

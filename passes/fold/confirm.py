@@ -2,7 +2,7 @@
 
 Every value ``fold`` computes depends on no graph input, so onnxruntime can
 compute it from the original's constants. A sweep records each fold
-(:class:`Fold`); :func:`settle` then extracts the constant subgraph of the
+(:class:`~passes.fold.pending.Fold`); :func:`settle` then extracts the constant subgraph of the
 pending folds as one model whose outputs are the folded values the model will
 keep (initializers and Constant tensors as initializers, the folded nodes in
 sweep order, the opsets of their scope), runs it once in onnxruntime
@@ -36,7 +36,7 @@ judges each fold:
   node's kernel, in subgraphs too, when it builds the session), so the check
   does not run on it; nothing onnxruntime computes is changed.
 
-Which values flow where. Exempt ops (:data:`EXEMPT`) only move bytes (or read
+Which values flow where. Exempt ops (:data:`passes.fold.pending.EXEMPT`) only move bytes (or read
 a static shape): they are not sent to onnxruntime, and their results are
 trusted as long as their inputs are. In the extracted model, the result of a
 non-exempt fold of the same batch is computed by its node (onnxruntime
@@ -73,7 +73,6 @@ started on first use and ended when the pass object goes away.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import os
 import re
@@ -87,19 +86,12 @@ import onnx_ir as ir
 
 from passes.fold import extract
 from passes.fold.agree import ACCUMULATING, agrees_in_chunks, differing_bits, file_chunks, is_float
+from passes.fold.pending import Fold
 from passes.fold.runner import TIMEOUT, Runner, close_idle  # noqa: F401  (the child's side, named here too)
 
-__all__ = [
-    "EXEMPT", "MAX_SESSIONS", "SPEC_FIXED", "TIMEOUT", "ZERO_TIES", "Batch", "Fold", "Runner", "is_exempt", "settle",
-]
+__all__ = ["MAX_SESSIONS", "SPEC_FIXED", "TIMEOUT", "ZERO_TIES", "Batch", "Runner", "settle"]
 
 logger = logging.getLogger(__name__)
-
-#: Default-domain ops whose kernels only move bytes, or read a static shape: never sent to onnxruntime.
-EXEMPT: frozenset[str] = frozenset({
-    "Concat", "ConstantOfShape", "Expand", "Flatten", "Gather", "Identity", "Reshape", "Shape", "Size",
-    "Slice", "Split", "Squeeze", "Tile", "Transpose", "Unsqueeze",
-})  # fmt: skip
 
 #: Default-domain ops whose every result the spec fixes bit for bit, kept by the spec where onnxruntime
 #: has no kernel: at most one correctly rounded IEEE operation per element (in float32, which holds
@@ -120,44 +112,6 @@ MAX_SESSIONS = 16
 RELEASE_OVER = 64 << 20
 
 AGREES, DISAGREES, UNCONFIRMED = "agrees", "disagrees", "unconfirmed"
-
-
-def is_exempt(op_type: str, domain: str) -> bool:
-    return domain == "" and op_type in EXEMPT
-
-
-@dataclasses.dataclass(eq=False)
-class Fold:
-    """One node replaced by constants during a sweep, until it is settled.
-
-    Attributes:
-        node: The node (dropped from its graph, not yet removed).
-        domain: Its normalised domain.
-        opsets: The opset imports of its scope.
-        inputs: Its inputs when it was folded.
-        tensors: Their constant tensors (None for an omitted input or, for a
-            Shape/Size fold, a non-constant one).
-        outputs: Its outputs, replaced by ``made``.
-        made: The constant values that replaced them (None where unused).
-        arrays: The folded results (None where unused).
-    """
-
-    node: ir.Node
-    domain: str
-    opsets: Mapping[str, int]
-    inputs: tuple[ir.Value | None, ...]
-    tensors: Sequence[ir.TensorProtocol | None]
-    outputs: tuple[ir.Value, ...]
-    made: Sequence[ir.Value | None]
-    arrays: Sequence[np.ndarray | None]
-
-    @property
-    def op_type(self) -> str:
-        return self.node.op_type
-
-    @property
-    def exempt(self) -> bool:
-        return is_exempt(self.node.op_type, self.domain)
 
 
 # --- the batch -----------------------------------------------------------------------------------

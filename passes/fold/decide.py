@@ -46,7 +46,7 @@ from passes.fold.agree import file_chunks
 from passes.ir.schemas import expected_dtypes
 
 if TYPE_CHECKING:
-    from passes.fold.confirm import Runner
+    from passes.fold.runner import Runner
 
 __all__ = ["MAX_DECIDED", "NOT_ASKED", "NOT_COMPUTED", "decide", "run_node"]
 
@@ -104,7 +104,8 @@ def run_node(candidate: policy.Candidate, opsets: Any, ir_version: int, runner: 
         EvaluationError: onnxruntime could not compute them.
         OSError: the child could not be reached.
     """
-    from passes.fold.confirm import RELEASE_OVER, Fold
+    from passes.fold.confirm import RELEASE_OVER
+    from passes.fold.pending import Fold
     from passes.verify.child import WorkerError
 
     node = candidate.node

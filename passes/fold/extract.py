@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
-if TYPE_CHECKING:
-    from passes.fold.confirm import Fold
+from passes.fold.pending import Fold
 
 __all__ = ["INLINE_BYTES", "RAW_OVER", "Written", "write"]
 
 
-Written = tuple[dict[str, Any], dict[str, tuple["Fold", int]], dict[str, "Fold"], int]
+Written = tuple[dict[str, Any], dict[str, tuple[Fold, int]], dict[str, Fold], int]
 
 
 def write(folds: Sequence[Fold], targets: Sequence[Fold], chained: Callable[[ir.Value | None], Fold | None],

@@ -23,6 +23,7 @@ import onnx_ir as ir
 from passes.base import pass_stats
 from passes.fold import confirm as _confirm
 from passes.fold import decide, evaluate, policy
+from passes.fold.pending import Fold
 from passes.fold.surgery import Rewriter, subgraphs_of
 from passes.ir import checked_inputs, inference
 from passes.ir.tensors import attribute_values, make_tensor
@@ -134,9 +135,9 @@ class Sweep:
         self.confirm = confirm
         self.unconfirmed = {} if unconfirmed is None else unconfirmed
         self.runner = _confirm.Runner() if runner is None else runner
-        self.pending: list[_confirm.Fold] = []  # folds not yet confirmed
-        self.origin: dict[ir.Value, _confirm.Fold] = {}  # the fold that made a constant value
-        self._replaced: dict[_confirm.Fold, dict[ir.Value, ir.Value]] = {}
+        self.pending: list[Fold] = []  # folds not yet confirmed
+        self.origin: dict[ir.Value, Fold] = {}  # the fold that made a constant value
+        self._replaced: dict[Fold, dict[ir.Value, ir.Value]] = {}
         self.stats = FoldStats()
         self.known: dict[ir.Value, ir.TensorProtocol] = {}
         self.made_values: dict[ir.Value, None] = {}  # the constants written, in order
@@ -337,7 +338,7 @@ class Sweep:
         logger.debug("Folded %s node %r", node.op_type, node.name)
         if not self.confirm or decided:
             return
-        fold = _confirm.Fold(
+        fold = Fold(
             node=node,
             domain=normalize_domain(node.domain),
             opsets=dict(scope.opset_imports),

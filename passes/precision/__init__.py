@@ -34,7 +34,7 @@ check's budget allows: :mod:`passes.verify.sets`), so values that grow with a di
 
 ``--precision-io`` (``io``) makes the main graph's float32 inputs and outputs half
 too; ``--precision-tolerance`` (``tolerance``) replaces the half type's tolerance
-(:data:`passes.verify.result.TOLERANCES`) in the search and, through the report's
+(:data:`passes.verify.defaults.TOLERANCES`) in the search and, through the report's
 ``tolerance``, in the pipeline's check. External weights stay in their file until
 the save writes them converted (:mod:`passes.precision.lazy`).
 """

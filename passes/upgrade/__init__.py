@@ -40,7 +40,8 @@ from passes.errors import InputError, UpgradeError
 from passes.ir import walk
 from passes.ir.names import Names
 from passes.upgrade import adapters, legacy  # noqa: F401  (register their adapters, in this order)
-from passes.upgrade.plan import Stats, plan_scopes
+from passes.upgrade.draft import Stats
+from passes.upgrade.plan import plan_scopes
 from passes.upgrade.registry import ADAPTERS, semantic_changes
 from passes.upgrade.rewrite import ScopeRewriter
 from passes.ir.schemas import min_ir_version

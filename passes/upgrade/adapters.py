@@ -4,7 +4,7 @@ An adapter handles one *schema step* of one operator: the change between the
 schema that applied before ``since`` and the one introduced at ``since`` (for
 example ``("ReduceMean", 18)``: ``axes`` moved from an attribute to an input).
 Adapters never touch the graph while planning. They edit a
-:class:`~passes.upgrade.plan.Draft` (op type, attributes, inputs, number of
+:class:`~passes.upgrade.draft.Draft` (op type, attributes, inputs, number of
 outputs) and may queue *hooks*, small graph edits run only once every node of
 the model has been planned; a plan that fails leaves the model untouched.
 An adapter whose step changes a meaning that the schemas do not show carries
@@ -29,10 +29,10 @@ from passes.upgrade.attributes import (
     string_attr,
     typed_scalar,
 )
-from passes.upgrade.plan import Draft, PlanContext
+from passes.upgrade.draft import Draft, Edits, dtype_of
+from passes.upgrade.plan import PlanContext
 from passes.upgrade.registry import add, constant_array, register
-from passes.upgrade.rewrite import ScopeRewriter
-from passes.upgrade.schemas import dtype_of, reduce_ops_by_axes_version
+from passes.upgrade.schemas import reduce_ops_by_axes_version
 
 __all__ = ["ATTRIBUTE_TO_INPUT"]
 
@@ -241,7 +241,7 @@ def _batchnorm_14(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-def _name_outputs(node: ir.Node, rw: ScopeRewriter) -> None:
+def _name_outputs(node: ir.Node, rw: Edits) -> None:
     """Names outputs that the new schema requires but the old node left unnamed."""
     for index, value in enumerate(node.outputs):
         if not value.name:
@@ -286,7 +286,7 @@ def _softmax_13(draft: Draft, ctx: PlanContext) -> str | None:
 _RESHAPE_ALLOWZERO = 14
 
 
-def _wrap_in_flatten(node: ir.Node, rw: ScopeRewriter, axis: int, allowzero: bool) -> None:
+def _wrap_in_flatten(node: ir.Node, rw: Edits, axis: int, allowzero: bool) -> None:
     x = node.inputs[0]
     assert x is not None
     base = node.name or node.op_type
@@ -345,7 +345,7 @@ def _groupnorm_21(draft: Draft, ctx: PlanContext) -> str | None:
     return None
 
 
-def _repeat_per_channel(node: ir.Node, rw: ScopeRewriter, groups: int, channels: int | None) -> None:
+def _repeat_per_channel(node: ir.Node, rw: Edits, groups: int, channels: int | None) -> None:
     base = node.name or node.op_type
     if channels is not None:
         repeats = rw.const(np.asarray([1, channels // groups], np.int64), "groupnorm_repeat")

@@ -1,6 +1,6 @@
 """Attributes that become inputs: the commonest breaking step, and the reading of attributes.
 
-* :func:`attr_input`: the constant input (:class:`~passes.upgrade.plan.ConstInput`)
+* :func:`attr_input`: the constant input (:class:`~passes.upgrade.draft.ConstInput`)
   that replaces an attribute: its value, or, for a reference to an attribute
   of the enclosing function, a ``Constant`` that references it.
 * :func:`typed_scalar`: a FLOAT attribute as a scalar input of another input's type.
@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from passes.upgrade.plan import Adapter, ConstInput, Draft, DraftInput, PlanContext
-from passes.upgrade.schemas import dtype_of
+from passes.upgrade.draft import ConstInput, Draft, DraftInput, dtype_of
+from passes.upgrade.plan import Adapter, PlanContext
 
 __all__ = ["AttributeToInput", "as_adapters", "attr_input", "int_attr", "string_attr", "typed_scalar"]
 

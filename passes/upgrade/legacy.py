@@ -15,9 +15,9 @@ import onnx.defs
 import onnx_ir as ir
 
 from passes.upgrade.attributes import AttributeToInput, int_attr
-from passes.upgrade.plan import Adapter, ConstInput, Draft, PlanContext
+from passes.upgrade.draft import ConstInput, Draft, Edits
+from passes.upgrade.plan import Adapter, PlanContext
 from passes.upgrade.registry import ADAPTERS, add, constant_array, register
-from passes.upgrade.rewrite import ScopeRewriter
 
 __all__: list[str] = []
 
@@ -72,7 +72,7 @@ def _pad_rank(draft: Draft, array: np.ndarray | None, trailing: int) -> None:
         draft.set_input(1, ConstInput(array.reshape(array.shape + (1,) * trailing), f"{draft.op_type.lower()}_b"))
         return
 
-    def reshape(node: ir.Node, rw: ScopeRewriter) -> None:
+    def reshape(node: ir.Node, rw: Edits) -> None:
         b = node.inputs[1]
         base = node.name or node.op_type
         shape = rw.add_node("Shape", [b], base_name=f"{base}_b_shape", before=node)

@@ -1,4 +1,4 @@
-"""Planning the upgrade of a node on a :class:`Draft`, without touching the graph.
+"""Planning the upgrade of a node on a :class:`~passes.upgrade.draft.Draft`, without touching the graph.
 
 :func:`plan_scopes` walks the schema steps of every node's op between its scope's
 opset and the target (:func:`passes.upgrade.schemas.chain`). Each step is
@@ -21,122 +21,19 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
 
-import numpy as np
 import onnx_ir as ir
 
 from passes.errors import UpgradeError
 from passes.ir import inference, walk
 from passes.phases import node_done
 from passes.upgrade import schemas
-from passes.upgrade.schemas import dtype_of
+from passes.upgrade.draft import Draft, Stats
 
-if TYPE_CHECKING:
-    from passes.upgrade.rewrite import ScopeRewriter
-
-__all__ = [
-    "Adapter",
-    "ConstInput",
-    "Draft",
-    "PlanContext",
-    "Stats",
-    "plan_scopes",
-]
+__all__ = ["Adapter", "PlanContext", "plan_scopes"]
 
 # --- what planning sees and produces ---------------------------------------------------------
-
-
-@functools.cache
-def _ir_dtype(dtype: np.dtype) -> ir.DataType:
-    return ir.DataType.from_numpy(dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class ConstInput:
-    """An input the upgrade will create: a constant, possibly from a function attribute.
-
-    Attributes:
-        array: The value (for a reference, an example of the dtype and rank).
-        base_name: Base of the generated value name.
-        ref: A reference to a function attribute (``ref_attr_name`` set); the
-            constant becomes a ``Constant`` node whose ``ref_kind`` attribute
-            (``value_ints``, ``value_int``, ``value_floats``, ``value_float``)
-            references it.
-        ref_kind: See ``ref``.
-        like: When set, the constant is converted to the element type of this
-            value with ``CastLike`` (used when that type is not known statically).
-    """
-
-    array: np.ndarray
-    base_name: str
-    ref: ir.Attr | None = None
-    ref_kind: str = ""
-    like: ir.Value | None = None
-
-    @property
-    def dtype(self) -> ir.DataType | None:
-        if self.like is not None:
-            return dtype_of(self.like)
-        return _ir_dtype(self.array.dtype)
-
-
-DraftInput = ir.Value | ConstInput | None
-Hook = Callable[[ir.Node, "ScopeRewriter"], None]  # run after the node is rewritten
-
-
-@dataclasses.dataclass
-class Draft:
-    """What a node will look like after the upgrade, built without touching the graph.
-
-    Attributes:
-        node: The node being upgraded (read only while planning).
-        op_type: The op type after the steps planned so far.
-        attributes: The attributes after the steps planned so far.
-        inputs: The inputs after the steps planned so far.
-        num_outputs: How many of the node's outputs are kept (trailing ones are dropped).
-        hooks: Graph edits to run after the node has been rewritten.
-        notes: Facts an adapter leaves for a later step (e.g. the op was an Upsample).
-        applied: Names of the adapters applied, in order.
-    """
-
-    node: ir.Node
-    op_type: str
-    attributes: dict[str, ir.Attr]
-    inputs: list[DraftInput]
-    num_outputs: int
-    hooks: list[Hook] = dataclasses.field(default_factory=list)
-    notes: set[str] = dataclasses.field(default_factory=set)
-    applied: list[str] = dataclasses.field(default_factory=list)
-
-    @classmethod
-    def of(cls, node: ir.Node) -> Draft:
-        return cls(node, node.op_type, dict(node.attributes.data), list(node.inputs), len(node.outputs))
-
-    def input(self, index: int) -> DraftInput:
-        return self.inputs[index] if index < len(self.inputs) else None
-
-    def set_input(self, index: int, value: DraftInput) -> None:
-        if index >= len(self.inputs):
-            self.inputs.extend([None] * (index + 1 - len(self.inputs)))
-        self.inputs[index] = value
-
-    @property
-    def outputs(self) -> Sequence[ir.Value]:
-        return self.node.outputs[: self.num_outputs]
-
-    def changed(self) -> bool:
-        node = self.node
-        return (
-            self.op_type != node.op_type
-            or self.num_outputs != len(node.outputs)
-            or bool(self.hooks)
-            or len(self.inputs) != len(node.inputs)
-            or any(a is not b for a, b in zip(self.inputs, node.inputs))
-            or self.attributes.keys() != node.attributes.keys()
-            or any(node.attributes[k] is not v for k, v in self.attributes.items())
-        )
 
 
 def _rank_of(value: ir.Value | None) -> int | None:
@@ -184,17 +81,6 @@ class Adapter:
     name: str
     plan: Callable[[Draft, PlanContext], str | None]
     change: str | None = None
-
-
-@dataclasses.dataclass
-class Stats:
-    """What the upgrade did: nodes planned and adapted, and what the rewrite added."""
-
-    converted: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
-    adapters: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
-    initializers_added: int = 0
-    constants_added: int = 0
-    nodes_added: int = 0
 
 
 # --- planning --------------------------------------------------------------------------------

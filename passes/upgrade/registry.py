@@ -12,7 +12,8 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.ir import tensors
-from passes.upgrade.plan import Adapter, ConstInput, Draft, DraftInput, PlanContext
+from passes.upgrade.draft import ConstInput, Draft, DraftInput
+from passes.upgrade.plan import Adapter, PlanContext
 
 __all__ = ["ADAPTERS", "REFUSED_CHANGES", "add", "constant_array", "register", "semantic_changes"]
 

@@ -1,6 +1,6 @@
 """Committing the drafts of a scope: new inputs, constants and nodes, named by the model's allocator.
 
-A constant an adapter needs (:class:`passes.upgrade.plan.ConstInput`) becomes
+A constant an adapter needs (:class:`passes.upgrade.draft.ConstInput`) becomes
 an int64/float initializer of the graph that uses it, shared by value within
 that graph and named so that no value of the model is shadowed; in a
 model-local function (which cannot hold initializers) it is a ``Constant``
@@ -24,7 +24,7 @@ import onnx_ir as ir
 from passes.ir import walk
 from passes.ir.names import Names
 from passes.ir.schemas import kept_input_count
-from passes.upgrade.plan import ConstInput, Draft, Stats
+from passes.upgrade.draft import ConstInput, Draft, Stats
 
 __all__ = ["ScopeRewriter"]
 
@@ -40,7 +40,8 @@ class ScopeRewriter:
     """Commits the drafts of one scope, creating the constants and nodes their adapters need.
 
     The pass calls :meth:`commit`; the hooks of the drafts (see
-    :class:`passes.upgrade.plan.Draft`) may call :meth:`const`,
+    :class:`passes.upgrade.draft.Draft`, through
+    :class:`passes.upgrade.draft.Edits`) may call :meth:`const`,
     :meth:`add_node` and :meth:`fresh_value_name`.
     """
 

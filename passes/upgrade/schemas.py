@@ -4,7 +4,7 @@
   target, each comparing two consecutive :class:`Schema` s once (attribute
   defaults that changed, inputs and outputs renamed, allowed types that shrank).
 * :func:`check_meaning` and :func:`check_valid`: the schema-driven checks of a
-  drafted node (:class:`passes.upgrade.plan.Draft`), the evidence that a plain
+  drafted node (:class:`passes.upgrade.draft.Draft`), the evidence that a plain
   version bump would change what it computes, or that the drafted node is not
   a valid node of the new schema.
 * :func:`reduce_ops_by_axes_version`: which Reduce ops moved ``axes`` from an
@@ -17,17 +17,13 @@ import bisect
 import dataclasses
 import functools
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
-
 import onnx
 import onnx_ir as ir
 
 from passes.declarations import DEFAULT_TARGET_OPSET
 from passes.ir.schemas import input_since, kept_input_count
 from passes.ir.types import type_string
-
-if TYPE_CHECKING:
-    from passes.upgrade.plan import Draft
+from passes.upgrade.draft import Draft, dtype_of
 
 __all__ = [
     "MIN_TARGET_OPSET",
@@ -38,7 +34,6 @@ __all__ = [
     "chain",
     "check_meaning",
     "check_valid",
-    "dtype_of",
     "op_schema",
     "reduce_ops_by_axes_version",
 ]
@@ -63,20 +58,6 @@ def reduce_ops_by_axes_version() -> Mapping[int, tuple[str, ...]]:
         if since is not None:
             by_version.setdefault(since, []).append(name)
     return {since: tuple(ops) for since, ops in sorted(by_version.items())}
-
-
-def dtype_of(value: object) -> ir.DataType | None:
-    """The element type of a node's input or output, or None when it is not known.
-
-    ``value`` is an ``ir.Value``, None, or a constant the upgrade will create
-    (:class:`passes.upgrade.plan.ConstInput`, which knows its own ``dtype``).
-    """
-    if value is None:
-        return None
-    if isinstance(value, ir.Value):
-        value_type = value.type
-        return value_type.dtype if type(value_type) is ir.TensorType else None
-    return value.dtype  # type: ignore[attr-defined]
 
 
 # --- schemas and their history ---------------------------------------------------------------

@@ -45,10 +45,8 @@ from passes.verify import files as _files, lowest as _lowest, npz, plan, sets, v
 from passes.verify.child import Worker, WorkerCrashed, WorkerError, WorkerTimeout, default_memory_limit
 from passes.verify.compare import compare as _compare  # noqa: F401  the comparison, by its old name here
 from passes.verify.ort_io import make_inputs
+from passes.verify.defaults import DEFAULT_DIM, DEFAULT_TIMEOUT, TOLERANCES
 from passes.verify.result import (
-    DEFAULT_DIM,
-    DEFAULT_TIMEOUT,
-    TOLERANCES,
     CheckResult,
     FirstDifference,
     InputsUsed,
@@ -107,7 +105,7 @@ class Checker:
             original's are float32 (``--precision-io``) is fed the same inputs rounded to it (as
             numpy's ``astype`` rounds), and its outputs are widened to float32 to be compared.
         precision_tolerance: ``--precision-tolerance``: (rtol, atol or None) instead of the half
-            type's default tolerance (:func:`passes.verify.result.default_tolerance`).
+            type's default tolerance (:func:`passes.verify.defaults.default_tolerance`).
         free_dims: With static shapes declared (``--input-shape``, ``--fix-dim``: ``shapes`` and
             ``dims`` hold them), the caller's own ``--dim`` sizes: when the original does not run
             on generated inputs at the static shapes, it is run once without them (these sizes,

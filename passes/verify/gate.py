@@ -29,7 +29,7 @@ from passes import modelio  # light: it imports onnx and onnx_ir on first use
 from passes.errors import InputError, first_line
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_LIMIT
-from passes.verify.result import DEFAULT_TIMEOUT
+from passes.verify.defaults import DEFAULT_TIMEOUT
 
 if TYPE_CHECKING:
     import onnx

@@ -34,7 +34,8 @@ import onnx
 
 from passes.modelio import destinations
 from passes.verify import feeds, lowest as _lowest
-from passes.verify.result import FirstDifference, default_tolerance
+from passes.verify.defaults import default_tolerance
+from passes.verify.result import FirstDifference
 
 __all__ = ["Correspondence", "augmented", "comparable_values", "first_difference", "link_external", "tensor_types",
            "value_tolerances", "widened"]
@@ -172,7 +173,7 @@ def value_tolerances(
 ) -> dict[str, tuple[float, float] | None]:
     """Each value's tolerance, from the lowest-precision float type it depends on (and
     ``precision``, the half type an optimised model computes in, for a float value, at
-    ``precision_tolerance`` if given: see :func:`passes.verify.result.default_tolerance`)."""
+    ``precision_tolerance`` if given: see :func:`passes.verify.defaults.default_tolerance`)."""
     lowest = _lowest.float_dependencies(original.graph)
     result: dict[str, tuple[float, float] | None] = {}
     for name in names:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import onnx
 
-from passes.verify.result import PRECISION_ORDER, default_tolerance
+from passes.verify.defaults import PRECISION_ORDER, default_tolerance
 
 __all__ = ["FLOAT_TYPES", "Lowest", "float_dependencies", "lower", "output_tolerances"]
 

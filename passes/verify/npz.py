@@ -3,7 +3,7 @@
 An ``.npz`` is a zip of ``.npy`` members. Nothing is decompressed beyond the
 headers until every member names a graph input, declares a dtype and a shape
 that input accepts, holds the bytes its header declares, and the total fits
-:data:`~passes.verify.result.MAX_GENERATED_BYTES`: a small file that expands
+:data:`~passes.verify.defaults.MAX_GENERATED_BYTES`: a small file that expands
 to gigabytes is refused before it is read. Loading then reads each member's
 declared bytes only (numpy reads exactly the header's element count).
 
@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from passes.verify.result import MAX_GENERATED_BYTES, shown, shown_names
+from passes.verify.defaults import MAX_GENERATED_BYTES
+from passes.verify.result import shown, shown_names
 
 __all__ = ["Member", "inspect", "load"]
 

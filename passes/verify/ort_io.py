@@ -223,7 +223,8 @@ def make_inputs(session: Any, *, dims: Any = None, seed: int = 0) -> dict[str, A
     """
     import numpy as np
 
-    from passes.verify.result import DEFAULT_DIM, shown
+    from passes.verify.defaults import DEFAULT_DIM
+    from passes.verify.result import shown
 
     rng = np.random.default_rng(seed)
     names = {

@@ -1,6 +1,6 @@
 """The sizes the check generates inputs at, from the roles :mod:`passes.verify.feeds` reads.
 
-* :func:`size_tries`: up to :data:`~passes.verify.result.MAX_TRIES` sets of
+* :func:`size_tries`: up to :data:`~passes.verify.defaults.MAX_TRIES` sets of
   sizes, small first: the check runs the original on each until one runs.
   A named dimension has one size everywhere it appears; a name that is an
   expression of others (``past_sequence_length + 1``, dynamo's ``s0 + s1``)
@@ -29,7 +29,7 @@ from passes.modelio.declared import declared_dims
 from passes.verify.dim_expressions import evaluate as _evaluate
 from passes.verify.dim_expressions import expression as _expression
 from passes.verify.feeds import InputSpec, input_specs, name_role
-from passes.verify.result import MAX_GENERATED_BYTES, MAX_TRIES
+from passes.verify.defaults import MAX_GENERATED_BYTES, MAX_TRIES
 from passes.verify.result import shown as _shown
 
 __all__ = [

@@ -48,7 +48,8 @@ from passes.options import parse_tolerance
 from passes.verify import files as _files, reduce as _reduce, region
 from passes.verify.child import WorkerError
 from passes.verify.lowest import FLOAT_TYPES
-from passes.verify.result import TOLERANCES, name_text, shown_names
+from passes.verify.defaults import TOLERANCES
+from passes.verify.result import name_text, shown_names
 
 __all__ = ["FILES", "check_folder", "check_request", "main", "reproduce"]
 

@@ -1,7 +1,12 @@
-"""What the check found, and its defaults: plain data, no onnxruntime or onnx import.
+"""What the check found: plain data the report, the command and the check's child share.
 
-The check's child process imports this module, so it must stay cheap: the
-standard library only.
+:class:`CheckResult` is one run of the check (passed, failed, or why it did not run), with an
+:class:`OutputComparison` per output, the :class:`InputsUsed` both models ran on and, after a
+failure, the :class:`FirstDifference` the locator found; each gives its JSON form (strict JSON:
+:func:`json_safe`) and the text the command prints (names cut by :func:`shown`). What the check
+does when nothing is said (sizes, tries, time limit, tolerances) is :mod:`passes.verify.defaults`.
+The check's child process imports this module, so it must stay cheap: the standard library only
+(and :mod:`passes.options`).
 """
 
 from __future__ import annotations
@@ -13,12 +18,7 @@ from typing import Any
 from passes.options import short
 
 __all__ = [
-    "DEFAULT_DIM",
-    "DEFAULT_TIMEOUT",
-    "MAX_GENERATED_BYTES",
-    "MAX_TRIES",
-    "TOLERANCES",
-    "default_tolerance",
+    "QUOTE_LIMIT",
     "CheckResult",
     "FirstDifference",
     "InputsUsed",
@@ -29,19 +29,6 @@ __all__ = [
     "shown_names",
     "unchecked_json",
 ]
-
-#: Size of a dynamic dimension when no hint applies and ``dims`` does not name it
-#: (the first of the sizes tried for it; see ``passes.verify.plan``).
-DEFAULT_DIM = 4
-
-#: How many sets of generated sizes are tried before the check gives up on the original.
-MAX_TRIES = 4
-
-#: Generated inputs larger than this in total are not generated (the check does not run).
-MAX_GENERATED_BYTES = 1 << 30
-
-#: Seconds the onnxruntime part of the check may take (``--check-timeout``).
-DEFAULT_TIMEOUT = 300.0
 
 #: Characters of a name or value quoted in a message (a name may be megabytes long).
 QUOTE_LIMIT = 100
@@ -61,34 +48,6 @@ def shown_names(names: list[str], limit: int = 5) -> str:
     """Some names, each cut, then how many more."""
     text = ", ".join(shown(n) for n in names[:limit])
     return text + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
-#: Default (rtol, atol) per float type: |optimised - original| <= atol + rtol * |original|.
-#: The type is the lowest-precision float type the output depends on, not the output's own.
-TOLERANCES: dict[str, tuple[float, float]] = {
-    "float64": (1e-7, 1e-10),
-    "float32": (1e-4, 1e-5),
-    "float16": (1e-2, 1e-3),
-    "bfloat16": (2e-2, 1e-2),
-    "float8e4m3fn": (1.25e-1, 1e-1),
-    "float8e4m3fnuz": (1.25e-1, 1e-1),
-    "float8e5m2": (2.5e-1, 1e-1),
-    "float8e5m2fnuz": (2.5e-1, 1e-1),
-}
-
-#: Float types from the most precise to the least (the tolerance follows the last one present).
-PRECISION_ORDER: tuple[str, ...] = tuple(TOLERANCES)
-
-
-def default_tolerance(dtype: str, precision: str | None = None,
-                      override: tuple[float, float | None] | None = None) -> tuple[float, float]:  # fmt: skip
-    """The (rtol, atol) of a value whose lowest-precision float type is ``dtype``: :data:`TOLERANCES`,
-    or ``override`` (``--precision-tolerance``: rtol, and atol or None for the type's) when ``dtype``
-    is ``precision``, the half type the optimised model computes in."""
-    rtol, atol = TOLERANCES[dtype]
-    if override is not None and precision is not None and dtype == precision:
-        return float(override[0]), atol if override[1] is None else float(override[1])
-    return rtol, atol
 
 
 def json_safe(value: Any) -> Any:
