@@ -16,7 +16,7 @@ import onnx_ir.passes.common as common_passes
 from passes.ir.schemas import kept_input_count
 from passes.ir.walk import iter_nodes
 
-__all__ = ["remove_unused_nodes"]
+__all__ = ["remove_unused_nodes", "remove_unused_nodes_and_say"]
 
 
 def remove_unused_nodes(model: ir.Model) -> bool:
@@ -27,16 +27,25 @@ def remove_unused_nodes(model: ir.Model) -> bool:
     an op without a schema). Inputs left out count as a change, which onnx_ir's
     ``modified`` does not count.
     """
+    removed, inputs_changed = remove_unused_nodes_and_say(model)
+    return removed or inputs_changed
+
+
+def remove_unused_nodes_and_say(model: ir.Model) -> tuple[bool, bool]:
+    """:func:`remove_unused_nodes`, saying apart (whether nodes or initializers were removed, whether a
+    kept node's inputs changed: absent inputs at its end left out), for a caller whose own findings hold
+    across the removal of what nothing uses but not across a change of a kept node."""
     counts: dict[ir.Node, tuple[int, int]] = {}
     for node, scope in iter_nodes(model):
         opset = scope.opset(node.domain)
         kept = len(node.inputs) if opset is None else kept_input_count(node.inputs, node.op_type, opset, node.domain)
         counts[node] = (len(node.inputs), kept)
-    modified = common_passes.RemoveUnusedNodesPass()(model).modified
+    removed = common_passes.RemoveUnusedNodesPass()(model).modified
+    inputs_changed = False
     for node, (before, kept) in counts.items():
         if node.graph is None:  # removed
             continue
         if len(node.inputs) < kept:
             node.resize_inputs(kept)
-        modified |= len(node.inputs) != before
-    return modified
+        inputs_changed |= len(node.inputs) != before
+    return removed, inputs_changed
