@@ -53,8 +53,12 @@ class Builder:
         return output
 
     def constant(self, array: np.ndarray, tag: str) -> ir.Value:
-        """A ``Constant`` node holding ``array``."""
-        return self.op("Constant", [], ir.DataType.from_numpy(array.dtype), tag, value=ir.tensor(array))
+        """A ``Constant`` node holding ``array``.
+
+        ``ir.Tensor`` is what ``ir.tensor`` makes of an array, without its checks of the argument's
+        kind (a runtime protocol check, ~40 us: a decomposed node makes several constants).
+        """
+        return self.op("Constant", [], ir.DataType.from_numpy(array.dtype), tag, value=ir.Tensor(array))
 
     def with_axes(
         self,
