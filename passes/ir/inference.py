@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -130,6 +131,25 @@ def _serialize_without_weights(model: ir.Model) -> onnx.ModelProto:
             node.attributes["value"] = attr
 
 
+def _tensor_type(type_proto: onnx.TypeProto) -> tuple[ir.DataType | None, tuple[Any, ...] | None] | None:
+    """(element type, (dims, denotations) or None) of a tensor type, as ``ir.serde`` reads them
+    (a dim: its value, its parameter or None); None if ``type_proto`` is not a tensor type."""
+    if not type_proto.HasField("tensor_type"):
+        return None
+    tensor_type = type_proto.tensor_type
+    elem = tensor_type.elem_type
+    dtype = ir.DataType(elem) if elem else None
+    if not tensor_type.HasField("shape"):
+        return dtype, None
+    dims: list[int | str | None] = []
+    denotations: list[str | None] = []
+    for dim in tensor_type.shape.dim:
+        which = dim.WhichOneof("value")
+        dims.append(dim.dim_value if which == "dim_value" else dim.dim_param if which == "dim_param" else None)
+        denotations.append(dim.denotation if dim.HasField("denotation") else None)
+    return dtype, (tuple(dims), tuple(denotations))
+
+
 def _walk(
     graph: ir.Graph,
     proto: onnx.GraphProto,
@@ -138,13 +158,20 @@ def _walk(
 ) -> None:
     names = wanted.get(graph)
     if names:
-        for info in (*proto.value_info, *proto.output, *proto.input):
-            value = names.get(info.name)
-            if value is None or not info.type.HasField("tensor_type"):
-                continue
-            elem = info.type.tensor_type.elem_type
-            dtype = ir.DataType(elem) if elem else None
-            found[value] = (dtype, ir.serde.deserialize_type_proto_for_shape(info.type))
+        # Many values share one type: each distinct TypeProto is read once (a fresh Shape per value).
+        read: dict[bytes, tuple[ir.DataType | None, tuple[Any, ...] | None] | None] = {}
+        for infos in (proto.value_info, proto.output, proto.input):
+            for info in infos:
+                value = names.get(info.name)
+                if value is None:
+                    continue
+                type_proto = info.type
+                key = type_proto.SerializeToString()
+                if key not in read:
+                    read[key] = _tensor_type(type_proto)
+                if (known := read[key]) is not None:
+                    dtype, dims = known
+                    found[value] = (dtype, None if dims is None else ir.Shape(dims[0], denotations=dims[1], frozen=True))
     for node, node_proto in zip(graph, proto.node):
         graph_attrs = {a.name: a for a in node_proto.attribute if a.type in _GRAPH_ATTRS}
         for attr in node.attributes.values():
