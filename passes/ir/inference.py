@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 _BIG_TENSOR_BYTES = 1024
 _GRAPH_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+_IR_GRAPH_ATTRS = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 _PLACEHOLDER = "onnx-optimize-shape-inference-placeholder.bin"
 
 
@@ -155,7 +156,10 @@ def _walk(
     proto: onnx.GraphProto,
     wanted: dict[ir.Graph, dict[str, ir.Value]],
     found: dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]],
+    pending: set[ir.Graph],
 ) -> None:
+    """What ``proto`` (the inferred copy of ``graph``) says of the values ``wanted`` asks about, into
+    ``found``; ``pending``: the graphs asked about not read yet (the walk stops when none is left)."""
     names = wanted.get(graph)
     if names:
         # Many values share one type: each distinct TypeProto is read once (a fresh Shape per value).
@@ -172,17 +176,27 @@ def _walk(
                 if (known := read[key]) is not None:
                     dtype, dims = known
                     found[value] = (dtype, None if dims is None else ir.Shape(dims[0], denotations=dims[1], frozen=True))
+    pending.discard(graph)
+    if not pending:  # every graph asked about is read: the subgraphs of the rest are not walked
+        return
     for node, node_proto in zip(graph, proto.node):
+        if not pending:
+            return
+        stored = node.attributes
+        subgraphs = [attr for attr in getattr(stored, "data", stored).values()  # the attributes' own dict
+                     if isinstance(attr, ir.Attr) and attr.type in _IR_GRAPH_ATTRS]  # fmt: skip
+        if not subgraphs:
+            continue
         graph_attrs = {a.name: a for a in node_proto.attribute if a.type in _GRAPH_ATTRS}
-        for attr in node.attributes.values():
-            if not isinstance(attr, ir.Attr) or attr.name not in graph_attrs:
+        for attr in subgraphs:
+            if attr.name not in graph_attrs:
                 continue
             attr_proto = graph_attrs[attr.name]
             if attr.type == ir.AttributeType.GRAPH:
-                _walk(attr.as_graph(), attr_proto.g, wanted, found)
+                _walk(attr.as_graph(), attr_proto.g, wanted, found, pending)
             elif attr.type == ir.AttributeType.GRAPHS:
                 for sub, sub_proto in zip(attr.as_graphs(), attr_proto.graphs):
-                    _walk(sub, sub_proto, wanted, found)
+                    _walk(sub, sub_proto, wanted, found, pending)
 
 
 def _forget_declared_shapes(graph: onnx.GraphProto) -> None:
@@ -242,7 +256,7 @@ def infer_types(
         logger.warning("onnx shape inference failed, using the model's types only: %s", e)
         return {}
     found: dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] = {}
-    _walk(model.graph, inferred.graph, wanted, found)
+    _walk(model.graph, inferred.graph, wanted, found, set(wanted))
     return found
 
 
