@@ -31,6 +31,7 @@ from passes.limits import PROTOBUF_MAX
 
 __all__ = [
     "infer_all", "infer_static_shapes", "infer_types", "inference_error", "is_static", "known_dims", "shape_slice",
+    "tensor_type",
 ]
 
 logger = logging.getLogger(__name__)
@@ -132,19 +133,19 @@ def _serialize_without_weights(model: ir.Model) -> onnx.ModelProto:
             node.attributes["value"] = attr
 
 
-def _tensor_type(type_proto: onnx.TypeProto) -> tuple[ir.DataType | None, tuple[Any, ...] | None] | None:
+def tensor_type(type_proto: onnx.TypeProto) -> tuple[ir.DataType | None, tuple[Any, ...] | None] | None:
     """(element type, (dims, denotations) or None) of a tensor type, as ``ir.serde`` reads them
     (a dim: its value, its parameter or None); None if ``type_proto`` is not a tensor type."""
     if not type_proto.HasField("tensor_type"):
         return None
-    tensor_type = type_proto.tensor_type
-    elem = tensor_type.elem_type
+    tensor = type_proto.tensor_type
+    elem = tensor.elem_type
     dtype = ir.DataType(elem) if elem else None
-    if not tensor_type.HasField("shape"):
+    if not tensor.HasField("shape"):
         return dtype, None
     dims: list[int | str | None] = []
     denotations: list[str | None] = []
-    for dim in tensor_type.shape.dim:
+    for dim in tensor.shape.dim:
         which = dim.WhichOneof("value")
         dims.append(dim.dim_value if which == "dim_value" else dim.dim_param if which == "dim_param" else None)
         denotations.append(dim.denotation if dim.HasField("denotation") else None)
@@ -172,7 +173,7 @@ def _walk(
                 type_proto = info.type
                 key = type_proto.SerializeToString()
                 if key not in read:
-                    read[key] = _tensor_type(type_proto)
+                    read[key] = tensor_type(type_proto)
                 if (known := read[key]) is not None:
                     dtype, dims = known
                     found[value] = (dtype, None if dims is None else ir.Shape(dims[0], denotations=dims[1], frozen=True))
