@@ -149,8 +149,9 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         self._inferred: dict[ir.Value, Any] | None = None  # the inference of the current sweep, if it ran
         self._amplified: Amplified | None = None  # where rounding changes are amplified (this call's, lazy)
         self._reported_later: collections.Counter[tuple[str, str]] = collections.Counter()
-        #: Whether the last call ended on a round that changed nothing: a call on the graph it left
-        #: would change nothing (the pass loop then skips it, :mod:`passes.loop`).
+        #: Whether a call on the graph the last call left would change nothing (the pass loop then
+        #: skips it, :mod:`passes.loop`): its last round changed nothing, and no fusion was vetted on
+        #: the call's walk of the rounding amplifiers after the call changed the graph.
         self.settled = False
 
     def _rules(self) -> dict[str, list[Rule]]:
@@ -170,7 +171,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             applied["constants/frozen_input"] += len(freeze_initializer_inputs(model))
         rounds = 0
         self._inferred = None
-        self._amplified = Amplified(model)  # one walk for the whole call, on the first fusion found
+        amplified = self._amplified = Amplified(model)  # one walk for the whole call, on the first fusion found
         later: collections.Counter[tuple[str, str]] = collections.Counter()
         digests: dict[int, Any] = {}  # the initializers' digests, read once per call
         cse_due = True  # whether the graph may have changed since a CSE sweep that merged nothing
@@ -190,7 +191,9 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
                 cse_due |= remove_unused_nodes_and_say(model)[1]  # a kept node's inputs changed: keys too
             else:
                 self._correct_declared_shapes(model, applied)  # the last sweep's inference holds
-                self.settled = True
+                # A fresh call would change nothing, unless a fusion was declined by the walk of the
+                # rounding amplifiers, which is this call's (made once) and may predate its changes.
+                self.settled = not (applied and amplified.walked)
                 break
         self._amplified = None
         # What the last round found in the final graph, by the stat it is counted in: fusion patterns only
