@@ -34,6 +34,7 @@ __all__ = ["eliminate"]
 
 _TENSOR_LIMIT = 1024
 _GRAPH_TYPES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+_INT = ir.AttributeType.INT
 
 
 def _float_key(value: float) -> bytes:
@@ -45,6 +46,8 @@ def _attribute_key(attr: ir.Attr) -> Hashable | None:
     if attr.is_ref():
         return ("ref", attr.ref_attr_name, attr.type)
     kind = attr.type
+    if kind is _INT:  # the most common first (keepdims, axis, to)
+        return (kind, attr.value)
     if kind in _GRAPH_TYPES:
         return None
     if kind == ir.AttributeType.FLOAT:
