@@ -37,6 +37,9 @@ def remove_unused_nodes_and_say(model: ir.Model) -> tuple[bool, bool]:
     across the removal of what nothing uses but not across a change of a kept node."""
     counts: dict[ir.Node, tuple[int, int]] = {}
     for node, scope in iter_nodes(model):
+        inputs = node.inputs
+        if not inputs or inputs[-1] is not None:  # onnx_ir leaves out absent inputs at the end only
+            continue
         opset = scope.opset(node.domain)
         kept = len(node.inputs) if opset is None else kept_input_count(node.inputs, node.op_type, opset, node.domain)
         counts[node] = (len(node.inputs), kept)
