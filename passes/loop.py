@@ -85,12 +85,12 @@ class _Changes:
 
     def __init__(self) -> None:
         self.count = 0
-        self.model: ir.Model | None = None
         self.settled_at: dict[int, int] = {}  # step -> the count when its last run left it settled
 
-    def skip(self, step: int, model: ir.Model) -> bool:
-        if model is not self.model:
-            self.model, self.count, self.settled_at = model, 0, {}
+    def reset(self) -> None:
+        self.count, self.settled_at = 0, {}
+
+    def skip(self, step: int) -> bool:
         return self.settled_at.get(step) == self.count
 
     def ran(self, step: int, pass_: ir.passes.PassBase, result: ir.passes.PassResult) -> None:
@@ -112,7 +112,7 @@ class _Recorded(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         if self.changes is None:
             return self.record.call(id(self), self.name, self.inner, model)
-        if self.changes.skip(id(self), model):
+        if self.changes.skip(id(self)):
             logger.info("pass %s: skipped, nothing changed since its last run settled", self.name)
             return ir.passes.PassResult(model, modified=False)
         result = self.record.call(id(self), self.name, self.inner, model)
@@ -121,6 +121,22 @@ class _Recorded(ir.passes.InPlacePass):
 
     def __repr__(self) -> str:
         return f"{self.name}: {self.inner!r}"
+
+
+class _Repeating(ir.passes.InPlacePass):
+    """A group of repeating passes: their manager, with what settled forgotten at each run (a manager
+    may run again on another model, or on this one changed by the caller in between)."""
+
+    def __init__(self, manager: ir.passes.PassManager, changes: _Changes) -> None:
+        super().__init__()
+        self.manager, self.changes = manager, changes
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self.changes.reset()
+        return self.manager(model)
+
+    def __repr__(self) -> str:
+        return repr(self.manager)
 
 
 class _Nothing(ir.passes.InPlacePass):
@@ -147,7 +163,7 @@ def build(steps: Sequence[tuple[str, ir.passes.PassBase, bool]], record: Record)
         if len(group) > 1:
             changes = _Changes()
             wrapped = [_Recorded(name, pass_, record, changes) for name, pass_, _ in group]
-            managed.append(ir.passes.PassManager(wrapped, steps=MAX_ROUNDS, early_stop=True))
+            managed.append(_Repeating(ir.passes.PassManager(wrapped, steps=MAX_ROUNDS, early_stop=True), changes))
         else:
             managed.extend(_Recorded(name, pass_, record) for name, pass_, _ in group)
     return ir.passes.PassManager(managed, steps=1)

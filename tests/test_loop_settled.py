@@ -76,12 +76,17 @@ def test_a_pass_that_changed_and_did_not_settle_runs_again() -> None:
     assert (changer.calls, other.calls) == (2, 2)
 
 
-def test_the_same_manager_on_another_model_runs_every_pass() -> None:
+def test_each_run_of_a_manager_runs_every_pass_once_at_least() -> None:
     watcher = _Probe(changes=0)
     manager = loop.build([("a", _Probe(changes=0), True), ("w", watcher, True)], loop.Record())
     loop.run(manager, _model())
-    loop.run(manager, _model())
+    loop.run(manager, _model())  # another model
     assert watcher.calls == 2
+    model = _model()
+    manager(model)
+    model.graph.node(0).op_type = "Neg"  # the caller changes the model between two runs
+    manager(model)
+    assert watcher.calls == 4
 
 
 def _duplicated_chain() -> onnx.ModelProto:
