@@ -188,7 +188,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
                 cse_due = cse.eliminate(model, applied)
                 changed |= cse_due
             if changed:
-                cse_due |= remove_unused_nodes_and_say(model)[1]  # a kept node's inputs changed: keys too
+                cse_due |= remove_unused_nodes_and_say(model)[1]  # a node that stays changed: its key too
             else:
                 self._correct_declared_shapes(model, applied)  # the last sweep's inference holds
                 # A fresh call would change nothing, unless a fusion was declined by the walk of the
