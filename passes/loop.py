@@ -4,7 +4,9 @@ The passes run in order as an ``onnx_ir`` pass manager. Consecutive passes
 whose spec ``repeats`` (fold, simplify and decompose feed each other: a
 folded shape lets a Reshape chain go, a removed no-op lets a constant fold,
 decompose leaves shape arithmetic behind) form a nested manager that repeats
-them until a whole round changes nothing, at most :data:`MAX_ROUNDS` rounds.
+them until a whole round changes nothing, at most :data:`MAX_ROUNDS` rounds;
+within it a pass is not run again while nothing changed since a run of it that
+left the graph settled (:class:`_Changes`).
 
 Each pass is wrapped so that its runs are recorded in one :class:`Record`:
 a repeated pass's runs merge into one :class:`~passes.report.PassRun` (times
@@ -72,18 +74,69 @@ class Record:
         previous.error = run.error
 
 
-class _Recorded(ir.passes.InPlacePass):
-    """A pass whose runs go into a :class:`Record`."""
+class _Changes:
+    """How many times a pass of one loop reported a change: a repeating pass whose last run on this
+    model left it settled, with no change since, is not run again (the run would change nothing).
 
-    def __init__(self, name: str, inner: ir.passes.PassBase, record: Record) -> None:
+    A pass is settled after a run that changed nothing (the passes are deterministic functions
+    of the graph) or after a run that says so itself (``settled``: simplify, whose last round
+    changed nothing).
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.settled_at: dict[int, int] = {}  # step -> the count when its last run left it settled
+
+    def reset(self) -> None:
+        self.count, self.settled_at = 0, {}
+
+    def skip(self, step: int) -> bool:
+        return self.settled_at.get(step) == self.count
+
+    def ran(self, step: int, pass_: ir.passes.PassBase, result: ir.passes.PassResult) -> None:
+        if result.modified:
+            self.count += 1
+        if not result.modified or getattr(pass_, "settled", False):
+            self.settled_at[step] = self.count
+        else:
+            self.settled_at.pop(step, None)
+
+
+class _Recorded(ir.passes.InPlacePass):
+    """A pass whose runs go into a :class:`Record` (in a repeating group, skipped when settled)."""
+
+    def __init__(self, name: str, inner: ir.passes.PassBase, record: Record, changes: _Changes | None = None) -> None:
         super().__init__()
-        self.name, self.inner, self.record = name, inner, record
+        self.name, self.inner, self.record, self.changes = name, inner, record, changes
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        return self.record.call(id(self), self.name, self.inner, model)
+        if self.changes is None:
+            return self.record.call(id(self), self.name, self.inner, model)
+        if self.changes.skip(id(self)):
+            logger.info("pass %s: skipped, nothing changed since its last run settled", self.name)
+            return ir.passes.PassResult(model, modified=False)
+        result = self.record.call(id(self), self.name, self.inner, model)
+        self.changes.ran(id(self), self.inner, result)
+        return result
 
     def __repr__(self) -> str:
         return f"{self.name}: {self.inner!r}"
+
+
+class _Repeating(ir.passes.InPlacePass):
+    """A group of repeating passes: their manager, with what settled forgotten at each run (a manager
+    may run again on another model, or on this one changed by the caller in between)."""
+
+    def __init__(self, manager: ir.passes.PassManager, changes: _Changes) -> None:
+        super().__init__()
+        self.manager, self.changes = manager, changes
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self.changes.reset()
+        return self.manager(model)
+
+    def __repr__(self) -> str:
+        return repr(self.manager)
 
 
 class _Nothing(ir.passes.InPlacePass):
@@ -107,11 +160,12 @@ def build(steps: Sequence[tuple[str, ir.passes.PassBase, bool]], record: Record)
             groups.append([step])
     managed: list[ir.passes.PassBase] = []
     for group in groups:
-        wrapped = [_Recorded(name, pass_, record) for name, pass_, _ in group]
         if len(group) > 1:
-            managed.append(ir.passes.PassManager(wrapped, steps=MAX_ROUNDS, early_stop=True))
+            changes = _Changes()
+            wrapped = [_Recorded(name, pass_, record, changes) for name, pass_, _ in group]
+            managed.append(_Repeating(ir.passes.PassManager(wrapped, steps=MAX_ROUNDS, early_stop=True), changes))
         else:
-            managed.extend(wrapped)
+            managed.extend(_Recorded(name, pass_, record) for name, pass_, _ in group)
     return ir.passes.PassManager(managed, steps=1)
 
 

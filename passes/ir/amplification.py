@@ -130,6 +130,11 @@ class Amplified:
         self._functions: dict[ir.Graph, ir.Function] = {}
         self._calls: dict[tuple[str, str, str], list[ir.Node]] = collections.defaultdict(list)
 
+    @property
+    def walked(self) -> bool:
+        """Whether the walk ran (then it holds for the model as it was at the first :meth:`reason`)."""
+        return self._reached is not None
+
     def reason(self, value: ir.Value) -> str | None:
         """The amplifying op a change of ``value`` reaches (``"DynamicQuantizeLinear"``), or None."""
         if self._reached is None:

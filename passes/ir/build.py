@@ -18,13 +18,29 @@ import onnx_ir as ir
 from passes.ir.names import Names
 from passes.ir.schemas import input_since, kept_input_count
 
-__all__ = ["Builder", "axes_are_input"]
+__all__ = ["Builder", "attribute", "axes_are_input"]
 
 
 def axes_are_input(op_type: str, opset: int) -> bool:
     """Whether ``op_type`` takes ``axes`` as an input (not an attribute) at ``opset``."""
     since = input_since(op_type, "axes")
     return since is not None and opset >= since
+
+
+#: The attribute each exact Python type makes (``ir.convenience.convert_attribute``'s choice for it).
+_ATTRIBUTES: dict[type, Any] = {int: ir.AttrInt64, float: ir.AttrFloat32, str: ir.AttrString, ir.Tensor: ir.AttrTensor}
+
+
+def attribute(name: str, value: Any) -> ir.Attr:
+    """``ir.convenience.convert_attribute(name, value)``, without its type inference (a chain of
+    ``isinstance`` checks, runtime protocols among them) for an int, float, str, ``ir.Tensor``
+    or a non-empty list of ints."""
+    make = _ATTRIBUTES.get(type(value))
+    if make is not None:
+        return make(name, value)
+    if type(value) is list and value and all(type(v) is int for v in value):
+        return ir.AttrInt64s(name, value)
+    return ir.convenience.convert_attribute(name, value)
 
 
 @dataclasses.dataclass
@@ -49,12 +65,17 @@ class Builder:
         name = self.names.node(f"{self.prefix}/{tag}")
         output = ir.val(self.names.value(f"{name}_output"), dtype)
         inputs = inputs[: kept_input_count(inputs, op_type, self.opset)]  # absent ones at the end, where optional
-        self.nodes.append(ir.node(op_type, inputs, attributes, name=name, outputs=[output]))
+        attrs = [attribute(key, value) for key, value in attributes.items() if value is not None]
+        self.nodes.append(ir.Node("", op_type, inputs, attrs, name=name, outputs=[output]))  # as ir.node makes it
         return output
 
     def constant(self, array: np.ndarray, tag: str) -> ir.Value:
-        """A ``Constant`` node holding ``array``."""
-        return self.op("Constant", [], ir.DataType.from_numpy(array.dtype), tag, value=ir.tensor(array))
+        """A ``Constant`` node holding ``array``.
+
+        ``ir.Tensor`` is what ``ir.tensor`` makes of an array, without its checks of the argument's
+        kind (a runtime protocol check, ~40 us: a decomposed node makes several constants).
+        """
+        return self.op("Constant", [], ir.DataType.from_numpy(array.dtype), tag, value=ir.Tensor(array))
 
     def with_axes(
         self,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -30,12 +31,14 @@ from passes.limits import PROTOBUF_MAX
 
 __all__ = [
     "infer_all", "infer_static_shapes", "infer_types", "inference_error", "is_static", "known_dims", "shape_slice",
+    "tensor_type",
 ]
 
 logger = logging.getLogger(__name__)
 
 _BIG_TENSOR_BYTES = 1024
 _GRAPH_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+_IR_GRAPH_ATTRS = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 _PLACEHOLDER = "onnx-optimize-shape-inference-placeholder.bin"
 
 
@@ -130,32 +133,71 @@ def _serialize_without_weights(model: ir.Model) -> onnx.ModelProto:
             node.attributes["value"] = attr
 
 
+def tensor_type(type_proto: onnx.TypeProto) -> tuple[ir.DataType | None, tuple[Any, ...] | None] | None:
+    """(element type, (dims, denotations) or None) of a tensor type, as ``ir.serde`` reads them
+    (a dim: its value, its parameter or None); None if ``type_proto`` is not a tensor type."""
+    if not type_proto.HasField("tensor_type"):
+        return None
+    tensor = type_proto.tensor_type
+    elem = tensor.elem_type
+    dtype = ir.DataType(elem) if elem else None
+    if not tensor.HasField("shape"):
+        return dtype, None
+    dims: list[int | str | None] = []
+    denotations: list[str | None] = []
+    for dim in tensor.shape.dim:
+        which = dim.WhichOneof("value")
+        dims.append(dim.dim_value if which == "dim_value" else dim.dim_param if which == "dim_param" else None)
+        denotations.append(dim.denotation if dim.HasField("denotation") else None)
+    return dtype, (tuple(dims), tuple(denotations))
+
+
 def _walk(
     graph: ir.Graph,
     proto: onnx.GraphProto,
     wanted: dict[ir.Graph, dict[str, ir.Value]],
     found: dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]],
+    pending: set[ir.Graph],
 ) -> None:
+    """What ``proto`` (the inferred copy of ``graph``) says of the values ``wanted`` asks about, into
+    ``found``; ``pending``: the graphs asked about not read yet (the walk stops when none is left)."""
     names = wanted.get(graph)
     if names:
-        for info in (*proto.value_info, *proto.output, *proto.input):
-            value = names.get(info.name)
-            if value is None or not info.type.HasField("tensor_type"):
-                continue
-            elem = info.type.tensor_type.elem_type
-            dtype = ir.DataType(elem) if elem else None
-            found[value] = (dtype, ir.serde.deserialize_type_proto_for_shape(info.type))
+        # Many values share one type: each distinct TypeProto is read once (a fresh Shape per value).
+        read: dict[bytes, tuple[ir.DataType | None, tuple[Any, ...] | None] | None] = {}
+        for infos in (proto.value_info, proto.output, proto.input):
+            for info in infos:
+                value = names.get(info.name)
+                if value is None:
+                    continue
+                type_proto = info.type
+                key = type_proto.SerializeToString()
+                if key not in read:
+                    read[key] = tensor_type(type_proto)
+                if (known := read[key]) is not None:
+                    dtype, dims = known
+                    found[value] = (dtype, None if dims is None else ir.Shape(dims[0], denotations=dims[1], frozen=True))
+    pending.discard(graph)
+    if not pending:  # every graph asked about is read: the subgraphs of the rest are not walked
+        return
     for node, node_proto in zip(graph, proto.node):
+        if not pending:
+            return
+        stored = node.attributes
+        subgraphs = [attr for attr in getattr(stored, "data", stored).values()  # the attributes' own dict
+                     if isinstance(attr, ir.Attr) and attr.type in _IR_GRAPH_ATTRS]  # fmt: skip
+        if not subgraphs:
+            continue
         graph_attrs = {a.name: a for a in node_proto.attribute if a.type in _GRAPH_ATTRS}
-        for attr in node.attributes.values():
-            if not isinstance(attr, ir.Attr) or attr.name not in graph_attrs:
+        for attr in subgraphs:
+            if attr.name not in graph_attrs:
                 continue
             attr_proto = graph_attrs[attr.name]
             if attr.type == ir.AttributeType.GRAPH:
-                _walk(attr.as_graph(), attr_proto.g, wanted, found)
+                _walk(attr.as_graph(), attr_proto.g, wanted, found, pending)
             elif attr.type == ir.AttributeType.GRAPHS:
                 for sub, sub_proto in zip(attr.as_graphs(), attr_proto.graphs):
-                    _walk(sub, sub_proto, wanted, found)
+                    _walk(sub, sub_proto, wanted, found, pending)
 
 
 def _forget_declared_shapes(graph: onnx.GraphProto) -> None:
@@ -215,7 +257,7 @@ def infer_types(
         logger.warning("onnx shape inference failed, using the model's types only: %s", e)
         return {}
     found: dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] = {}
-    _walk(model.graph, inferred.graph, wanted, found)
+    _walk(model.graph, inferred.graph, wanted, found, set(wanted))
     return found
 
 

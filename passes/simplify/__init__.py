@@ -84,7 +84,7 @@ from passes.base import Pass, pass_stats
 from passes.declarations import SIMPLIFY
 from passes.ir import inference
 from passes.ir.amplification import Amplified
-from passes.ir.dead import remove_unused_nodes
+from passes.ir.dead import remove_unused_nodes_and_say
 from passes.ir.initializer_inputs import freeze_initializer_inputs
 from passes.ir.names import Names
 from passes.ir.notes import add_model_notes
@@ -149,6 +149,10 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         self._inferred: dict[ir.Value, Any] | None = None  # the inference of the current sweep, if it ran
         self._amplified: Amplified | None = None  # where rounding changes are amplified (this call's, lazy)
         self._reported_later: collections.Counter[tuple[str, str]] = collections.Counter()
+        #: Whether a call on the graph the last call left would change nothing (the pass loop then
+        #: skips it, :mod:`passes.loop`): its last round changed nothing, and no fusion was vetted on
+        #: the call's walk of the rounding amplifiers after the call changed the graph.
+        self.settled = False
 
     def _rules(self) -> dict[str, list[Rule]]:
         by_op: dict[str, list[Rule]] = collections.defaultdict(list)
@@ -167,9 +171,11 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             applied["constants/frozen_input"] += len(freeze_initializer_inputs(model))
         rounds = 0
         self._inferred = None
-        self._amplified = Amplified(model)  # one walk for the whole call, on the first fusion found
+        amplified = self._amplified = Amplified(model)  # one walk for the whole call, on the first fusion found
         later: collections.Counter[tuple[str, str]] = collections.Counter()
         digests: dict[int, Any] = {}  # the initializers' digests, read once per call
+        cse_due = True  # whether the graph may have changed since a CSE sweep that merged nothing
+        self.settled = False
         while rounds < _MAX_ROUNDS:
             rounds += 1
             later = collections.Counter()  # the patterns of the last round, which sees the final graph
@@ -178,11 +184,16 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             changed |= constants.lift_main_graph_constants(model, applied)
             changed |= constants.lift_subgraph_constants(model, applied)
             changed |= constants.share_equal_initializers(model, applied, digests)
-            changed |= cse.eliminate(model, applied)
+            if changed or cse_due:  # after a sweep that merged nothing, only a change can bring a merge
+                cse_due = cse.eliminate(model, applied)
+                changed |= cse_due
             if changed:
-                remove_unused_nodes(model)
+                cse_due |= remove_unused_nodes_and_say(model)[1]  # a node that stays changed: its key too
             else:
                 self._correct_declared_shapes(model, applied)  # the last sweep's inference holds
+                # A fresh call would change nothing, unless a fusion was declined by the walk of the
+                # rounding amplifiers, which is this call's (made once) and may predate its changes.
+                self.settled = not (applied and amplified.walked)
                 break
         self._amplified = None
         # What the last round found in the final graph, by the stat it is counted in: fusion patterns only

@@ -55,7 +55,7 @@ import onnx_ir as ir
 
 from passes.ir.names import Names
 from passes.ir.tensors import constant_tensor, is_file_backed, read_tensor
-from passes.ir.walk import iter_scopes
+from passes.ir.walk import graphs, iter_scopes
 
 __all__ = ["SHARE_BYTES", "lift_main_graph_constants", "lift_subgraph_constants", "share_equal_initializers"]
 
@@ -205,7 +205,7 @@ def share_equal_initializers(model: ir.Model, applied: collections.Counter[str],
     """
     digests = {} if digests is None else digests
     changed = False
-    for graph in model.graphs():
+    for graph in graphs(model):  # ir.Model.graphs()'s order, one read of each node's attributes
         groups: dict[tuple[ir.DataType, tuple[int, ...]], list[ir.Value]] = collections.defaultdict(list)
         for value in graph.initializers.values():
             tensor = value.const_value

@@ -53,7 +53,8 @@ _KEY_CONSTANT_LIMIT = 1024
 def _subgraphs(node: ir.Node) -> list[tuple[str, ir.Graph]]:
     """The node's subgraphs with the name of the attribute holding each."""
     found: list[tuple[str, ir.Graph]] = []
-    for name, attr in node.attributes.items():
+    stored = node.attributes
+    for name, attr in getattr(stored, "data", stored).items():  # the attributes' own dict, without a view
         if not isinstance(attr, ir.Attr) or attr.is_ref() or attr.type not in _GRAPH_TYPES:
             continue
         if attr.type == ir.AttributeType.GRAPH:

@@ -28,12 +28,13 @@ import onnx_ir as ir
 
 from passes.ir import tensors
 from passes.ir.schemas import is_deterministic, schema_at
-from passes.ir.walk import iter_scopes, normalize_domain
+from passes.ir.walk import DEFAULT_DOMAINS, iter_scopes
 
 __all__ = ["eliminate"]
 
 _TENSOR_LIMIT = 1024
 _GRAPH_TYPES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+_INT = ir.AttributeType.INT
 
 
 def _float_key(value: float) -> bytes:
@@ -45,6 +46,8 @@ def _attribute_key(attr: ir.Attr) -> Hashable | None:
     if attr.is_ref():
         return ("ref", attr.ref_attr_name, attr.type)
     kind = attr.type
+    if kind is _INT:  # the most common first (keepdims, axis, to)
+        return (kind, attr.value)
     if kind in _GRAPH_TYPES:
         return None
     if kind == ir.AttributeType.FLOAT:
@@ -64,31 +67,48 @@ def _attribute_key(attr: ir.Attr) -> Hashable | None:
     return None  # sparse tensors, types, lists of tensors: not compared
 
 
-def _node_key(node: ir.Node, opset: int | None) -> Hashable | None:
-    domain = normalize_domain(node.domain)
-    if domain != "" or opset is None or schema_at(node.op_type, opset) is None:
+def _node_key(node: ir.Node, opset: int | None, mergeable: dict[str, bool]) -> Hashable | None:
+    """The key two nodes that compute the same thing share; None for a node never merged.
+
+    ``mergeable``: per op type of the default domain at ``opset``, whether it has a schema
+    that is deterministic (filled as the scope's nodes ask; one scope, one opset).
+    """
+    if node.domain not in DEFAULT_DOMAINS or opset is None:
         return None
-    if not is_deterministic(node.op_type, domain, opset):
+    op_type = node.op_type
+    ok = mergeable.get(op_type)
+    if ok is None:
+        ok = mergeable[op_type] = schema_at(op_type, opset) is not None and is_deterministic(op_type, "", opset)
+    if not ok:
         return None
-    if any(output.is_graph_output() for output in node.outputs):
-        return None
+    outputs = node.outputs
+    for output in outputs:
+        if output.is_graph_output():
+            return None
     attributes = []
-    for name, attr in sorted(node.attributes.items()):
+    stored = node.attributes
+    for name, attr in sorted(getattr(stored, "data", stored).items()):  # the attributes' own dict
         key = _attribute_key(attr)
         if key is None:
             return None
         attributes.append((name, key))
-    return (node.op_type, node.overload, len(node.outputs), tuple(id(v) for v in node.inputs), tuple(attributes))
+    return (op_type, node.overload, len(outputs), tuple(map(id, node.inputs)), tuple(attributes))
 
 
 def eliminate(model: ir.Model, applied: collections.Counter[str]) -> bool:
-    """Merges common subexpressions in every scope of ``model``; whether any were."""
+    """Merges common subexpressions in every scope of ``model``; whether any were.
+
+    A sweep that merged nothing finds nothing again until a node's op, inputs or attributes
+    change (the keys are the same), so a caller may skip a sweep where nothing but the
+    removal of dead nodes happened since one that merged nothing.
+    """
     changed = False
     for scope in iter_scopes(model):
         seen: dict[Hashable, ir.Node] = {}
         opset = scope.opset("")
+        mergeable: dict[str, bool] = {}
         for node in list(scope.body):
-            key = _node_key(node, opset)
+            key = _node_key(node, opset, mergeable)
             if key is None:
                 continue
             first = seen.setdefault(key, node)

@@ -194,7 +194,7 @@ class Context:
     def new_constant(self, array: np.ndarray, base: str, before: ir.Node) -> ir.Value:
         """A new constant holding ``array``: an initializer, or a Constant node before ``before``."""
         names = self.names()
-        tensor = ir.tensor(np.array(array, order="C"))  # ascontiguousarray would make a scalar 1-D
+        tensor = ir.Tensor(np.array(array, order="C"))  # ascontiguousarray would make a scalar 1-D
         graph = before.graph
         assert graph is not None
         if self.initializers and isinstance(graph, ir.Graph):
