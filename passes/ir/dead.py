@@ -1,9 +1,14 @@
-"""Dead-node removal that keeps the absent inputs a node needs.
+"""Dead-node removal that keeps every output of a node that stays, and the absent inputs it needs.
 
-onnx_ir's ``RemoveUnusedNodesPass`` removes nodes whose outputs nothing uses
-(in every graph, subgraph and function) and unused initializers, and also
-leaves out every kept node's absent inputs (``""``) at its end. That is the
-same node only where the schema says so (:func:`passes.ir.schemas.kept_input_count`):
+Nodes whose outputs nothing uses go (in every graph, subgraph and function, a
+node's subgraphs swept after the nodes that follow it, as onnx_ir's
+``RemoveUnusedNodesPass`` does), and so do the main graph's unused initializers
+that are neither graph inputs nor outputs. Unlike onnx_ir's pass, a node that
+stays keeps all its outputs: onnx_ir leaves out unused optional ones, and that
+can change the kernel onnxruntime picks and what it computes (a MaxPool without
+its ``Indices`` runs a kernel that makes a NaN in a window the window's maximum,
+where the original's gives NaN). A kept node's absent inputs (``""``) at its end
+are left out only where the schema allows it (:func:`passes.ir.schemas.trim_absent_inputs`):
 ``Loop(M, "")`` with no loop-carried value would become ``Loop(M)``, which
 neither the checker nor a runtime accepts, and a custom op's arity is unknown.
 """
@@ -11,47 +16,51 @@ neither the checker nor a runtime accepts, and a custom op's arity is unknown.
 from __future__ import annotations
 
 import onnx_ir as ir
-import onnx_ir.passes.common as common_passes
 
-from passes.ir.schemas import kept_input_count
-from passes.ir.walk import iter_nodes
+from passes.ir.schemas import trim_absent_inputs
+from passes.ir.walk import opset_of
 
 __all__ = ["remove_unused_nodes", "remove_unused_nodes_and_say"]
 
 
 def remove_unused_nodes(model: ir.Model) -> bool:
-    """onnx_ir's removal of dead nodes and unused initializers; whether it changed the model.
-
-    The inputs onnx_ir's pass left out were all absent, so each kept node gets
-    back as many as :func:`passes.ir.schemas.kept_input_count` keeps (none for
-    an op without a schema). Inputs left out count as a change, which onnx_ir's
-    ``modified`` does not count.
-    """
+    """Removes dead nodes and unused initializers (see the module); whether it changed the model."""
     return remove_unused_nodes_and_say(model)[0]
 
 
 def remove_unused_nodes_and_say(model: ir.Model) -> tuple[bool, bool]:
-    """:func:`remove_unused_nodes` (its result first), and whether a kept node changed: its inputs
-    (absent ones at its end left out), its outputs (unused optional ones at its end left out) or its
-    attributes (an inference BatchNormalization's ``training_mode``), for a caller whose findings
-    hold across the removal of what nothing uses but not across a change of a node that stays."""
-    counts: dict[ir.Node, tuple[int, int]] = {}
-    sizes: dict[ir.Node, tuple[int, int, int]] = {}
-    for node, scope in iter_nodes(model):
-        inputs = node.inputs
-        sizes[node] = (len(inputs), len(node.outputs), len(node.attributes))
-        if not inputs or inputs[-1] is not None:  # onnx_ir leaves out absent inputs at the end only
+    """:func:`remove_unused_nodes` (its result first), and whether a node that stays changed (absent
+    inputs at its end left out), for a caller whose findings hold across the removal of what nothing
+    uses but not across a change of a node that stays."""
+    state = [False, False]  # removed something, a kept node changed
+    main = model.opset_imports
+    _sweep(model.graph, main, state)
+    for function in model.functions.values():
+        _sweep(function, {**main, **function.opset_imports}, state)
+    graph = model.graph
+    used = frozenset((*graph.inputs, *graph.outputs))
+    for value in list(graph.initializers.values()):
+        if not value.uses() and value not in used:
+            assert value.name is not None
+            del graph.initializers[value.name]
+            state[0] = True
+    return state[0] or state[1], state[1]
+
+
+def _sweep(graph: ir.Graph | ir.Function, opsets: dict[str, int], state: list[bool]) -> None:
+    outputs = frozenset(graph.outputs)
+    for node in reversed(graph):
+        if not any(o in outputs or o.uses() for o in node.outputs):
+            graph.remove(node, safe=True)
+            state[0] = True
             continue
-        opset = scope.opset(node.domain)
-        kept = len(inputs) if opset is None else kept_input_count(inputs, node.op_type, opset, node.domain)
-        counts[node] = (len(inputs), kept)
-    modified = common_passes.RemoveUnusedNodesPass()(model).modified
-    for node, (before, kept) in counts.items():
-        if node.graph is None:  # removed
-            continue
-        if len(node.inputs) < kept:
-            node.resize_inputs(kept)
-        modified |= len(node.inputs) != before
-    kept_changed = any(node.graph is not None and (len(node.inputs), len(node.outputs), len(node.attributes)) != size
-                       for node, size in sizes.items())  # fmt: skip
-    return modified, kept_changed
+        if node.inputs and node.inputs[-1] is None and trim_absent_inputs(node, opset_of(opsets, node.domain)):
+            state[1] = True
+        for attr in node.attributes.values():
+            if attr.is_ref():
+                continue
+            if attr.type == ir.AttributeType.GRAPH:
+                _sweep(attr.as_graph(), {**opsets, **attr.as_graph().opset_imports}, state)
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for sub in attr.as_graphs():
+                    _sweep(sub, {**opsets, **sub.opset_imports}, state)
