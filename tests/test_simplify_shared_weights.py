@@ -169,3 +169,43 @@ def test_masks_equal_where_the_key_samples_them_are_compared_whole() -> None:
     assert sorted(i.name for i in out.graph.initializer) == ["mask0", "mask1"]
     assert ops(out.graph).count("And") == 2 and stats["applied"]["constants/shared_initializer"] == 2
     same_outputs(original, out, feeds())
+
+
+def test_equal_conv_weights_are_shared_only_after_their_fusions() -> None:
+    """Two Conv -> BatchNormalization -> Mul chains with equal weights and BN parameters, each Mul
+    its own per-channel scale. Sharing the BN-fused weights before the rules settle would give the
+    weight two users (and CSE one Conv) and block both Mul fusions: 4 nodes where 3 are right (the
+    light zoo's fills: 34 Mul/Add pairs left on Inception v2)."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    bn = [rng.uniform(0.5, 2, 4), rng.standard_normal(4), rng.standard_normal(4), rng.uniform(0.5, 2, 4)]
+    inits, nodes = [], []
+    for i in range(2):
+        inits.append(numpy_helper.from_array(w.copy(), f"w{i}"))
+        inits += [numpy_helper.from_array(a.astype(np.float32), f"{n}{i}") for n, a in zip("gbmv", bn)]
+        inits.append(numpy_helper.from_array(rng.uniform(0.5, 2, (1, 4, 1, 1)).astype(np.float32), f"s{i}"))
+        nodes += [helper.make_node("Conv", ["x", f"w{i}"], [f"c{i}"]),
+                  helper.make_node("BatchNormalization", [f"c{i}", f"g{i}", f"b{i}", f"m{i}", f"v{i}"], [f"n{i}"]),
+                  helper.make_node("Mul", [f"n{i}", f"s{i}"], [f"p{i}"])]  # fmt: skip
+    nodes.append(helper.make_node("Add", ["p0", "p1"], ["y"]))
+    original = model(nodes, [helper.make_tensor_value_info("x", F, [1, 3, 8, 8])],
+                     [helper.make_tensor_value_info("y", F, [1, 4, 6, 6])], inits)  # fmt: skip
+    out, stats = simplify_checked(original)
+    assert ops(out.graph) == ["Conv", "Conv", "Add"]
+    assert stats["applied"]["fusions/mul_into_conv"] == 2
+    run = {"x": np.random.default_rng(4).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    np.testing.assert_allclose(ort_run(out, run)[0], ort_run(original, run)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_equal_weights_of_the_same_conv_input_merge_once_the_fusions_are_done() -> None:
+    """Two Convs of one input with equal weights and no fusion to make: shared, then one Conv (CSE)."""
+    w = np.random.default_rng(5).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"]), helper.make_node("Conv", ["x", "w1"], ["c1"]),
+             helper.make_node("Sub", ["c0", "c1"], ["y"])]  # fmt: skip
+    original = model(nodes, [helper.make_tensor_value_info("x", F, [1, 3, 8, 8])],
+                     [helper.make_tensor_value_info("y", F, [1, 4, 6, 6])],
+                     [numpy_helper.from_array(w, "w0"), numpy_helper.from_array(w.copy(), "w1")])  # fmt: skip
+    out, stats = simplify_checked(original)
+    assert ops(out.graph) == ["Conv", "Sub"] and [i.name for i in out.graph.initializer] == ["w0"]
+    run = {"x": np.random.default_rng(6).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    same_outputs(original, out, run)

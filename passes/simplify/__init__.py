@@ -183,7 +183,8 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             changed |= control_flow.resolve_known_conditions(model, applied)
             changed |= constants.lift_main_graph_constants(model, applied)
             changed |= constants.lift_subgraph_constants(model, applied)
-            changed |= constants.share_equal_initializers(model, applied, digests)
+            if not changed:  # once the rules settle: a weight shared sooner has several users, and a fusion
+                changed = constants.share_equal_initializers(model, applied, digests)  # would not change it
             if changed or cse_due:  # after a sweep that merged nothing, only a change can bring a merge
                 cse_due = cse.eliminate(model, applied)
                 changed |= cse_due
