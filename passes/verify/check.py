@@ -43,7 +43,6 @@ import onnx
 from passes.errors import first_line as _first_line
 from passes.verify import files as _files, lowest as _lowest, npz, plan, sets, verdict, values as _values
 from passes.verify.child import Worker, WorkerCrashed, WorkerError, WorkerTimeout, default_memory_limit
-from passes.verify.compare import compare as _compare  # noqa: F401  the comparison, by its old name here
 from passes.verify.ort_io import make_inputs
 from passes.verify.defaults import DEFAULT_DIM, DEFAULT_TIMEOUT, TOLERANCES
 from passes.verify.result import (
@@ -67,8 +66,6 @@ __all__ = [
 
 #: Expected outputs larger than this wait on disk (memory-mapped) while the optimised model runs.
 SPILL_BYTES = 1 << 28
-
-
 
 
 class Checker:
