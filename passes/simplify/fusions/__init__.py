@@ -1,8 +1,10 @@
 """Fusions: BatchNormalization and per-channel Mul/Add into a preceding Conv/ConvTranspose/Gemm, MatMul+Add
 into Gemm, a zero Pad into the Conv after it; and the primitive forms of LayerNorm, GELU, RMSNorm and the
 rotate-half rotary embedding into the standard ``LayerNormalization`` (opset 17), ``Gelu`` (20),
-``RMSNormalization`` (23) and ``RotaryEmbedding`` (23): see :mod:`~passes.simplify.fusions.normalization`,
-:mod:`~passes.simplify.fusions.gelu` and :mod:`~passes.simplify.fusions.rotary`. Those are
+``RMSNormalization`` (23) and ``RotaryEmbedding`` (23), and scaled dot-product attention into
+``Attention`` (23): see :mod:`~passes.simplify.fusions.normalization`,
+:mod:`~passes.simplify.fusions.gelu`, :mod:`~passes.simplify.fusions.rotary` and
+:mod:`~passes.simplify.fusions.attention`. Those are
 written only where onnxruntime's CPU provider has the kernel for the opset and type (probed with a
 one-node model once a pattern is found, cached for the process); a pattern that only a higher opset
 would take is counted in ``stats["fusable_at_higher_opset"]`` (``{"Gelu@20": n}``).
@@ -113,5 +115,6 @@ from passes.simplify.fusions import pad  # noqa: F401  isort: skip
 from passes.simplify.fusions import normalization  # noqa: F401  isort: skip
 from passes.simplify.fusions import gelu  # noqa: F401  isort: skip
 from passes.simplify.fusions import rotary  # noqa: F401  isort: skip
+from passes.simplify.fusions import attention  # noqa: F401  isort: skip
 
 __all__: list[str] = []
