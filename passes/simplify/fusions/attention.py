@@ -131,7 +131,7 @@ def _scores(ctx: Context, value: ir.Value | None, graph: Graph, mask: ir.Value |
                 scale = 1.0 / factor if scaled.op_type == "Div" else factor
                 break
         else:
-            return "the scores are not a MatMul scaled by a one-element float constant"
+            return "the scores are not a MatMul scaled by a one-element float constant, finite and positive"
     if len(product.inputs) != 2 or any(v is None for v in product.inputs):
         return "the scores' MatMul has not two inputs"
     q, kt = product.inputs
