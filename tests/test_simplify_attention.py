@@ -387,3 +387,87 @@ def test_just_above_the_lowest_float_the_kernel_agrees() -> None:
     feeds = {n: rng.standard_normal((1, H, S if n == "q" else L, D)).astype(np.float32) for n in "qkv"}
     feeds["m"] = np.full((1, 1, S, L), -3.4e38, np.float32)
     _same_values(helpers.ort_run(primitive, feeds)[0], helpers.ort_run(kernel, feeds)[0])
+
+
+# --- tiny transformers exports (random perturbed weights, configs only) ---------------------------------
+
+
+def _export(arch: str, with_mask: bool) -> onnx.ModelProto:
+    """A 2-layer ``arch`` (bert, gpt2, llama) exported by torch's TorchScript exporter at opset 18."""
+    import io
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if arch == "bert":
+        config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=64, max_position_embeddings=32, attn_implementation="eager")
+        net = transformers.BertModel(config, add_pooling_layer=False)
+    elif arch == "gpt2":
+        config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                         use_cache=False, attn_implementation="sdpa")
+        net = transformers.GPT2Model(config)
+    else:
+        config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                          use_cache=False, attn_implementation="eager")
+        net = transformers.LlamaModel(config)
+    with torch.no_grad():
+        for tensor in net.parameters():
+            tensor.add_(torch.empty_like(tensor).uniform_(0.01, 0.1))
+    net.eval()
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, *args):
+            named = dict(zip(("input_ids", "attention_mask"), args))
+            return self.net(**named, return_dict=True).last_hidden_state
+
+    ids = torch.randint(0, 64, (2, 6))
+    args = (ids, torch.ones_like(ids)) if with_mask else (ids,)
+    names = ["input_ids", "attention_mask"][: len(args)]
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Wrapped(), args, buffer, dynamo=False, opset_version=18, input_names=names,
+                          output_names=["hidden"], dynamic_axes={n: {0: "batch", 1: "seq"} for n in names})
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def _optimized(original: onnx.ModelProto, target: int, caplog) -> list[str]:
+    """The optimised model's ops (the run's own check compares it with the original in onnxruntime)."""
+    from passes import optimize
+
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        result = optimize(original, target_opset=target)
+    return helpers.ops_recursive(result)
+
+
+def test_bert_without_a_mask_fuses_one_attention_per_layer_at_23_not_at_18(caplog) -> None:
+    original = _export("bert", with_mask=False)
+    ops = _optimized(original, 23, caplog)
+    assert ops.count("Attention") == 2 and "Softmax" not in ops, ops
+    rng = np.random.default_rng(0)
+    from passes import optimize
+
+    result = optimize(original, target_opset=23, check=False)
+    for batch, seq in ((1, 3), (2, 6), (3, 17)):
+        feeds = {"input_ids": rng.integers(0, 64, (batch, seq))}
+        _same_values(helpers.ort_run(original, feeds)[0], helpers.ort_run(result, feeds)[0])
+    ops = _optimized(original, 18, caplog)
+    assert "Attention" not in ops and ops.count("Softmax") == 2, ops
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "llama"])
+def test_exports_with_an_attention_mask_are_declined(arch: str, caplog) -> None:
+    """The exporters' masks are ``Where(attention_mask ..., 0, finfo.min)`` (or -inf) of the input: a padded
+    sequence fully masks a row, where onnxruntime's kernel gives 0 and the primitive ops do not. GPT-2's
+    sdpa export zeroes NaN probabilities (``Where(IsNaN(p), 0, p)``), which the kernel does not: no chain."""
+    ops = _optimized(_export(arch, with_mask=True), 23, caplog)
+    assert "Attention" not in ops and ops.count("Softmax") == 2, ops
+    if arch != "gpt2":
+        assert "the mask may fully mask a row" in caplog.text
