@@ -217,8 +217,8 @@ def _refused(original: onnx.ModelProto, reason: str, caplog) -> dict:
 FORMS = {
     "llama_layout_mul": dict(),
     "bert_layout_mul": dict(layout="bert"),
-    "div_by_sqrt_d": dict(scale="div"),
-    "sdpa_split_scale": dict(scale="split"),
+    "div_by_a_power_of_two": dict(scale="div", factor=0.25),
+    "sdpa_split_scale_by_powers_of_two": dict(scale="split", factor=0.25),  # head size 16: √s = 0.5
     "no_scale": dict(scale="none"),
     "constant_causal_mask": dict(mask="constant"),
     "constant_2d_mask_first": dict(mask="constant_2d", mask_first=True),
@@ -233,7 +233,7 @@ def test_attention_fuses(name: str) -> None:
     result = _fused(original)
     node = next(n for n in result.graph.node if n.op_type == "Attention")
     scale = next(a.f for a in node.attribute if a.name == "scale")
-    expected = 1.0 if FORMS[name].get("scale") == "none" else D**-0.5
+    expected = 1.0 if FORMS[name].get("scale") == "none" else FORMS[name].get("factor", D**-0.5)
     assert scale == pytest.approx(expected, rel=1e-6)
     assert len(node.input) == (3 if FORMS[name].get("mask", "none") == "none" else 4)
     if FORMS[name].get("layout") == "bert":  # one Transpose of K's [B, L, H, D] to [B, H, L, D]
@@ -283,6 +283,8 @@ TRAPS = {
     "a scale per key": (dict(scale="vector"), "scaled by a one-element float constant"),
     "a scale that is an input": (dict(scale="input"), "scaled by a one-element float constant"),
     "a Softmax on another axis": (dict(axis=2), "not on the last axis"),
+    "a Div by √8": (dict(scale="div"), "not a power of two: the kernel multiplies by its inverse"),
+    "a split scale of 8^-¼": (dict(scale="split"), "not a power of two: the kernel scales the product"),
     "the probabilities used elsewhere": (dict(outputs=("probs",)), "not a Softmax used by it alone"),
     "the scores used elsewhere": (dict(outputs=("scores",)), "scaled by a one-element float constant"),
     "a Q of batch 1 broadcast against K": (dict(q_batch=1), "batch of Q, Kᵀ and V is not proved the same"),
@@ -338,7 +340,37 @@ def test_attention_in_if_branches_but_not_in_a_function(caplog) -> None:
     _refused(in_function, "the scores' rank is not proved", caplog)
 
 
-# --- what onnxruntime's kernel does with fully masked rows (the module's mask condition) ----------------
+# --- what onnxruntime's kernel does (the module's conditions rest on these) ----------------------------
+
+
+def test_a_div_by_sqrt_8_rounds_otherwise_and_the_softmax_amplifies_it() -> None:
+    """Why only a Div by a power of two is taken: on ``x · 30 + 5`` the kernel (scores times 1/√8) is
+    beyond the check's float tolerance of the primitive ``Div`` by √8 in some trials, where the ``Mul`` by
+    1/√8 form is bit for bit."""
+    shape = (2, 4, 16, 8)
+    net = Net()
+    chain(net, scale="div")
+    io = [_io(n, shape) for n in "qkv"]
+    divided = helper.make_model(helper.make_graph(net.nodes, "d", io, [_io("y", shape)], initializer=net.initializers),
+                                opset_imports=[helper.make_opsetid("", 23)])  # fmt: skip
+    net = Net()
+    chain(net, scale="mul")
+    multiplied = helper.make_model(helper.make_graph(net.nodes, "m", io, [_io("y", shape)],
+                                                     initializer=net.initializers),
+                                   opset_imports=[helper.make_opsetid("", 23)])  # fmt: skip
+    kernel = helper.make_model(helper.make_graph([helper.make_node("Attention", ["q", "k", "v"], ["y"],
+                                                                   scale=float(np.float32(8**-0.5)))],
+                                                 "k", io, [_io("y", shape)]),
+                               opset_imports=[helper.make_opsetid("", 23)])  # fmt: skip
+    rng = np.random.default_rng(5)
+    beyond = 0
+    for _ in range(20):
+        feeds = {n: (rng.standard_normal(shape) * 30 + 5).astype(np.float32) for n in "qkv"}
+        fused = helpers.ort_run(kernel, feeds)[0]
+        assert helpers.ort_run(multiplied, feeds)[0].tobytes() == fused.tobytes()
+        expected = helpers.ort_run(divided, feeds)[0]
+        beyond += int(not np.allclose(fused, expected, rtol=1e-4, atol=1e-5))
+    assert beyond > 0
 
 
 def _pair() -> tuple[onnx.ModelProto, onnx.ModelProto]:
