@@ -40,9 +40,10 @@ and model-local function until nothing changes (bounded):
 * ``fusions`` (``--no-fuse`` turns them off): BatchNormalization into a
   preceding Conv/ConvTranspose/Gemm, a per-channel Mul/Add into a Conv, and
   MatMul+Add of proved matrices into a Gemm; the exporters' LayerNorm, GELU,
-  RMSNorm and rotate-half rotary embedding into the standard
-  ``LayerNormalization`` (opset 17), ``Gelu`` (20), ``RMSNormalization`` (23)
-  and ``RotaryEmbedding`` (23), where onnxruntime has the kernel
+  RMSNorm, rotate-half rotary embedding and scaled dot-product attention into
+  the standard ``LayerNormalization`` (opset 17), ``Gelu`` (20),
+  ``RMSNormalization`` (23), ``RotaryEmbedding`` (23) and ``Attention`` (23),
+  where onnxruntime has the kernel and computes what the primitive ops do
   (patterns only a higher opset would take are counted as
   ``fusable_at_higher_opset``). These are the only rules that change float
   results (by rounding: docs/exactness.md says how much); the report counts
