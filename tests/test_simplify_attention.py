@@ -67,8 +67,8 @@ def chain(net: Net, q: str = "q", k: str = "k", v: str = "v", out: str = "y", la
           axis: int = -1) -> dict[str, str]:  # fmt: skip
     """``MatMul(Softmax(scale · Q @ Kᵀ [+ mask]), V)``; returns the intermediates by name."""
     kt = net.op("Transpose", k, perm=[0, 2, 3, 1] if layout == "bert" else [0, 1, 3, 2])
-    if scale == "split":  # sdpa: MatMul(Q · √s, Kᵀ · √s)
-        root = net.const(np.sqrt(factor))
+    if scale in ("split", "split_input"):  # sdpa: MatMul(Q · √s, Kᵀ · √s)
+        root = net.const(np.sqrt(factor)) if scale == "split" else net.op("Sqrt", "s")
         scores = net.op("MatMul", net.op("Mul", q, root), net.op("Mul", kt, root))
         scaled = scores
     else:
@@ -126,7 +126,7 @@ def model(opset: int = 23, mask: str = "none", layout: str = "llama", batch=B, q
     named = chain(net, layout=layout, mask=mask_value, **options)
     k_shape = [batch, L, H, D] if layout == "bert" else [batch, H, L, D]
     inputs = [_io("q", [q_batch or batch, H, S, D]), _io("k", k_shape), _io("v", [batch, H, L, D]), *mask_inputs]
-    if options.get("scale") == "input":
+    if options.get("scale") in ("input", "split_input"):
         inputs.append(_io("s", []))
     extra = [_io(named[o], [batch, H, S, L]) for o in outputs]
     graph = helper.make_graph(net.nodes, "g", inputs, [_io("y", [batch, H, S, D]), *extra],
@@ -219,6 +219,7 @@ FORMS = {
     "bert_layout_mul": dict(layout="bert"),
     "div_by_a_power_of_two": dict(scale="div", factor=0.25),
     "sdpa_split_scale_by_powers_of_two": dict(scale="split", factor=0.25),  # head size 16: √s = 0.5
+    "sdpa_split_scale_of_8_to_the_minus_quarter": dict(scale="split"),  # kept on Q and K: scale 1
     "no_scale": dict(scale="none"),
     "constant_causal_mask": dict(mask="constant"),
     "constant_2d_mask_first": dict(mask="constant_2d", mask_first=True),
@@ -233,13 +234,24 @@ def test_attention_fuses(name: str) -> None:
     result = _fused(original)
     node = next(n for n in result.graph.node if n.op_type == "Attention")
     scale = next(a.f for a in node.attribute if a.name == "scale")
-    expected = 1.0 if FORMS[name].get("scale") == "none" else FORMS[name].get("factor", D**-0.5)
+    options = FORMS[name]
+    kept = options.get("scale") == "split" and "factor" not in options
+    expected = 1.0 if options.get("scale") == "none" or kept else options.get("factor", D**-0.5)
     assert scale == pytest.approx(expected, rel=1e-6)
     assert len(node.input) == (3 if FORMS[name].get("mask", "none") == "none" else 4)
     if FORMS[name].get("layout") == "bert":  # one Transpose of K's [B, L, H, D] to [B, H, L, D]
         key = next(n for n in result.graph.node if n.output[0] == node.input[1])
         assert key.op_type == "Transpose" and list(key.attribute[0].ints) == [0, 2, 1, 3]
     _same(original, result)
+
+
+def test_a_split_scale_that_is_not_a_power_of_two_stays_on_q_and_k() -> None:
+    """8^-¼ on Q and Kᵀ: Q keeps its Mul, K is Mul(K, 8^-¼) (the Transpose gone), scale 1: the chain's rounding."""
+    result = _fused(model(scale="split"))
+    node = next(n for n in result.graph.node if n.op_type == "Attention")
+    producers = {o: n for n in result.graph.node for o in n.output}
+    assert producers[node.input[0]].op_type == "Mul" and producers[node.input[1]].op_type == "Mul"
+    assert producers[node.input[1]].input[0] == "k" and "Transpose" not in helpers.ops_recursive(result)
 
 
 def test_llama_layout_reads_k_directly() -> None:
@@ -284,7 +296,7 @@ TRAPS = {
     "a scale that is an input": (dict(scale="input"), "scaled by a one-element float constant"),
     "a Softmax on another axis": (dict(axis=2), "not on the last axis"),
     "a Div by √8": (dict(scale="div"), "not a power of two: the kernel multiplies by its inverse"),
-    "a split scale of 8^-¼": (dict(scale="split"), "not a power of two: the kernel scales the product"),
+    "a split scale not yet a constant": (dict(scale="split_input"), "not a constant (yet"),
     "the probabilities used elsewhere": (dict(outputs=("probs",)), "not a Softmax used by it alone"),
     "the scores used elsewhere": (dict(outputs=("scores",)), "scaled by a one-element float constant"),
     "a Q of batch 1 broadcast against K": (dict(q_batch=1), "batch of Q, Kᵀ and V is not proved the same"),

@@ -2,15 +2,20 @@
 
 ``MatMul(Softmax(scale · MatMul(Q, Kᵀ) [+ mask], axis=-1), V)`` becomes
 ``Attention(Q, K, V[, mask], scale=scale)``. Accepted forms: the scale as ``Mul`` by a
-one-element constant (either order), ``Div`` by a power of two, split between Q and Kᵀ by
-powers of two (``MatMul(Q · √s, Kᵀ · √s)``, the TorchScript and dynamo exporters' ``sdpa``, at
-head sizes 4, 16, 64, 256), or absent (scale 1); the mask added in either order. onnxruntime's
-kernel computes ``(Q @ Kᵀ) · scale`` with the rounding of ``Mul(MatMul(Q, Kᵀ), scale)`` (bit for
-bit in our trials); a ``Div`` by √8 or a split by 8^-¼ rounds the scores otherwise, and the
-Softmax turns an ulp of a large score into a relative change of the same size in its output:
-on ``x · 30 + 5`` inputs beyond the check's float tolerance (1.9e-3 in 4 of 20 trials at D = 8),
-so those forms are declined. Powers of two scale exactly, so those forms are the ``Mul``'s. ``K`` is ``Kᵀ``'s Transpose source with the
-composed permutation (BERT's ``Transpose(perm=[0, 2, 3, 1])`` of the ``[B, L, H, D]`` projection
+one-element constant (either order), ``Div`` by a power of two, split between Q and Kᵀ
+(``MatMul(Q · √s, Kᵀ · √s)``, the TorchScript and dynamo exporters' ``sdpa``), or absent
+(scale 1); the mask added in either order. onnxruntime's kernel computes ``(Q @ Kᵀ) · scale``
+with the rounding of ``Mul(MatMul(Q, Kᵀ), scale)`` (bit for bit in our trials). A ``Div`` by √8
+rounds the scores otherwise (the kernel multiplies by its inverse), and the Softmax turns an ulp of
+a large score into a relative change of the same size in its output: on ``x · 30 + 5`` inputs
+beyond the check's float tolerance (1.9e-3 in 4 of 20 trials at D = 8), so a Div is taken only
+by a power of two, which scales exactly. A split factor that is a power of two goes into the
+scale (exact too); another (8^-¼ at D = 8) stays where it is: Q keeps its ``Mul``, and K is
+``Mul(K, f)`` (a scalar commutes with the Transpose exactly), so the kernel rounds as the chain
+does. A split factor that is not a constant yet (the exporters' ``Sqrt`` of a shape's scale,
+which folds) waits for it.
+
+``K`` is ``Kᵀ``'s Transpose source with the composed permutation (BERT's ``Transpose(perm=[0, 2, 3, 1])`` of the ``[B, L, H, D]`` projection
 becomes one ``Transpose(perm=[0, 2, 1, 3])``; none where the permutations cancel), or a new
 Transpose of ``Kᵀ``. A repeated K/V (Llama's ``repeat_kv``) is read as it is: Q, K and V then
 have the same heads.
@@ -82,6 +87,7 @@ class _Pattern:
     kt: ir.Value
     scale: float
     mask: ir.Value | None
+    k_factor: ir.Value | None = None  # a constant Kᵀ is multiplied by before the MatMul (not a power of two)
 
 
 @rule("MatMul", family="fuse")
@@ -143,25 +149,36 @@ def _scores(ctx: Context, value: ir.Value | None, graph: Graph, mask: ir.Value |
     if len(product.inputs) != 2 or any(v is None for v in product.inputs):
         return "the scores' MatMul has not two inputs"
     q, kt = product.inputs
+    k_factor: ir.Value | None = None
     for index, side in enumerate((q, kt)):  # sdpa's MatMul(Q · √s, Kᵀ · √s)
         split = inner(ctx, side, "Mul", graph)
-        if split is None or len(split.inputs) != 2:
+        if split is None or len(split.inputs) != 2 or any(v is None for v in split.inputs):
             continue
         for j in (0, 1):
-            factor = _factor(ctx, split.inputs[1 - j])
-            if factor is not None and split.inputs[j] is not None:
-                if not _power_of_two(factor):
-                    return (f"Q or Kᵀ is scaled by {factor!r} before the MatMul, not a power of two: the kernel "
-                            "scales the product, which rounds differently, and the Softmax amplifies that")  # fmt: skip
+            operand = split.inputs[1 - j]
+            factor = _factor(ctx, operand)
+            if factor is None:
+                if ctx.constant(operand) is None and _one_element(ctx, operand):
+                    return ("Q or Kᵀ is scaled by a one-element value that is not a constant (yet: the exporters' "
+                            "Sqrt of a shape's scale folds)")  # fmt: skip
+                continue
+            if _power_of_two(factor):  # exact: the kernel's scale takes it
                 scale *= factor
                 q, kt = (split.inputs[j], kt) if index == 0 else (q, split.inputs[j])
-                break
+            elif index == 1:  # Kᵀ · f: K is f times the transposed source (Q · f stays as it is)
+                kt, k_factor = split.inputs[j], operand
+            break
     with np.errstate(all="ignore"):
         rounded = float(np.float32(scale))
     if not (math.isfinite(rounded) and rounded >= float(np.finfo(np.float32).tiny)):
         return f"the scale {scale!r} is not finite, positive and normal in float"
     assert q is not None and kt is not None
-    return _Pattern(q, kt, rounded, mask)
+    return _Pattern(q, kt, rounded, mask, k_factor)
+
+
+def _one_element(ctx: Context, value: ir.Value | None) -> bool:
+    dims = ctx.dims(value)
+    return dims is not None and all(d == 1 for d in dims)
 
 
 def _factor(ctx: Context, value: ir.Value | None) -> float | None:
@@ -201,13 +218,19 @@ def _fuse(node: ir.Node, ctx: Context, found: _Pattern, v: ir.Value) -> Outcome:
 
     def rewrite() -> None:
         k = _key(ctx, node, found.kt)
+        if found.k_factor is not None:
+            names = ctx.names()
+            scaled = ir.Node("", "Mul", [k, found.k_factor], name=names.node("attention_key_scaled"))
+            scaled.outputs[0].name = names.value("attention_key_scaled")
+            node.graph.insert_before(node, scaled)  # type: ignore[union-attr]
+            k = scaled.outputs[0]
         inputs = [found.q, k, v] + ([found.mask] if found.mask is not None else [])
         fused = ir.Node("", "Attention", inputs, [ir.AttrFloat32("scale", found.scale)],
                         name=ctx.names().node(f"{node.name or 'MatMul'}_attention"))  # fmt: skip
         replace_output(node, ctx, fused)
 
     # The output's shape is checked here (batch, heads, Q's sequence, V's head size), not by vet's walk.
-    return Fusion(rewrite, found.q, reads=(found.q, found.kt, v, found.mask))
+    return Fusion(rewrite, found.q, reads=(found.q, found.kt, v, found.mask, found.k_factor))
 
 
 def _same(a: Dim, b: Dim) -> bool:
