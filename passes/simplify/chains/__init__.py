@@ -37,6 +37,8 @@
   (LogSoftmax, Hardmax too), what the upgrade writes for the opset-12 ops'
   2-D coercion: from opset 13 when every dim of x after ``a`` is 1 (the
   pooled [n, c, 1, 1] of a CNN's head), before 13 always.
+* ``Concat`` of the four ``x[..., a::2, b::2]`` (YOLOv5's Focus) -> ``SpaceToDepth(x, 2)`` and a
+  channel ``Gather`` (:mod:`.space_to_depth`), as onnxruntime's basic level does.
 
 The inner node must have no other user (else the chain would be computed
 twice), except an ``Unsqueeze`` or ``Slice`` whose users are all of its own
@@ -47,5 +49,6 @@ op: each takes it in; it is removed when it becomes dead.
 from passes.simplify.chains import pairs  # noqa: F401  isort: skip
 from passes.simplify.chains import layout  # noqa: F401  isort: skip
 from passes.simplify.chains import regions  # noqa: F401  isort: skip
+from passes.simplify.chains import space_to_depth  # noqa: F401  isort: skip
 
 __all__: list[str] = []
