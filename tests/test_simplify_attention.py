@@ -254,6 +254,42 @@ def test_a_split_scale_that_is_not_a_power_of_two_stays_on_q_and_k() -> None:
     assert producers[node.input[1]].input[0] == "k" and "Transpose" not in helpers.ops_recursive(result)
 
 
+def gqa_model(repeat_v: int = 2, unsqueeze_axis: int = 2) -> onnx.ModelProto:
+    """Llama's repeat_kv: Q of 4 heads, K and V of 2 heads each repeated twice (Unsqueeze, Expand, Reshape)."""
+    heads, kv = 4, 2
+    net = Net()
+    repeated = []
+    for name, times in (("k", 2), ("v", repeat_v)):
+        wide = net.op("Unsqueeze", name, net.const([unsqueeze_axis], np.int64))
+        target = [B, kv, times, L, D] if unsqueeze_axis == 2 else [times, kv, 1, L, D]
+        expanded = net.op("Expand", wide, net.const(target, np.int64))
+        merged = [B, kv * times, L, D]
+        repeated.append(net.op("Reshape", expanded, net.const(merged, np.int64)))
+    chain(net, k=repeated[0], v=repeated[1], mask=net.const(np.triu(np.full((S, L), -1e9), k=2)))
+    inputs = [_io("q", [B, heads, S, D]), _io("k", [B, kv, L, D]), _io("v", [B, kv, L, D])]
+    graph = helper.make_graph(net.nodes, "g", inputs, [_io("y", [B, heads, S, D])], initializer=net.initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+def test_grouped_query_attention_reads_k_and_v_before_their_repeat() -> None:
+    original = gqa_model()
+    result = _fused(original)
+    node = next(n for n in result.graph.node if n.op_type == "Attention")
+    assert list(node.input[:3]) == ["q", "k", "v"], node
+    ops = helpers.ops_recursive(result)
+    assert not {"Expand", "Unsqueeze", "Reshape"} & set(ops), ops
+    _same(original, result)
+
+
+def test_k_and_v_repeated_differently_stay_repeated() -> None:
+    """Unsqueeze on axis 0 (B = 2 repeats of the batch, not of the heads): the repeat is not repeat_kv."""
+    original = gqa_model(unsqueeze_axis=0)
+    result = _fused(original)
+    node = next(n for n in result.graph.node if n.op_type == "Attention")
+    assert node.input[1] != "k" and node.input[2] != "v", node
+    _same(original, result)
+
+
 def test_llama_layout_reads_k_directly() -> None:
     """Transpose(K, [0, 1, 3, 2]) composed with the swap back is the identity: K is read as it is."""
     result = _fused(model())

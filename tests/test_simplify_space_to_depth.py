@@ -60,7 +60,8 @@ def focus_nodes(offsets=YOLO, suffix: str = "", inline: bool = False, step: int 
     return nodes, initializers
 
 
-def focus(shape=("batch", 3, "h", "w"), dtype=np.float32, extra_output: str | None = None, **options) -> onnx.ModelProto:
+def focus(shape=("batch", 3, "h", "w"), dtype=np.float32, extra_output: str | None = None,
+          **options) -> onnx.ModelProto:  # fmt: skip
     nodes, initializers = focus_nodes(**options)
     channels = f"4{shape[1]}" if isinstance(shape[1], str) else 4 * shape[1]
     outputs = [_io("y", [shape[0], channels, "oh", "ow"], dtype)]

@@ -15,10 +15,13 @@ scale (exact too); another (8^-¼ at D = 8) stays where it is: Q keeps its ``Mul
 does. A split factor that is not a constant yet (the exporters' ``Sqrt`` of a shape's scale,
 which folds) waits for it.
 
-``K`` is ``Kᵀ``'s Transpose source with the composed permutation (BERT's ``Transpose(perm=[0, 2, 3, 1])`` of the ``[B, L, H, D]`` projection
-becomes one ``Transpose(perm=[0, 2, 1, 3])``; none where the permutations cancel), or a new
-Transpose of ``Kᵀ``. A repeated K/V (Llama's ``repeat_kv``) is read as it is: Q, K and V then
-have the same heads.
+``K`` is ``Kᵀ``'s Transpose source with the composed permutation (BERT's
+``Transpose(perm=[0, 2, 3, 1])`` of the ``[B, L, H, D]`` projection becomes one
+``Transpose(perm=[0, 2, 1, 3])``; none where the permutations cancel), or a new Transpose of ``Kᵀ``.
+K and V repeated by Llama's ``repeat_kv`` (``Reshape(Expand(Unsqueeze(x, [2]), [b, h, n, l, d]),
+[b, h·n, l, d])``, every dim proved, the same n for both) are read before the repeat: the kernel's
+grouped-query attention gives head ``i`` of Q head ``i // n`` of K and V, the same bits (compared
+on edge values).
 
 Where it applies:
 
@@ -216,8 +219,14 @@ def _fuse(node: ir.Node, ctx: Context, found: _Pattern, v: ir.Value) -> Outcome:
     if not ort_runs("Attention", ctx.opset, ir.DataType.FLOAT, shapes):
         return f"onnxruntime's CPU provider has no Attention-{ctx.opset} kernel for FLOAT"
 
+    source, perm = _key_source(ctx, found.kt)
+    key, value = _unrepeated(ctx, source), _unrepeated(ctx, v)
+    grouped = perm == [0, 1, 2, 3] and key is not None and value is not None and key[1] == value[1]
+    if grouped:  # grouped-query attention: the kernel repeats K and V itself
+        source, v = key[0], value[0]  # type: ignore[index]
+
     def rewrite() -> None:
-        k = _key(ctx, node, found.kt)
+        k = _transposed(ctx, node, source, perm)
         if found.k_factor is not None:
             names = ctx.names()
             scaled = ir.Node("", "Mul", [k, found.k_factor], name=names.node("attention_key_scaled"))
@@ -237,14 +246,19 @@ def _same(a: Dim, b: Dim) -> bool:
     return a is not None and a == b
 
 
-def _key(ctx: Context, before: ir.Node, kt: ir.Value) -> ir.Value:
-    """K ``[B, H, L, D]`` from Kᵀ ``[B, H, D, L]``: one Transpose of Kᵀ's source, or none."""
-    source, perm = kt, [0, 1, 3, 2]
+def _key_source(ctx: Context, kt: ir.Value) -> tuple[ir.Value, list[int]]:
+    """K ``[B, H, L, D]`` as ``(source, perm)``: Kᵀ's Transpose source with the composed permutation,
+    or Kᵀ with the last two axes swapped."""
     transpose = ctx.producer(kt, "Transpose")
     if transpose is not None and transpose.inputs and transpose.inputs[0] is not None:
         inner_perm = list(transpose.attributes.get_ints("perm", []))
         if sorted(inner_perm) == [0, 1, 2, 3]:
-            source, perm = transpose.inputs[0], [inner_perm[i] for i in (0, 1, 3, 2)]
+            return transpose.inputs[0], [inner_perm[i] for i in (0, 1, 3, 2)]
+    return kt, [0, 1, 3, 2]
+
+
+def _transposed(ctx: Context, before: ir.Node, source: ir.Value, perm: list[int]) -> ir.Value:
+    """``source`` transposed by ``perm`` (a new Transpose before ``before``, none for the identity)."""
     if perm == [0, 1, 2, 3]:
         return source
     names = ctx.names()
@@ -253,6 +267,35 @@ def _key(ctx: Context, before: ir.Node, kt: ir.Value) -> ir.Value:
     assert before.graph is not None
     before.graph.insert_before(before, new)
     return new.outputs[0]
+
+
+def _unrepeated(ctx: Context, value: ir.Value | None) -> tuple[ir.Value, int] | None:
+    """``(x, n)`` if ``value`` is Llama's ``repeat_kv(x, n)``: ``Reshape(Expand(Unsqueeze(x, [2]), [b, h, n, l,
+    d]), [b, h · n, l, d])``, every dim proved: each head of x repeated n times in a row, which is how
+    the kernel reads K and V of fewer heads than Q (head ``i`` of Q takes head ``i // n``)."""
+    reshape = ctx.producer(value, "Reshape")
+    expand = ctx.producer(reshape.inputs[0] if reshape is not None and reshape.inputs else None, "Expand")
+    unsqueeze = ctx.producer(expand.inputs[0] if expand is not None and expand.inputs else None, "Unsqueeze")
+    if unsqueeze is None or not unsqueeze.inputs or unsqueeze.inputs[0] is None:
+        return None
+    x = unsqueeze.inputs[0]
+    dims, wide, out = ctx.dims(x), ctx.dims(expand.outputs[0]), ctx.dims(value)  # type: ignore[union-attr]
+    if dims is None or wide is None or out is None or len(dims) != 4 or len(wide) != 5 or len(out) != 4:
+        return None
+    b, heads, length, size = dims
+    repeat = wide[2]
+    if not (isinstance(heads, int) and isinstance(repeat, int) and repeat > 1 and out[1] == heads * repeat):
+        return None
+    if not all(_same(a, c) for a, c in ((b, wide[0]), (heads, wide[1]), (length, wide[3]), (size, wide[4]))):
+        return None
+    if not all(_same(a, c) for a, c in ((b, out[0]), (length, out[2]), (size, out[3]))):
+        return None
+    single = ctx.dims(unsqueeze.outputs[0])  # [b, h, 1, l, d]: the new axis is the one Expand repeats
+    if single is None or len(single) != 5 or single[2] != 1:
+        return None
+    if not all(_same(a, c) for a, c in zip(dims, single[:2] + single[3:])):
+        return None
+    return x, repeat
 
 
 def _mask_refusal(ctx: Context, mask: ir.Value, scores: tuple[Dim, ...]) -> str | None:
