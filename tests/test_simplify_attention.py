@@ -19,6 +19,8 @@ import logging
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import helpers
@@ -100,6 +102,12 @@ def masks(net: Net, kind: str) -> tuple[str | None, list[onnx.ValueInfoProto]]:
         return net.const(causal[None, None]), []
     if kind == "constant_2d":
         return net.const(np.random.default_rng(0).standard_normal((S, L))), []
+    if kind == "constant_partly_minus_inf":  # no row fully masked: -inf and the lowest float in some entries
+        mask = np.zeros((1, 1, S, L))
+        mask[0, 0, 0, :4] = -np.inf
+        mask[0, 0, 1, 1:] = LOWEST
+        mask[0, 0, 2, ::2] = [-np.inf, LOWEST, -np.inf]
+        return net.const(mask), []
     if kind in ("constant_full_row", "constant_full_row_inf"):
         mask = np.zeros((1, 1, S, L))
         mask[0, 0, 1] = LOWEST if kind == "constant_full_row" else -np.inf
@@ -223,6 +231,7 @@ FORMS = {
     "no_scale": dict(scale="none"),
     "constant_causal_mask": dict(mask="constant"),
     "constant_2d_mask_first": dict(mask="constant_2d", mask_first=True),
+    "constant_mask_partly_minus_inf_and_lowest": dict(mask="constant_partly_minus_inf"),
     "float_mask_where_minus_1e4": dict(mask="where_1e4"),
     "bert_legacy_int_mask": dict(mask="bert_legacy", layout="bert"),
 }
@@ -315,6 +324,34 @@ def test_attention_is_idempotent() -> None:
 def test_no_fuse_leaves_the_chain() -> None:
     result, stats = helpers.simplify_checked(model(), fuse=False)
     assert "Attention" not in helpers.ops_recursive(result) and stats["fused"] == 0, stats
+
+
+MASK_VALUES = [0.0, -np.inf, LOWEST, -1e4, 1.5, -0.0, np.nan, np.inf]
+
+
+_ROW = st.lists(st.sampled_from(range(len(MASK_VALUES))), min_size=L, max_size=L)
+_MASKED_ROW = st.lists(st.sampled_from([1, 2]), min_size=L, max_size=L)  # -inf and the lowest float only
+
+
+@settings(max_examples=25)
+@given(rows=st.lists(st.one_of(_ROW, _ROW, _MASKED_ROW), min_size=S, max_size=S), seed=st.integers(0, 2**16))
+def test_a_constant_mask_fuses_exactly_when_the_kernel_agrees(rows: list[list[int]], seed: int) -> None:
+    """Any constant mask of these values: fused iff no row is all -inf or the lowest float, and where
+    fused, onnxruntime computes the same on edge-valued Q, K and V (NaN, inf and zero signs exactly)."""
+    mask = np.array([[MASK_VALUES[i] for i in row] for row in rows], np.float32).reshape(1, 1, S, L)
+    net = Net()
+    chain(net, mask=net.const(mask))
+    inputs = [_io("q", [B, H, S, D]), _io("k", [B, H, L, D]), _io("v", [B, H, L, D])]
+    graph = helper.make_graph(net.nodes, "g", inputs, [_io("y", [B, H, S, D])], initializer=net.initializers)
+    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    result, stats = helpers.simplify_checked(original)
+    fully_masked = bool(np.any(np.all(mask <= LOWEST, axis=-1)))
+    assert (RULE in stats["applied"]) == (not fully_masked), (mask, stats)
+    rng = np.random.default_rng(seed)
+    for kind in ("normal", "edges"):
+        feeds = {n: (rng.choice(_edges(), size=(B, H, S if n == "q" else L, D)) if kind == "edges" else
+                     rng.standard_normal((B, H, S if n == "q" else L, D)).astype(np.float32)) for n in "qkv"}  # fmt: skip
+        _same_values(helpers.ort_run(original, feeds)[0], helpers.ort_run(result, feeds)[0])
 
 
 # --- not fusing ---------------------------------------------------------------------------------------
