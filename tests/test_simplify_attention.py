@@ -119,11 +119,12 @@ def masks(net: Net, kind: str) -> tuple[str | None, list[onnx.ValueInfoProto]]:
         value = {"where_lowest": LOWEST, "where_inf": -np.inf, "where_1e4": -1e4}[kind]
         zero = net.const(0.0)
         return net.op("Where", "m", zero, net.const(value)), [_io("m", [B, 1, S, L], np.bool_)]
-    if kind == "bert_legacy":  # (1 - mask) · -10000 of an int64 attention_mask [B, L]
+    if kind in ("bert_legacy", "bert_legacy_lowest"):  # (1 - mask) · -10000 (or finfo.min) of an int64 [B, L]
         expanded = net.op("Unsqueeze", net.op("Unsqueeze", "m", net.const([1], np.int64)), net.const([1], np.int64))
         inverted = net.op("Sub", net.const(1.0), net.op("Cast", expanded, to=TensorProto.FLOAT))
         full = net.op("Expand", inverted, net.const([B, 1, S, L], np.int64))
-        return net.op("Mul", full, net.const(-1e4)), [_io("m", [B, L], np.int64)]
+        factor = -1e4 if kind == "bert_legacy" else LOWEST
+        return net.op("Mul", full, net.const(factor)), [_io("m", [B, L], np.int64)]
     raise ValueError(kind)
 
 
@@ -363,6 +364,7 @@ TRAPS = {
     "a mask that is a graph input": (dict(mask="input"), FULLY_MASKED),
     "Where(mask, 0, finfo.min)": (dict(mask="where_lowest"), FULLY_MASKED),
     "Where(mask, 0, -inf)": (dict(mask="where_inf"), FULLY_MASKED),
+    "(1 - mask) · finfo.min": (dict(mask="bert_legacy_lowest", layout="bert"), FULLY_MASKED),
     "a zero scale": (dict(factor=0.0), "scaled by a one-element float constant"),
     "a negative scale": (dict(factor=-0.25), "scaled by a one-element float constant"),
     "a scale per key": (dict(scale="vector"), "scaled by a one-element float constant"),

@@ -350,7 +350,7 @@ def _bounds(ctx: Context, value: ir.Value | None, depth: int) -> tuple[float, fl
     if op == "Where" and len(inputs) == 3:
         return _union([_bounds(ctx, v, depth - 1) for v in inputs[1:]])
     if op == "Cast" and len(inputs) == 1:
-        return _bounds(ctx, inputs[0], depth - 1)
+        return _cast_bounds(_bounds(ctx, inputs[0], depth - 1), producer.attributes.get_int("to", 0))
     if op == "Neg" and len(inputs) == 1:
         inside = _bounds(ctx, inputs[0], depth - 1)
         return None if inside is None else (-inside[1], -inside[0])
@@ -368,6 +368,25 @@ def _bounds(ctx: Context, value: ir.Value | None, depth: int) -> tuple[float, fl
         if any(math.isnan(e) for e in ends):
             return None
         return min(ends), max(ends)
+    return None
+
+
+def _cast_bounds(bounds: tuple[float, float] | None, to: int) -> tuple[float, float] | None:
+    """The bounds of a Cast ``to`` (an ONNX type) of values within ``bounds``: floats keep them (a value
+    beyond float's range becomes inf, which the caller's margin refuses), integers truncate them
+    (None beyond the type's range), bool is 0 or 1."""
+    if bounds is None:
+        return None
+    target = ir.DataType(to)
+    if target == ir.DataType.BOOL:
+        return 0.0, 1.0
+    if target.is_floating_point():
+        return bounds
+    if target.is_integer():
+        info = np.iinfo(target.numpy())
+        if bounds[0] < info.min or bounds[1] > info.max:
+            return None
+        return float(math.trunc(bounds[0])), float(math.trunc(bounds[1]))
     return None
 
 
