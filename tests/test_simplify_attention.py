@@ -7,9 +7,8 @@ replaced the chain (no Softmax left), the pass counted it, and onnxruntime (its 
 disabled) computes the same: NaN, the infinities and the sign of every zero in the same places,
 finite values within the check's tolerance, on normal inputs, ``x * 30 + 5`` and edge values (±0,
 NaN, ±inf, ±float max, ±1e30) in Q, K and V. Each trap asserts the chain stays, with its reason
-logged. The probes at the end pin what onnxruntime 1.32's kernel does with fully masked rows,
-which the module's mask condition rests on. A tiny BERT, GPT-2 and Llama exported by torch here
-(random perturbed weights) show what happens to real exports.
+logged. ``test_simplify_attention_ort.py`` pins what onnxruntime 1.32's kernel does (the module's
+conditions rest on it) and runs tiny BERT, GPT-2 and Llama exports.
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ class Net:
         return name
 
 
-def _io(name: str, shape, dtype=np.float32) -> onnx.ValueInfoProto:
+def value_info(name: str, shape, dtype=np.float32) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape)
 
 
@@ -114,17 +113,17 @@ def masks(net: Net, kind: str) -> tuple[str | None, list[onnx.ValueInfoProto]]:
         mask[0, 0, 2, :2] = -np.inf  # a partly masked row is fine
         return net.const(mask), []
     if kind == "input":
-        return "m", [_io("m", [B, 1, S, L])]
+        return "m", [value_info("m", [B, 1, S, L])]
     if kind.startswith("where"):
         value = {"where_lowest": LOWEST, "where_inf": -np.inf, "where_1e4": -1e4}[kind]
         zero = net.const(0.0)
-        return net.op("Where", "m", zero, net.const(value)), [_io("m", [B, 1, S, L], np.bool_)]
+        return net.op("Where", "m", zero, net.const(value)), [value_info("m", [B, 1, S, L], np.bool_)]
     if kind in ("bert_legacy", "bert_legacy_lowest"):  # (1 - mask) · -10000 (or finfo.min) of an int64 [B, L]
         expanded = net.op("Unsqueeze", net.op("Unsqueeze", "m", net.const([1], np.int64)), net.const([1], np.int64))
         inverted = net.op("Sub", net.const(1.0), net.op("Cast", expanded, to=TensorProto.FLOAT))
         full = net.op("Expand", inverted, net.const([B, 1, S, L], np.int64))
         factor = -1e4 if kind == "bert_legacy" else LOWEST
-        return net.op("Mul", full, net.const(factor)), [_io("m", [B, L], np.int64)]
+        return net.op("Mul", full, net.const(factor)), [value_info("m", [B, L], np.int64)]
     raise ValueError(kind)
 
 
@@ -134,11 +133,11 @@ def model(opset: int = 23, mask: str = "none", layout: str = "llama", batch=B, q
     mask_value, mask_inputs = masks(net, mask)
     named = chain(net, layout=layout, mask=mask_value, **options)
     k_shape = [batch, L, H, D] if layout == "bert" else [batch, H, L, D]
-    inputs = [_io("q", [q_batch or batch, H, S, D]), _io("k", k_shape), _io("v", [batch, H, L, D]), *mask_inputs]
+    inputs = [value_info("q", [q_batch or batch, H, S, D]), value_info("k", k_shape), value_info("v", [batch, H, L, D]), *mask_inputs]
     if options.get("scale") in ("input", "split_input"):
-        inputs.append(_io("s", []))
-    extra = [_io(named[o], [batch, H, S, L]) for o in outputs]
-    graph = helper.make_graph(net.nodes, "g", inputs, [_io("y", [batch, H, S, D]), *extra],
+        inputs.append(value_info("s", []))
+    extra = [value_info(named[o], [batch, H, S, L]) for o in outputs]
+    graph = helper.make_graph(net.nodes, "g", inputs, [value_info("y", [batch, H, S, D]), *extra],
                               initializer=net.initializers)  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
@@ -185,7 +184,7 @@ def _feeds(original: onnx.ModelProto, seed: int = 0) -> list[dict[str, np.ndarra
     return found
 
 
-def _same_values(expected: np.ndarray, actual: np.ndarray) -> None:
+def same_values(expected: np.ndarray, actual: np.ndarray) -> None:
     """NaN, inf and the sign of zero exactly; finite values within the check's tolerance."""
     assert expected.dtype == actual.dtype and expected.shape == actual.shape
     e, a = expected.astype(np.float64), actual.astype(np.float64)
@@ -201,7 +200,7 @@ def _same_values(expected: np.ndarray, actual: np.ndarray) -> None:
 def _same(original: onnx.ModelProto, result: onnx.ModelProto) -> None:
     for feeds in _feeds(original):
         for expected, actual in zip(helpers.ort_run(original, feeds), helpers.ort_run(result, feeds)):
-            _same_values(expected, actual)
+            same_values(expected, actual)
 
 
 def _fused(original: onnx.ModelProto, count: int = 1) -> onnx.ModelProto:
@@ -276,8 +275,8 @@ def gqa_model(repeat_v: int = 2, unsqueeze_axis: int = 2) -> onnx.ModelProto:
         merged = [B, kv * times, L, D]
         repeated.append(net.op("Reshape", expanded, net.const(merged, np.int64)))
     chain(net, k=repeated[0], v=repeated[1], mask=net.const(np.triu(np.full((S, L), -1e9), k=2)))
-    inputs = [_io("q", [B, heads, S, D]), _io("k", [B, kv, L, D]), _io("v", [B, kv, L, D])]
-    graph = helper.make_graph(net.nodes, "g", inputs, [_io("y", [B, heads, S, D])], initializer=net.initializers)
+    inputs = [value_info("q", [B, heads, S, D]), value_info("k", [B, kv, L, D]), value_info("v", [B, kv, L, D])]
+    graph = helper.make_graph(net.nodes, "g", inputs, [value_info("y", [B, heads, S, D])], initializer=net.initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
 
 
@@ -313,7 +312,7 @@ def test_symbolic_batch_fuses() -> None:
     for batch in (1, 3):
         rng = np.random.default_rng(batch)
         feeds = {n: rng.standard_normal((batch, H, S if n == "q" else L, D)).astype(np.float32) for n in "qkv"}
-        _same_values(helpers.ort_run(original, feeds)[0], helpers.ort_run(result, feeds)[0])
+        same_values(helpers.ort_run(original, feeds)[0], helpers.ort_run(result, feeds)[0])
 
 
 def test_attention_is_idempotent() -> None:
@@ -342,8 +341,8 @@ def test_a_constant_mask_fuses_exactly_when_the_kernel_agrees(rows: list[list[in
     mask = np.array([[MASK_VALUES[i] for i in row] for row in rows], np.float32).reshape(1, 1, S, L)
     net = Net()
     chain(net, mask=net.const(mask))
-    inputs = [_io("q", [B, H, S, D]), _io("k", [B, H, L, D]), _io("v", [B, H, L, D])]
-    graph = helper.make_graph(net.nodes, "g", inputs, [_io("y", [B, H, S, D])], initializer=net.initializers)
+    inputs = [value_info("q", [B, H, S, D]), value_info("k", [B, H, L, D]), value_info("v", [B, H, L, D])]
+    graph = helper.make_graph(net.nodes, "g", inputs, [value_info("y", [B, H, S, D])], initializer=net.initializers)
     original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
     result, stats = helpers.simplify_checked(original)
     fully_masked = bool(np.any(np.all(mask <= LOWEST, axis=-1)))
@@ -352,7 +351,7 @@ def test_a_constant_mask_fuses_exactly_when_the_kernel_agrees(rows: list[list[in
     for kind in ("normal", "edges"):
         feeds = {n: (rng.choice(_edges(), size=(B, H, S if n == "q" else L, D)) if kind == "edges" else
                      rng.standard_normal((B, H, S if n == "q" else L, D)).astype(np.float32)) for n in "qkv"}  # fmt: skip
-        _same_values(helpers.ort_run(original, feeds)[0], helpers.ort_run(result, feeds)[0])
+        same_values(helpers.ort_run(original, feeds)[0], helpers.ort_run(result, feeds)[0])
 
 
 # --- not fusing ---------------------------------------------------------------------------------------
@@ -403,10 +402,10 @@ def test_attention_in_if_branches_but_not_in_a_function(caplog) -> None:
     for suffix in ("_then", "_else"):
         net = Net(inline=True, suffix=suffix)
         chain(net, out="y", mask=net.const(np.triu(np.full((S, L), -1e9), k=2)[None, None]))
-        branches.append(helper.make_graph(net.nodes, "b" + suffix, [], [_io("y" + suffix, [B, H, S, D])]))
+        branches.append(helper.make_graph(net.nodes, "b" + suffix, [], [value_info("y" + suffix, [B, H, S, D])]))
     if_node = helper.make_node("If", ["cond"], ["y"], then_branch=branches[0], else_branch=branches[1])
-    inputs = [_io("q", [B, H, S, D]), _io("k", [B, H, L, D]), _io("v", [B, H, L, D]), _io("cond", [], np.bool_)]
-    graph = helper.make_graph([if_node], "g", inputs, [_io("y", [B, H, S, D])])
+    inputs = [value_info("q", [B, H, S, D]), value_info("k", [B, H, L, D]), value_info("v", [B, H, L, D]), value_info("cond", [], np.bool_)]
+    graph = helper.make_graph([if_node], "g", inputs, [value_info("y", [B, H, S, D])])
     original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
     result, stats = helpers.simplify_checked(original)
     assert stats["applied"][RULE] == 2, stats
@@ -414,179 +413,14 @@ def test_attention_in_if_branches_but_not_in_a_function(caplog) -> None:
     for cond in (True, False):
         for feeds in _feeds(model()):
             feeds["cond"] = np.array(cond)
-            _same_values(helpers.ort_run(original, feeds)[0], helpers.ort_run(result, feeds)[0])
+            same_values(helpers.ort_run(original, feeds)[0], helpers.ort_run(result, feeds)[0])
 
     net = Net(inline=True)
     chain(net)
     function = helper.make_function("local", "F", ["q", "k", "v"], ["y"], net.nodes,
                                     opset_imports=[helper.make_opsetid("", 23)])  # fmt: skip
     call = helper.make_node("F", ["q", "k", "v"], ["y"], domain="local")
-    graph = helper.make_graph([call], "g", inputs[:3], [_io("y", [B, H, S, D])])
+    graph = helper.make_graph([call], "g", inputs[:3], [value_info("y", [B, H, S, D])])
     in_function = helper.make_model(graph, functions=[function],
                                     opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid("local", 1)])
     _refused(in_function, "the scores' rank is not proved", caplog)
-
-
-# --- what onnxruntime's kernel does (the module's conditions rest on these) ----------------------------
-
-
-def test_a_div_by_sqrt_8_rounds_otherwise_and_the_softmax_amplifies_it() -> None:
-    """Why only a Div by a power of two is taken: on ``x · 30 + 5`` the kernel (scores times 1/√8) is
-    beyond the check's float tolerance of the primitive ``Div`` by √8 in some trials, where the ``Mul`` by
-    1/√8 form is bit for bit."""
-    shape = (2, 4, 16, 8)
-    net = Net()
-    chain(net, scale="div")
-    io = [_io(n, shape) for n in "qkv"]
-    divided = helper.make_model(helper.make_graph(net.nodes, "d", io, [_io("y", shape)], initializer=net.initializers),
-                                opset_imports=[helper.make_opsetid("", 23)])  # fmt: skip
-    net = Net()
-    chain(net, scale="mul")
-    multiplied = helper.make_model(helper.make_graph(net.nodes, "m", io, [_io("y", shape)],
-                                                     initializer=net.initializers),
-                                   opset_imports=[helper.make_opsetid("", 23)])  # fmt: skip
-    kernel = helper.make_model(helper.make_graph([helper.make_node("Attention", ["q", "k", "v"], ["y"],
-                                                                   scale=float(np.float32(8**-0.5)))],
-                                                 "k", io, [_io("y", shape)]),
-                               opset_imports=[helper.make_opsetid("", 23)])  # fmt: skip
-    rng = np.random.default_rng(5)
-    beyond = 0
-    for _ in range(20):
-        feeds = {n: (rng.standard_normal(shape) * 30 + 5).astype(np.float32) for n in "qkv"}
-        fused = helpers.ort_run(kernel, feeds)[0]
-        assert helpers.ort_run(multiplied, feeds)[0].tobytes() == fused.tobytes()
-        expected = helpers.ort_run(divided, feeds)[0]
-        beyond += int(not np.allclose(fused, expected, rtol=1e-4, atol=1e-5))
-    assert beyond > 0
-
-
-def _pair() -> tuple[onnx.ModelProto, onnx.ModelProto]:
-    """The primitive chain with a mask input ``m`` [1, 1, S, L] and Attention on the same inputs."""
-    primitive = model(mask="input", batch=1)
-    primitive.graph.input[3].type.tensor_type.shape.dim[0].dim_value = 1
-    kernel = helper.make_graph([helper.make_node("Attention", ["q", "k", "v", "m"], ["y"], scale=D**-0.5)], "k",
-                               list(primitive.graph.input), list(primitive.graph.output))  # fmt: skip
-    return primitive, helper.make_model(kernel, opset_imports=[helper.make_opsetid("", 23)])
-
-
-@pytest.mark.parametrize("fill", [LOWEST, -np.inf])
-def test_the_kernel_zeroes_a_fully_masked_row(fill: float) -> None:
-    """A row whose every mask entry is the lowest float or -inf: the kernel gives 0 whatever the scores,
-    the primitive ops the mean of V (equal scores) or NaN. Other rows, partly masked ones included, agree."""
-    primitive, kernel = _pair()
-    rng = np.random.default_rng(0)
-    feeds = {n: rng.standard_normal((1, H, S if n == "q" else L, D)).astype(np.float32) for n in "qkv"}
-    mask = np.zeros((1, 1, S, L), np.float32)
-    mask[0, 0, 0] = fill
-    mask[0, 0, 1, :3] = fill
-    feeds["m"] = mask
-    expected, actual = helpers.ort_run(primitive, feeds)[0], helpers.ort_run(kernel, feeds)[0]
-    assert np.all(actual[:, :, 0] == 0)
-    if fill == LOWEST:
-        np.testing.assert_allclose(expected[:, :, 0], np.broadcast_to(feeds["v"].mean(axis=2), expected[:, :, 0].shape),
-                                   rtol=1e-5, atol=1e-6)  # fmt: skip
-    else:
-        assert np.all(np.isnan(expected[:, :, 0]))
-    _same_values(expected[:, :, 1:], actual[:, :, 1:])
-
-
-def test_the_kernel_hides_nan_scores_in_a_fully_masked_row() -> None:
-    primitive, kernel = _pair()
-    feeds = {n: np.ones((1, H, S if n == "q" else L, D), np.float32) for n in "qkv"}
-    feeds["q"][0, 0, 0, 0] = np.nan
-    feeds["m"] = np.full((1, 1, S, L), LOWEST, np.float32)
-    expected, actual = helpers.ort_run(primitive, feeds)[0], helpers.ort_run(kernel, feeds)[0]
-    assert np.isnan(expected[0, 0, 0, 0]) and actual[0, 0, 0, 0] == 0
-
-
-def test_just_above_the_lowest_float_the_kernel_agrees() -> None:
-    """-3.4e38 in every entry of a row is not fully masked for the kernel: the mean of V in both."""
-    primitive, kernel = _pair()
-    rng = np.random.default_rng(1)
-    feeds = {n: rng.standard_normal((1, H, S if n == "q" else L, D)).astype(np.float32) for n in "qkv"}
-    feeds["m"] = np.full((1, 1, S, L), -3.4e38, np.float32)
-    _same_values(helpers.ort_run(primitive, feeds)[0], helpers.ort_run(kernel, feeds)[0])
-
-
-# --- tiny transformers exports (random perturbed weights, configs only) ---------------------------------
-
-
-def _export(arch: str, with_mask: bool) -> onnx.ModelProto:
-    """A 2-layer ``arch`` (bert, gpt2, llama) exported by torch's TorchScript exporter at opset 18."""
-    import io
-    import warnings
-
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    if arch == "bert":
-        config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                         intermediate_size=64, max_position_embeddings=32, attn_implementation="eager")
-        net = transformers.BertModel(config, add_pooling_layer=False)
-    elif arch == "gpt2":
-        config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-                                         use_cache=False, attn_implementation="sdpa")
-        net = transformers.GPT2Model(config)
-    else:
-        config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                                          use_cache=False, attn_implementation="eager")
-        net = transformers.LlamaModel(config)
-    with torch.no_grad():
-        for tensor in net.parameters():
-            tensor.add_(torch.empty_like(tensor).uniform_(0.01, 0.1))
-    net.eval()
-
-    class Wrapped(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = net
-
-        def forward(self, *args):
-            named = dict(zip(("input_ids", "attention_mask"), args))
-            return self.net(**named, return_dict=True).last_hidden_state
-
-    ids = torch.randint(0, 64, (2, 6))
-    args = (ids, torch.ones_like(ids)) if with_mask else (ids,)
-    names = ["input_ids", "attention_mask"][: len(args)]
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(Wrapped(), args, buffer, dynamo=False, opset_version=18, input_names=names,
-                          output_names=["hidden"], dynamic_axes={n: {0: "batch", 1: "seq"} for n in names})
-    return onnx.load_from_string(buffer.getvalue())
-
-
-def _optimized(original: onnx.ModelProto, target: int, caplog) -> list[str]:
-    """The optimised model's ops (the run's own check compares it with the original in onnxruntime)."""
-    from passes import optimize
-
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
-        result = optimize(original, target_opset=target)
-    return helpers.ops_recursive(result)
-
-
-def test_bert_without_a_mask_fuses_one_attention_per_layer_at_23_not_at_18(caplog) -> None:
-    original = _export("bert", with_mask=False)
-    ops = _optimized(original, 23, caplog)
-    assert ops.count("Attention") == 2 and "Softmax" not in ops, ops
-    rng = np.random.default_rng(0)
-    from passes import optimize
-
-    result = optimize(original, target_opset=23, check=False)
-    for batch, seq in ((1, 3), (2, 6), (3, 17)):
-        feeds = {"input_ids": rng.integers(0, 64, (batch, seq))}
-        _same_values(helpers.ort_run(original, feeds)[0], helpers.ort_run(result, feeds)[0])
-    ops = _optimized(original, 18, caplog)
-    assert "Attention" not in ops and ops.count("Softmax") == 2, ops
-
-
-@pytest.mark.parametrize("arch", ["bert", "gpt2", "llama"])
-def test_exports_with_an_attention_mask_are_declined(arch: str, caplog) -> None:
-    """The exporters' masks are ``Where(attention_mask ..., 0, finfo.min)`` (or -inf) of the input: a padded
-    sequence fully masks a row, where onnxruntime's kernel gives 0 and the primitive ops do not. GPT-2's
-    sdpa export zeroes NaN probabilities (``Where(IsNaN(p), 0, p)``), which the kernel does not: no chain."""
-    ops = _optimized(_export(arch, with_mask=True), 23, caplog)
-    assert "Attention" not in ops and ops.count("Softmax") == 2, ops
-    if arch != "gpt2":
-        assert "the mask may fully mask a row" in caplog.text
