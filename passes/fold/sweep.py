@@ -284,7 +284,7 @@ class Sweep:
             reason = self.unconfirmed.get((node, tuple(node.inputs)))
         if reason is None:
             try:
-                outputs = evaluate.evaluate(candidate)
+                outputs = evaluate.evaluate(candidate, runtime=self.confirm)
             except evaluate.EvaluationError as e:
                 if e.runtime_choice:
                     decide.decide(self, candidate, scope, str(e))
