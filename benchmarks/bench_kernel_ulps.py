@@ -125,6 +125,9 @@ def cut_dependence(op: str, opset: int, attrs: dict, x: np.ndarray) -> list[str]
             part = one.run(None, {"x": x[offset : offset + size]})[0]
             if not same_bits(part, whole[1][offset : offset + size]):
                 found.append(f"size {size} at {offset}")
+    singles = np.concatenate([one.run(None, {"x": x[i : i + 1]})[0] for i in range(4096)])
+    if not same_bits(singles, whole[1][:4096]):
+        found.append("one at a time")
     return found
 
 
