@@ -295,3 +295,83 @@ def test_float16_is_not_taken() -> None:
     assert kernels.runtime_valued("", "Sigmoid", "float16") is None
     assert kernels.runtime_valued("", "Sigmoid", "float32") is not None
     assert kernels.runtime_valued("com.microsoft", "Sigmoid", "float32") is None
+
+
+# --- a real Swin-v2 export (torch, transformers: the `heavy` marker) ----------------------------------
+
+
+def swinv2_export(opset: int, path: str) -> None:
+    """transformers' Swinv2 (depths [1, 1], embed_dim 16, random weights offset by [0.01, 0.1), nothing
+    downloaded), its CPB MLP's head 0 scaled by -6 so that its biases reach the Sigmoid's tail (a
+    head that learned to mask far positions), exported by TorchScript with a dynamic batch."""
+    import contextlib
+    import io
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Swinv2Config(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
+                                       window_size=4, num_labels=10)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Swinv2ForImageClassification(config).eval()
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.is_floating_point():
+                tensor.add_(torch.empty(tensor.shape, dtype=tensor.dtype).uniform_(0.01, 0.1, generator=gen))
+        for name, module in model.named_modules():
+            if name.endswith("continuous_position_bias_mlp"):
+                module[2].weight[0].mul_(-6.0)
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(pixel_values=x).logits
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Logits().eval(), (torch.randn(1, 3, 32, 32),), path, dynamo=False, opset_version=opset,
+                          input_names=["pixel_values"], output_names=["logits"],
+                          dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}})  # fmt: skip
+
+
+def histogram(model: onnx.ModelProto) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("opset", [17, 18])
+def test_a_swin_v2_export_folds_its_cpb_sigmoids(opset: int, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from passes import cli
+
+    src, out, report = tmp_path / "swinv2.onnx", tmp_path / "out.onnx", tmp_path / "report.json"
+    swinv2_export(opset, str(src))
+    before = histogram(onnx.load(src))
+    assert before["Sigmoid"] == 2  # one CPB MLP per block
+
+    def optimise() -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+        assert cli.main([str(src), "-o", str(out), "--report", str(report), "-q"]) == 0
+        written = json.loads(report.read_text())
+        assert written["check"]["ok"], written["check"]  # outputs equal in onnxruntime
+        stats: dict[str, dict[str, int]] = {}
+        for run in (p for p in written["passes"] if p["name"] == "fold"):
+            for key in ("runtime_decided", "disagrees_with_onnxruntime"):
+                for op, n in run["stats"][key].items():
+                    stats.setdefault(key, {}).setdefault(op, 0)
+                    stats[key][op] += n
+        return histogram(onnx.load(out)), stats
+
+    after, stats = optimise()
+    assert "Sigmoid" not in after and "Relu" not in after  # the CPB MLPs are constants now
+    assert stats == {"runtime_decided": {"Sigmoid": 2}}
+    # without the table, the confirmation declines them: the Sigmoids and their * 16 stay
+    monkeypatch.setattr(kernels, "RUNTIME_VALUED", {})
+    kept, stats = optimise()
+    assert kept["Sigmoid"] == 2 and kept["Mul"] == after["Mul"] + 2
+    assert stats == {"disagrees_with_onnxruntime": {"Mul": 2, "Sigmoid": 2}}
