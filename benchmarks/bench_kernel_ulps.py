@@ -12,21 +12,26 @@ Then, for the ops it finds, whether the kernel's bits depend on how the tensor i
 evaluated whole and in parts, at several sizes and offsets: MLAS vectorises in blocks and a tail
 may take a scalar path) or on the thread count (intra_op_num_threads 1, 2 and 4).
 
-    PYTHONPATH=. python benchmarks/bench_kernel_ulps.py [--stride-bits 9] [--ops Sigmoid,Tanh]
+    python benchmarks/bench_kernel_ulps.py [--stride-bits 12] [--dtype float64] [--ops Sigmoid,Tanh] [--cut]
+                                           [--quick] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import pathlib
 import sys
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-import refimpl
-from passes.fold.agree import agrees
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import refimpl  # noqa: E402
+from passes.fold.agree import agrees  # noqa: E402
 
 #: Ops measured: (name, opset, attributes).
 OPS: list[tuple[str, int, dict]] = [
@@ -133,12 +138,19 @@ def cut_dependence(op: str, opset: int, attrs: dict, x: np.ndarray) -> list[str]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--stride-bits", type=int, default=9, help="every 2**k-th float32 bit pattern (default 9)")
+    parser.add_argument("--stride-bits", type=int, default=12, help="about 2**(31-k) bit patterns (default 12)")
+    parser.add_argument("--quick", action="store_true", help="2**-16 of the bit patterns, the ops fold takes")
+    parser.add_argument("--json", type=pathlib.Path, help="write the rows here as JSON")
     parser.add_argument("--ops", default="", help="comma-separated op names (default: all)")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    parser.add_argument("--cut", action="store_true", help="test the cut and threads on every op (default: where outside)")
+    parser.add_argument("--cut", action="store_true",
+                        help="test the cut and threads on every op (default: where outside)")
     args = parser.parse_args(argv)
     wanted = set(filter(None, args.ops.split(",")))
+    if args.quick:
+        args.stride_bits = max(args.stride_bits, 16)
+        wanted = wanted or {"Sigmoid", "Tanh", "Gelu", "HardSigmoid", "HardSwish", "Exp"}
+    rows = []
     np.seterr(all="ignore")
     x = inputs(args.dtype, args.stride_bits)
     print(f"onnxruntime {ort.__version__}, {x.size} {args.dtype} inputs; agree.ULPS bound as fold's confirmation")
@@ -150,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             name, worst, at, outside, inexact = measure(op, opset, attrs, x)
         except Exception as e:  # noqa: BLE001  no kernel for this dtype
             print(f"{op:<14} {str(e).splitlines()[0][:90]}")
+            rows.append({"op": op, "attributes": attrs, "error": str(e).splitlines()[0]})
             continue
         cut = []
         if outside.size or args.cut:  # where the value is onnxruntime's: the inputs outside, among the grid, shuffled
@@ -158,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
             grid = np.concatenate([sample, np.linspace(-40, 40, 1 << 19).astype(x.dtype)])
             cut = cut_dependence(op, opset, attrs, rng.permutation(grid))
         print(f"{name:<14} {worst:>14.4g} {at:>14.6g} {outside.size:>14} {inexact:>10.2%}  {', '.join(cut) or '-'}")
+        rows.append({"op": name, "max_ulps": worst, "at": at, "outside": int(outside.size), "inexact": inexact,
+                     "cut_dependence": cut})  # fmt: skip
+    if args.json:
+        payload = {"onnxruntime": ort.__version__, "dtype": args.dtype, "inputs": int(x.size), "rows": rows}
+        args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return 0
 
 

@@ -240,8 +240,8 @@ def test_in_a_function_the_block_is_one_constant_node() -> None:
 def test_no_op_on_a_sigmoid_of_an_input() -> None:
     arrays = cpb_arrays()
     shape = [arrays[0].shape[0], arrays[2].shape[1]]
-    graph = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["s", "sixteen"], ["y"])],
-                              "g", [helper.make_tensor_value_info("x", F32, shape)],
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["s", "sixteen"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F32, shape)],
                               [helper.make_tensor_value_info("y", F32, shape)], weights(arrays)[3:])  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
     out, stats = fold(model)

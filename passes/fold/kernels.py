@@ -19,15 +19,15 @@ thread pool (MLAS vectorises by 4, 8 or 16 elements and may take a scalar path o
 ``benchmarks/bench_kernel_ulps.py`` measured both (onnxruntime 1.32, x86-64, every 2**12-th
 bit pattern of the line, a dense grid of [-32, 32], ±0, ±inf, NaN, subnormals; parts of sizes
 1 to 65537 at offsets 0 to 4099 and one element at a time, intra_op_num_threads 1, 2 and 4; NaN
-payloads aside), and
-``tests/test_fold_runtime_kernels.py`` checks them again on this machine's onnxruntime:
+payloads aside), and ``tests/test_fold_runtime_kernels.py`` checks them again on this machine's
+onnxruntime:
 
 * taken (:data:`RUNTIME_VALUED`): float32 Sigmoid, Tanh, Gelu, HardSigmoid, HardSwish and
   float64 HardSwish: outside the bound somewhere, the same bits however cut;
 * not taken (:data:`CUT_DEPENDENT`): float32 Elu, Selu, Celu, Mish and float64 Sigmoid, Mish
   and Gelu's tanh form: outside the bound and the bits depend on the cut (a lone element takes
-  a scalar path, Eigen's packet path gives other bits). Their folds stay confirmed against refimpl's value: a disagreement declines them,
-  as before, and the log names the reason.
+  a scalar path, Eigen's packet path gives other bits). Their folds stay confirmed against
+  refimpl's value: a disagreement declines them, as before, and the log names the reason.
 
 float16 is not taken (onnxruntime computes it in float32 between inserted Casts, which it drops
 between two such ops: what a node computes there depends on its neighbours; see

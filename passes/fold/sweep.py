@@ -65,7 +65,8 @@ class FoldStats:
     #: refimpl as the spec defines them, the only reference there (see ``passes.fold.confirm``).
     by_spec: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     #: Folded values refimpl leaves to the runtime's choice (the sign of a zero whose terms are all
-    #: -0...), by op: computed by onnxruntime from the same constants (see ``passes.fold.decide``).
+    #: -0...) or its kernel's (``passes.fold.kernels``), by op: computed by onnxruntime from the same
+    #: constants (see ``passes.fold.decide``).
     runtime_decided: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
     @property
