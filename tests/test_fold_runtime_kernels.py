@@ -285,6 +285,7 @@ def test_a_cut_dependent_kernel_still_declines(caplog: pytest.LogCaptureFixture)
         out, stats = fold(model)
     assert [n.op_type for n in out.graph.node] == ["Mish", "Add"]
     assert stats["disagrees_with_onnxruntime"] == {"Mish": 1} and stats["runtime_decided"] == {}
+    assert stats["cut_dependent"] == {"Mish": 1}  # counted, by op, under its reason
     assert "depend on how the tensor is cut" in caplog.text
     feeds = {"x": np.zeros(64, np.float32)}
     assert_same_outputs(model, out, feeds)
