@@ -1184,6 +1184,7 @@ def test_model_without_constants_is_not_modified() -> None:
         "onnxruntime_rounding": 0,
         "disagrees_with_onnxruntime": {},
         "unconfirmed": {},
+        "cut_dependent": {},
         "by_spec": {},
         "runtime_decided": {},
     }

@@ -60,8 +60,13 @@ itself (a bfloat16 Add), the spec is the only reference: refimpl's value is
 kept and counted by op in ``stats["by_spec"]``. Where the two agree within a few ULPs but not bit
 for bit (a sum in another order, another exp), onnxruntime's bits are written
 (``stats["onnxruntime_rounding"]``): the folded model computes what the
-original computes in onnxruntime. See ``confirm`` for the comparison and the
-policy.
+original computes in onnxruntime. Where refimpl's value cannot be
+onnxruntime's (the sign of a zero the runtime's order chooses, or a kernel
+that approximates beyond those ULPs with bits that do not depend on how the
+tensor is cut: float32 Sigmoid, Tanh, Gelu...), onnxruntime computes the node
+alone from the kept constants and its value is written
+(``stats["runtime_decided"]``; ``decide``, ``kernels``). See ``confirm`` for
+the comparison and the policy.
 
 The pieces: ``sweep`` (the run: the topological sweep over every scope, its
 stats), ``rules`` (Constant, Shape, Size, Identity, If), ``policy`` (the
@@ -110,8 +115,9 @@ class ConstantFoldingPass(Pass, spec=FOLD):
     ``skipped_too_large``, ``removed_nodes``, ``removed_initializers``, and
     ``unsupported`` / ``failed`` counts by op type (a kernel that rejects its
     inputs counts as failed and the node stays);
-    ``confirmed``, and by op ``disagrees_with_onnxruntime``, ``unconfirmed`` and
-    ``by_spec`` (see ``passes.fold.confirm``).
+    ``confirmed``, and by op ``disagrees_with_onnxruntime`` (of which ``cut_dependent``),
+    ``unconfirmed``, ``by_spec`` (see ``passes.fold.confirm``) and ``runtime_decided``
+    (see ``passes.fold.decide``).
 
     Attributes:
         size_limit: A folded result larger than this many bytes is kept only

@@ -84,7 +84,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from passes.fold import extract
+from passes.fold import extract, kernels
 from passes.fold.agree import ACCUMULATING, agrees_in_chunks, differing_bits, file_chunks, is_float
 from passes.fold.pending import Fold
 from passes.fold.runner import TIMEOUT, Runner, close_idle  # noqa: F401  (the child's side, named here too)
@@ -145,6 +145,8 @@ class Batch:
         self.adopted: dict[tuple[Fold, int], np.ndarray] = {}
         #: Folds whose node onnxruntime has no kernel for: kept by the spec (see the module docstring).
         self.by_spec: set[Fold] = set()
+        #: Folds onnxruntime disagrees with whose kernel's bits depend on the cut (``kernels.CUT_DEPENDENT``).
+        self.cut_dependent: set[Fold] = set()
         for fold in self.folds:  # sweep order: a fold's chained inputs come first
             self.accumulated[fold] = (fold.domain == "" and fold.op_type in ACCUMULATING) or any(
                 self.accumulated.get(f, False) for f in self._chained_inputs(fold)
@@ -352,7 +354,11 @@ class Batch:
                         self.adopted[fold, index] = theirs
             else:
                 self.results[fold] = DISAGREES
-                self.reasons[fold] = f"output {index}: onnxruntime computes another value"
+                cut = kernels.cut_dependent(fold.domain, fold.op_type, dtype.name)
+                self.reasons[fold] = f"output {index}: onnxruntime computes another value" + (
+                    f" ({cut}: not taken)" if cut else "")  # fmt: skip
+                if cut:
+                    self.cut_dependent.add(fold)
 
     def _write(self, targets: list[Fold], folder: str) -> extract.Written:
         """Saves the model computing ``targets`` (with the folds of the batch they are computed from) in

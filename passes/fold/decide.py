@@ -1,6 +1,10 @@
 """Folding a value refimpl leaves to the runtime: onnxruntime computes it (:func:`decide`).
 
-Some float results are defined only up to a choice the implementation makes
+Two kinds of value are onnxruntime's. The value of a node whose onnxruntime kernel approximates
+beyond the confirmation's bound, with bits that do not depend on how the tensor is cut
+(:mod:`passes.fold.kernels`: float32 Sigmoid, Tanh, Gelu...): refimpl's correctly rounded value
+is not what the original computes there, onnxruntime's is. And some float results are defined
+only up to a choice the implementation makes
 (``refimpl.RuntimeChoiceError``): the sign of a zero whose terms are all -0
 (``[-0, -0] @ [1, 1]`` is +0 in onnxruntime's MatMul, whose accumulator starts
 at +0, and -0 in IEEE order), a sum that cancels within the rounding of another
@@ -19,7 +23,8 @@ folds that read them read them as constants.
 What stays declined, by reason in ``stats["declined"]``:
 
 * ``onnxruntime's choice, not asked``: confirmation is off (``--no-fold-confirm``):
-  there is no runtime to decide, and refimpl does not guess;
+  there is no runtime to decide, and refimpl does not guess (an approximating kernel's node
+  then folds with refimpl's correctly rounded value, unconfirmed like every other);
 * ``onnxruntime's choice, not computed``: onnxruntime failed on the node (a
   session error, a crash, the time limit), an input it reads was not confirmed
   in the settle, its result does not fit the node, or the run already asked

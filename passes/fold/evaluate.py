@@ -24,7 +24,7 @@ import numpy as np
 import onnx_ir as ir
 
 import refimpl
-from passes.fold import size
+from passes.fold import kernels, size
 from passes.fold.policy import Candidate
 from passes.ir.schemas import expected_dtypes
 
@@ -43,8 +43,9 @@ class EvaluationError(Exception):
         kernel_bug: The kernel itself failed (``refimpl.KernelBugError``):
             counted as ``kernel_bugs`` and logged as an error, never as an
             ordinary "did not fold".
-        runtime_choice: The value is onnxruntime's choice (``refimpl.RuntimeChoiceError``):
-            with confirmation on, onnxruntime computes it (:mod:`passes.fold.decide`).
+        runtime_choice: The value is onnxruntime's choice (``refimpl.RuntimeChoiceError``) or its
+            kernel's (:mod:`passes.fold.kernels`): with confirmation on, onnxruntime computes it
+            (:mod:`passes.fold.decide`).
     """
 
     def __init__(self, message: str, *, unsupported: bool = False, kernel_bug: bool = False,
@@ -64,8 +65,12 @@ def read_inputs(candidate: Candidate) -> list[np.ndarray | None]:
     return [None if t is None else candidate.array(i) for i, t in enumerate(candidate.tensors)]
 
 
-def evaluate(candidate: Candidate) -> list[np.ndarray | None]:
+def evaluate(candidate: Candidate, runtime: bool = True) -> list[np.ndarray | None]:
     """The candidate's outputs, None for those the model does not use.
+
+    With ``runtime`` (confirmation on), a node whose onnxruntime kernel approximates
+    (:func:`passes.fold.kernels.runtime_valued`) is not evaluated here: its value is onnxruntime's
+    (an ``EvaluationError`` with ``runtime_choice``); without, refimpl's correctly rounded value.
 
     Raises:
         EvaluationError: refimpl cannot or will not evaluate it, or its results
@@ -75,6 +80,11 @@ def evaluate(candidate: Candidate) -> list[np.ndarray | None]:
     node = candidate.node
     op, domain, opset = node.op_type, candidate.domain, candidate.opset
     assert opset is not None and candidate.attrs is not None
+    first = candidate.tensors[0] if candidate.tensors else None
+    approximated = kernels.runtime_valued(domain, op, None if first is None else _numpy_name(first.dtype))
+    if runtime and approximated is not None:
+        logger.debug("%s node %r: %s", op, node.name, approximated)
+        raise EvaluationError(approximated, runtime_choice=True)
     arrays = read_inputs(candidate)
     try:
         results = _in_place(candidate, arrays) or refimpl.run(
@@ -153,6 +163,13 @@ def _in_place(candidate: Candidate, arrays: Sequence[np.ndarray | None]) -> list
             raise refimpl.KernelBugError(f"{candidate.op_type}: a block's result changed dtype or shape")
         target[start:stop] = result
     return [target]
+
+
+def _numpy_name(dtype: ir.DataType) -> str | None:
+    try:
+        return dtype.numpy().name
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 def _needed(value: ir.Value) -> bool:

@@ -61,11 +61,15 @@ class FoldStats:
     onnxruntime_rounding: int = 0
     disagrees_with_onnxruntime: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     unconfirmed: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    #: Of ``disagrees_with_onnxruntime``, the folds whose onnxruntime kernel approximates with bits that
+    #: depend on the cut of the tensor, by op: its value is not taken (see ``passes.fold.kernels``).
+    cut_dependent: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     #: Folded values of nodes onnxruntime has no kernel for (a bfloat16 Add), by op: computed by
     #: refimpl as the spec defines them, the only reference there (see ``passes.fold.confirm``).
     by_spec: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     #: Folded values refimpl leaves to the runtime's choice (the sign of a zero whose terms are all
-    #: -0...), by op: computed by onnxruntime from the same constants (see ``passes.fold.decide``).
+    #: -0...) or its kernel's (``passes.fold.kernels``), by op: computed by onnxruntime from the same
+    #: constants (see ``passes.fold.decide``).
     runtime_decided: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
     @property
@@ -76,7 +80,7 @@ class FoldStats:
         details = dataclasses.asdict(self)
         del details["applied"], details["declined"]
         for key in ("unsupported", "failed", "kernel_bugs", "disagrees_with_onnxruntime", "unconfirmed", "by_spec",
-                    "runtime_decided"):
+                    "runtime_decided", "cut_dependent"):
             details[key] = dict(sorted(getattr(self, key).items()))
         return pass_stats(self.applied, self.declined, folded=self.folded, **details)
 
@@ -284,7 +288,7 @@ class Sweep:
             reason = self.unconfirmed.get((node, tuple(node.inputs)))
         if reason is None:
             try:
-                outputs = evaluate.evaluate(candidate)
+                outputs = evaluate.evaluate(candidate, runtime=self.confirm)
             except evaluate.EvaluationError as e:
                 if e.runtime_choice:
                     decide.decide(self, candidate, scope, str(e))
@@ -374,6 +378,8 @@ class Sweep:
                 self.stats.confirmed += 1
             elif verdict == _confirm.DISAGREES:
                 self.stats.disagrees_with_onnxruntime[fold.op_type] += 1
+                if fold in batch.cut_dependent:
+                    self.stats.cut_dependent[fold.op_type] += 1
             else:
                 self.stats.unconfirmed[fold.op_type] += 1
         for (fold, index), theirs in batch.adopted.items():
