@@ -376,3 +376,20 @@ def test_a_swin_v2_export_folds_its_cpb_sigmoids(opset: int, tmp_path, monkeypat
     kept, stats = optimise()
     assert kept["Sigmoid"] == 2 and kept["Mul"] == after["Mul"] + 2
     assert stats == {"disagrees_with_onnxruntime": {"Mul": 2, "Sigmoid": 2}}
+
+
+def test_the_table_is_measured_on_this_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tables hold for the release they were measured on; under another one nothing is taken."""
+    import importlib.metadata
+
+    assert kernels.measured_release(), (
+        f"onnxruntime {importlib.metadata.version('onnxruntime')} is not {kernels.MEASURED_ON}: "
+        "measure the tables again (benchmarks/bench_kernel_ulps.py) and update MEASURED_ON")
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.99.0")
+    kernels.measured_release.cache_clear()
+    try:
+        assert kernels.runtime_valued("", "Sigmoid", "float32") is None
+    finally:
+        monkeypatch.undo()
+        kernels.measured_release.cache_clear()
+    assert kernels.runtime_valued("", "Sigmoid", "float32") is not None

@@ -39,11 +39,19 @@ refimpl's value, confirmed within ``agree.ULPS`` (onnxruntime's bits written whe
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 from collections.abc import Mapping
 
 from passes.fold.agree import ULPS
 
-__all__ = ["CUT_DEPENDENT", "RUNTIME_VALUED", "cut_dependent", "runtime_valued"]
+__all__ = ["CUT_DEPENDENT", "MEASURED_ON", "RUNTIME_VALUED", "cut_dependent", "measured_release", "runtime_valued"]
+
+#: The onnxruntime release (major.minor) the tables were measured on. Under another release the
+#: kernels may have changed: :func:`runtime_valued` takes nothing there (the folds are confirmed
+#: against refimpl's value, as before), and tests/test_fold_runtime_kernels.py fails until the
+#: tables are measured again (``benchmarks/bench_kernel_ulps.py``).
+MEASURED_ON = "1.32"
 
 #: Default-domain (op, element types) whose onnxruntime kernel approximates beyond agree's bound
 #: and gives the same bits however the tensor is cut: fold takes onnxruntime's value.
@@ -70,9 +78,20 @@ def _lookup(table: Mapping[str, frozenset[str]], domain: str, op_type: str, dtyp
     return domain == "" and dtype is not None and dtype in table.get(op_type, ())
 
 
+@functools.cache
+def measured_release() -> bool:
+    """Whether the installed onnxruntime is the release the tables were measured on."""
+    try:
+        version = importlib.metadata.version("onnxruntime")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return version == MEASURED_ON or version.startswith(MEASURED_ON + ".")
+
+
 def runtime_valued(domain: str, op_type: str, dtype: str | None) -> str | None:
-    """Why fold takes onnxruntime's value for this node (``dtype``: its input's numpy name), or None."""
-    if not _lookup(RUNTIME_VALUED, domain, op_type, dtype):
+    """Why fold takes onnxruntime's value for this node (``dtype``: its input's numpy name), or None
+    (also under an onnxruntime release other than :data:`MEASURED_ON`)."""
+    if not _lookup(RUNTIME_VALUED, domain, op_type, dtype) or not measured_release():
         return None
     return f"onnxruntime's {dtype} {op_type} kernel approximates beyond {ULPS} ULPs: its value"
 
