@@ -70,8 +70,10 @@ _TYPE_STRING = google.protobuf.descriptor.FieldDescriptor.TYPE_STRING
 _TYPE_MESSAGE = google.protobuf.descriptor.FieldDescriptor.TYPE_MESSAGE
 _MESSAGE = google.protobuf.message.Message
 
-# Over this serialised size the text is checked by _scan alone (the check below parses a copy).
-_TEXT_CHECK_UP_TO = 64 << 20
+# Over this serialised size the text is checked by _scan alone: the check below holds the
+# model's bytes and a parsed copy for a moment (2x this at most); a model this large is
+# mostly tensor data, whose few messages the walk sees quickly.
+_TEXT_CHECK_UP_TO = 16 << 20
 
 
 @functools.cache
