@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from passes.ir.initializer_inputs import OVERRIDABLE_SINCE, constant_inputs_note, freeze_initializer_inputs
 from passes.ir.notes import add_model_notes, model_notes, set_model_notes
+from passes import heap
 from passes.errors import InputError, first_line as _first_line, raise_interrupt_behind
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_MAX
@@ -411,7 +412,7 @@ def model_to_proto_with_markers(model: ir.Model) -> tuple[onnx.ModelProto, dict[
             if isinstance(value.const_value, _tensors.InlineData):
                 swapped.append((value, value.const_value))
                 value.const_value = _weights.in_memory(value.const_value)
-        with _detach.swapped(model) as detached:
+        with _detach.swapped(model) as detached, heap.paused():  # a proto per node and attribute, no garbage
             proto = ir.serde.serialize_model(model)
     finally:
         for value, tensor in swapped:
