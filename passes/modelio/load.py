@@ -39,6 +39,7 @@ _protobuf = lazy_module("google.protobuf.message")
 _opaque_types = lazy_module("passes.modelio.opaque")
 _validate = lazy_module("passes.modelio.validate")
 _repair = lazy_module("passes.modelio.repair")
+_survey = lazy_module("passes.modelio.survey")
 _sparse = lazy_module("passes.modelio.sparse")
 _detach = lazy_module("passes.modelio.detach")
 _walk = lazy_module("passes.ir.walk")
@@ -283,13 +284,14 @@ def validate_proto(
         # the time also broke the rule, as onnxruntime's own datasets/mul_1.onnx does.)
         frozen = constant_inputs_note(_repair.constant_initializer_inputs(proto), proto.ir_version)
         proto.ir_version = OVERRIDABLE_SINCE
-    repaired = [*([frozen] if frozen else []), *_repair.repair(proto)]
+    known = _survey.survey(proto)  # what the repair's and the checks' looks at every node would find
+    repaired = [*([frozen] if frozen else []), *_repair.repair(proto, plain=known.plain)]
     if notes is not None:
         notes.extend(repaired)
     if whole is not None and repaired:
         read = whole
         whole = lambda: _repaired(read())  # noqa: E731
-    external = _validate.check_contents(proto, base_dir or pathlib.Path.cwd(), identities)
+    external = _validate.check_contents(proto, base_dir or pathlib.Path.cwd(), identities, known)
     if external and (base_dir is None or (check and path is None)):
         raise InputError("the model refers to external data; load it from its file instead")
     if external and check and path is not None:

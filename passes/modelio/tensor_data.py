@@ -1,13 +1,13 @@
 """The tensors of a parsed model, checked without reading external data.
 
 Every string field must be UTF-8 (protobuf hands one that is not over as
-bytes): one parse in C of the model's bytes with a ``proto3`` copy of
-onnx.proto, which refuses such a field, says so; when it refuses, or the model
-is too large to copy, a walk over every message checks each field and names
-the first bad one. Every tensor at any depth (initializers, sparse tensors,
-attribute values and defaults, subgraphs, functions) is found in a walk over
-the protobuf (:func:`check_tensors`) that enters only the fields that can
-hold one.
+bytes): the model's survey (:mod:`passes.modelio.survey`, one parse in C)
+says so; when it does not know, a walk over every message checks each field
+and names the first bad one. Every tensor at any depth (initializers, sparse
+tensors, attribute values and defaults, subgraphs, functions) is found in a
+walk over the protobuf (:func:`check_tensors`) that enters only the fields
+that can hold one, and no node when the survey knows that no attribute holds
+a tensor or a graph.
 Inline data must be exactly what the tensor's type and shape declare; an
 external tensor's location must stay inside the model's folder and name a
 regular file with one hard link that its offset and length fit, which are
@@ -20,27 +20,21 @@ structure, and before the ONNX checker.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import pathlib
 from collections.abc import Iterable
 
 import google.protobuf.descriptor
-import google.protobuf.descriptor_pb2
-import google.protobuf.descriptor_pool
 import google.protobuf.message
-import google.protobuf.message_factory
 import onnx
 import onnx.external_data_helper
 import onnx_ir as ir
 
 from passes.errors import InputError, first_line as _first_line
 from passes.modelio import detach as _detach
+from passes.modelio.survey import Survey, survey
 
 __all__ = ["Identity", "check_tensors", "identity"]
-
-logger = logging.getLogger(__name__)
-
 
 def _scan(message: google.protobuf.message.Message, tensors: list[onnx.TensorProto]) -> None:
     """Collects every TensorProto inside ``message``, at any depth (initializers, sparse
@@ -70,57 +64,6 @@ _TYPE_STRING = google.protobuf.descriptor.FieldDescriptor.TYPE_STRING
 _TYPE_MESSAGE = google.protobuf.descriptor.FieldDescriptor.TYPE_MESSAGE
 _MESSAGE = google.protobuf.message.Message
 
-# Over this serialised size the text is checked by _scan alone: the check below holds the
-# model's bytes and a parsed copy for a moment (2x this at most); a model this large is
-# mostly tensor data, whose few messages the walk sees quickly.
-_TEXT_CHECK_UP_TO = 16 << 20
-
-
-@functools.cache
-def _utf8_checking_model() -> type[google.protobuf.message.Message] | None:
-    """ModelProto's class in a copy of onnx.proto declared ``proto3``, whose parser (C, upb)
-    refuses a string field that is not UTF-8; None if protobuf does not take the copy.
-
-    The copy differs only in what proto3 does not allow (defaults, ``required``, options),
-    none of which changes which bytes a string field holds.
-    """
-    try:
-        file = google.protobuf.descriptor_pb2.FileDescriptorProto()
-        onnx.ModelProto.DESCRIPTOR.file.CopyToProto(file)
-        package = f".{file.package}."
-        file.name, file.package, file.syntax = f"passes_utf8/{file.name}", "passes_utf8", "proto3"
-        pending = list(file.message_type)
-        while pending:
-            message = pending.pop()
-            pending.extend(message.nested_type)
-            for field in message.field:
-                field.ClearField("default_value")
-                field.ClearField("options")
-                if field.label == field.LABEL_REQUIRED:
-                    field.label = field.LABEL_OPTIONAL
-                if field.type_name.startswith(package):
-                    field.type_name = ".passes_utf8." + field.type_name[len(package):]
-        pool = google.protobuf.descriptor_pool.DescriptorPool()
-        pool.Add(file)
-        return google.protobuf.message_factory.GetMessageClass(pool.FindMessageTypeByName("passes_utf8.ModelProto"))
-    except Exception:  # noqa: BLE001 - a protobuf that refuses the copy: _scan checks the text
-        logger.debug("no proto3 copy of onnx.proto: the text is checked field by field", exc_info=True)
-        return None
-
-
-def _text_is_utf8(proto: onnx.ModelProto) -> bool:
-    """True when every string field of ``proto`` is UTF-8, known from one parse in C of its bytes;
-    False when that is not known (then :func:`_scan` checks each field and names the first bad one)."""
-    checking = _utf8_checking_model()
-    if checking is None or proto.ByteSize() > _TEXT_CHECK_UP_TO:
-        return False
-    try:
-        checking.FromString(proto.SerializeToString())
-    except google.protobuf.message.DecodeError:
-        return False
-    return True
-
-
 @functools.cache
 def _tensor_fields(descriptor: google.protobuf.descriptor.Descriptor) -> frozenset[str]:
     """The message fields of ``descriptor`` whose type can hold a TensorProto at some depth."""
@@ -134,21 +77,24 @@ def _tensor_fields(descriptor: google.protobuf.descriptor.Descriptor) -> frozens
     return frozenset(f.name for f in descriptor.fields if f.message_type is not None and reaches(f.message_type, set()))
 
 
-def _collect(message: google.protobuf.message.Message, tensors: list[onnx.TensorProto]) -> None:
+def _collect(message: google.protobuf.message.Message, tensors: list[onnx.TensorProto], nodes: bool = True) -> None:
     """The tensors :func:`_scan` collects, in its order, without its look at the text: only the
-    fields that can lead to a tensor are entered (a model's value types and names are not)."""
+    fields that can lead to a tensor are entered (a model's value types and names are not), and
+    no node when ``nodes`` is False (no attribute holds a tensor or a graph: see
+    :mod:`passes.modelio.survey`)."""
     if isinstance(message, onnx.TensorProto):
         tensors.append(message)
     wanted = _tensor_fields(message.DESCRIPTOR)
     for field, value in message.ListFields():
         if field.name in wanted:
             if isinstance(value, _MESSAGE):
-                _collect(value, tensors)
+                _collect(value, tensors, nodes)
             elif field.message_type.full_name == _NODE and _tensor_fields(onnx.NodeProto.DESCRIPTOR) == {"attribute"}:
-                _collect_nodes(value, tensors)
+                if nodes:
+                    _collect_nodes(value, tensors)
             else:
                 for item in value:
-                    _collect(item, tensors)
+                    _collect(item, tensors, nodes)
 
 
 _NODE = onnx.NodeProto.DESCRIPTOR.full_name
@@ -295,7 +241,8 @@ def identity(path: pathlib.Path) -> Identity:
 
 
 def check_tensors(
-    proto: onnx.ModelProto, base_dir: pathlib.Path, identities: dict[pathlib.Path, Identity] | None = None
+    proto: onnx.ModelProto, base_dir: pathlib.Path, identities: dict[pathlib.Path, Identity] | None = None,
+    known: Survey | None = None,
 ) -> int:
     """Validates all text and every tensor's data; returns how many tensors are stored externally.
 
@@ -306,13 +253,15 @@ def check_tensors(
     match the tensor's type and shape. Nothing is opened: only paths and
     ``stat`` results are inspected. Each external file's :data:`Identity` goes
     into ``identities`` (by resolved path), so that a file swapped after this
-    check can be recognised.
+    check can be recognised. ``known``: the model's :func:`~passes.modelio.survey.survey`,
+    if the caller made it.
     """
     found = 0
     base = base_dir.resolve()
     tensors: list[onnx.TensorProto] = []
-    if _text_is_utf8(proto):
-        _collect(proto, tensors)
+    known = survey(proto) if known is None else known
+    if known.text:
+        _collect(proto, tensors, nodes=not known.plain)
     else:
         _scan(proto, tensors)
     for tensor in tensors:
