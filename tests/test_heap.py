@@ -42,6 +42,19 @@ def test_paused_pauses_then_resumes_on_every_way_out() -> None:
         gc.enable()
 
 
+def test_what_a_paused_step_leaves_joins_the_frozen_model() -> None:
+    with heap.loading():
+        pass
+    try:
+        before = gc.get_freeze_count()
+        with heap.paused():
+            kept = [[] for _ in range(1000)]
+        assert gc.isenabled() and gc.get_freeze_count() >= before + len(kept)
+    finally:
+        heap.thaw()
+    assert gc.get_freeze_count() == 0
+
+
 def test_the_upgrade_and_the_save_leave_the_collector_running(tmp_path: pathlib.Path) -> None:
     """The upgrade pauses the collector while it plans and commits, the save while it serialises."""
     source = pathlib.Path(__file__).resolve().parents[1] / "models" / "demo.onnx"
