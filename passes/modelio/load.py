@@ -135,6 +135,8 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         if external:  # the files on disk the model is made of (its size on disk, in the report)
             locations |= external_locations(view.proto)
             model.meta[_FILES_KEY] = sorted({(real.parent / loc).resolve() for loc in locations})
+        else:  # none: data_files() knows it without a walk
+            model.meta[_FILES_KEY] = []
         del view
         set_model_notes(model, notes)  # the validation's, which include the repairs model_from_proto noted
         if identities:
@@ -429,7 +431,13 @@ def _restore_stashed(model: ir.Model, proto: onnx.ModelProto) -> None:
 
 
 def data_files(model: ir.Model) -> set[pathlib.Path]:
-    """The resolved paths of the external-data files the model's initializers refer to."""
+    """The resolved paths of the external-data files the model's initializers refer to.
+
+    None for a model :func:`load_model` read without external data, known without a walk of
+    every graph (no pass makes a tensor stored externally; the save's are its own, undone).
+    """
+    if model.meta.get(_FILES_KEY) == []:
+        return set()
     files = set()
     for graph in _walk.graphs(model):
         for value in graph.initializers.values():

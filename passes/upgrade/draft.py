@@ -101,7 +101,7 @@ DraftInput = ir.Value | ConstInput | None
 Hook = Callable[[ir.Node, Edits], None]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)  # one per node of the model, all alive until the rewrite
 class Draft:
     """What a node will look like after the upgrade, built without touching the graph.
 
