@@ -27,23 +27,25 @@ _frozen = False  # whether the objects in the permanent generation are ours to t
 
 
 @contextlib.contextmanager
-def paused() -> Iterator[None]:
+def paused(*, freeze: bool = False) -> Iterator[None]:
     """Within the block the collector is paused (a collector the caller paused stays paused).
 
-    For a step that makes an object or more per node, all alive until it ends and none in a
-    cycle that only the collector could free: the upgrade's plan of every node, the proto
-    the save serialises. Each full collection the growth triggers would rescan them all and
-    free nothing (50k nodes: 3 of them in the plan, 3 in the serialisation, ~0.25 s in all);
-    what the step leaves for the collector is collected after it. When the run froze the loaded
-    model (:func:`loading`), what the step leaves alive is frozen with it (garbage included, which
-    :func:`thaw` returns to the collector with the rest).
+    For a step that makes an object or more per node, all alive until it ends: the upgrade's
+    plan of every node, the proto the save serialises. Each full collection their growth
+    triggers would rescan them all and free nothing (50k nodes: 3 in the plan, 3 in the
+    serialisation, ~0.25 s in all); the garbage the step makes is collected after it.
+
+    ``freeze``: what the step leaves alive becomes part of the model (the upgrade's new nodes
+    and inputs): when the run froze the loaded model (:func:`loading`), it is frozen with it,
+    before the collector resumes (its first collection would scan it all: ~0.07 s after the
+    upgrade of 50k nodes); :func:`thaw` returns it with the rest.
     """
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
-        if _frozen:  # what the step leaves alive joins the loaded model, out of the collector's scans
-            gc.freeze()  # (else the first collection after the pause scans it all: ~0.07 s on 50k nodes)
+        if freeze and _frozen:
+            gc.freeze()
     finally:
         if enabled:
             gc.enable()
@@ -51,16 +53,21 @@ def paused() -> Iterator[None]:
 
 @contextlib.contextmanager
 def loading() -> Iterator[None]:
-    """Within the block the collector is paused (:func:`paused`); after it, every live object is
-    frozen (see the module docstring) unless something else froze objects already."""
+    """Within the block the collector is paused; after it, every live object is frozen (see the
+    module docstring) unless something else froze objects already."""
     global _frozen
-    with paused():
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
         yield
         if not _frozen and gc.get_freeze_count() == 0:
-            # while still paused: the first collection after the pause would scan every object the
+            # before the collector resumes: its first collection would scan every object the
             # load made (50k nodes: ~0.2 s), all alive; frozen, they are out of its reach
             gc.freeze()
             _frozen = True
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def thaw() -> None:

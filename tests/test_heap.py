@@ -42,14 +42,17 @@ def test_paused_pauses_then_resumes_on_every_way_out() -> None:
         gc.enable()
 
 
-def test_what_a_paused_step_leaves_joins_the_frozen_model() -> None:
+def test_what_a_paused_step_keeps_joins_the_frozen_model() -> None:
     with heap.loading():
         pass
     try:
         before = gc.get_freeze_count()
         with heap.paused():
+            passing = [[] for _ in range(1000)]
+        assert gc.isenabled() and gc.get_freeze_count() == before  # only what asks to be kept
+        with heap.paused(freeze=True):
             kept = [[] for _ in range(1000)]
-        assert gc.isenabled() and gc.get_freeze_count() >= before + len(kept)
+        assert gc.isenabled() and gc.get_freeze_count() >= before + len(kept) + len(passing)
     finally:
         heap.thaw()
     assert gc.get_freeze_count() == 0

@@ -140,7 +140,7 @@ class UpgradeOpsetPass(Pass, spec=UPGRADE):
         to_upgrade = [s for s in scopes if s.opset("") < target]
         source_opsets = sorted({s.opset("") for s in to_upgrade})
         stats = Stats()
-        with heap.paused():  # a draft per node, alive until every node is committed
+        with heap.paused(freeze=True):  # a draft per node, alive until every node is committed
             plans = plan_scopes(model, to_upgrade, target, ADAPTERS, SEMANTIC_CHANGES, stats)
             names = Names(model) if any(drafts for _, drafts in plans) else None
             for scope, drafts in plans:
