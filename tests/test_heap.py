@@ -25,6 +25,47 @@ def test_loading_pauses_then_freezes_and_thaw_gives_back() -> None:
     heap.thaw()  # twice: nothing to give back
 
 
+def test_paused_pauses_then_resumes_on_every_way_out() -> None:
+    with heap.paused():
+        assert not gc.isenabled()
+    assert gc.isenabled() and gc.get_freeze_count() == 0  # paused only: nothing frozen
+    with pytest.raises(KeyError):
+        with heap.paused():
+            raise KeyError("out")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with heap.paused():
+            pass
+        assert not gc.isenabled()  # the caller's pause stands
+    finally:
+        gc.enable()
+
+
+def test_what_a_paused_step_keeps_joins_the_frozen_model() -> None:
+    with heap.loading():
+        pass
+    try:
+        before = gc.get_freeze_count()
+        with heap.paused():
+            passing = [[] for _ in range(1000)]
+        assert gc.isenabled() and gc.get_freeze_count() == before  # only what asks to be kept
+        with heap.paused(freeze=True):
+            kept = [[] for _ in range(1000)]
+        assert gc.isenabled() and gc.get_freeze_count() >= before + len(kept) + len(passing)
+    finally:
+        heap.thaw()
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_upgrade_and_the_save_leave_the_collector_running(tmp_path: pathlib.Path) -> None:
+    """The upgrade pauses the collector while it plans and commits, the save while it serialises."""
+    source = pathlib.Path(__file__).resolve().parents[1] / "models" / "demo.onnx"
+    passes.optimize(str(source), output=str(tmp_path / "out.onnx"), check=False, passes=["upgrade"])
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    onnx.checker.check_model(str(tmp_path / "out.onnx"), full_check=True)
+
+
 def test_a_caller_that_froze_keeps_its_objects_frozen() -> None:
     gc.freeze()
     try:

@@ -290,6 +290,24 @@ def test_axes_initializers_are_shared_per_graph() -> None:
     assert_identical(model, after, {"x": X, "cond": np.array(False)})
 
 
+def test_equal_axes_share_one_planned_input_and_each_model_owns_its_array() -> None:
+    """Equal attribute values share one planned input (one read-only array), and every model
+    still gets its own writable array: two upgrades, one after the other, hand out none twice."""
+    nodes = [oh.make_node("ReduceMean", ["x"], ["a"], axes=[1]), oh.make_node("ReduceMax", ["x"], ["b"], axes=[1]),
+             oh.make_node("ReduceMin", ["x"], ["c"], axes=[1, 2])]  # fmt: skip
+    model = make_model(nodes, {"x": X}, ["a", "b", "c"], opset=13)
+    first = UpgradeOpsetPass(18)(ir.from_proto(copy.deepcopy(model))).model
+    second = UpgradeOpsetPass(18)(ir.from_proto(copy.deepcopy(model))).model
+    for upgraded in (first, second):
+        axes = [node.inputs[1] for node in upgraded.graph]
+        assert axes[0] is axes[1] and axes[2] is not axes[0]
+        assert [v.const_value.numpy().tolist() for v in upgraded.graph.initializers.values()] == [[1], [1, 2]]
+    for mine, theirs in zip(first.graph.initializers.values(), second.graph.initializers.values()):
+        array = mine.const_value.numpy()
+        assert array.flags.writeable and not np.shares_memory(array, theirs.const_value.numpy())
+    assert_identical(model, ir.to_proto(second), {"x": X})
+
+
 def test_generated_names_do_not_collide() -> None:
     """Value names the pass would pick are taken, in the main graph and in a subgraph."""
     body = oh.make_graph(

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from passes.errors import InputError
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_MAX
-from passes.modelio.load import data_files, has_external_data, read_graph
+from passes.modelio.load import data_files, read_graph
 from passes.modelio.paths import check_encodable, check_writable, data_file_of, external_locations, shown
 
 if TYPE_CHECKING:
@@ -95,7 +95,8 @@ def check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | os.Pa
     refused, the report of that refusal can still be written.
     """
     source = src.resolve()
-    inputs = {source, *data_files(model)}
+    files = data_files(model)  # one walk of the graphs; non-empty exactly when the model has external data
+    inputs = {source, *files}
     extra = {pathlib.Path(p).resolve() for p in reads}
     target = dst.resolve()
     data = target.with_name(target.name + ".data")
@@ -107,7 +108,7 @@ def check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | os.Pa
     check_encodable(dst, shown(dst), "onnx and onnxruntime take paths as UTF-8 text, so the output "
                                      "could not be checked")
     check_writable(dst, shown(dst))
-    if target != source and has_external_data(model):
+    if target != source and files:
         check_data_file(dst, replace=replace_data)
     else:
         check_writable(data, f"{shown(data)} (the output's data file)")

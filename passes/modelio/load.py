@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from passes.ir.initializer_inputs import OVERRIDABLE_SINCE, constant_inputs_note, freeze_initializer_inputs
 from passes.ir.notes import add_model_notes, model_notes, set_model_notes
+from passes import heap
 from passes.errors import InputError, first_line as _first_line, raise_interrupt_behind
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_MAX
@@ -38,6 +39,7 @@ _protobuf = lazy_module("google.protobuf.message")
 _opaque_types = lazy_module("passes.modelio.opaque")
 _validate = lazy_module("passes.modelio.validate")
 _repair = lazy_module("passes.modelio.repair")
+_survey = lazy_module("passes.modelio.survey")
 _sparse = lazy_module("passes.modelio.sparse")
 _detach = lazy_module("passes.modelio.detach")
 _walk = lazy_module("passes.ir.walk")
@@ -133,6 +135,8 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         if external:  # the files on disk the model is made of (its size on disk, in the report)
             locations |= external_locations(view.proto)
             model.meta[_FILES_KEY] = sorted({(real.parent / loc).resolve() for loc in locations})
+        else:  # none: data_files() knows it without a walk
+            model.meta[_FILES_KEY] = []
         del view
         set_model_notes(model, notes)  # the validation's, which include the repairs model_from_proto noted
         if identities:
@@ -282,13 +286,14 @@ def validate_proto(
         # the time also broke the rule, as onnxruntime's own datasets/mul_1.onnx does.)
         frozen = constant_inputs_note(_repair.constant_initializer_inputs(proto), proto.ir_version)
         proto.ir_version = OVERRIDABLE_SINCE
-    repaired = [*([frozen] if frozen else []), *_repair.repair(proto)]
+    known = _survey.survey(proto)  # what the repair's and the checks' looks at every node would find
+    repaired = [*([frozen] if frozen else []), *_repair.repair(proto, plain=known.plain)]
     if notes is not None:
         notes.extend(repaired)
     if whole is not None and repaired:
         read = whole
         whole = lambda: _repaired(read())  # noqa: E731
-    external = _validate.check_contents(proto, base_dir or pathlib.Path.cwd(), identities)
+    external = _validate.check_contents(proto, base_dir or pathlib.Path.cwd(), identities, known)
     if external and (base_dir is None or (check and path is None)):
         raise InputError("the model refers to external data; load it from its file instead")
     if external and check and path is not None:
@@ -411,7 +416,7 @@ def model_to_proto_with_markers(model: ir.Model) -> tuple[onnx.ModelProto, dict[
             if isinstance(value.const_value, _tensors.InlineData):
                 swapped.append((value, value.const_value))
                 value.const_value = _weights.in_memory(value.const_value)
-        with _detach.swapped(model) as detached:
+        with _detach.swapped(model) as detached, heap.paused():  # a proto per node and attribute, no garbage
             proto = ir.serde.serialize_model(model)
     finally:
         for value, tensor in swapped:
@@ -426,7 +431,13 @@ def _restore_stashed(model: ir.Model, proto: onnx.ModelProto) -> None:
 
 
 def data_files(model: ir.Model) -> set[pathlib.Path]:
-    """The resolved paths of the external-data files the model's initializers refer to."""
+    """The resolved paths of the external-data files the model's initializers refer to.
+
+    None for a model :func:`load_model` read without external data, known without a walk of
+    every graph (no pass makes a tensor stored externally; the save's are its own, undone).
+    """
+    if model.meta.get(_FILES_KEY) == []:
+        return set()
     files = set()
     for graph in _walk.graphs(model):
         for value in graph.initializers.values():

@@ -51,8 +51,12 @@ def short(name: str, limit: int = _NAME_LIMIT) -> str:
     return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
 
 
-def repair(proto: onnx.ModelProto) -> list[str]:
-    """Sorts unsorted graphs and names unnamed ones, in place; a note per repair."""
+def repair(proto: onnx.ModelProto, *, plain: bool = False) -> list[str]:
+    """Sorts unsorted graphs and names unnamed ones, in place; a note per repair.
+
+    ``plain``: no attribute of ``proto`` holds a graph (known from its survey,
+    :mod:`passes.modelio.survey`), so no node's attributes are looked at for subgraphs.
+    """
     notes: list[str] = []
     if not proto.HasField("graph"):
         return notes
@@ -65,14 +69,14 @@ def repair(proto: onnx.ModelProto) -> list[str]:
     if not proto.graph.name:
         proto.graph.name = MAIN_GRAPH_NAME
         notes.append(f"the main graph had an empty name: named {MAIN_GRAPH_NAME!r}")
-    _repair_graph(proto.graph, "the main graph", notes)
-    for function in proto.functions:
+    _repair_graph(proto.graph, "the main graph", notes, plain)
+    for function in () if plain else proto.functions:
         for node in function.node:
             _repair_subgraphs(node, notes)
     for value in shapeless_values(proto):
         kind = "input" if any(v is value for v in proto.graph.input) else "output"
         notes.append(f"graph {kind} {short(value.name)} declares no shape: read as an unknown shape")
-    note = negative_dims_note(unknown_negative_dims(proto))
+    note = negative_dims_note(unknown_negative_dims(proto, plain=plain))
     if note is not None:
         notes.append(note)
     return notes
@@ -117,9 +121,10 @@ def unknown_negative_ir_dims(model: ir.Model) -> list[str]:
     return changed
 
 
-def unknown_negative_dims(proto: onnx.ModelProto) -> list[str]:
+def unknown_negative_dims(proto: onnx.ModelProto, *, plain: bool = False) -> list[str]:
     """Makes every negative declared dim of ``proto`` an unknown (unnamed) dim, in place; each value
-    changed, as ``"graph input 'x' [-1, 3]"`` (its declared shape before)."""
+    changed, as ``"graph input 'x' [-1, 3]"`` (its declared shape before). ``plain``: as for
+    :func:`repair` (no node is looked at for subgraphs)."""
     changed: list[str] = []
     stack: list[tuple[str, onnx.GraphProto | onnx.FunctionProto]] = [("graph", proto.graph)]
     stack += [(f"function {short(f.name)}", f) for f in proto.functions]
@@ -133,7 +138,7 @@ def unknown_negative_dims(proto: onnx.ModelProto) -> list[str]:
                 before = _negative_shape(value.type)
                 if before is not None:
                     changed.append(f"{where} {role} {short(value.name)} {before}")
-        for node in body.node:
+        for node in () if plain else body.node:
             stack.extend((f"subgraph {short(g.name)}", g) for g in _subgraphs(node))
     return changed
 
@@ -157,8 +162,8 @@ def _negative_shape(type_proto: onnx.TypeProto) -> str | None:
     return before
 
 
-def _repair_graph(graph: onnx.GraphProto, label: str, notes: list[str]) -> None:
-    nested = {index for index, node in enumerate(graph.node) if _subgraphs(node)}
+def _repair_graph(graph: onnx.GraphProto, label: str, notes: list[str], plain: bool = False) -> None:
+    nested = set() if plain else {index for index, node in enumerate(graph.node) if _subgraphs(node)}
     for index in sorted(nested):
         _repair_subgraphs(graph.node[index], notes)
     if _sort(graph, nested):

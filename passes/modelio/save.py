@@ -25,7 +25,7 @@ from passes.errors import InputError, first_line as _first_line
 from passes.lazy import lazy_module
 from passes.limits import PROTOBUF_LIMIT
 from passes.modelio.destinations import check_data_file, check_encodable, check_writable, data_file_of, shown
-from passes.modelio.load import check_unchanged, has_external_data, model_to_proto_with_markers
+from passes.modelio.load import check_unchanged, model_to_proto_with_markers
 from passes.modelio.weights import in_memory as _in_memory, stored_externally
 
 if TYPE_CHECKING:
@@ -55,14 +55,22 @@ _INLINE_UP_TO = 1024
 _STREAM_OVER = 1 << 20
 
 
-def _inline_nbytes(model: ir.Model) -> int:
+def _needs_external_data(model: ir.Model) -> bool:
+    """Whether the model is written with external data: it has some (or was told to keep it),
+    or its inline initializers reach the protobuf limit. One walk of the graphs (50k nodes:
+    ~40 ms a walk, and the save asks twice)."""
+    if model.meta.get(_tensors.KEEP_EXTERNAL):
+        return True
     total = 0
     for graph in _walk.graphs(model):
         for value in graph.initializers.values():
             tensor = value.const_value
-            if tensor is not None and not stored_externally(tensor):
-                total += tensor.nbytes
-    return total
+            if tensor is None:
+                continue
+            if stored_externally(tensor):
+                return True
+            total += tensor.nbytes
+    return total >= PROTOBUF_LIMIT
 
 
 def save_model(
@@ -94,8 +102,7 @@ def save_model(
     """
     path = pathlib.Path(path)
     if external_data is None:
-        external_data = (has_external_data(model) or bool(model.meta.get(_tensors.KEEP_EXTERNAL))
-                         or _inline_nbytes(model) >= PROTOBUF_LIMIT)
+        external_data = _needs_external_data(model)
     if not external_data:
         _write_model(model, path, progress)
         return [path]
@@ -134,8 +141,7 @@ def weights_nbytes(model: ir.Model, *, external_data: bool | None = None) -> int
     written from an array or copied from the input file (see :func:`_placeholder`).
     """
     if external_data is None:
-        external_data = (has_external_data(model) or bool(model.meta.get(_tensors.KEEP_EXTERNAL))
-                         or _inline_nbytes(model) >= PROTOBUF_LIMIT)
+        external_data = _needs_external_data(model)
     if external_data:
         return sum(v.const_value.nbytes for v in _split_initializers(model)[1])
     return sum(v.const_value.nbytes for v in model.graph.initializers.values() if _written_as_piece(v.const_value))

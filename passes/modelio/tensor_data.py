@@ -1,8 +1,13 @@
 """The tensors of a parsed model, checked without reading external data.
 
-Every tensor at any depth (initializers, sparse tensors, attribute values and
-defaults, subgraphs, functions) is found in one walk over the protobuf
-(:func:`check_tensors`), every string field on the way checked to be UTF-8.
+Every string field must be UTF-8 (protobuf hands one that is not over as
+bytes): the model's survey (:mod:`passes.modelio.survey`, one parse in C)
+says so; when it does not know, a walk over every message checks each field
+and names the first bad one. Every tensor at any depth (initializers, sparse
+tensors, attribute values and defaults, subgraphs, functions) is found in a
+walk over the protobuf (:func:`check_tensors`) that enters only the fields
+that can hold one, and no node when the survey knows that no attribute holds
+a tensor or a graph.
 Inline data must be exactly what the tensor's type and shape declare; an
 external tensor's location must stay inside the model's folder and name a
 regular file with one hard link that its offset and length fit, which are
@@ -14,9 +19,12 @@ structure, and before the ONNX checker.
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
+from collections.abc import Iterable
 
+import google.protobuf.descriptor
 import google.protobuf.message
 import onnx
 import onnx.external_data_helper
@@ -24,9 +32,9 @@ import onnx_ir as ir
 
 from passes.errors import InputError, first_line as _first_line
 from passes.modelio import detach as _detach
+from passes.modelio.survey import Survey, survey
 
 __all__ = ["Identity", "check_tensors", "identity"]
-
 
 def _scan(message: google.protobuf.message.Message, tensors: list[onnx.TensorProto]) -> None:
     """Collects every TensorProto inside ``message``, at any depth (initializers, sparse
@@ -39,13 +47,72 @@ def _scan(message: google.protobuf.message.Message, tensors: list[onnx.TensorPro
     if isinstance(message, onnx.TensorProto):
         tensors.append(message)
     for field, value in message.ListFields():
-        if field.type == field.TYPE_STRING:
-            values = [value] if isinstance(value, (str, bytes)) else value
-            if any(isinstance(v, bytes) for v in values):
+        kind = field.type
+        if kind == _TYPE_STRING:  # one value (str, or bytes when not UTF-8) or a repeated container of them
+            if type(value) is bytes or (type(value) is not str and bytes in map(type, value)):
                 raise InputError(f"{message.DESCRIPTOR.name}.{field.name} is not valid UTF-8 text")
-        elif field.type == field.TYPE_MESSAGE:
-            for item in [value] if isinstance(value, google.protobuf.message.Message) else value:
-                _scan(item, tensors)
+        elif kind == _TYPE_MESSAGE:
+            if isinstance(value, _MESSAGE):
+                _scan(value, tensors)
+            else:
+                for item in value:
+                    _scan(item, tensors)
+
+
+# Looked up once: _scan visits every message of the model (50k nodes: 150k messages).
+_TYPE_STRING = google.protobuf.descriptor.FieldDescriptor.TYPE_STRING
+_TYPE_MESSAGE = google.protobuf.descriptor.FieldDescriptor.TYPE_MESSAGE
+_MESSAGE = google.protobuf.message.Message
+
+@functools.cache
+def _tensor_fields(descriptor: google.protobuf.descriptor.Descriptor) -> frozenset[str]:
+    """The message fields of ``descriptor`` whose type can hold a TensorProto at some depth."""
+    def reaches(kind: google.protobuf.descriptor.Descriptor, seen: set[str]) -> bool:
+        if kind.full_name == onnx.TensorProto.DESCRIPTOR.full_name:
+            return True
+        seen.add(kind.full_name)
+        return any(f.message_type is not None and f.message_type.full_name not in seen
+                   and reaches(f.message_type, seen) for f in kind.fields)  # fmt: skip
+
+    return frozenset(f.name for f in descriptor.fields if f.message_type is not None and reaches(f.message_type, set()))
+
+
+def _collect(message: google.protobuf.message.Message, tensors: list[onnx.TensorProto], nodes: bool = True) -> None:
+    """The tensors :func:`_scan` collects, in its order, without its look at the text: only the
+    fields that can lead to a tensor are entered (a model's value types and names are not), and
+    no node when ``nodes`` is False (no attribute holds a tensor or a graph: see
+    :mod:`passes.modelio.survey`)."""
+    if isinstance(message, onnx.TensorProto):
+        tensors.append(message)
+    wanted = _tensor_fields(message.DESCRIPTOR)
+    for field, value in message.ListFields():
+        if field.name in wanted:
+            if isinstance(value, _MESSAGE):
+                _collect(value, tensors, nodes)
+            elif field.message_type.full_name == _NODE and _tensor_fields(onnx.NodeProto.DESCRIPTOR) == {"attribute"}:
+                if nodes:
+                    _collect_nodes(value, tensors)
+            else:
+                for item in value:
+                    _collect(item, tensors, nodes)
+
+
+_NODE = onnx.NodeProto.DESCRIPTOR.full_name
+
+
+def _collect_nodes(nodes: Iterable[onnx.NodeProto], tensors: list[onnx.TensorProto]) -> None:
+    """:func:`_collect` on each node, whose only field that leads to a tensor is ``attribute``: a
+    node's own message is not looked at (50k nodes: half the time)."""
+    wanted = _tensor_fields(onnx.AttributeProto.DESCRIPTOR)
+    for node in nodes:
+        for attr in node.attribute:
+            for field, value in attr.ListFields():
+                if field.name in wanted:
+                    if isinstance(value, _MESSAGE):
+                        _collect(value, tensors)
+                    else:
+                        for item in value:
+                            _collect(item, tensors)
 
 
 def _tensor_label(tensor: onnx.TensorProto) -> str:
@@ -174,7 +241,8 @@ def identity(path: pathlib.Path) -> Identity:
 
 
 def check_tensors(
-    proto: onnx.ModelProto, base_dir: pathlib.Path, identities: dict[pathlib.Path, Identity] | None = None
+    proto: onnx.ModelProto, base_dir: pathlib.Path, identities: dict[pathlib.Path, Identity] | None = None,
+    known: Survey | None = None,
 ) -> int:
     """Validates all text and every tensor's data; returns how many tensors are stored externally.
 
@@ -185,12 +253,17 @@ def check_tensors(
     match the tensor's type and shape. Nothing is opened: only paths and
     ``stat`` results are inspected. Each external file's :data:`Identity` goes
     into ``identities`` (by resolved path), so that a file swapped after this
-    check can be recognised.
+    check can be recognised. ``known``: the model's :func:`~passes.modelio.survey.survey`,
+    if the caller made it.
     """
     found = 0
     base = base_dir.resolve()
     tensors: list[onnx.TensorProto] = []
-    _scan(proto, tensors)
+    known = survey(proto) if known is None else known
+    if known.text:
+        _collect(proto, tensors, nodes=not known.plain)
+    else:
+        _scan(proto, tensors)
     for tensor in tensors:
         if not onnx.external_data_helper.uses_external_data(tensor):
             _check_inline_data(tensor)

@@ -27,6 +27,7 @@ from passes.modelio.declared import (  # noqa: F401  ShapeConflict: part of chec
     ShapeConflict,
     declared_shape_conflicts,
 )
+from passes.modelio.survey import Survey, survey
 from passes.modelio.tensor_data import Identity, check_tensors, identity  # noqa: F401  (the loader's, named here)
 
 __all__ = ["Identity", "ShapeConflict", "check_contents", "check_validity", "identity"]
@@ -259,21 +260,25 @@ def _check_by_path(proto: onnx.ModelProto, path: pathlib.Path | None, external: 
 
 
 def check_contents(
-    proto: onnx.ModelProto, base_dir: pathlib.Path, identities: dict[pathlib.Path, Identity] | None = None
+    proto: onnx.ModelProto, base_dir: pathlib.Path, identities: dict[pathlib.Path, Identity] | None = None,
+    known: Survey | None = None,
 ) -> int:
     """Checks versions, structure and every tensor; returns how many tensors are external.
 
     ``identities`` receives each external file's :data:`Identity` (see
-    :func:`passes.modelio.tensor_data.check_tensors`, which checks the tensors).
+    :func:`passes.modelio.tensor_data.check_tensors`, which checks the tensors). ``known``: the
+    model's :func:`~passes.modelio.survey.survey`, if the caller made it (made here otherwise).
 
     Raises:
         InputError: the first problem found.
     """
+    known = survey(proto) if known is None else known
     _check_versions(proto)
     _check_pass_through_outputs(proto.graph)
-    _check_no_attribute_references(proto.graph)
+    if not known.plain:  # plain: no attribute holds a reference (nor a subgraph that could)
+        _check_no_attribute_references(proto.graph)
     _check_attribute_reference_types(proto)
-    return check_tensors(proto, base_dir, identities)
+    return check_tensors(proto, base_dir, identities, known)
 
 
 def check_validity(

@@ -34,6 +34,7 @@ from typing import NoReturn
 import onnx
 import onnx_ir as ir
 
+from passes import heap
 from passes.base import Pass, pass_stats
 from passes.declarations import DEFAULT_TARGET_OPSET, UPGRADE
 from passes.errors import InputError, UpgradeError
@@ -139,15 +140,17 @@ class UpgradeOpsetPass(Pass, spec=UPGRADE):
         to_upgrade = [s for s in scopes if s.opset("") < target]
         source_opsets = sorted({s.opset("") for s in to_upgrade})
         stats = Stats()
-        plans = plan_scopes(model, to_upgrade, target, ADAPTERS, SEMANTIC_CHANGES, stats)
-        names = Names(model) if any(drafts for _, drafts in plans) else None
-        for scope, drafts in plans:
-            if not drafts:
-                continue
-            assert names is not None
-            rewriter = ScopeRewriter(scope, names, stats, target)
-            for draft in drafts:
-                rewriter.commit(draft)
+        with heap.paused(freeze=True):  # a draft per node, alive until every node is committed
+            plans = plan_scopes(model, to_upgrade, target, ADAPTERS, SEMANTIC_CHANGES, stats)
+            names = Names(model) if any(drafts for _, drafts in plans) else None
+            for scope, drafts in plans:
+                if not drafts:
+                    continue
+                assert names is not None
+                rewriter = ScopeRewriter(scope, names, stats, target)
+                for draft in drafts:
+                    rewriter.commit(draft)
+            del plans
         modified = bool(to_upgrade)  # at least one opset import changes
         for owner in (model, *model.functions.values()):
             version = walk.default_opset(owner.opset_imports)

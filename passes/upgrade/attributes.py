@@ -76,17 +76,42 @@ def attr_input(attr: ir.Attr, ctx: PlanContext, base_name: str, *, scalar_to_1d:
                 " which a Constant cannot turn into this input"
             )
         return ConstInput(example, base_name, ref=attr, ref_kind=kind)
-    if attr.type == ir.AttributeType.INTS:
-        array = np.asarray(attr.as_ints(), dtype=np.int64)
-    elif attr.type == ir.AttributeType.INT:
-        array = np.asarray([attr.as_int()] if scalar_to_1d else attr.as_int(), dtype=np.int64)
-    elif attr.type == ir.AttributeType.FLOATS:
+    if attr.type in _INT_KINDS:
+        return _int_input(attr.type, attr.value, base_name, scalar_to_1d)
+    if attr.type == ir.AttributeType.FLOATS:
         array = np.asarray(attr.as_floats(), dtype=np.float32)
     elif attr.type == ir.AttributeType.FLOAT:
         array = np.asarray(attr.as_float(), dtype=np.float32)
     else:
         return f"attribute '{attr.name}' has unexpected type {attr.type.name}"
     return ConstInput(array, base_name)
+
+
+_INT_KINDS = frozenset({ir.AttributeType.INTS, ir.AttributeType.INT})
+
+#: The INT and INTS inputs :func:`_int_input` made, by value: a model's nodes share a few (50k
+#: reduce nodes, a handful of axes lists), and a shared one is one array and one constant of the
+#: rewrite. Short lists only; emptied when full.
+_INT_INPUTS: dict[tuple[object, ...], ConstInput] = {}
+_INT_INPUTS_UP_TO = 4096
+_SHARED_LENGTH = 64
+
+
+def _int_input(kind: ir.AttributeType, value: int | tuple[int, ...], base_name: str, scalar_to_1d: bool) -> ConstInput:
+    """An INT or INTS attribute's value as an int64 input (see :func:`attr_input`): read only, and
+    shared by the drafts of equal values."""
+    key = (kind, value, base_name, scalar_to_1d)
+    shared = kind == ir.AttributeType.INT or (type(value) is tuple and len(value) <= _SHARED_LENGTH)
+    if shared and (const := _INT_INPUTS.get(key)) is not None:
+        return const
+    array = np.asarray([value] if kind == ir.AttributeType.INT and scalar_to_1d else value, dtype=np.int64)
+    array.setflags(write=False)
+    const = ConstInput(array, base_name)
+    if shared:
+        if len(_INT_INPUTS) >= _INT_INPUTS_UP_TO:
+            _INT_INPUTS.clear()
+        _INT_INPUTS[key] = const
+    return const
 
 
 def typed_scalar(attr: ir.Attr, ctx: PlanContext, like: DraftInput, base_name: str) -> ConstInput | str:

@@ -31,10 +31,10 @@ def dtype_of(value: object) -> ir.DataType | None:
     """
     if value is None:
         return None
-    if isinstance(value, ir.Value):
-        value_type = value.type
-        return value_type.dtype if type(value_type) is ir.TensorType else None
-    return value.dtype  # type: ignore[attr-defined]
+    if isinstance(value, ConstInput):  # a plain class: ir.Value's protocol metaclass makes its isinstance slow
+        return value.dtype
+    value_type = value.type  # type: ignore[attr-defined]
+    return value_type.dtype if type(value_type) is ir.TensorType else None
 
 
 class Edits(Protocol):
@@ -101,7 +101,7 @@ DraftInput = ir.Value | ConstInput | None
 Hook = Callable[[ir.Node, Edits], None]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)  # one per node of the model, all alive until the rewrite
 class Draft:
     """What a node will look like after the upgrade, built without touching the graph.
 

@@ -51,6 +51,7 @@ class ScopeRewriter:
         self._names = names
         self._stats = stats
         self._cache: dict[tuple[object, ...], ir.Value] = {}
+        self._made: dict[int, tuple[ConstInput, ir.Value]] = {}  # by id: drafts share equal inputs
         self._front: ir.Node | None = None  # last Constant put at the top of a function scope
 
     def fresh_value_name(self, base: str) -> str:
@@ -64,6 +65,8 @@ class ScopeRewriter:
         if (value := self._cache.get(key)) is not None:
             return value
         name = self._names.value(_const_base(base_name, array))
+        if not array.flags.writeable:  # shared by drafts (passes.upgrade.attributes): the model gets its own
+            array = array.copy()
         tensor = ir.tensor(array, name=name)
         if self._scope.in_function:
             value = self._constant_node([ir.AttrTensor("value", tensor)], name)
@@ -123,6 +126,9 @@ class ScopeRewriter:
     def _materialize(self, value: ir.Value | ConstInput | None, node: ir.Node) -> ir.Value | None:
         if not isinstance(value, ConstInput):
             return value
+        made = self._made.get(id(value))
+        if made is not None and made[0] is value:
+            return made[1]
         if value.ref is not None:
             result = self._ref_const(value)
         else:
@@ -130,6 +136,8 @@ class ScopeRewriter:
         if value.like is not None:
             base = f"{node.name or node.op_type}_{value.base_name}"
             result = self.add_node("CastLike", [result, value.like], base_name=base, before=node).outputs[0]
+        else:
+            self._made[id(value)] = (value, result)
         return result
 
     def commit(self, draft: Draft) -> None:
