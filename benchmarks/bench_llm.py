@@ -55,6 +55,8 @@ TS_LAYERS, DYNAMO_LAYERS, QUICK_LAYERS, HIDDEN = 48, 192, 4, 64
 #: (arch, dynamo, opset) of every export; the size comes from --layers / --hidden.
 KINDS = (("hf_gpt2", False, 17), ("hf_gpt2", True, 18), ("hf_llama", False, 17), ("hf_llama", True, 18))
 TOOLS = ("vc+onnxsim", "ours+check", "ours", "onnxslim")
+#: Where the exports are cached by default (``--cache``; ``bench_precision`` reads them there too).
+CACHE = pathlib.Path(tempfile.gettempdir()) / "bench-llm-exports"
 
 #: Ours through the command's entry point, its modules imported before the clock; prints the exit
 #: status (a failed check is a result here, not a crash), the phases and the per-pass seconds.
@@ -238,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=HIDDEN, help="hidden size, a multiple of 16 (default %(default)s)")
     parser.add_argument("--only", default="", help="comma-separated model names or patterns (see --list)")
     parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated subset of %(default)s")
-    parser.add_argument("--cache", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()) / "bench-llm-exports",
+    parser.add_argument("--cache", type=pathlib.Path, default=CACHE,
                         help="folder of the cached exports (default: %(default)s)")
     parser.add_argument("--keep", type=pathlib.Path, default=None, help="keep every tool's first output there")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per export (default %(default)s)")
