@@ -26,9 +26,9 @@ def test_unsized_exports_keep_their_names_and_sized_ones_say_their_size() -> Non
     assert "hf_gpt2_ts_opset17" in names and "hf_llama_dynamo_opset18" in names
     assert not any("_L" in n for n in names)
     sized = bench_llm.specs(None, 64)
-    assert [(s.arch, s.dynamo, s.layers) for s in sized] == [
-        ("hf_gpt2", False, bench_llm.TS_LAYERS), ("hf_gpt2", True, bench_llm.DYNAMO_LAYERS),
-        ("hf_llama", False, bench_llm.TS_LAYERS), ("hf_llama", True, bench_llm.DYNAMO_LAYERS)]
+    assert [(s.arch, s.dynamo, s.layers, s.fold) for s in sized] == [
+        ("hf_gpt2", False, bench_llm.TS_LAYERS, True), ("hf_gpt2", True, bench_llm.DYNAMO_LAYERS, False),
+        ("hf_llama", False, bench_llm.TS_LAYERS, True), ("hf_llama", True, bench_llm.DYNAMO_LAYERS, False)]
     assert sized[0].name == f"hf_gpt2_L{bench_llm.TS_LAYERS}_h64_ts_opset17"
     # every size and exporter its own cache file
     keys = {s.name for layers in (2, 3) for hidden in (32, 64) for s in bench_llm.specs(layers, hidden)}
