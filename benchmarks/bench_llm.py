@@ -6,8 +6,8 @@ floating parameter offset so none is exactly 0 or 1, ``bench_simplify``'s export
 size: ``ExportSpec(layers=, hidden=)``), each by the TorchScript exporter (``dynamo=False``,
 opset 17) and the dynamo exporter (``dynamo=True``, opset 18, ``optimize=False``: the raw graph).
 The hidden size is small (64: the weights stay a few MiB) and the layers many, so what grows is
-the node count: 48 layers for the TorchScript exports (~10-11k nodes, ~210-230 a layer) and 80
-for the dynamo ones (10k+, ~130 a layer); ``--layers`` sets both. The dynamo exporter's own
+the node count: 48 layers for the TorchScript exports (GPT-2 10,096 nodes, Llama 10,863) and 80 for
+the dynamo ones (10,310 and 17,190); ``--layers`` sets both. The dynamo exporter's own
 optimiser (its default) leaves ~50-60 nodes a layer: 10k nodes would take ~190 layers, whose
 export takes more than half an hour on 2 shared cores (measured: 24 layers, 1,216 / 1,485 nodes,
 50-70 s), so the raw graphs stand in for the size. Exports take minutes: they are cached in ``--cache`` (default
@@ -15,7 +15,8 @@ export takes more than half an hour on 2 shared cores (measured: 24 layers, 1,21
 and torch version.
 
 Tools (each in a fresh process, the tools' runs alternating, the median of ``--repeat``; the
-child's own time without its imports, its peak RSS):
+child's own time without its imports, its peak RSS: that process's only, so ours' check, which
+runs onnxruntime in a child process of its own, is not in it):
 
 * ``vc+onnxsim``: onnx.version_converter to 18, then onnxsim.simplify (the reference of the ratios);
 * ``ours+check``: ``python -m passes IN -o OUT -q --target-opset 18 --report R`` (the default
