@@ -87,6 +87,8 @@ def test_the_precision_cost_table_adds_our_check_to_onnxconverter_common() -> No
            "onnxslim": {"exit": 1, "seconds": None, "peak_mib": 80.0}}
     line = bench_precision.cost_table([row]).splitlines()[-1]
     # 3.0 / 2.0 = 1.50x alone; 3.0 / (2.0 + 1.0) = 1.00x with the check; RSS 2.00x
-    assert line.startswith("| m | 3.00 (1.50x) | 1.00 | 1.00x | 200 (2.00x) | 2.00, 100 | fail (-) |")
+    assert line.startswith("| m | 3.00 (1.50x) | - | 1.00 | 1.00x | 200 (2.00x) | 2.00, 100 | fail (-) |")
+    row["ours"]["precision_seconds"] = 0.5
+    assert "| 3.00 (1.50x) | 0.50 | 1.00 |" in bench_precision.cost_table([row])
     row["onnxconverter-common"] = {"exit": 1, "seconds": 0.1, "peak_mib": 90.0, "error": "x"}
     assert "(failed)" in bench_precision.cost_table([row]) and "| 3.00 (-) |" in bench_precision.cost_table([row])
