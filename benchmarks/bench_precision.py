@@ -1,10 +1,13 @@
 """Benchmark: ``--precision fp16`` against onnxconverter-common and onnxslim's float16 conversions.
 
-For each float32 model (``models/real/`` and the models of ``tests/test_precision.py``):
+For each float32 model (``models/real/``, the models of ``tests/test_precision.py`` and
+``bench_llm``'s GPT-2 and Llama exports at ``--llm-layers`` layers, TorchScript and dynamo), each
+tool in a fresh process (``harness.measure``: its imports first, then the clock over load,
+conversion and save; its peak RSS), the tools' runs alternating, the median of ``--repeat``:
 
 * ours: ``python -m passes IN -o OUT --precision fp16`` (all passes, its check, its
-  search for float32 islands), in a subprocess; exit code and wall time;
-* onnxconverter-common: ``float16.convert_float_to_float16(model, keep_io_types=True)``;
+  search for float32 islands); the report gives the check's seconds;
+* onnxconverter-common: ``float16.convert_float_to_float16(model, keep_io_types=True)`` + ``onnx.save``;
 * onnxslim: ``onnxslim.slim(model, dtype="fp16")`` (its own simplifications too; it converts
   the inputs and outputs to float16 too: its inputs are given as float16, its outputs compared
   as float32).
@@ -20,29 +23,38 @@ mostly those of the float16 weights and boundaries, not of float16 arithmetic. O
 reports the error of its emulation (each half node's output rounded to float16), the
 figure its search holds to the float16 tolerance (``emulated`` below).
 
+A second table gives the cost: ours' time (the whole command: every pass, the precision pass's
+search, the save and the check; the precision pass's own seconds and the check's from its report)
+and peak RSS as ratios to onnxconverter-common's, and ours' time against onnxconverter-common's
+plus ours' own check (issue #37's target: at most 1x). The peak RSS is the tool's process only:
+ours' check and search run onnxruntime in a child process, not counted.
+
 Needs onnxconverter-common and onnxslim (not dependencies of this project)::
 
     python -m venv .benchvenv && .benchvenv/bin/pip install -e '.[test]' onnxconverter-common onnxslim
-    .benchvenv/bin/python benchmarks/bench_precision.py [--json out.json]
+    .benchvenv/bin/python benchmarks/bench_precision.py [--quick] [--repeat N] [--only PATTERN,...]
+        [--llm-layers N] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
-import os
 import pathlib
-import subprocess
+import statistics
 import sys
 import tempfile
-import time
 from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from harness import REPO, Measurement, measure  # noqa: E402
+
 REAL = REPO / "models" / "real"
 
 
@@ -124,63 +136,127 @@ def _measure(original: pathlib.Path, converted: pathlib.Path) -> dict[str, Any]:
             "io_float32": _io_float32(original, converted)}  # fmt: skip
 
 
-def _ours(source: pathlib.Path, target: pathlib.Path) -> dict[str, Any]:
-    report = target.with_suffix(".json")
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "passes", str(source), "-o", str(target), "--precision", "fp16",
-                           "--report", str(report)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
-    seconds = time.perf_counter() - start
-    result: dict[str, Any] = {"seconds": round(seconds, 2), "exit": done.returncode}
-    if done.returncode != 0:
-        result["error"] = (done.stderr.strip().splitlines() or [""])[-1][:200]
-        return result
-    stats = [p for p in json.loads(report.read_text())["passes"] if p["name"] == "precision"][0]["stats"]
-    result["emulated"] = stats.get("max_abs_error", {})
-    result["islands"] = len(stats.get("islands", {}))
+# Each tool runs in a fresh process (``harness.measure``): its imports first, then the clock over
+# load + conversion + save (ours: the whole command, its check included), its peak RSS reported.
+_OURS = f"""
+import json, sys, time
+sys.path.insert(0, {str(REPO)!r})
+src, dst, report = sys.argv[1:4]
+import onnx, onnx_ir, numpy, refimpl
+import passes.cli, passes.pipeline, passes.modelio.load, passes.modelio.validate
+start = time.perf_counter()
+code = passes.cli.main([src, "-o", dst, "-q", "--precision", "fp16", "--report", report, *sys.argv[4:]])
+out = {{"seconds": time.perf_counter() - start, "exit": code}}
+try:
+    with open(report, encoding="utf-8") as file:
+        r = json.load(file)
+    out["check_seconds"] = (r.get("phases") or {{}}).get("check", 0.0)
+    out["error"] = (r.get("error") or "")[:200]
+    precision = next((p for p in r["passes"] if p["name"] == "precision"), {{}})
+    out["precision_seconds"] = precision.get("seconds")
+    stats = precision.get("stats") or {{}}
+    out["emulated"] = stats.get("max_abs_error", {{}})
+    out["islands"] = len(stats.get("islands", {{}}))
+except (OSError, ValueError, KeyError) as error:
+    out["error"] = f"no report: {{error}}"
+print(json.dumps(out))
+"""
+
+_ONNXCONVERTER = """
+import json, sys, time
+src, dst = sys.argv[1:3]
+import onnx
+from onnxconverter_common import float16
+start = time.perf_counter()
+try:
+    model = float16.convert_float_to_float16(onnx.load(src), keep_io_types=True)
+    onnx.save_model(model, dst)
+    out = {"exit": 0}
+except Exception as e:
+    out = {"exit": 1, "error": (str(e).splitlines() or [type(e).__name__])[0][:200]}
+out["seconds"] = time.perf_counter() - start
+print(json.dumps(out))
+"""
+
+_ONNXSLIM = """
+import json, sys, time
+src, dst = sys.argv[1:3]
+import onnx, onnxslim
+start = time.perf_counter()
+try:
+    onnx.save_model(onnxslim.slim(src, dtype="fp16"), dst)
+    out = {"exit": 0}
+except Exception as e:
+    out = {"exit": 1, "error": (str(e).splitlines() or [type(e).__name__])[0][:200]}
+out["seconds"] = time.perf_counter() - start
+print(json.dumps(out))
+"""
+
+
+def _run_tool(snippet: str, extra: list[str]) -> Any:
+    def run(source: pathlib.Path, target: pathlib.Path) -> Measurement:
+        args = [str(source), str(target), *([str(target.with_suffix(".json"))] if snippet is _OURS else []), *extra]
+        return measure("tool", source.stem, snippet, args)
+
+    return run
+
+
+TOOLS = {"ours": _run_tool(_OURS, []), "onnxconverter-common": _run_tool(_ONNXCONVERTER, []),
+         "onnxslim": _run_tool(_ONNXSLIM, [])}
+
+
+def _llm_exports(layers: int) -> dict[str, pathlib.Path]:
+    """``bench_llm``'s GPT-2 and Llama exports at ``layers`` layers (cached there; none if 0)."""
+    if not layers:
+        return {}
+    import bench_llm
+
+    found = {}
+    for spec in bench_llm.specs(layers, bench_llm.HIDDEN):
+        path, error = bench_llm.exported(spec, bench_llm.CACHE, 3600)
+        if path is None:
+            print(f"{spec.name}: export failed: {error}", file=sys.stderr)
+        else:
+            found[spec.name] = path
+    return found
+
+
+def _result(runs: list[Measurement]) -> dict[str, Any]:
+    """One tool's runs on one model: the first run's report, the median time, the largest peak RSS."""
+    first = runs[0]
+    result: dict[str, Any] = dict(first.extra)
+    if not all(m.ok for m in runs):
+        failed = next(m for m in runs if not m.ok)
+        return {"exit": 1, "error": failed.error, "seconds": None, "peak_mib": failed.peak_rss_mib}
+    result["seconds"] = statistics.median(m.seconds for m in runs)
+    result["peak_mib"] = max(m.peak_rss_mib for m in runs)
+    for key in ("check_seconds", "precision_seconds"):
+        if key in result:
+            result[key] = statistics.median(m.extra.get(key) or 0.0 for m in runs)
     return result
 
 
-def _onnxconverter(source: pathlib.Path, target: pathlib.Path) -> dict[str, Any]:
-    from onnxconverter_common import float16
-
-    start = time.perf_counter()
-    try:
-        model = float16.convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
-        onnx.save_model(model, str(target))
-    except Exception as e:  # noqa: BLE001
-        return {"seconds": round(time.perf_counter() - start, 2), "exit": 1, "error": str(e).splitlines()[0][:200]}
-    return {"seconds": round(time.perf_counter() - start, 2), "exit": 0}
-
-
-def _onnxslim(source: pathlib.Path, target: pathlib.Path) -> dict[str, Any]:
-    import onnxslim
-
-    start = time.perf_counter()
-    try:
-        model = onnxslim.slim(str(source), dtype="fp16")
-        onnx.save_model(model, str(target))
-    except Exception as e:  # noqa: BLE001
-        return {"seconds": round(time.perf_counter() - start, 2), "exit": 1, "error": str(e).splitlines()[0][:200]}
-    return {"seconds": round(time.perf_counter() - start, 2), "exit": 0}
-
-
-TOOLS = {"ours": _ours, "onnxconverter-common": _onnxconverter, "onnxslim": _onnxslim}
-
-
-def run() -> list[dict[str, Any]]:
+def run(repeat: int = 1, only: str = "", llm_layers: int = 4) -> list[dict[str, Any]]:
     rows = []
+    patterns = [p for p in only.split(",") if p]
     with tempfile.TemporaryDirectory(prefix="bench-precision-") as folder:
         work = pathlib.Path(folder)
-        for name, source in _models(work).items():
+        models = {**_models(work), **_llm_exports(llm_layers)}
+        for name, source in models.items():
+            if patterns and not any(fnmatch.fnmatchcase(name, p) for p in patterns):
+                continue
             if not _has_float(source):
                 continue
             row: dict[str, Any] = {"model": name, "float32_bytes": _size(source)}
-            for tool, convert in TOOLS.items():
-                target = work / f"{source.stem}.{tool}.onnx"
-                result = convert(source, target)
+            runs: dict[str, list[Measurement]] = {tool: [] for tool in TOOLS}
+            for index in range(repeat):  # alternating: the machine's load falls on every tool alike
+                for tool, convert in TOOLS.items():
+                    target = work / f"{source.stem}.{tool}.{index}.onnx"
+                    runs[tool].append(convert(source, target))
+            for tool in TOOLS:
+                result = _result(runs[tool])
                 if result["exit"] == 0:
-                    result.update(_measure(source, target))
+                    result.update(_measure(source, work / f"{source.stem}.{tool}.0.onnx"))
                 row[tool] = result
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -219,19 +295,51 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def _ratio(value: float | None, reference: float | None) -> str:
+    return f"{value / reference:.2f}x" if value is not None and reference else "-"
+
+
+def cost_table(rows: list[dict[str, Any]]) -> str:
+    """Time and peak RSS against onnxconverter-common; the target: ours at most its time plus our check."""
+    lines = ["| model | ours s (x occ) | its precision pass s | its check s | x (occ + check) | ours MiB (x occ) | "
+             "occ s, MiB | onnxslim s (x occ) |", "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ours, occ, slim = row["ours"], row["onnxconverter-common"], row["onnxslim"]
+        ref = occ.get("seconds") if not occ.get("exit") else None
+        check = ours.get("check_seconds")
+        with_check = ref + check if ref is not None and check is not None else None
+        shown = lambda r: f"{r['seconds']:.2f}" if r.get("seconds") is not None else "fail"  # noqa: E731
+        own = ours.get("precision_seconds")
+        occ_cell = f"{shown(occ)}, {occ.get('peak_mib', 0):.0f}" + (" (failed)" if occ.get("exit") else "")
+        lines.append(
+            f"| {row['model']} | {shown(ours)} ({_ratio(ours.get('seconds'), ref)}) | "
+            f"{'-' if own is None else f'{own:.2f}'} | {'-' if check is None else f'{check:.2f}'} | {_ratio(ours.get('seconds'), with_check)} | "
+            f"{ours.get('peak_mib', 0):.0f} ({_ratio(ours.get('peak_mib'), occ.get('peak_mib'))}) | {occ_cell} | "
+            f"{shown(slim)} ({_ratio(slim.get('seconds'), ref)}) |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one run per tool (the default runs 3)")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per tool and model, alternating (default 3)")
+    parser.add_argument("--only", default="", help="comma-separated model names or shell patterns")
+    parser.add_argument("--llm-layers", type=int, default=4,
+                        help="layers of bench_llm's GPT-2 and Llama exports added to the models (0: none; default 4)")
     parser.add_argument("--json", help="also write the rows there")
-    parser.add_argument("--table", help="print the table of rows written before by --json, and stop")
-    args = parser.parse_args()
+    parser.add_argument("--table", help="print the tables of rows written before by --json, and stop")
+    args = parser.parse_args(argv)
     if args.table:
-        print(table(json.loads(pathlib.Path(args.table).read_text())))
-        return
-    rows = run()
+        rows = json.loads(pathlib.Path(args.table).read_text())
+    else:
+        rows = run(args.repeat or (1 if args.quick else 3), args.only, args.llm_layers)
     print(table(rows))
-    if args.json:
+    print()
+    print(cost_table(rows))
+    if args.json and not args.table:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -160,15 +160,23 @@ class ExportSpec:
     dynamo: bool
     opset: int
     fold: bool = True
+    #: Decoder layers and hidden size of ``hf_gpt2`` / ``hf_llama`` (None: the tiny config's 2 and 32);
+    #: ``bench_llm`` builds LLM-size graphs (tens of thousands of nodes) this way.
+    layers: int | None = None
+    hidden: int | None = None
 
     @property
     def name(self) -> str:
-        return f"{self.arch}_{'dynamo' if self.dynamo else 'ts'}_opset{self.opset}" + ("" if self.fold else "_nofold")
+        size = "" if self.layers is None and self.hidden is None else f"_L{self.layers or 2}_h{self.hidden or 32}"
+        return f"{self.arch}{size}_{'dynamo' if self.dynamo else 'ts'}_opset{self.opset}" + ("" if self.fold else "_nofold")
 
     @property
     def description(self) -> str:
         option = ("optimize" if self.dynamo else "do_constant_folding") + f"={self.fold}"
-        return f"{ARCHS[self.arch].description}; torch.onnx.export(dynamo={self.dynamo}, opset {self.opset}, {option})"
+        size = "" if self.layers is None and self.hidden is None else \
+            f" ({self.layers or 2} layers, hidden size {self.hidden or 32})"
+        return (f"{ARCHS[self.arch].description}{size}; "
+                f"torch.onnx.export(dynamo={self.dynamo}, opset {self.opset}, {option})")
 
 
 EXPORTS: list[ExportSpec] = [
@@ -196,8 +204,16 @@ def _perturb(module: Any, seed: int) -> None:
                 tensor.add_(torch.empty(tensor.shape, dtype=tensor.dtype).uniform_(0.01, 0.1, generator=gen))
 
 
-def _arch_module(arch: str) -> tuple[Any, tuple[Any, ...], list[str], list[str], list[dict[int, str]]]:
-    """(module, example args, input names, output names, per input {axis: dim name})."""
+def _arch_module(arch: str, layers: int | None = None, hidden: int | None = None,
+                 ) -> tuple[Any, tuple[Any, ...], list[str], list[str], list[dict[int, str]]]:
+    """(module, example args, input names, output names, per input {axis: dim name}).
+
+    ``layers``, ``hidden``: the decoder layers and hidden size of ``hf_gpt2`` and ``hf_llama``
+    (default 2 and 32; the feed-forward is twice the hidden size, the heads of 8 or 16 values).
+    """
+    if (layers is not None or hidden is not None) and arch not in ("hf_gpt2", "hf_llama"):
+        raise ValueError(f"{arch}: only hf_gpt2 and hf_llama take a size")
+    layers, hidden = layers or 2, hidden or 32
     import torch
     from torch import nn
 
@@ -246,7 +262,8 @@ def _arch_module(arch: str) -> tuple[Any, tuple[Any, ...], list[str], list[str],
     if arch == "hf_gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        config = GPT2Config(vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=2, use_cache=False,
+        config = GPT2Config(vocab_size=64, n_positions=64, n_embd=hidden, n_layer=layers, n_head=hidden // 16,
+                            use_cache=False,
                             attn_implementation="sdpa")
         inner = Outputs(GPT2LMHeadModel(config), ("logits",), ("input_ids", "attention_mask"))
         return Two(inner), (ids, mask), ["input_ids", "attention_mask"], ["logits"], text_axes
@@ -315,8 +332,9 @@ def _arch_module(arch: str) -> tuple[Any, tuple[Any, ...], list[str], list[str],
     if arch == "hf_llama":
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        config = LlamaConfig(vocab_size=64, hidden_size=hidden, intermediate_size=2 * hidden,
+                             num_hidden_layers=layers, num_attention_heads=hidden // 8,
+                             num_key_value_heads=hidden // 16, max_position_embeddings=64,
                              use_cache=False, attn_implementation="eager")
         inner = Outputs(LlamaForCausalLM(config), ("logits",), ("input_ids", "attention_mask"))
         return Two(inner), (ids, mask), ["input_ids", "attention_mask"], ["logits"], text_axes
@@ -357,12 +375,16 @@ def _arch_module(arch: str) -> tuple[Any, tuple[Any, ...], list[str], list[str],
 
 def export_model(name: str, path: str) -> None:
     """Exports the ``EXPORTS`` entry ``name`` to ``path`` (imports torch; run in a child process)."""
+    export_spec(next(s for s in EXPORTS if s.name == name), path)
+
+
+def export_spec(spec: ExportSpec, path: str) -> None:
+    """Exports ``spec`` (any :class:`ExportSpec`, sized or not) to ``path`` (imports torch; run in a child)."""
     import warnings
 
     import torch
 
-    spec = next(s for s in EXPORTS if s.name == name)
-    module, args, input_names, output_names, axes = _arch_module(spec.arch)
+    module, args, input_names, output_names, axes = _arch_module(spec.arch, spec.layers, spec.hidden)
     _perturb(module, seed=2)
     module.eval()
     with torch.no_grad():
