@@ -25,6 +25,7 @@ import onnx_ir as ir
 
 from passes import heap
 from passes.errors import OptimizeError
+from passes.ir import known
 from passes.phases import counting_nodes
 from passes.report import PassRun
 
@@ -174,6 +175,7 @@ def build(steps: Sequence[tuple[str, ir.passes.PassBase, bool]], record: Record)
 def run(manager: ir.passes.PassManager, model: ir.Model) -> ir.passes.PassResult:
     """Runs ``manager`` on ``model``; what a pass raised is raised as itself, not wrapped in the
     managers' PassErrors (a pass's :class:`OptimizeError` is the user's one-line error)."""
+    known.begin(model)  # the types the passes learn and keep up to date, for this run only
     try:
         return manager(model)
     except ir.passes.PassError as e:
@@ -181,6 +183,8 @@ def run(manager: ir.passes.PassManager, model: ir.Model) -> ir.passes.PassResult
         if cause is not e:
             raise cause from e
         raise
+    finally:
+        known.end(model)
 
 
 def _add_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
