@@ -185,3 +185,9 @@ def test_the_types_step_writes_the_same_from_the_table_as_from_inference(
     assert (tmp_path / "table.onnx").read_bytes() == (tmp_path / "inferred.onnx").read_bytes()
     written = onnx.load(str(tmp_path / "table.onnx"))
     assert len(written.graph.value_info) == len(written.graph.node) - 1  # every intermediate is stated
+
+
+def test_a_graph_input_given_another_shape_in_place_fails_the_table() -> None:
+    model, _ = _typed()
+    model.graph.inputs[0].shape = ir.Shape([5, 4])  # the same value, another shape
+    assert known.lookup(model) is None

@@ -107,25 +107,48 @@ def static_shape(model: ir.Model, value: ir.Value) -> tuple[int, ...] | None:
 
 def _signature(node: ir.Node, table: Mapping[ir.Value, _Entry]) -> tuple[Any, ...] | None:
     """What the node's outputs' types are a function of (see the module docstring); None when an input's
-    type is not known statically or the node holds subgraphs."""
+    type is not known statically or the node holds subgraphs.
+
+    (op, domain, overload, attributes, inputs, keys): an input the table holds is kept as the value
+    (its own entry says its type, and is checked in turn), any other with its key as it is now."""
     stored = node.attributes
     attributes = tuple(getattr(stored, "data", stored).values())  # the attributes' own dict
     for a in attributes:
         if a.type in _SUBGRAPHS:
             return None
-    inputs = []
-    for value in node.inputs:
+    inputs = node.inputs
+    keys = []
+    for value in inputs:
+        if value is not None and value in table:
+            keys.append(None)
+            continue
         key = _input_key(value, table)
         if key is None:
             return None
-        inputs.append(key)
-    return node.op_type, node.domain, node.overload, attributes, tuple(inputs)
+        keys.append(key)
+    return node.op_type, node.domain, node.overload, attributes, inputs, keys
 
 
-def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    """Signatures equal, attributes compared by identity (an attribute replaced is another one)."""
-    return (a[:3] == b[:3] and a[4] == b[4] and len(a[3]) == len(b[3])
-            and all(x is y for x, y in zip(a[3], b[3])))  # fmt: skip
+def _holds(node: ir.Node, signature: tuple[Any, ...], table: Mapping[ir.Value, _Entry]) -> bool:
+    """Whether ``node`` still has ``signature``: the same op and attribute objects (an attribute
+    replaced is another one), and inputs of the same types (the same values, or others of equal key)."""
+    op_type, domain, overload, attributes, inputs, keys = signature
+    if node.op_type != op_type or node.domain != domain or node.overload != overload:
+        return False
+    stored = node.attributes
+    now = getattr(stored, "data", stored)
+    if len(now) != len(attributes) or any(a is not b for a, b in zip(now.values(), attributes)):
+        return False
+    current = node.inputs
+    if len(current) != len(inputs):
+        return False
+    for value, was, key in zip(current, inputs, keys):
+        if key is None:  # was a value the table holds
+            if value is not was and _input_key(value, table) != table[was].key:
+                return False
+        elif _input_key(value, table) != key:
+            return False
+    return True
 
 
 def note(model: ir.Model, value: ir.Value, dtype: ir.DataType | None, shape: Any) -> None:
@@ -179,9 +202,9 @@ def lookup(model: ir.Model) -> dict[ir.Value, tuple[ir.DataType, ir.Shape]] | No
                 entry = table.get(value)
                 if entry is None or entry.node is not node:
                     return None
-                signature = signature or _signature(node, table)
-                if signature is None or not _same(signature, entry.signature):
+                if entry.signature is not signature and not _holds(node, entry.signature, table):
                     return None
+                signature = entry.signature
                 dtype, dims = entry.key
                 if value.dtype is not None and value.dtype != dtype:
                     return None
