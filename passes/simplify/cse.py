@@ -108,6 +108,9 @@ def eliminate(model: ir.Model, applied: collections.Counter[str]) -> bool:
         opset = scope.opset("")
         mergeable: dict[str, bool] = {}
         for node in list(scope.body):
+            inputs = node.inputs
+            if inputs and inputs[0] is not None and len(inputs[0].uses()) < 2:
+                continue  # its twin would read the same first input: a node alone in reading it has none
             key = _node_key(node, opset, mergeable)
             if key is None:
                 continue
