@@ -42,7 +42,8 @@ def _run(tree: pathlib.Path, model: str, flags: list[str], folder: pathlib.Path)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     env = {**os.environ, "PYTHONPATH": str(tree)}
     subprocess.run([sys.executable, "-c", _CHILD, model, "-o", str(folder / "out.onnx"), "-q", "--report",
-                    str(report), *flags], env=env, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+                    str(report), *flags], env=env, check=True, stdout=subprocess.DEVNULL,
+                   cwd=folder)  # not the caller's folder: a checkout there would come first on sys.path  # fmt: skip
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     passes = {p["name"]: p["seconds"] for p in json.loads(report.read_text())["passes"]}
@@ -61,10 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     trees = args.tree or [HERE.parent]
     runs: dict[pathlib.Path, list[tuple[dict[str, float], float]]] = {tree: [] for tree in trees}
+    model = str(pathlib.Path(args.model).resolve())
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.repeat):
             for tree in trees:
-                runs[tree].append(_run(tree.resolve(), args.model, flags, pathlib.Path(tmp)))
+                runs[tree].append(_run(tree.resolve(), model, flags, pathlib.Path(tmp)))
     for tree, results in runs.items():
         names = list(results[0][0])
         medians = {n: statistics.median(r[0].get(n, 0.0) for r in results) for n in names}
