@@ -56,8 +56,8 @@ import onnx_ir as ir
 
 from passes.base import Pass, pass_stats
 from passes.declarations import DECOMPOSE
-from passes.ir import inference
 from passes.decompose.shapes import note_types
+from passes.ir import inference
 from passes.ir.amplification import Amplified
 from passes.ir.build import Builder, axes_are_input
 from passes.ir.inference import is_static

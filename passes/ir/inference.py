@@ -288,7 +288,9 @@ def infer_static_shapes(model: ir.Model, values: Iterable[ir.Value]) -> dict[ir.
     }
 
 
-def infer_all(model: ir.Model, *, remember: bool = True) -> dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]:
+def infer_all(
+    model: ir.Model, *, remember: bool = True
+) -> dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]:
     """Types and shapes derived by inference for every value nodes compute (main graph, subgraphs).
 
     Declared shapes of computed values are ignored (``derived_only``); dims
