@@ -11,6 +11,14 @@ the garbage the passes make is still collected) until :func:`thaw`, which the
 run calls once it has released the model, and on every way out. A step that
 makes an object per node for its own use is run paused too (:func:`paused`).
 
+Each pass makes objects that outlive it (a decomposition's nodes, a fold's
+tensors): unfrozen, every later full collection would rescan them all (on the
+50,000-node chain the default pipeline spent 4 of its 15 CPU seconds in 19 full
+collections). :func:`settle`, which the pass loop calls after each pass, collects
+once what the pass left (a scan of the objects made since the last settle only)
+and freezes the rest, so each object is scanned about once. What a later pass
+drops of a frozen object waits for :func:`thaw`, as the loaded model's does.
+
 A caller that froze objects of its own keeps them frozen: nothing is frozen
 then (the run just collects as usual).
 """
@@ -21,8 +29,10 @@ import contextlib
 import gc
 from collections.abc import Iterator
 
-__all__ = ["loading", "paused", "thaw"]
+__all__ = ["loading", "paused", "settle", "thaw"]
 
+_RARE = 1000  # young collections between two full ones while frozen (CPython's default: 10)
+_thresholds: list[int] = []  # the collector's thresholds before the load, restored at the thaw
 _frozen = False  # whether the objects in the permanent generation are ours to thaw
 
 
@@ -65,6 +75,8 @@ def loading() -> Iterator[None]:
             # load made (50k nodes: ~0.2 s), all alive; frozen, they are out of its reach
             gc.freeze()
             _frozen = True
+            _thresholds[:] = gc.get_threshold()
+            gc.set_threshold(_thresholds[0], _thresholds[1], _RARE)
     finally:
         if enabled:
             gc.enable()
@@ -75,4 +87,13 @@ def thaw() -> None:
     global _frozen
     if _frozen:
         gc.unfreeze()
+        gc.set_threshold(*_thresholds)
         _frozen = False
+
+
+def settle() -> None:
+    """After a step of the run: collects what it left behind and freezes what it made and kept
+    (see the module docstring); nothing unless :func:`loading` froze the load."""
+    if _frozen:
+        gc.collect()
+        gc.freeze()

@@ -201,6 +201,8 @@ EXCEPTIONS = {
                         "own when it runs, passed by verify.child.current)",
     ("ir", "modelio"): "ir.inference serialises the attribute lists the load left in the file as their markers "
                        "(modelio.detach.swapped), so inference never decodes them",
+    ("loop", "ir"): "ir.known: the types a run of the passes keeps up to date live from the loop's start to its "
+                    "end, never across two runs",
     ("precision", "verify"): "verify.probe: which half kernels onnxruntime's CPU provider has; verify.check: the "
                              "check and its locator find the float32 islands (the float32 model's value ranges, "
                              "the first node that differs); verify.repro: --repro DIR when they cannot",

@@ -56,6 +56,7 @@ import onnx_ir as ir
 
 from passes.base import Pass, pass_stats
 from passes.declarations import DECOMPOSE
+from passes.decompose.shapes import note_types
 from passes.ir import inference
 from passes.ir.amplification import Amplified
 from passes.ir.build import Builder, axes_are_input
@@ -332,13 +333,14 @@ class DecomposeLogSumExpPass(Pass, spec=DECOMPOSE):
             for node, scope in iter_nodes(model)
             if node.op_type == _OP and normalize_domain(node.domain) == ""
         ]
-        # One run of shape inference for the inputs whose type or shape the model leaves open.
+        # One run of shape inference for the inputs whose type or shape the model leaves open: of the
+        # whole model, kept for the run (passes.ir.known), with the types of the values built here.
         unknown = [
             x for node, _ in targets
             if (x := node.inputs[0] if node.inputs else None) is not None
             and (_element_type(node, {}) is None or not is_static(x.shape))
         ]  # fmt: skip
-        inferred = inference.infer_types(model, unknown) if unknown else {}
+        inferred = inference.infer_all(model) if unknown else {}
         amplified = Amplified(model)  # one walk, if there is a ReduceLogSumExp to ask about
         for node, scope in targets:
             reason = _skip_reason(node, scope, inferred)
@@ -354,6 +356,7 @@ class DecomposeLogSumExpPass(Pass, spec=DECOMPOSE):
                 declined[reason] += 1
                 continue
             ir.convenience.replace_nodes_and_values(scope.body, node, [node], nodes, [node.outputs[0]], [y])
+            note_types(model, nodes)
             logger.debug("decomposed %s %r into %s nodes", _OP, node.name, len(nodes))
             applied[_OP] += 1
         self.stats = pass_stats(applied, declined)

@@ -34,8 +34,9 @@ _CHEAP_REPLACEMENTS = 1024
 def subgraphs_of(node: ir.Node) -> list[ir.Graph]:
     """The graphs held by the node's attributes (If branches, Loop/Scan bodies...)."""
     graphs: list[ir.Graph] = []
-    for attr in node.attributes.values():
-        if not isinstance(attr, ir.Attr) or attr.type not in _GRAPH_TYPES or attr.is_ref():
+    stored = node.attributes
+    for attr in getattr(stored, "data", stored).values():  # the attributes' own dict: a sweep asks of every node
+        if attr.type not in _GRAPH_TYPES or not isinstance(attr, ir.Attr) or attr.is_ref():
             continue
         if attr.type == ir.AttributeType.GRAPH:
             graphs.append(attr.as_graph())

@@ -152,7 +152,7 @@ class Sweep:
         self.decided = 0  # nodes onnxruntime computed for refimpl (see ``decide``)
 
     def run(self) -> None:
-        found = inference.infer_types(self.model, [*self._unknown_shapes(), *self._unknown_ranks()])
+        found = inference.infer_types(self.model, self._unknown())
         self._inferred = {v: tuple(int(d) for d in s) for v, (_, s) in found.items() if inference.is_static(s)}
         self._ranks = {v: len(s) for v, (_, s) in found.items() if s is not None}
         main = Scope(self.model.opset_imports, initializers=self.model.ir_version >= 4)
@@ -169,15 +169,31 @@ class Sweep:
             for value in self.made_values
         )  # fmt: skip
 
-    def _unknown_shapes(self) -> list[ir.Value]:
-        """Inputs of Shape/Size nodes whose static shape neither the model nor a constant gives."""
-        values = []
+    def _unknown(self) -> list[ir.Value]:
+        """What inference is asked, in one walk of the graphs (not functions):
+
+        * the inputs of Shape/Size nodes whose static shape neither the model nor a constant gives;
+        * the data inputs of nodes with a computed ``axes`` input whose rank the model does not
+          declare (a folded ``axes`` out of their range must stay computed: see
+          ``policy.fails_downstream``). An ``axes`` that is already a constant (an initializer, a
+          graph input) is never a fold's result, so its node's rank is not asked: on a graph of 10k
+          Reduce ops whose ``axes`` the upgrade made initializers, inference of 10k values in every
+          round for nothing.
+        """
+        shapes, ranks = [], []
         for node, _ in iter_nodes(self.model, functions=False):
-            if node.op_type in _SHAPE_OPS and normalize_domain(node.domain) == "" and node.inputs:
-                x = node.inputs[0]
-                if x is not None and not inference.is_static(x.shape) and self.constant(x) is None:
-                    values.append(x)
-        return values
+            inputs = node.inputs
+            if not inputs or inputs[0] is None or normalize_domain(node.domain) != "":
+                continue
+            x, op_type = inputs[0], node.op_type
+            if op_type in _SHAPE_OPS:
+                if not inference.is_static(x.shape) and self.constant(x) is None:
+                    shapes.append(x)
+            elif len(inputs) > 1 and x.shape is None and any(
+                    (op_type, i) in checked_inputs.AXES_INPUTS and inputs[i] is not None
+                    and inputs[i].producer() is not None for i in range(1, len(inputs))):  # fmt: skip
+                ranks.append(x)
+        return shapes + ranks
 
     # --- traversal ---------------------------------------------------------------------------
 
@@ -231,24 +247,6 @@ class Sweep:
         if value.is_initializer() and not value.is_graph_input():
             return value.const_value
         return None
-
-    def _unknown_ranks(self) -> list[ir.Value]:
-        """Data inputs of nodes with a computed ``axes`` input whose rank the model does not declare (a
-        folded ``axes`` out of their range must stay computed: see ``policy.fails_downstream``).
-
-        An ``axes`` that is already a constant (an initializer, a graph input) is never a fold's
-        result, so its node's rank is not asked: on a graph of 10k Reduce ops whose ``axes`` the
-        upgrade made initializers, inference of 10k values in every round for nothing.
-        """
-        values = []
-        for node, _ in iter_nodes(self.model, functions=False):
-            if normalize_domain(node.domain) != "" or not node.inputs or node.inputs[0] is None:
-                continue
-            if node.inputs[0].shape is None and any(
-                    (node.op_type, i) in checked_inputs.AXES_INPUTS and node.inputs[i] is not None
-                    and node.inputs[i].producer() is not None for i in range(1, len(node.inputs))):  # fmt: skip
-                values.append(node.inputs[0])
-        return values
 
     def rank(self, value: ir.Value | None) -> int | None:
         """The rank of ``value`` if the model declares it or inference found it."""

@@ -23,6 +23,9 @@ from passes.ir.walk import opset_of
 __all__ = ["remove_unused_nodes", "remove_unused_nodes_and_say"]
 
 
+_GRAPH_TYPES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+
+
 def remove_unused_nodes(model: ir.Model) -> bool:
     """Removes dead nodes and unused initializers (see the module); whether it changed the model."""
     return remove_unused_nodes_and_say(model)[0]
@@ -56,8 +59,9 @@ def _sweep(graph: ir.Graph | ir.Function, opsets: dict[str, int], state: list[bo
             continue
         if node.inputs and node.inputs[-1] is None and trim_absent_inputs(node, opset_of(opsets, node.domain)):
             state[1] = True
-        for attr in node.attributes.values():
-            if attr.is_ref():
+        stored = node.attributes
+        for attr in getattr(stored, "data", stored).values():  # the attributes' own dict, without a view
+            if attr.type not in _GRAPH_TYPES or attr.is_ref():
                 continue
             if attr.type == ir.AttributeType.GRAPH:
                 _sweep(attr.as_graph(), {**opsets, **attr.as_graph().opset_imports}, state)

@@ -26,7 +26,7 @@ import onnx.shape_inference
 import onnx_ir as ir
 
 from passes.errors import InputError
-from passes.ir import tensors, walk
+from passes.ir import known, tensors, walk
 from passes.limits import PROTOBUF_MAX
 
 __all__ = [
@@ -288,12 +288,19 @@ def infer_static_shapes(model: ir.Model, values: Iterable[ir.Value]) -> dict[ir.
     }
 
 
-def infer_all(model: ir.Model) -> dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]:
+def infer_all(
+    model: ir.Model, *, remember: bool = True
+) -> dict[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]:
     """Types and shapes derived by inference for every value nodes compute (main graph, subgraphs).
 
     Declared shapes of computed values are ignored (``derived_only``); dims
     that inference cannot tell are symbolic (a name it made up, or one that
-    comes from a graph input's ``dim_param``).
+    comes from a graph input's ``dim_param``). Within a run of the pass loop what
+    it finds is kept (``remember``; :mod:`passes.ir.known`): a later question about
+    every value is answered without inference while the graph keeps those types.
     """
     values = [v for graph in walk.graphs(model) for node in graph for v in node.outputs]
-    return infer_types(model, values, derived_only=True)
+    found = infer_types(model, values, derived_only=True)
+    if remember:
+        known.record(model, found)
+    return found

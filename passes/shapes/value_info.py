@@ -32,7 +32,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from passes.ir import types, walk
+from passes.ir import known, types, walk
 from passes.ir.inference import infer_all
 from passes.shapes import symbols
 
@@ -97,7 +97,7 @@ def _infer_without_lists(model: ir.Model, nodes: list[ir.Node]) -> dict[ir.Value
                 saved.append((node, name, attr))
                 node.attributes[name] = ir.Attr(name, attr.type, [])
     try:
-        return infer_all(model)
+        return infer_all(model, remember=False)  # what it finds downstream of them is not all true
     finally:
         for node, name, attr in saved:
             node.attributes[name] = attr
@@ -112,7 +112,11 @@ class TypeValuesPass(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         lists = _list_ops(model)
-        inferred = _infer_without_lists(model, lists) if lists else infer_all(model)
+        # What the run's passes kept up to date, when it covers every value; else one inference.
+        inferred: dict[ir.Value, Any] | None = None if lists else known.lookup(model)
+        self.stats = {"inferred": inferred is None}
+        if inferred is None:
+            inferred = _infer_without_lists(model, lists) if lists else infer_all(model)
         for value in _tainted(model, lists) if lists else ():
             inferred.pop(value, None)
         renaming = symbols.plan(model, inferred)
@@ -144,6 +148,6 @@ class TypeValuesPass(ir.passes.InPlacePass):
                         changed = True
                     typed += changed
         types.untype_initializers(model)  # after the prover, which reads their shapes
-        self.stats = {"typed": typed, "outputs_tightened": outputs, "symbols_named": renaming.proved,
+        self.stats = {**self.stats, "typed": typed, "outputs_tightened": outputs, "symbols_named": renaming.proved,
                       "symbols_renamed_apart": renaming.apart}
         return ir.passes.PassResult(model, modified=bool(typed or outputs))

@@ -107,7 +107,15 @@ def eliminate(model: ir.Model, applied: collections.Counter[str]) -> bool:
         seen: dict[Hashable, ir.Node] = {}
         opset = scope.opset("")
         mergeable: dict[str, bool] = {}
+        # A node alone in reading its first input has no twin (its twin would read it too): no key,
+        # unless a merge later in the sweep gives that input another user (then it gets its key as
+        # the earlier node, which it is).
+        alone: dict[ir.Value, list[ir.Node]] = {}
         for node in list(scope.body):
+            inputs = node.inputs
+            if inputs and inputs[0] is not None and len(inputs[0].uses()) < 2:
+                alone.setdefault(inputs[0], []).append(node)
+                continue
             key = _node_key(node, opset, mergeable)
             if key is None:
                 continue
@@ -116,6 +124,9 @@ def eliminate(model: ir.Model, applied: collections.Counter[str]) -> bool:
                 continue
             for old, new in zip(node.outputs, first.outputs):
                 old.replace_all_uses_with(new)
+                for earlier in alone.pop(new, ()):
+                    if (earlier_key := _node_key(earlier, opset, mergeable)) is not None:
+                        seen.setdefault(earlier_key, earlier)
             scope.body.remove(node, safe=True)
             applied["cse/merged"] += 1
             changed = True
