@@ -98,11 +98,14 @@ def _serialize_without_weights(model: ir.Model) -> onnx.ModelProto:
 
     Initializers and ``Constant`` values above a kilobyte, in every graph, are
     swapped for placeholders (see ``_placeholder``): the proto keeps the dims
-    and dtypes inference needs but none of the bytes. The model is restored
-    before returning.
+    and dtypes inference needs but none of the bytes. The nodes' metadata and
+    doc strings, which inference never reads, are left out too (the dynamo
+    exporter's stack traces: 37 of a 52 MB Llama export's bytes, serialised
+    again for every inference). The model is restored before returning.
     """
     values: list[tuple[ir.Value, ir.TensorProtocol]] = []
     attrs: list[tuple[ir.Node, ir.Attr]] = []
+    notes: list[tuple[ir.Node, dict[str, str], str | None]] = []
     try:
         for graph in walk.graphs(model):
             for value in graph.initializers.values():
@@ -110,6 +113,10 @@ def _serialize_without_weights(model: ir.Model) -> onnx.ModelProto:
                     values.append((value, value.const_value))
                     value.const_value = placeholder
             for node in graph:
+                if node.metadata_props or node.doc_string:
+                    notes.append((node, dict(node.metadata_props), node.doc_string))
+                    node.metadata_props.clear()
+                    node.doc_string = None
                 attr = node.attributes.get("value")
                 if (
                     node.op_type != "Constant"
@@ -131,6 +138,9 @@ def _serialize_without_weights(model: ir.Model) -> onnx.ModelProto:
             value.const_value = tensor
         for node, attr in attrs:
             node.attributes["value"] = attr
+        for node, metadata, doc_string in notes:
+            node.metadata_props.update(metadata)
+            node.doc_string = doc_string
 
 
 def tensor_type(type_proto: onnx.TypeProto) -> tuple[ir.DataType | None, tuple[Any, ...] | None] | None:
