@@ -114,6 +114,9 @@ def test_the_budget_rule() -> None:
     assert sets_module.affordable({"scale": 1.5, "bytes": 1 << 20}, 5.0) == ""  # within 2x
     assert "more than 2x" in sets_module.affordable({"scale": 3.0, "bytes": 1 << 20}, 5.0)
     assert "over 1024 MiB" in sets_module.affordable({"scale": 1.0, "bytes": 2 << 30}, 0.01)
+    # a fast first run, but the larger set estimated (linearly: a floor) over LARGER_SECONDS
+    assert "at least, over 2 s" in sets_module.affordable({"scale": 300.0, "bytes": 1 << 20}, 0.01)
+    assert sets_module.predicted(0.5, 2.0, 1.0) == 2.0 and sets_module.predicted(0.5, 2.0, 3.0) == 4.0
 
 
 def test_a_larger_set_over_the_budget_is_skipped_and_said(monkeypatch, tmp_path: pathlib.Path, capsys) -> None:

@@ -3,11 +3,12 @@
 ``y = MatMul(x, w) + Sin(Cast(Range(sequence)) * inv_freq)`` with x ``[sequence, 8]``: positions
 above 2048 do not fit float16 (and from 1024 its step is 1: Sin of them is off by up to 0.5 before).
 At the check's first size (16) the half model is within tolerance. The search's check also
-runs at sequence 4096, where the positions are measured (range islands) and compared: the
+runs at sequence 1024, 2048 and 4096 (each longer one while the measured runs predict it
+within the budget), where the positions are measured (range islands) and compared: the
 rotary part stays float32, the MatMul goes half, and the written model is right at sequence
 1024 and 4096 in onnxruntime. Where the budget allows only 2048, that is the range proven and
-said; with no long set at all the details say so, and the written model is wrong at 1024 (what
-the long set is for).
+said; where the measured runs predict a longer one too slow, likewise; with no long set at all
+the details say so, and the written model is wrong at 1024 (what the long set is for).
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ def test_the_premise_float16_is_right_at_16_and_wrong_at_1024_and_4096() -> None
 
 def test_proven_at_4096_and_right_at_1024_and_4096(tmp_path: pathlib.Path, capsys) -> None:
     converted, stats, out = _run(tmp_path, capsys)
-    assert stats["proven_sizes"] == {"sequence": [16, 4096, 0]} and "proven_note" not in stats
-    assert "proven_sizes: sequence: [16, 4096, 0]" in out, out
+    assert stats["proven_sizes"] == {"sequence": [16, 1024, 2048, 4096, 0]} and "proven_note" not in stats
+    assert "proven_sizes: sequence: [16, 1024, 2048, 4096, 0]" in out, out
     types = {i.name: i.type.tensor_type.elem_type for i in converted.graph.value_info}
     sin = next(n for n in converted.graph.node if n.op_type == "Sin")
     assert types[sin.output[0]] == TensorProto.FLOAT  # the positions' island, found at 4096
@@ -98,8 +99,29 @@ def test_proven_at_4096_and_right_at_1024_and_4096(tmp_path: pathlib.Path, capsy
 def test_a_budget_for_2048_only_proves_2048_and_says_so(tmp_path: pathlib.Path, capsys, monkeypatch) -> None:
     monkeypatch.setattr(sets_module, "LARGER_BYTES", 200_000)  # 4096 x 8 floats in and out: 256 KiB
     converted, stats, _ = _run(tmp_path, capsys)
-    assert stats["proven_sizes"] == {"sequence": [16, 2048, 0]}
-    assert "larger-size (sequence=2048)" in stats["proven_note"] and "over the check's budget" in stats["proven_note"]
+    assert stats["proven_sizes"] == {"sequence": [16, 1024, 2048, 0]}
+    assert "larger-size (sequence=2048): not at sequence=4096: over the check's budget" in stats["proven_note"]
+    assert _error(_rope(), converted, 1024) <= 1
+
+
+def test_a_longer_size_predicted_too_slow_is_not_run_and_said(tmp_path: pathlib.Path, capsys, monkeypatch) -> None:
+    """The measured run at 1024 predicts 2048's (as the square of the size at least): over the time a
+    larger set may take, 2048 and 4096 are not run, and the note says what was measured and predicted."""
+    seconds = {}
+    original_add = sets_module.SetRunner.add
+
+    def add(self, description, *args):  # the original's run at 1024 measured as 0.6 s
+        error = original_add(self, description, *args)
+        if error is None and description["inputs"]["x"]["shape"][0] == 1024:
+            self.seconds = seconds[1024] = 0.6
+        return error
+
+    monkeypatch.setattr(sets_module.SetRunner, "add", add)
+    converted, stats, _ = _run(tmp_path, capsys)
+    assert seconds and stats["proven_sizes"] == {"sequence": [16, 1024, 0]}
+    note = stats["proven_note"]
+    assert "larger-size (sequence=1024): not at sequence=2048: the run at sequence=1024 took 0.6 s" in note, note
+    assert "predicted at 2.4 s" in note and f"over {sets_module.LARGER_SECONDS:g} s" in note, note
     assert _error(_rope(), converted, 1024) <= 1
 
 
@@ -137,13 +159,13 @@ def _rope_in_function() -> onnx.ModelProto:
 
 def test_in_a_function_the_difference_at_4096_refuses_the_run(tmp_path: pathlib.Path, capsys, monkeypatch) -> None:
     """The function's body is converted inside its call (a fixed island): no island found there
-    closes the gap, so the run fails (exit 1, nothing written) naming the long set; without the long
+    closes the gap, so the run fails (exit 1, nothing written) naming a long set; without the long
     set the same run writes a model that is wrong at sequence 1024."""
     src, out = tmp_path / "f.onnx", tmp_path / "out.onnx"
     onnx.save_model(_rope_in_function(), str(src))
     code, stdout, err = run_cli([str(src), str(out), "--precision", "fp16"], capsys)
     assert code == 1 and not out.exists(), stdout + err
-    assert "larger-size (sequence=4096)" in stdout + err, stdout + err
+    assert "larger-size (sequence=1024)" in stdout + err, stdout + err  # the first long set it differs on
     monkeypatch.setattr(sets_module, "LARGER_BYTES", 0)
     code, stdout, err = run_cli([str(src), str(out), "--precision", "fp16"], capsys)
     assert code == 0, stdout + err

@@ -8,7 +8,7 @@
   in the first tries, so that a mask of length ``past + sequence`` fits.
 * :func:`larger_sizes`: the sizes of a set after the one that ran, at which each
   dynamic dimension the caller did not fix takes a larger size by its role
-  (:data:`LARGER`; ``--precision``: a sequence-like one :data:`LONG_SEQUENCE`),
+  (:data:`LARGER`; ``--precision``: a sequence-like one each of :data:`LONG_SEQUENCE`),
   or the next of the sizes ``--dim NAME=A,B,...`` lists for it.
 * :func:`zero_sizes`: the sizes of one more set in which every dynamic
   dimension the caller did not fix is 0.
@@ -65,8 +65,9 @@ LADDERS: dict[str, tuple[int, ...]] = {
 #: (a dimension that already ran at this size or more keeps its size).
 LARGER: dict[str, int] = {"batch": 3, "past": 16, "sequence": 256, "image": 128, "other": 16}
 
-#: ``--precision``: the long sizes a sequence-like dimension is proven at, the first the budget allows.
-LONG_SEQUENCE: tuple[int, ...] = (4096, 2048, 1024)
+#: ``--precision``: the long sizes a sequence-like dimension is proven at, shortest first: each after
+#: the first only while the measured runs predict it within the check's budget (:mod:`passes.verify.sets`).
+LONG_SEQUENCE: tuple[int, ...] = (1024, 2048, 4096)
 
 def pin_shapes(specs: list[InputSpec], shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
     """Gives the inputs in ``shapes`` those static shapes (``--input-shape``), in place; returns the

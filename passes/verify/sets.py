@@ -6,16 +6,25 @@ at a larger size than the one that ran, ``--dim NAME=A,B,...``'s further sizes),
 then edge values of each input's type (:mod:`passes.verify.edges`), the same with
 NaN and infinities, and every dynamic dimension 0 (else only the first); with
 ``--precision``, two more standard-normal seeds instead of the edge values, and
-a sequence-like dimension long (:data:`passes.verify.plan.LONG_SEQUENCE`, the
-first the budget allows). :class:`SetRunner` runs the original on each in its
-own request to the child: a set it cannot run (an error, a crash, no time left
-in :data:`EXTRA_SETS_SHARE` of the time limit) is skipped with a note, never a
-failure; a larger set runs only within :func:`affordable`'s budget, else it is
-skipped and the note says so.
+a sequence-like dimension long (:data:`passes.verify.plan.LONG_SEQUENCE`).
+:class:`SetRunner` runs the original on each in its own request to the child: a
+set it cannot run (an error, a crash, no time left in :data:`EXTRA_SETS_SHARE`
+of the time limit) is skipped with a note, never a failure; a larger set runs
+only within :func:`affordable`'s budget, else it is skipped and the note says so.
+
+The long sizes are bounded by what they are measured to cost, not by an estimate
+linear in their bytes (eager attention grows with the square of the sequence):
+the shortest runs first (within :func:`affordable`), and each longer one
+(``grows``) runs too, as one more set, only while its time predicted from the
+last measured run, growing at least as the square of the size
+(:data:`GROWTH_EXPONENT`, more if the last two runs measured more), stays under
+:func:`larger_seconds`; the note of the longest that ran says why not longer.
+Every set runs again for each model compared (each round of the precision search).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,7 +33,8 @@ from passes.verify import lowest as _lowest, plan
 from passes.verify.child import Worker, WorkerCrashed, WorkerTimeout
 from passes.verify.result import name_text
 
-__all__ = ["EXTRA_SETS_SHARE", "FAST_SECONDS", "LARGER_BYTES", "SetRunner", "affordable", "plan_sets", "sizes_text"]
+__all__ = ["EXTRA_SETS_SHARE", "FAST_SECONDS", "GROWTH_EXPONENT", "LARGER_BYTES", "LARGER_SECONDS", "SetRunner",
+           "affordable", "larger_seconds", "plan_sets", "predicted", "sizes_text"]
 
 #: The share of the check's time limit that the original's runs on the sets after the chosen
 #: one may take (edge values, 0-sized dims, larger sizes); the optimised model's runs take about as much.
@@ -36,6 +46,13 @@ FAST_SECONDS = 0.25
 SLOWER_FACTOR = 2.0
 #: Bytes of inputs plus outputs (estimated) above which a larger set is not run.
 LARGER_BYTES = 1 << 30
+#: Seconds one run of the original on a larger set may be estimated at, unless the chosen inputs'
+#: run took more than half of it (:func:`larger_seconds`): it runs again for every model compared
+#: (each round of the precision search).
+LARGER_SECONDS = 2.0
+#: A longer size's run is predicted from the last measured one as (size ratio) ** this at least
+#: (eager attention's scores are quadratic in the sequence).
+GROWTH_EXPONENT = 2.0
 
 
 def sizes_text(dims: Mapping[str, int]) -> str:
@@ -47,9 +64,10 @@ def _larger_sets(specs: list[plan.InputSpec], chosen: dict[str, Any], shapes: An
                  lists: Mapping[str, Sequence[int]], precision: str | None, seed: int,
                  out_bytes: int) -> list[tuple[dict[str, Any], str]]:  # fmt: skip
     """The larger-size sets, each with its estimate (scale of the inputs' bytes, bytes of inputs and
-    outputs) and its shorter forms (``fallbacks``: with ``--precision`` 2048 and 1024 for a long
-    sequence; then every dim at most twice its size, :func:`passes.verify.plan.larger_sizes`'s
-    ``modest``), tried when the original does not run a form or it is over the budget."""
+    outputs), its longer forms (``grows``: with ``--precision``, a long sequence's further sizes, each
+    run as one more set while the measured runs predict it affordable) and its shorter form
+    (``fallbacks``: every dim at most twice its size, :func:`passes.verify.plan.larger_sizes`'s
+    ``modest``), tried when the original does not run the first form or it is over the budget."""
     steps = max([1, *(len(v) - 1 for v in lists.values())])
     base_bytes = max(1, plan.input_bytes(chosen))
     longs: tuple[int | None, ...] = plan.LONG_SEQUENCE if precision is not None else (None,)
@@ -66,15 +84,19 @@ def _larger_sets(specs: list[plan.InputSpec], chosen: dict[str, Any], shapes: An
             forms.append({"name": name, "label": f"larger-size ({sizes_text(sized['dims']) or 'unnamed dims'})",
                           "kind": "sizes", **sized, "seed": seed + 3 if precision else seed,
                           "estimate": {"scale": scale, "bytes": int(plan.input_bytes(sized) + out_bytes * scale)},
-                          "as": f"at {sizes_text(sized['dims']) or 'smaller unnamed dims'}"})  # fmt: skip
+                          "as": f"at {sizes_text(sized['dims']) or 'smaller unnamed dims'}", "modest": modest})  # fmt: skip
         if not forms:
             if step == 1:
                 found.append(({"name": "larger", "label": "larger-size", "kind": "sizes"},
                               "no dynamic dimension left free to take a larger size"))  # fmt: skip
             continue
+        modest = [form.pop("modest") for form in forms]
         first = forms[0]
-        if len(forms) > 1:
-            first["fallbacks"] = forms[1:]
+        longer = [f for f, m in zip(forms[1:], modest[1:]) if not m]
+        if longer:
+            first["grows"] = longer
+        if len(longer) < len(forms) - 1:
+            first["fallbacks"] = [f for f, m in zip(forms[1:], modest[1:]) if m]
         found.append((first, ""))
     return found
 
@@ -120,14 +142,29 @@ def plan_sets(specs: list[plan.InputSpec], given: dict[str, Any] | None, chosen:
 def affordable(estimate: Mapping[str, Any], seconds: float) -> str:
     """Why a larger set is over the check's budget ("" when it is not): its inputs and outputs
     over :data:`LARGER_BYTES`, or the chosen inputs' run ``seconds`` not under :data:`FAST_SECONDS`
-    and the larger set estimated (linearly in its inputs' bytes) beyond :data:`SLOWER_FACTOR` times it."""
+    and the larger set estimated (linearly in its inputs' bytes: a floor) beyond :data:`SLOWER_FACTOR`
+    times it, or that estimate over :func:`larger_seconds` whatever the first run took."""
     scale, size = float(estimate["scale"]), int(estimate["bytes"])
     if size > LARGER_BYTES:
         return f"its inputs and outputs are estimated at {size / (1 << 20):.0f} MiB, over {LARGER_BYTES >> 20} MiB"
     if seconds >= FAST_SECONDS and scale > SLOWER_FACTOR:
         return (f"the chosen inputs' run took {seconds:.2g} s and this set is estimated at {seconds * scale:.2g} s "
                 f"(more than {SLOWER_FACTOR:g}x)")  # fmt: skip
+    if seconds * scale > larger_seconds(seconds):
+        return (f"the chosen inputs' run took {seconds:.2g} s and this set is estimated at {seconds * scale:.2g} s "
+                f"at least, over {larger_seconds(seconds):.2g} s")  # fmt: skip
     return ""
+
+
+def larger_seconds(seconds: float) -> float:
+    """Seconds one run on a larger set may take when the chosen inputs' run took ``seconds``:
+    :data:`LARGER_SECONDS`, or :data:`SLOWER_FACTOR` times that run if more."""
+    return max(LARGER_SECONDS, SLOWER_FACTOR * seconds)
+
+
+def predicted(measured: float, ratio: float, exponent: float) -> float:
+    """Seconds a run at ``ratio`` times the size of one that took ``measured`` is predicted at."""
+    return measured * ratio ** max(GROWTH_EXPONENT, exponent)
 
 
 class SetRunner:
@@ -145,6 +182,7 @@ class SetRunner:
         self.prepare: dict[str, Any] = {}
         self.kept: list[dict[str, Any]] = []
         self.shapes: dict[str, list[int]] = {}  # the inputs' shapes of the last set added
+        self.seconds = 0.0  # the original's run on the last set added
 
     def run(self, plans: list[tuple[dict[str, Any], str]], seconds: float,
             deadline: float) -> list[dict[str, Any]]:  # fmt: skip
@@ -163,14 +201,19 @@ class SetRunner:
                       "ran": False, "ok": None, "note": reason, "dims": None}  # fmt: skip
             records.append(record)
             if not reason:
-                self._run_forms(record, description, seconds, min(budget, deadline), deadline)
+                ran = self._run_forms(record, description, seconds, min(budget, deadline), deadline)
+                if ran is not None and ran.get("estimate"):
+                    records.extend(self._grow(record, ran, description.get("grows", ()), seconds,
+                                              min(budget, deadline), deadline))  # fmt: skip
         return records
 
     def _run_forms(self, record: dict[str, Any], description: dict[str, Any], seconds: float, budget: float,
-                   deadline: float) -> None:  # fmt: skip
+                   deadline: float) -> dict[str, Any] | None:  # fmt: skip
         """Runs the original on the first form of a set (it, then its ``fallbacks``) that is within the
-        budget and runs, and says in the record's note why the forms before it were not used."""
+        budget and runs, and says in the record's note why the forms before it were not used; the
+        form that ran, if it is the first (whose ``grows`` may follow), else None."""
         said: list[str] = []
+        used: dict[str, Any] | None = None
         for number, form in enumerate((description, *description.get("fallbacks", ()))):
             lead = f"nor {form['as']}: " if number else ""
             over = affordable(form["estimate"], seconds) if "estimate" in form else ""
@@ -184,16 +227,60 @@ class SetRunner:
                 said.append(f"no time left: the original takes {expected:.2g} s a run and the check gives more "
                             f"sets {self.timeout * EXTRA_SETS_SHARE:g} s of --check-timeout")  # fmt: skip
                 break
-            run = {k: v for k, v in form.items() if k not in ("fallbacks", "estimate", "as")}
+            run = {k: v for k, v in form.items() if k not in ("fallbacks", "grows", "estimate", "as")}
             error = self.add(run, min(deadline, now + max(10.0, 10 * expected)), deadline, now)
             if error is None:
                 record.update(ran=True, dims=form.get("dims"), shapes=self.shapes, label=form["label"])
                 if said:
                     said.append(f"it runs {form['as']}, which was used")
+                used = form if number == 0 else None
                 break
             where = f" {form['as']}" if "as" in form else ""
             said.append(f"{lead}{error}" if number else f"the original does not run on it{where}: {error}")
         record["note"] = "; ".join(said)
+        return used
+
+    def _grow(self, record: dict[str, Any], ran: dict[str, Any], grows: Sequence[dict[str, Any]], seconds: float,
+              budget: float, deadline: float) -> list[dict[str, Any]]:  # fmt: skip
+        """Runs the original on each longer form of a set that ran (``ran``, whose ``record`` it is), as
+        one more set each, while its run predicted from the last measured one (:func:`predicted`)
+        is under :func:`larger_seconds` and the budget; the records of those that ran. The last record
+        that ran says why no longer form ran (none when every one did)."""
+        added: list[dict[str, Any]] = []
+        last, measured, scale = record, self.seconds, float(ran["estimate"]["scale"])
+        exponent = GROWTH_EXPONENT
+        for number, form in enumerate(grows, 1):
+            ratio = float(form["estimate"]["scale"]) / max(scale, 1e-9)
+            expected = predicted(measured, ratio, exponent)
+            over = affordable(form["estimate"], 0.0)
+            why = ""
+            if over:
+                why = f"over the check's budget: {over}"
+            elif expected > larger_seconds(seconds):
+                why = (f"the run {ran['as']} took {measured:.2g} s, so this one is predicted at {expected:.2g} s "
+                       f"(growing as the size to the power {max(GROWTH_EXPONENT, exponent):.2g}), "
+                       f"over {larger_seconds(seconds):.2g} s")  # fmt: skip
+            elif time.monotonic() + expected > budget:
+                why = (f"no time left: predicted at {expected:.2g} s and the check gives more sets "
+                       f"{self.timeout * EXTRA_SETS_SHARE:g} s of --check-timeout")  # fmt: skip
+            if not why:
+                now = time.monotonic()
+                name = f"{ran['name']}+{number}"
+                run = {k: v for k, v in form.items() if k not in ("fallbacks", "grows", "estimate", "as")}
+                error = self.add({**run, "name": name}, min(deadline, now + max(10.0, 10 * expected)), deadline, now)
+                if error is None:
+                    last = {"name": name, "label": form["label"], "tried": True, "ran": True, "ok": None, "note": "",
+                            "dims": form.get("dims"), "shapes": self.shapes}  # fmt: skip
+                    added.append(last)
+                    if measured > 0 and self.seconds > 0 and ratio > 1:
+                        exponent = math.log(self.seconds / measured) / math.log(ratio)
+                    measured, scale, ran = self.seconds, float(form["estimate"]["scale"]), form
+                    continue
+                why = f"the original does not run on it: {error}"
+            text = f"not {form['as']}: {why}"
+            last["note"] = f"{last['note']}; {text}" if last["note"] else text
+            break
+        return added
 
     def add(self, description: dict[str, Any], limit: float, deadline: float, now: float) -> str | None:
         """Runs the original on one more set; why it does not run, or None (the set is kept)."""
@@ -209,6 +296,7 @@ class SetRunner:
             return str(answer.get("error", ""))
         self.kept.append(description)
         self.shapes = answer.get("shapes", {})
+        self.seconds = float(answer.get("seconds", 0.0))
         return None
 
     def restore(self, deadline: float) -> None:
