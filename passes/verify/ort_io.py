@@ -45,11 +45,16 @@ def generate(spec: dict[str, Any], rng: Any) -> Any:
     return rng.standard_normal(shape).astype(np.float32).astype(numpy_dtype(dtype))
 
 
-def session(path: str) -> Any:
+def session(path: str, *, ordered: bool = False) -> Any:
+    """An onnxruntime CPU session of the model at ``path``, every graph optimisation disabled;
+    ``ordered``: the nodes run in the model's order where it allows (onnxruntime's priority-based
+    order: its default may run a value's consumers late and hold many values at once)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if ordered and hasattr(ort.ExecutionOrder, "PRIORITY_BASED"):
+        options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     options.log_severity_level = 4  # fatal only: its errors are reported as our one line
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 

@@ -4,9 +4,9 @@
 whose intermediate values are graph outputs (:mod:`passes.verify.locate` makes
 them and names the values both compute the same way) on the set of inputs where
 an output differed, and names the first node of the original whose output
-differs. :func:`magnitudes` runs such a copy of the original on every set the
-check ran and gives each float32 value's largest finite magnitude
-(``--precision``'s range islands). Both ask the checker's child and use the
+differs. :func:`magnitudes` runs a copy of the original whose outputs are
+reductions of its values (scalars) on every set the check ran and gives each
+float32 value's largest finite magnitude (``--precision``'s range islands). Both ask the checker's child and use the
 checker's public state (its folder, original, tolerances, the set and the outputs that
 failed: the locator compares only the values those outputs depend on, so that an output left
 out of the comparison as noise, see :mod:`passes.verify.verdict`, is not located either).
@@ -25,7 +25,7 @@ from passes.verify import files as _files, locate as _locate
 from passes.verify.child import WorkerError
 from passes.verify.result import FirstDifference
 
-__all__ = ["LOCATE_BUDGET", "first_difference", "magnitudes", "upstream"]
+__all__ = ["LOCATE_BUDGET", "finite_maxima", "first_difference", "magnitudes", "reductions", "upstream"]
 
 #: Intermediate values fetched per run by the locator, in bytes.
 LOCATE_BUDGET = 1 << 28
@@ -96,7 +96,14 @@ def upstream(graph: onnx.GraphProto, outputs: Sequence[str]) -> set[str]:
 
 def magnitudes(checker: Any) -> dict[str, float]:
     """The largest finite magnitude of each float32 value of the original's main graph over every
-    set of inputs the check ran it on; empty when the child cannot answer."""
+    set of inputs the check ran it on; empty when the child cannot answer.
+
+    One run of the original per set, fetching scalars, not the values (which at a long sequence
+    are attention scores of hundreds of MiB each): :func:`reductions` gives each value's max, min
+    and sum; where the sum is finite on every set so is every element, and the magnitude is the
+    max's or the min's. The few values that hold a NaN or an infinity (a mask's -inf) are measured
+    again by :func:`finite_maxima` (each value's largest finite magnitude, computed in the graph).
+    """
     if checker.original_path is None or checker.worker is None or checker.folder is None:
         return {}
     original = _files.whole(checker.original_path)
@@ -105,15 +112,120 @@ def magnitudes(checker: Any) -> dict[str, float]:
     names = [n for node in original.graph.node for n in node.output
              if n and types.get(n) == onnx.TensorProto.FLOAT and n not in outputs]  # fmt: skip
     names += [o.name for o in original.graph.output if types.get(o.name) == onnx.TensorProto.FLOAT]
+    if not names:
+        return {}
+    proto, triples = reductions(original, names)
+    answer = _measure(checker, original, proto, [o for triple in triples.values() for o in triple])
+    if answer is None:
+        return {}
+    largest, nonfinite = answer["values"], set(answer.get("nonfinite", ()))
+    found: dict[str, float] = {}
+    again = []
+    for name, (high, low, total) in triples.items():
+        if total in nonfinite:
+            again.append(name)
+        elif high in largest or low in largest:
+            found[name] = max(float(largest.get(high, 0.0)), float(largest.get(low, 0.0)))
+    if again:
+        masked = finite_maxima(original, again)
+        if masked is None:  # below opset 9: the values themselves, 64 a run
+            label = f"magnitudes-{len(list(checker.folder.glob('magnitudes-*')))}"
+            copy = _locate.augmented(original, checker.original_path, again, types, checker.folder / label)
+            answer = _request(checker, {"op": "magnitudes", "model": str(copy), "names": again}, copy.parent)
+            found.update({k: float(v) for k, v in (answer or {}).get("values", {}).items()})
+        else:
+            proto, maxima = masked
+            answer = _measure(checker, original, proto, list(maxima.values()))
+            values = (answer or {}).get("values", {})
+            found.update({name: float(values[out]) for name, out in maxima.items() if out in values})
+    return found
+
+
+def _measure(checker: Any, original: onnx.ModelProto, proto: onnx.ModelProto,
+             outputs: list[str]) -> dict[str, Any] | None:  # fmt: skip
+    """The child's ``magnitudes`` answer for ``proto`` (a copy of ``original`` with scalar outputs):
+    every output in one run per set, onnxruntime running the nodes in their order (a value's
+    reductions right after it, so that it is freed as in the original); None if it cannot answer."""
     label = f"magnitudes-{len(list(checker.folder.glob('magnitudes-*')))}"
-    copy = _locate.augmented(original, checker.original_path, names, types, checker.folder / label)
+    _locate.link_external(original, checker.original_path.parent, checker.folder / label)
+    copy = checker.folder / label / "model.onnx"
+    onnx.save_model(proto, str(copy))
+    return _request(checker, {"op": "magnitudes", "model": str(copy), "names": outputs, "chunk": len(outputs),
+                              "ordered": True}, copy.parent)  # fmt: skip
+
+
+def _request(checker: Any, request: dict[str, Any], folder: Any) -> dict[str, Any] | None:
     deadline = time.monotonic() + checker.timeout
     try:
         if not checker.worker.alive:
             checker.ready()
-        answer = checker.worker.request({"op": "magnitudes", "model": str(copy), "names": names}, deadline)
+        answer = checker.worker.request(request, deadline)
     except WorkerError:
-        return {}
+        return None
     finally:
-        shutil.rmtree(copy.parent, ignore_errors=True)
-    return dict(answer.get("values", {})) if answer.get("ok") else {}
+        shutil.rmtree(folder, ignore_errors=True)
+    return answer if answer.get("ok") else None
+
+
+def _with_outputs(original: onnx.ModelProto, names: Sequence[str],
+                  make: Any) -> tuple[onnx.ModelProto, dict[str, Any], str]:  # fmt: skip
+    """A copy of ``original`` whose only outputs are what ``make(value, key, prefix)`` adds (nodes
+    and output names) for each value in ``names``, its nodes right after the value's node; each
+    value's output names; the prefix no name of ``original`` starts with."""
+    wanted = set(names)
+    taken = {n for node in original.graph.node for n in (*node.input, *node.output)}
+    taken |= {i.name for i in (*original.graph.input, *original.graph.initializer)}
+    prefix = "magnitude"
+    while any(n.startswith(prefix) for n in taken):
+        prefix += "_"
+    copy = onnx.ModelProto()
+    copy.CopyFrom(original)
+    graph = copy.graph
+    nodes = list(graph.node)
+    del graph.node[:]
+    del graph.output[:]
+    made: dict[str, Any] = {}
+    for node in nodes:
+        graph.node.append(node)
+        for value in node.output:
+            if value in wanted and value not in made:
+                added, outputs = make(value, f"{prefix}_{len(made)}", prefix)
+                graph.node.extend(added)
+                made[value] = outputs
+                for name in [outputs] if isinstance(outputs, str) else outputs:
+                    graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, []))
+    return copy, made, prefix
+
+
+def reductions(original: onnx.ModelProto, names: Sequence[str]) -> tuple[onnx.ModelProto, dict[str, tuple[str, ...]]]:
+    """A copy of ``original`` whose outputs are each value's ``ReduceMax``, ``ReduceMin`` and
+    ``ReduceSum`` (scalars: no copy of the value); each value's three output names."""
+
+    def make(value: str, k: str, prefix: str) -> tuple[list[onnx.NodeProto], tuple[str, ...]]:
+        outputs = (f"{k}_max", f"{k}_min", f"{k}_sum")
+        ops = ("ReduceMax", "ReduceMin", "ReduceSum")
+        return [onnx.helper.make_node(op, [value], [o], keepdims=0) for op, o in zip(ops, outputs)], outputs
+
+    copy, made, _ = _with_outputs(original, names, make)
+    return copy, made
+
+
+def finite_maxima(original: onnx.ModelProto, names: Sequence[str]) -> tuple[onnx.ModelProto, dict[str, str]] | None:
+    """A copy of ``original`` whose outputs are each value's largest finite magnitude
+    (``ReduceMax`` of ``|x|`` where ``|x| < inf``, else 0; an empty value's is -inf, which the child
+    skips); each value's output name. None below opset 9 (``Where``)."""
+    opset = next((o.version for o in original.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 9:
+        return None
+
+    def make(value: str, k: str, prefix: str) -> tuple[list[onnx.NodeProto], str]:
+        return [onnx.helper.make_node("Abs", [value], [f"{k}_abs"]),
+                onnx.helper.make_node("Less", [f"{k}_abs", f"{prefix}_inf"], [f"{k}_finite"]),  # NaN, inf: False
+                onnx.helper.make_node("Where", [f"{k}_finite", f"{k}_abs", f"{prefix}_zero"], [f"{k}_kept"]),
+                onnx.helper.make_node("ReduceMax", [f"{k}_kept"], [k], keepdims=0)], k  # fmt: skip
+
+    copy, made, prefix = _with_outputs(original, names, make)
+    copy.graph.initializer.extend([onnx.helper.make_tensor(f"{prefix}_inf", onnx.TensorProto.FLOAT, [], [float("inf")]),
+                                   onnx.helper.make_tensor(f"{prefix}_zero", onnx.TensorProto.FLOAT, [], [0.0])])
+    return copy, made
+

@@ -365,21 +365,25 @@ def _repro(state: _State, request: dict[str, Any]) -> dict[str, Any]:
 
 def _magnitudes(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     """The largest finite magnitude of each named value of a model (the original with them as
-    outputs) over the chosen inputs and every kept set (``--precision``'s range islands)."""
+    outputs, or with each one's magnitude as a scalar output) over the chosen inputs and every
+    kept set (``--precision``'s range islands), ``chunk`` values (default 64) per run, the nodes
+    run in their order if ``ordered``; and the names that held a NaN or an infinity on some set."""
     import numpy as np
 
     state.session = None
     _phase("loading the original model with extra outputs")
     try:
-        session = _session(request["model"])
+        session = _session(request["model"], ordered=bool(request.get("ordered")))
     except Exception as e:  # noqa: BLE001
         return {"ok": False, "stage": "load", "error": _first_line(e)}
     names = list(request["names"])
+    nonfinite: set[str] = set()
+    chunk = max(1, int(request.get("chunk", 64)))  # values fetched per run (scalars: all at once)
     largest: dict[str, float] = {}
     for kept in [None, *(k["set"] for k in state.sets)]:
         feeds = _set_feeds(state, kept)
-        for start in range(0, len(names), 64):
-            part = names[start : start + 64]
+        for start in range(0, len(names), chunk):
+            part = names[start : start + chunk]
             _phase(f"measuring values {start + 1}..{start + len(part)} of {len(names)}")
             try:
                 values = _run(session, feeds, part)
@@ -387,10 +391,13 @@ def _magnitudes(state: _State, request: dict[str, Any]) -> dict[str, Any]:
                 continue
             for name, value in zip(part, values):
                 if isinstance(value, np.ndarray) and value.size and value.dtype.kind == "f":
-                    finite = np.abs(value[np.isfinite(value)])
+                    mask = np.isfinite(value)
+                    if not mask.all():
+                        nonfinite.add(name)
+                    finite = np.abs(value[mask])
                     if finite.size:
                         largest[name] = max(largest.get(name, 0.0), float(finite.max()))
-    return {"ok": True, "values": largest}
+    return {"ok": True, "values": largest, "nonfinite": sorted(nonfinite)}
 
 
 def _constants(state: _State, request: dict[str, Any]) -> dict[str, Any]:
