@@ -27,10 +27,12 @@ kept in float32, each found and listed with its reason:
 When the check still fails, the pass raises :class:`passes.errors.CheckFailedError`
 (exit 1, nothing written), naming the output. The search uses the run's check
 options (``--inputs``, ``--dim``, the seed: :data:`passes.verify.gate.current_check`). Its sets of
-inputs include a larger one where each sequence-like dim is long (4096, else 2048 or 1024 as the
-check's budget allows: :mod:`passes.verify.sets`), so values that grow with a dim (positions from
-``Range``) are measured there; the details' ``proven_sizes`` are the sizes compared, and
-``proven_note`` says why a long size was shortened or not run.
+inputs include larger ones where each sequence-like dim is long (1024, then 2048 and 4096 while the
+original's measured runs predict them within the check's budget: :mod:`passes.verify.sets`), so
+values that grow with a dim (positions from ``Range``) are measured there (the range probe fetches
+each value's max, min and sum, one run per set: :func:`passes.verify.values.magnitudes`); the
+details' ``proven_sizes`` are the sizes compared, and ``proven_note`` says why a long size was
+shortened, not run, or not grown further.
 
 ``--precision-io`` (``io``) makes the main graph's float32 inputs and outputs half
 too; ``--precision-tolerance`` (``tolerance``) replaces the half type's tolerance
