@@ -114,3 +114,35 @@ def test_noise_from_an_if_branch() -> None:
     assert result.ok and {e["output"] for e in result.not_compared} == {"y1"}, result.summary()
     result = passes.check(_in_branch(_noisy()), _in_branch(_noisy("Abs", doubled=True)))
     assert [o.name for o in result.failures] == ["y2"] and result.first_difference.output == "y2", result.summary()
+
+
+def test_a_recheck_does_not_run_the_original_again_where_it_already_did() -> None:
+    """The original's agreement with itself on a set does not depend on the model compared: a
+    recheck (a round of the precision search) gives the same verdicts, the noisy output left out
+    and the deterministic one failing, without asking the child to run the original again; a
+    new check() starts afresh."""
+    from passes.verify.check import Checker
+
+    original, candidate = _noisy(), _noisy("Abs", doubled=True)  # y1 noisy; y2 differs (Relu vs Abs)
+    with Checker(original) as checker:
+        asked: list[list[str]] = []
+        request = checker.worker.request
+
+        def spy(message, deadline):
+            if message["op"] == "again":
+                asked.append(sorted(message["names"]))
+            return request(message, deadline)
+
+        checker.worker.request = spy
+        first = checker.check(candidate)
+        again = len(asked)
+        assert again and ["y1", "y2"] in asked, asked
+        second = checker.recheck(candidate)
+        assert len(asked) == again, asked  # nothing run again
+        for result in (first, second):
+            assert result.checked and not result.ok
+            assert {e["output"] for e in result.not_compared} == {"y1"}
+            assert [o.name for o in result.outputs if not o.ok] == ["y2"]
+        assert first.not_compared == second.not_compared
+        checker.check(candidate)
+        assert len(asked) == 2 * again, asked  # a new check: its inputs are chosen again

@@ -153,6 +153,7 @@ class Checker:
         self._sets: sets.SetRunner | None = None  # the sets after the chosen one that the original runs
         self._records: list[dict[str, Any]] = []
         self._last_sets: list[dict[str, Any]] = []  # the sets, with the last comparison's verdicts
+        self._noise: dict[tuple[str | None, str], float | None] = {}  # (set, output): the original's own noise
         #: The first set of inputs where an output differs, after a comparison (None: none).
         self.failing_set: str | None = None
         #: The outputs that differ after a comparison (the locator looks only upstream of them).
@@ -253,7 +254,7 @@ class Checker:
             if static and self._runs_free(deadline):
                 failed.shapes_refused = verdict.first_error(prepared)
             return failed
-        self._prepared = True
+        self._prepared, self._noise = True, {}
         chosen = tries[prepared["try"] - 1]
         self._prepare["tries"] = [chosen]  # a restarted child makes the same inputs at once
         assert self._sets is not None
@@ -333,11 +334,19 @@ class Checker:
 
     def _again(self, differing: dict[str | None, list[str]], deadline: float) -> dict[str | None, Any]:
         """The original run again on each set where outputs differ: per set, the outputs on which it
-        disagrees with itself (``noisy``), or why it did not run again (``error``, ``names``)."""
+        disagrees with itself (``noisy``), or why it did not run again (``error``, ``names``). An
+        output already run again on a set is not run again (the original's agreement with itself
+        does not depend on the model compared: each round of the precision search would run it)."""
         assert self.worker is not None
         found: dict[str | None, Any] = {}
         for key, names in differing.items():
-            request = {"op": "again", "set": key, "names": names, "tolerances": self._tolerances}
+            asked = [n for n in names if (key, n) not in self._noise]
+            noisy = {n: self._noise[(key, n)] for n in names if self._noise.get((key, n)) is not None}
+            if not asked:
+                if noisy:
+                    found[key] = {"noisy": noisy}
+                continue
+            request = {"op": "again", "set": key, "names": asked, "tolerances": self._tolerances}
             try:
                 answer = self.worker.request(request, deadline)
             except WorkerError as e:
@@ -348,8 +357,12 @@ class Checker:
                     pass  # the next request says why
             if not answer.get("ok"):
                 found[key] = {"error": answer.get("error", ""), "names": names}
-            elif answer.get("noisy"):
-                found[key] = {"noisy": answer["noisy"]}
+                continue
+            for name in asked:
+                self._noise[(key, name)] = answer.get("noisy", {}).get(name)
+            noisy.update(answer.get("noisy", {}))
+            if noisy:
+                found[key] = {"noisy": noisy}
         return found
 
     def _sets_restore(self, deadline: float) -> None:
