@@ -334,21 +334,16 @@ class Checker:
 
     def _again(self, differing: dict[str | None, list[str]], deadline: float) -> dict[str | None, Any]:
         """The original run again on each set where outputs differ: per set, the outputs on which it
-        disagrees with itself (``noisy``), or why it did not run again (``error``, ``names``). An
-        output already run again on a set is not run again (the original's agreement with itself
-        does not depend on the model compared: each round of the precision search would run it)."""
+        disagrees with itself (``noisy``), or why it did not run again (``error``, ``names``); once
+        per set and output: it does not depend on the model compared (each precision round's)."""
         assert self.worker is not None
         found: dict[str | None, Any] = {}
         for key, names in differing.items():
-            asked = [n for n in names if (key, n) not in self._noise]
-            noisy = {n: self._noise[(key, n)] for n in names if self._noise.get((key, n)) is not None}
-            if not asked:
-                if noisy:
-                    found[key] = {"noisy": noisy}
-                continue
-            request = {"op": "again", "set": key, "names": asked, "tolerances": self._tolerances}
+            asked, answer = [n for n in names if (key, n) not in self._noise], {"ok": True}
             try:
-                answer = self.worker.request(request, deadline)
+                if asked:
+                    request = {"op": "again", "set": key, "names": asked, "tolerances": self._tolerances}
+                    answer = self.worker.request(request, deadline)
             except WorkerError as e:
                 answer = {"ok": False, "error": f"{e} ({e.phase})"}
                 try:
@@ -358,10 +353,8 @@ class Checker:
             if not answer.get("ok"):
                 found[key] = {"error": answer.get("error", ""), "names": names}
                 continue
-            for name in asked:
-                self._noise[(key, name)] = answer.get("noisy", {}).get(name)
-            noisy.update(answer.get("noisy", {}))
-            if noisy:
+            self._noise.update({(key, n): answer.get("noisy", {}).get(n) for n in asked})
+            if noisy := {n: self._noise[(key, n)] for n in names if self._noise.get((key, n)) is not None}:
                 found[key] = {"noisy": noisy}
         return found
 

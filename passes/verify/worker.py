@@ -364,10 +364,9 @@ def _repro(state: _State, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _magnitudes(state: _State, request: dict[str, Any]) -> dict[str, Any]:
-    """The largest finite magnitude of each named value of a model (the original with them as
-    outputs, or with each one's magnitude as a scalar output) over the chosen inputs and every
-    kept set (``--precision``'s range islands), ``chunk`` values (default 64) per run, the nodes
-    run in their order if ``ordered``; and the names that held a NaN or an infinity on some set."""
+    """The largest finite magnitude of each named value of a model (the original with them, or
+    scalars made of them, as outputs) over the chosen inputs and every kept set (``--precision``'s
+    range islands), ``chunk`` a run, in node order if ``ordered``; the names that held NaN or inf."""
     import numpy as np
 
     state.session = None
