@@ -196,6 +196,20 @@ def test_an_output_path_that_cannot_be_a_file_is_refused(
     _refused(capfd, [str(src), "-o", output, "-q"], needle, tmp_path)
 
 
+def test_a_symlinked_output_has_its_data_file_checked_before_any_work(
+    tmp_path: pathlib.Path, capfd: pytest.CaptureFixture[str],
+) -> None:
+    """OUTPUT a dangling symlink, OUTPUT.data a FIFO: the data file the save would write is next to
+    OUTPUT as given, so it is refused before the run (no report written), as for a plain OUTPUT."""
+    src = tmp_path / "model.onnx"
+    src.write_bytes(DEMO.read_bytes())
+    out, report = tmp_path / "out.onnx", tmp_path / "report.json"
+    os.symlink("nowhere.onnx", out)
+    os.mkfifo(tmp_path / "out.onnx.data")
+    _refused(capfd, [str(src), "-o", str(out), "--report", str(report), "-q", "--no-check"],
+             "out.onnx.data (the output's data file): is a FIFO", tmp_path)
+
+
 @pytest.fixture()
 def real_devices() -> None:
     """The test uses the real /dev/null and /dev/full: if a regression replaced one, put it back."""

@@ -99,8 +99,9 @@ def check_destinations(src: pathlib.Path, dst: pathlib.Path, report: str | os.Pa
     inputs = {source, *files}
     extra = {pathlib.Path(p).resolve() for p in reads}
     target = dst.resolve()
-    data = target.with_name(target.name + ".data")
-    written = {target, data}
+    # the name the save writes: next to OUTPUT as given (a symlink's own name; "" or "." has none)
+    data = data_file_of(dst if dst.name else target)
+    written = {target, data.resolve()}
     clashes = sorted((written & inputs) if target != source else set()) + sorted(written & extra)
     if clashes:
         kind = "the input's file" if clashes[0] in inputs else "the file of check inputs"
@@ -124,7 +125,7 @@ def check_report(report: str | os.PathLike[str] | None, src: pathlib.Path, dst: 
     label = f"--report {shown(report)}"
     resolved = pathlib.Path(report).resolve()
     target = dst.resolve()
-    if resolved in {src.resolve(), *data_files(model), target, target.with_name(target.name + ".data")}:
+    if resolved in {src.resolve(), *data_files(model), target, data_file_of(dst if dst.name else target).resolve()}:
         raise InputError(f"{label}: that is a model file of this run; choose another name")
     if resolved in {pathlib.Path(p).resolve() for p in reads}:
         raise InputError(f"{label}: that is a file the run reads (--inputs); choose another name")
