@@ -187,13 +187,21 @@ def run(manager: ir.passes.PassManager, model: ir.Model) -> ir.passes.PassResult
         known.end(model)
 
 
-def _add_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def _add_stats(a: dict[str, Any], b: dict[str, Any], nested: bool = False) -> dict[str, Any]:
+    """The stats of two runs of a pass, summed. Inside a table of counts (``nested``), a count that
+    sums to 0 is dropped, and so is a table left empty: a pass that reports the change since its
+    previous run (simplify's ``fusable_at_higher_opset``: found in an early run, gone by the last)
+    would otherwise show ``Attention@23 x0``."""
     result = dict(a)
     for key, value in b.items():
         if isinstance(value, dict) and isinstance(result.get(key), dict):
-            result[key] = _add_stats(result[key], value)
+            result[key] = _add_stats(result[key], value, nested=True)
+            if not result[key] and (a[key] or value):
+                del result[key]
         elif isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(result.get(key), (int, float)):
             result[key] = result[key] + value
+            if nested and result[key] == 0:
+                del result[key]
         else:
             result.setdefault(key, value)
     return result

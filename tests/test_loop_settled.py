@@ -206,3 +206,18 @@ def test_cse_sweeps_again_where_the_dead_node_removal_changed_a_node_that_stays(
     x = np.array([[[1.0, -0.0, np.nan, -np.inf]]], dtype=np.float32)
     feeds = {"x": x, "lo": np.array(-1.0, np.float32)}
     assert ort_run(ir.serde.serialize_model(model), feeds)[0].tobytes() == ort_run(proto, feeds)[0].tobytes()
+
+
+def test_counts_a_later_run_takes_back_are_not_reported_as_zero() -> None:
+    """simplify reports fusable patterns as the change since its previous run: one found in the
+    first run and gone by the last sums to 0 and is left out (no ``Attention@23 x0``), with its
+    table when nothing is left in it; top-level counts stay, zero or not."""
+    from passes import loop
+
+    first = {"fusable_at_higher_opset": {"Attention@23": 2, "Gelu@20": 1}, "fused": 0, "declined": {"x": 1}}
+    second = {"fusable_at_higher_opset": {"Attention@23": -2}, "fused": 0, "declined": {}}
+    total = loop._add_stats(first, second)  # noqa: SLF001 (the summation under test)
+    assert total == {"fusable_at_higher_opset": {"Gelu@20": 1}, "fused": 0, "declined": {"x": 1}}
+    third = {"fusable_at_higher_opset": {"Gelu@20": -1}, "fused": 0}
+    assert loop._add_stats(total, third) == {"fused": 0, "declined": {"x": 1}}  # noqa: SLF001
+    assert loop._add_stats({"declined": {}}, {"declined": {}}) == {"declined": {}}  # noqa: SLF001
