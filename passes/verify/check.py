@@ -28,6 +28,7 @@ whose output differs (:mod:`passes.verify.locate`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
@@ -333,9 +334,9 @@ class Checker:
                            not_compared=not_compared)  # fmt: skip
 
     def _again(self, differing: dict[str | None, list[str]], deadline: float) -> dict[str | None, Any]:
-        """The original run again on each set where outputs differ: per set, the outputs on which it
-        disagrees with itself (``noisy``), or why it did not run again (``error``, ``names``); once
-        per set and output: it does not depend on the model compared (each precision round's)."""
+        """The original run again on each set where outputs differ (once per set and output: it does
+        not depend on the model compared): per set, the outputs on which it disagrees with itself
+        (``noisy``), or why it did not run again (``error``, ``names``)."""
         assert self.worker is not None
         found: dict[str | None, Any] = {}
         for key, names in differing.items():
@@ -346,10 +347,8 @@ class Checker:
                     answer = self.worker.request(request, deadline)
             except WorkerError as e:
                 answer = {"ok": False, "error": f"{e} ({e.phase})"}
-                try:
+                with contextlib.suppress(WorkerError):  # the next request says why
                     self._sets_restore(deadline)
-                except WorkerError:
-                    pass  # the next request says why
             if not answer.get("ok"):
                 found[key] = {"error": answer.get("error", ""), "names": names}
                 continue
@@ -370,11 +369,8 @@ class Checker:
 
     def ready(self) -> None:
         """The child holds the chosen inputs and the kept sets (restarted if it died), for more
-        requests on them after :meth:`check` (``--repro``'s, see :mod:`passes.verify.repro`).
-
-        Raises:
-            WorkerError: the child cannot do again what it did.
-        """
+        requests on them after :meth:`check` (``--repro``'s, see :mod:`passes.verify.repro`); raises
+        ``WorkerError`` when the child cannot do again what it did."""
         assert self.worker is not None
         if not self.worker.alive and self._prepared:
             self._sets_restore(self._deadline())
