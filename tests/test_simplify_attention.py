@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import helpers
+from test_simplify_standard_fusions import Net, value_info
 
 LOGGER = "passes.simplify"
 B, H, S, L, D = 2, 3, 4, 5, 8
@@ -31,36 +32,6 @@ RULE = "fusions/attention"
 
 
 # --- building models ----------------------------------------------------------------------------------
-
-
-class Net:
-    """The nodes and initializers of one graph (constants as Constant nodes when ``inline``)."""
-
-    def __init__(self, inline: bool = False, suffix: str = "") -> None:
-        self.inline, self.suffix = inline, suffix
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
-        self.count = 0
-
-    def const(self, array, dtype=np.float32) -> str:
-        self.count += 1
-        name = f"k{self.count}{self.suffix}"
-        tensor = numpy_helper.from_array(np.asarray(array).astype(dtype), name)
-        if self.inline:
-            self.nodes.append(helper.make_node("Constant", [], [name], value=tensor))
-        else:
-            self.initializers.append(tensor)
-        return name
-
-    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
-        self.count += 1
-        name = (out or f"{op_type.lower()}{self.count}") + self.suffix
-        self.nodes.append(helper.make_node(op_type, list(inputs), [name], name=name, **attrs))
-        return name
-
-
-def value_info(name: str, shape, dtype=np.float32) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape)
 
 
 def chain(net: Net, q: str = "q", k: str = "k", v: str = "v", out: str = "y", layout: str = "llama",

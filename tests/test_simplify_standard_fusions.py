@@ -73,13 +73,13 @@ def _elem(dtype) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
-def _io(name: str, shape, dtype=np.float32) -> onnx.ValueInfoProto:
+def value_info(name: str, shape, dtype=np.float32) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, _elem(dtype), shape)
 
 
 def _model(net: Net, shape, out: str = "y") -> onnx.ModelProto:
-    graph = helper.make_graph(net.nodes, "g", [_io("x", list(shape), net.dtype)],
-                              [_io(out, [None] * len(shape), net.dtype)], initializer=net.initializers)
+    graph = helper.make_graph(net.nodes, "g", [value_info("x", list(shape), net.dtype)],
+                              [value_info(out, [None] * len(shape), net.dtype)], initializer=net.initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", net.opset)])
 
 
@@ -344,10 +344,10 @@ def test_layer_norm_in_if_branches() -> None:
     branches, initializers = [], []
     for net in (Net(inline=True, suffix="_then"), Net(suffix="_else")):
         layer_norm(net)
-        branches.append(helper.make_graph(net.nodes, "b" + net.suffix, [], [_io("y" + net.suffix, [2, 5, 16])]))
+        branches.append(helper.make_graph(net.nodes, "b" + net.suffix, [], [value_info("y" + net.suffix, [2, 5, 16])]))
         initializers += net.initializers
     if_node = helper.make_node("If", ["cond"], ["y"], then_branch=branches[0], else_branch=branches[1])
-    graph = helper.make_graph([if_node], "g", [_io("x", [2, 5, 16]), _io("cond", [], np.bool_)], [_io("y", [2, 5, 16])],
+    graph = helper.make_graph([if_node], "g", [value_info("x", [2, 5, 16]), value_info("cond", [], np.bool_)], [value_info("y", [2, 5, 16])],
                               initializer=initializers)
     original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     result, stats = _simplify(original)
@@ -361,7 +361,7 @@ def _in_function(net: Net, shape) -> onnx.ModelProto:
     function = helper.make_function("local", "F", ["x"], ["y"], net.nodes,
                                     opset_imports=[helper.make_opsetid("", net.opset)])
     call = helper.make_node("F", ["x"], ["y"], domain="local")
-    graph = helper.make_graph([call], "g", [_io("x", list(shape), net.dtype)], [_io("y", list(shape), net.dtype)])
+    graph = helper.make_graph([call], "g", [value_info("x", list(shape), net.dtype)], [value_info("y", list(shape), net.dtype)])
     return helper.make_model(graph, functions=[function],
                              opset_imports=[helper.make_opsetid("", net.opset), helper.make_opsetid("local", 1)])
 
@@ -516,10 +516,10 @@ def test_gelu_in_if_branches_and_a_function() -> None:
     for net, build in ((Net(opset=20, inline=True, suffix="_then"), gelu_erf),
                        (Net(opset=20, suffix="_else"), gelu_tanh)):  # fmt: skip
         build(net)
-        branches.append(helper.make_graph(net.nodes, "b" + net.suffix, [], [_io("y" + net.suffix, [2, 5, 16])]))
+        branches.append(helper.make_graph(net.nodes, "b" + net.suffix, [], [value_info("y" + net.suffix, [2, 5, 16])]))
         initializers += net.initializers
     if_node = helper.make_node("If", ["cond"], ["y"], then_branch=branches[0], else_branch=branches[1])
-    graph = helper.make_graph([if_node], "g", [_io("x", [2, 5, 16]), _io("cond", [], np.bool_)], [_io("y", [2, 5, 16])],
+    graph = helper.make_graph([if_node], "g", [value_info("x", [2, 5, 16]), value_info("cond", [], np.bool_)], [value_info("y", [2, 5, 16])],
                               initializer=initializers)
     original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
     result, stats = _simplify(original)
@@ -623,7 +623,7 @@ def test_a_widened_rms_norm_not_cast_back_is_not_fused(caplog) -> None:
     var = net.reduce_mean(net.op("Mul", xs, xs), (-1,))
     n = net.op("Mul", xs, net.op("Reciprocal", net.op("Sqrt", net.op("Add", var, net.const(1e-6)))))
     net.op("Mul", net.const(RNG.uniform(0.5, 1.5, 16)), n, out="y")
-    graph = helper.make_graph(net.nodes, "g", [_io("x", list(SHAPE), np.float16)], [_io("y", [None] * 3)],
+    graph = helper.make_graph(net.nodes, "g", [value_info("x", list(SHAPE), np.float16)], [value_info("y", [None] * 3)],
                               initializer=net.initializers)
     original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
     with caplog.at_level(logging.DEBUG, logger=LOGGER):
@@ -649,10 +649,10 @@ def test_rms_norm_in_if_branches_but_not_in_a_function(caplog) -> None:
     branches, initializers = [], []
     for net in (Net(opset=23, inline=True, suffix="_then"), Net(opset=23, suffix="_else")):
         rms_norm(net)
-        branches.append(helper.make_graph(net.nodes, "b" + net.suffix, [], [_io("y" + net.suffix, [2, 5, 16])]))
+        branches.append(helper.make_graph(net.nodes, "b" + net.suffix, [], [value_info("y" + net.suffix, [2, 5, 16])]))
         initializers += net.initializers
     if_node = helper.make_node("If", ["cond"], ["y"], then_branch=branches[0], else_branch=branches[1])
-    graph = helper.make_graph([if_node], "g", [_io("x", [2, 5, 16]), _io("cond", [], np.bool_)], [_io("y", [2, 5, 16])],
+    graph = helper.make_graph([if_node], "g", [value_info("x", [2, 5, 16]), value_info("cond", [], np.bool_)], [value_info("y", [2, 5, 16])],
                               initializer=initializers)
     original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
     result, stats = _simplify(original)
