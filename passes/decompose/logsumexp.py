@@ -62,7 +62,7 @@ from passes.ir.amplification import Amplified
 from passes.ir.build import Builder, axes_are_input
 from passes.ir.inference import is_static
 from passes.ir.names import Names
-from passes.ir.walk import Scope, default_opset, iter_nodes, normalize_domain
+from passes.ir.walk import Scope, default_opset, iter_scopes, normalize_domain
 
 __all__ = ["DecomposeLogSumExpPass"]
 
@@ -330,7 +330,8 @@ class DecomposeLogSumExpPass(Pass, spec=DECOMPOSE):
         model_opset = default_opset(model.opset_imports)
         targets = [
             (node, scope)
-            for node, scope in iter_nodes(model)
+            for scope in iter_scopes(model)
+            for node in scope.body  # not iter_nodes: a tuple a node, for the few nodes asked for
             if node.op_type == _OP and normalize_domain(node.domain) == ""
         ]
         # One run of shape inference for the inputs whose type or shape the model leaves open: of the
