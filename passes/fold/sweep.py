@@ -35,6 +35,7 @@ __all__ = ["FoldStats", "Scope", "Sweep"]
 logger = logging.getLogger(__name__)
 
 _SHAPE_OPS = frozenset({"Shape", "Size"})
+_GRAPH_TYPES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 #: The indices of each op's ``axes`` inputs (:data:`passes.ir.checked_inputs.AXES_INPUTS`).
 _AXES_AT: dict[str, tuple[int, ...]] = {
     op: tuple(sorted(i for o, i in checked_inputs.AXES_INPUTS if o == op)) for op, _ in checked_inputs.AXES_INPUTS
@@ -219,12 +220,13 @@ class Sweep:
         rule = self.rules.get(node.op_type) if domain == "" else None
         if rule is not None and rule(self, node, scope):
             return
-        subgraphs = subgraphs_of(node)
-        if subgraphs:
-            inner = dataclasses.replace(scope, initializers=False)
-            for graph in subgraphs:
-                self.sweep(list(graph), inner)
-            return
+        stored = node.attributes
+        for attr in getattr(stored, "data", stored).values():  # no list of subgraphs for a node with none
+            if attr.type in _GRAPH_TYPES and (subgraphs := subgraphs_of(node)):
+                inner = dataclasses.replace(scope, initializers=False)
+                for graph in subgraphs:
+                    self.sweep(list(graph), inner)
+                return
         tensors: list[ir.TensorProtocol | None] = []
         for value in node.inputs:
             if value is None:
