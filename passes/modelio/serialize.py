@@ -155,12 +155,18 @@ def _value_into(proto: onnx.ValueInfoProto, value: ir.Value, types: dict[Hashabl
     if type(vtype) is not ir.TensorType or vtype.denotation or value.metadata_props or shape is None:
         ir.serde.serialize_value_into(proto, value)
         return
-    dims = []
+    dims: list[int | tuple[str | None]] = []
     for i, d in enumerate(shape):
+        if type(d) is int:
+            dims.append(d)
+        elif type(d) is ir.SymbolicDim:  # as written: its name (or none), whatever the value's own type
+            dims.append((None if d.value is None else str(d.value),))
+        else:
+            ir.serde.serialize_value_into(proto, value)
+            return
         if shape.get_denotation(i):
             ir.serde.serialize_value_into(proto, value)
             return
-        dims.append(d if type(d) is int else (d.value,))  # a symbol by its name (None: unnamed)
     key = (vtype.dtype, tuple(dims))
     proto.name = value.name
     known = types.get(key)
