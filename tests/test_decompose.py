@@ -421,6 +421,46 @@ def test_inside_if_branches(cond: bool) -> None:
     _assert_accurate(ort_run(out, {"x": X, "c": np.array(cond)})[0], X, (1,), 0)
 
 
+def _bounds(graph: onnx.GraphProto) -> list[float]:
+    """The float constants of ``graph`` itself (not its subgraphs): the clamp's bounds."""
+    values = [numpy_helper.to_array(attr(n, "value")) for n in graph.node if n.op_type == "Constant"]
+    return sorted(float(v) for v in values if v.dtype.kind == "f")
+
+
+def test_the_clamp_bounds_are_made_once_per_graph_and_type() -> None:
+    """Three decompositions in the main graph read one pair of bounds; each branch of an If has its own;
+    a double one its own pair; and a decomposition that amplification declines makes none."""
+    big32, big64 = float(np.finfo(np.float32).max), float(np.finfo(np.float64).max)
+    branches = helper.make_node("If", ["c"], ["b"], then_branch=_branch("then", 1), else_branch=_branch("else", -2))
+    nodes = [
+        lse_node(["x", "a1"], "p", name="first", keepdims=1),
+        lse_node(["p", "a0"], "q", name="second", keepdims=0),
+        lse_node(["x", "a0"], "r", name="third", keepdims=0),
+        branches,
+        lse_node(["d", "a0"], "s", name="double", keepdims=0),
+        lse_node(["x", "a0"], "t", name="declined", keepdims=0),
+        helper.make_node("ArgMax", ["t"], ["u"], axis=0),
+    ]
+    inputs = [vi("x", F32, [3, 4, 5]), vi("c", BOOL, []), vi("d", F64, [3, 4, 5])]
+    outputs = [vi("p", F32, [3, 1, 5]), vi("q", F32, [1, 5]), vi("r", F32, [4, 5]), vi("b", F32, [3, 5]),
+               vi("s", F64, [4, 5]), vi("u", I64, [1, 5])]  # fmt: skip
+    model = make_model(nodes, inputs, outputs, [axes_init([1], "a1"), axes_init([0], "a0")])
+    out, lse_pass, _ = decompose(model)
+    assert lse_pass.stats["applied"]["ReduceLogSumExp"] == 6 and len(op_types(out) & {"ReduceLogSumExp"}) == 1
+    assert _bounds(out.graph) == [-big64, -big32, big32, big64]
+    clips = [n for n in out.graph.node if n.op_type == "Clip"]
+    assert len(clips) == 4 and len({tuple(n.input[1:]) for n in clips}) == 2  # float32 three times, double once
+    for branch in ("then_branch", "else_branch"):
+        assert _bounds(attr(next(n for n in out.graph.node if n.op_type == "If"), branch)) == [-big32, big32]
+    d = (np.arange(60, dtype=np.float64).reshape(3, 4, 5) - 30) / 7
+    p, q, r, b, s, _ = ort_run(out, {"x": X, "c": np.array(True), "d": d})
+    _assert_accurate(p, X, (1,), 1)
+    _assert_accurate(q, p, (0,), 0)
+    _assert_accurate(r, X, (0,), 0)
+    _assert_accurate(b, X, (1,), 0)
+    _assert_accurate(s, d, (0,), 0)
+
+
 def test_inside_a_loop_body() -> None:
     """acc <- ReduceLogSumExp(x + acc, axis 1, keepdims=1), three times."""
     body = helper.make_graph(

@@ -42,11 +42,12 @@ class RemoveUnusedOpsetImportsPass(ir.passes.InPlacePass):
         owners: dict[int, ir.Model | ir.Function] = {id(model): model}
         for function in model.functions.values():
             owners[id(function)] = function
+        if all(domain in DEFAULT_DOMAINS for owner in owners.values() for domain in owner.opset_imports):
+            return ir.passes.PassResult(model, modified=False)  # only the default domain: nothing to remove
         for scope in iter_scopes(model):
             owner = scope.function if scope.function is not None else model
             domains = used.setdefault(id(owner), {""})
-            for node in scope.body:
-                domains.add(normalize_domain(node.domain))
+            domains.update(normalize_domain(d) for d in {node.domain for node in scope.body})
         used.setdefault(id(model), {""}).update(f.domain for f in model.functions.values())
         modified = False
         for key, owner in owners.items():

@@ -62,7 +62,7 @@ from passes.ir.amplification import Amplified
 from passes.ir.build import Builder, axes_are_input
 from passes.ir.inference import is_static
 from passes.ir.names import Names
-from passes.ir.walk import Scope, default_opset, iter_nodes, normalize_domain
+from passes.ir.walk import Scope, default_opset, iter_scopes, normalize_domain
 
 __all__ = ["DecomposeLogSumExpPass"]
 
@@ -226,18 +226,26 @@ class _Split:
         return b.op("Slice", [shape, starts, ends], ir.DataType.INT64, tag)
 
 
-def _clamp(b: Builder, m: ir.Value, dtype: ir.DataType) -> ir.Value:
-    """``m`` with -inf/+inf replaced by the lowest/largest finite value of ``dtype``."""
+#: The clamp's bound constants already made in a scope, by (scope body, element type): a decomposition
+#: reads those an earlier one of the same call made (whose nodes come before it in the scope's order).
+Bounds = dict[tuple[object, ir.DataType], tuple[ir.Value, ir.Value]]
+
+
+def _clamp(b: Builder, m: ir.Value, dtype: ir.DataType, made: tuple[ir.Value, ir.Value] | None
+           ) -> tuple[ir.Value, tuple[ir.Value, ir.Value] | None]:  # fmt: skip
+    """``m`` with -inf/+inf replaced by the lowest/largest finite value of ``dtype``, and the bounds'
+    constants when it made them (None when it used ``made``, an earlier decomposition's, or none)."""
     big = np.finfo(_NUMPY[dtype]).max
     if dtype == ir.DataType.FLOAT and b.opset < 11:  # Clip-6: float32 bounds as attributes
-        return b.op("Clip", [m], dtype, "shift", min=float(-big), max=float(big))
-    lo = b.constant(np.array(-big, dtype=_NUMPY[dtype]), "shift_min")
-    hi = b.constant(np.array(big, dtype=_NUMPY[dtype]), "shift_max")
+        return b.op("Clip", [m], dtype, "shift", min=float(-big), max=float(big)), None
+    new = None if made is not None else (b.constant(np.array(-big, dtype=_NUMPY[dtype]), "shift_min"),
+                                         b.constant(np.array(big, dtype=_NUMPY[dtype]), "shift_max"))  # fmt: skip
+    lo, hi = made or new  # type: ignore[misc]
     if dtype == ir.DataType.FLOAT or b.opset >= 12:
-        return b.op("Clip", [m, lo, hi], dtype, "shift")
+        return b.op("Clip", [m, lo, hi], dtype, "shift"), new
     # Double below opset 12: Min/Max (broadcasting from opset 8, see _unsupported).
     # Clip-11 allows double, but onnxruntime implements Clip-11 for float only.
-    return b.op("Max", [b.op("Min", [m, hi], dtype, "shift_upper"), lo], dtype, "shift")
+    return b.op("Max", [b.op("Min", [m, hi], dtype, "shift_upper"), lo], dtype, "shift"), new
 
 
 # What shape inference found for values the model leaves untyped: (element type, shape).
@@ -303,6 +311,8 @@ class DecomposeLogSumExpPass(Pass, spec=DECOMPOSE):
 
     Nodes are rewritten in the main graph, in every subgraph and in every
     model-local function; the output value keeps its name, type and shape.
+    The clamp's two bound constants are made by the first decomposition of a
+    call in each graph (or function) and element type, and read by the later ones.
     Left in place and counted: a node whose result reaches an op that would
     amplify the decomposition's change of rounding (a quantizer, a Cast to an
     integer, a comparison, an ArgMax...: :mod:`passes.ir.amplification`; the
@@ -327,10 +337,12 @@ class DecomposeLogSumExpPass(Pass, spec=DECOMPOSE):
         applied: collections.Counter[str] = collections.Counter()
         declined: collections.Counter[str] = collections.Counter()
         names: Names | None = None
+        bounds: Bounds = {}  # one pair of clamp constants per scope and type, not one per decomposition
         model_opset = default_opset(model.opset_imports)
         targets = [
             (node, scope)
-            for node, scope in iter_nodes(model)
+            for scope in iter_scopes(model)
+            for node in scope.body  # not iter_nodes: a tuple a node, for the few nodes asked for
             if node.op_type == _OP and normalize_domain(node.domain) == ""
         ]
         # One run of shape inference for the inputs whose type or shape the model leaves open: of the
@@ -350,12 +362,13 @@ class DecomposeLogSumExpPass(Pass, spec=DECOMPOSE):
                 reason = f"{AMPLIFIED}{amplifier}"
             if reason is None:
                 names = names or Names(model)
-                nodes, y = _build(node, scope, names, inferred)
+                nodes, y, made = _build(node, scope, names, inferred, bounds)
                 reason = _function_conflict(nodes, node, scope, model_opset)
             if reason is not None:
                 declined[reason] += 1
                 continue
             ir.convenience.replace_nodes_and_values(scope.body, node, [node], nodes, [node.outputs[0]], [y])
+            bounds.update(made)  # once its nodes are in the scope, the later decompositions read its bounds
             note_types(model, nodes)
             logger.debug("decomposed %s %r into %s nodes", _OP, node.name, len(nodes))
             applied[_OP] += 1
@@ -381,9 +394,7 @@ def _skip_reason(node: ir.Node, scope: Scope, inferred: Inferred) -> str | None:
     return None
 
 
-def _function_conflict(
-    nodes: list[ir.Node], node: ir.Node, scope: Scope, model_opset: int | None
-) -> str | None:
+def _function_conflict(nodes: list[ir.Node], node: ir.Node, scope: Scope, model_opset: int | None) -> str | None:
     """:data:`UNSUPPORTED` if a new op in a function has another schema at the model's opset."""
     opset = scope.opset("")
     if not scope.in_function or model_opset is None or opset == model_opset:
@@ -392,19 +403,16 @@ def _function_conflict(
         here = onnx.defs.get_schema(op_type, opset).since_version
         there = onnx.defs.get_schema(op_type, model_opset).since_version
         if here != there:
-            logger.warning(
-                "%s %r: left in place: the function imports opset %s where %s is version %s, "
-                "the model opset %s where it is version %s",
-                _OP, node.name, opset, op_type, here, model_opset, there,
-            )  # fmt: skip
+            logger.warning("%s %r: left in place: the function imports opset %s where %s is version %s, the model "
+                           "opset %s where it is version %s", _OP, node.name, opset, op_type, here, model_opset, there)
             return UNSUPPORTED
     return None
 
 
-def _build(
-    node: ir.Node, scope: Scope, names: Names, inferred: Inferred
-) -> tuple[list[ir.Node], ir.Value]:
-    """The replacement nodes of ``node`` (see the pass's docstring) and the new output."""
+def _build(node: ir.Node, scope: Scope, names: Names, inferred: Inferred, bounds: Bounds
+           ) -> tuple[list[ir.Node], ir.Value, Bounds]:  # fmt: skip
+    """The replacement nodes of ``node`` (see the pass's docstring), the new output, and the clamp's
+    bounds if it made them (else it reads those ``bounds`` holds for the scope and type)."""
     opset = scope.opset("")
     dtype = _element_type(node, inferred)
     x = node.inputs[0]
@@ -416,7 +424,8 @@ def _build(
 
     if compute != dtype:
         x = b.op("Cast", [x], compute, "cast_in", to=compute.value)
-    shift = _clamp(b, reduction.reduce(b, "ReduceMax", x, compute, "max", keepdims=1), compute)
+    shift, made = _clamp(b, reduction.reduce(b, "ReduceMax", x, compute, "max", keepdims=1), compute,
+                         bounds.get((scope.body, compute)))  # fmt: skip
     exp = b.op("Exp", [b.op("Sub", [x, shift], compute, "sub")], compute, "exp")
     if split is not None:
         total = split.sum(b, exp, compute, reduction.keepdims)
@@ -436,4 +445,4 @@ def _build(
         y = b.op("Add", [log, shift], compute, "add")
     if compute != dtype:
         y = b.op("Cast", [y], dtype, "cast_out", to=dtype.value)
-    return b.nodes, y
+    return b.nodes, y, {} if made is None else {(scope.body, compute): made}

@@ -27,7 +27,7 @@ from passes.fold.pending import Fold
 from passes.fold.surgery import Rewriter, subgraphs_of
 from passes.ir import checked_inputs, inference
 from passes.ir.tensors import attribute_values, make_tensor
-from passes.ir.walk import iter_nodes, normalize_domain, opset_of
+from passes.ir.walk import iter_scopes, normalize_domain, opset_of
 from passes.phases import node_done
 
 __all__ = ["FoldStats", "Scope", "Sweep"]
@@ -35,6 +35,11 @@ __all__ = ["FoldStats", "Scope", "Sweep"]
 logger = logging.getLogger(__name__)
 
 _SHAPE_OPS = frozenset({"Shape", "Size"})
+_GRAPH_TYPES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+#: The indices of each op's ``axes`` inputs (:data:`passes.ir.checked_inputs.AXES_INPUTS`).
+_AXES_AT: dict[str, tuple[int, ...]] = {
+    op: tuple(sorted(i for o, i in checked_inputs.AXES_INPUTS if o == op)) for op, _ in checked_inputs.AXES_INPUTS
+}
 
 
 @dataclasses.dataclass
@@ -181,18 +186,24 @@ class Sweep:
           round for nothing.
         """
         shapes, ranks = [], []
-        for node, _ in iter_nodes(self.model, functions=False):
-            inputs = node.inputs
-            if not inputs or inputs[0] is None or normalize_domain(node.domain) != "":
-                continue
-            x, op_type = inputs[0], node.op_type
-            if op_type in _SHAPE_OPS:
-                if not inference.is_static(x.shape) and self.constant(x) is None:
-                    shapes.append(x)
-            elif len(inputs) > 1 and x.shape is None and any(
-                    (op_type, i) in checked_inputs.AXES_INPUTS and inputs[i] is not None
-                    and inputs[i].producer() is not None for i in range(1, len(inputs))):  # fmt: skip
-                ranks.append(x)
+        for scope in iter_scopes(self.model, functions=False):
+            for node in scope.body:  # the op type first: most nodes are neither (a walk of 10k nodes a round)
+                op_type = node.op_type
+                axes_at = _AXES_AT.get(op_type)
+                if axes_at is None and op_type not in _SHAPE_OPS:
+                    continue
+                inputs = node.inputs
+                if not inputs or inputs[0] is None or normalize_domain(node.domain) != "":
+                    continue
+                x = inputs[0]
+                if axes_at is None:
+                    if not inference.is_static(x.shape) and self.constant(x) is None:
+                        shapes.append(x)
+                elif x.shape is None:
+                    for i in axes_at:
+                        if i < len(inputs) and inputs[i] is not None and inputs[i].producer() is not None:
+                            ranks.append(x)
+                            break
         return shapes + ranks
 
     # --- traversal ---------------------------------------------------------------------------
@@ -209,12 +220,13 @@ class Sweep:
         rule = self.rules.get(node.op_type) if domain == "" else None
         if rule is not None and rule(self, node, scope):
             return
-        subgraphs = subgraphs_of(node)
-        if subgraphs:
-            inner = dataclasses.replace(scope, initializers=False)
-            for graph in subgraphs:
-                self.sweep(list(graph), inner)
-            return
+        stored = node.attributes
+        for attr in getattr(stored, "data", stored).values():  # no list of subgraphs for a node with none
+            if attr.type in _GRAPH_TYPES and (subgraphs := subgraphs_of(node)):
+                inner = dataclasses.replace(scope, initializers=False)
+                for graph in subgraphs:
+                    self.sweep(list(graph), inner)
+                return
         tensors: list[ir.TensorProtocol | None] = []
         for value in node.inputs:
             if value is None:

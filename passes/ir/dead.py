@@ -53,11 +53,15 @@ def remove_unused_nodes_and_say(model: ir.Model) -> tuple[bool, bool]:
 def _sweep(graph: ir.Graph | ir.Function, opsets: dict[str, int], state: list[bool]) -> None:
     outputs = frozenset(graph.outputs)
     for node in reversed(graph):
-        if not any(o in outputs or o.uses() for o in node.outputs):
+        for o in node.outputs:  # a loop, not any(): no generator a node (a sweep walks every node)
+            if o in outputs or o.uses():
+                break
+        else:
             graph.remove(node, safe=True)
             state[0] = True
             continue
-        if node.inputs and node.inputs[-1] is None and trim_absent_inputs(node, opset_of(opsets, node.domain)):
+        inputs = node.inputs
+        if inputs and inputs[-1] is None and trim_absent_inputs(node, opset_of(opsets, node.domain)):
             state[1] = True
         stored = node.attributes
         for attr in getattr(stored, "data", stored).values():  # the attributes' own dict, without a view

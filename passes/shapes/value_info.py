@@ -62,9 +62,14 @@ def _list_ops(model: ir.Model) -> list[ir.Node]:
     inference reads some of their lengths (a classifier's width), so what it finds
     downstream of them is not taken (see :func:`_tainted`).
     """
-    return [node for node, _ in walk.iter_nodes(model, functions=False)
-            if walk.normalize_domain(node.domain) != ""
-            and any(a.type in _LISTS for a in node.attributes.values() if not a.is_ref())]  # fmt: skip
+    found = []
+    for scope in walk.iter_scopes(model, functions=False):
+        for node in scope.body:
+            if node.domain in walk.DEFAULT_DOMAINS:  # the domain first: ONNX ops are never asked about
+                continue
+            if any(a.type in _LISTS for a in node.attributes.values() if not a.is_ref()):
+                found.append(node)
+    return found
 
 
 def _tainted(model: ir.Model, sources: list[ir.Node]) -> set[ir.Value]:
@@ -124,10 +129,11 @@ class TypeValuesPass(ir.passes.InPlacePass):
         for graph in walk.graphs(model):
             graph_outputs = set(graph.outputs)
             in_main = graph is model.graph
+            initializers = graph.initializers
             for node in graph:
                 for value in node.outputs:
                     found = inferred.get(value)
-                    if found is None or value.name in graph.initializers:
+                    if found is None or value.name in initializers:
                         continue
                     dtype, shape = found
                     if value in graph_outputs and not in_main:

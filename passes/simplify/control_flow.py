@@ -204,6 +204,12 @@ def resolve_known_conditions(model: ir.Model, applied: collections.Counter[str])
     def visit(body: ir.Graph | ir.Function, opset: int | None, known: dict[Hashable, bool]) -> None:
         nonlocal changed
         for node in list(body):
+            stored = node.attributes
+            for attr in getattr(stored, "data", stored).values():  # most nodes hold no graph: no list for them
+                if getattr(attr, "type", None) in _GRAPH_TYPES:
+                    break
+            else:
+                continue
             subgraphs = _subgraphs(node)
             if not subgraphs:
                 continue
