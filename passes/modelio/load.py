@@ -41,7 +41,6 @@ _validate = lazy_module("passes.modelio.validate")
 _repair = lazy_module("passes.modelio.repair")
 _survey = lazy_module("passes.modelio.survey")
 _sparse = lazy_module("passes.modelio.sparse")
-_serialize = lazy_module("passes.modelio.serialize")
 _detach = lazy_module("passes.modelio.detach")
 _walk = lazy_module("passes.ir.walk")
 _tensors = lazy_module("passes.ir.tensors")
@@ -418,7 +417,7 @@ def model_to_proto_with_markers(model: ir.Model) -> tuple[onnx.ModelProto, dict[
                 swapped.append((value, value.const_value))
                 value.const_value = _weights.in_memory(value.const_value)
         with _detach.swapped(model) as detached, heap.paused():  # a proto per node and attribute, no garbage
-            proto = _serialize.serialize_model(model)  # onnx_ir's bytes, the main graph's nodes written faster
+            proto = ir.serde.serialize_model(model)
     finally:
         for value, tensor in swapped:
             value.const_value = tensor
