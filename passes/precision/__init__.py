@@ -213,6 +213,8 @@ class PrecisionPass(Pass, spec=PRECISION):
             timeout=options.timeout, memory_limit=options.memory_limit, rounding=True, precision=type_name,
             precision_tolerance=self.tolerance,
         ) as checker:
+            checker.start()  # the original's inputs and runs: its values' magnitudes before any comparison
+            self._range_islands(reference, plan, checker.magnitudes(), limit, islands)
             converted = candidate()
             result = checker.check(converted)
             checked["rounds"] = 1
@@ -221,12 +223,6 @@ class PrecisionPass(Pass, spec=PRECISION):
                 checked["skipped"] = result.summary()
                 return
             self._proven(result, checked)
-            magnitudes = checker.magnitudes()
-            added = self._range_islands(reference, plan, magnitudes, limit, islands)
-            if added:
-                converted = candidate()
-                result = checker.recheck(converted)
-                checked["rounds"] += 1
             for _ in range(MAX_ROUNDS):
                 if result.ok or not result.checked:
                     break
@@ -318,8 +314,7 @@ class PrecisionPass(Pass, spec=PRECISION):
 
     @staticmethod
     def _range_islands(reference: ir.Model, plan: _plan.Plan, magnitudes: dict[str, float], limit: float,
-                       islands: dict[tuple[str, str], str]) -> int:  # fmt: skip
-        added = 0
+                       islands: dict[tuple[str, str], str]) -> None:  # fmt: skip
         for node in reference.graph:
             key = ("", node.name)
             if key not in plan.slots or key in islands:
@@ -332,8 +327,6 @@ class PrecisionPass(Pass, spec=PRECISION):
             if big:
                 name, size = max(big, key=lambda x: x[1])
                 islands[key] = f"range: {name} reaches {size:.3g} on the check's inputs (limit {limit:g})"
-                added += 1
-        return added
 
     @staticmethod
     def _check_islands(plan: _plan.Plan, found: Any, islands: dict[tuple[str, str], str],

@@ -149,6 +149,9 @@ class Checker:
         self.folder: pathlib.Path | None = None
         self.worker: Worker | None = worker
         self._prepare: dict[str, Any] | None = None
+        self._original: CheckResult | tuple[Any, ...] | None = None  # the original's side, once run
+        #: Seconds the original's side took when :meth:`start` ran it (the check's time limit counts them).
+        self.original_seconds = 0.0
         self._prepared = False
         self._tolerances: dict[str, tuple[float, float]] = {}
         self._sets: sets.SetRunner | None = None  # the sets after the chosen one that the original runs
@@ -209,14 +212,29 @@ class Checker:
                 "raw": {m.name: m.dtype for m in members if m.raw}}, None
 
     def check(self, optimized: Any) -> CheckResult:
-        """Runs the original (choosing its inputs), then ``optimized``, and compares them."""
+        """Runs the original (choosing its inputs) unless :meth:`start` did, then ``optimized``; compares."""
         assert self.folder is not None and self.worker is not None, "use Checker as a context manager"
         start = time.perf_counter()
-        result = self._check(optimized)
+        if self._original is None:
+            deadline = self._deadline()
+            self._original = self._original_side(deadline)
+        else:  # the time limit is the whole check's: what the original's side took is spent
+            deadline = time.monotonic() + max(0.0, self.timeout - self.original_seconds)
+        result = self._original if isinstance(self._original, CheckResult) else self._check(optimized, deadline)
         result.seconds["check"] = round(time.perf_counter() - start, 3)
         return result
 
-    def _check(self, optimized: Any) -> CheckResult:
+    def start(self) -> None:
+        """The original's side of :meth:`check` now, before the optimised model exists (its inputs,
+        its runs on every set: ``--precision``'s search measures the original's values first)."""
+        assert self.folder is not None and self.worker is not None, "use Checker as a context manager"
+        start = time.perf_counter()
+        self._original = self._original_side(self._deadline())
+        self.original_seconds = time.perf_counter() - start
+
+    def _original_side(self, deadline: float) -> CheckResult | tuple[Any, ...]:
+        """Reads the original, chooses its inputs, runs it on them and on the other sets: why the check
+        cannot go on (a result), or what it found (the specs, the given names, the chosen try, the answer)."""
         assert self.worker is not None and self.folder is not None
         try:
             self.original_path, self.original_proto = _files.materialize(self.original, self.folder, "original")
@@ -241,7 +259,6 @@ class Checker:
             "given": {k: given[k] for k in ("path", "names", "raw")} if given else None,
             "spill_dir": str(self.folder), "spill_bytes": SPILL_BYTES,
         }  # fmt: skip
-        deadline = self._deadline()
         every_input_given = bool(given) and all(s.name in given_names for s in specs)
         try:
             prepared = self.worker.request(self._prepare, deadline)
@@ -266,6 +283,10 @@ class Checker:
             self._records = self._sets.run(planned, float(prepared.get("seconds", 0.0)), deadline)
         except WorkerError as e:
             return verdict.not_run(e, specs, self.timeout)
+        return specs, given_names, chosen, prepared
+
+    def _check(self, optimized: Any, deadline: float) -> CheckResult:
+        specs, given_names, chosen, prepared = self._original  # type: ignore[misc]
         self._last_sets = [dict(r) for r in self._records]
         result = self._compare(optimized, deadline)
         result.inputs = InputsUsed(
