@@ -53,7 +53,7 @@ from passes.declarations import PRECISION, precision_tolerance
 from passes.errors import CheckFailedError
 from passes.ir.tensors import KEEP_EXTERNAL, InlineData
 from passes.ir.walk import opset_of
-from passes.precision import convert as _convert, lazy as _lazy, plan as _plan
+from passes.precision import convert as _convert, islands as _islands, plan as _plan
 
 __all__ = ["MAX_ROUNDS", "PRUNE_ROUNDS", "RANGE_MARGIN", "PrecisionPass"]
 
@@ -193,12 +193,14 @@ class PrecisionPass(Pass, spec=PRECISION):
                 islands: dict[tuple[str, str], str], checked: dict[str, Any]) -> None:  # fmt: skip
         """Adds the range and check islands (see the module docstring), recording the check in ``checked``."""
         from passes.verify import check as check_module
+        from passes.verify.defaults import default_tolerance
         from passes.verify.gate import CheckOptions, current_check
 
         options = current_check.get() or CheckOptions()  # the run's inputs, sizes, seed and limits
 
         reference = model.clone()
         limit = float(half.max) / RANGE_MARGIN
+        tolerance = default_tolerance(type_name, type_name, self.tolerance)
 
         def candidate() -> ir.Model:  # the emulation: each half node's rounding (see convert.convert)
             copy = model.clone()
@@ -214,7 +216,8 @@ class PrecisionPass(Pass, spec=PRECISION):
             precision_tolerance=self.tolerance,
         ) as checker:
             checker.start()  # the original's inputs and runs: its values' magnitudes before any comparison
-            self._range_islands(reference, plan, checker.magnitudes(), limit, islands)
+            magnitudes = checker.magnitudes()
+            _islands.range_islands(reference, plan, magnitudes, limit, islands)
             converted = candidate()
             result = checker.check(converted)
             checked["rounds"] = 1
@@ -227,7 +230,9 @@ class PrecisionPass(Pass, spec=PRECISION):
                 if result.ok or not result.checked:
                     break
                 found = checker.locate(converted)
-                if not self._check_islands(plan, found, islands, reference, self._exact):
+                if not _islands.check_islands(plan, found, islands, reference, self._exact,
+                                              checker.located_values or {}, checker.failing_outputs,
+                                              magnitudes, tolerance):  # fmt: skip
                     checked["unlocated"] = found.message or f"the locator named {found.node or 'no node'}"
                     break
                 converted = candidate()
@@ -311,63 +316,3 @@ class PrecisionPass(Pass, spec=PRECISION):
                     continue
                 self._exact.add(key)
         return result
-
-    @staticmethod
-    def _range_islands(reference: ir.Model, plan: _plan.Plan, magnitudes: dict[str, float], limit: float,
-                       islands: dict[tuple[str, str], str]) -> None:  # fmt: skip
-        for node in reference.graph:
-            key = ("", node.name)
-            if key not in plan.slots or key in islands:
-                continue
-            values = [v for v in (*node.inputs, *node.outputs) if v is not None]
-            for v in values:
-                if v.name not in magnitudes and v.const_value is not None and v.dtype == ir.DataType.FLOAT:
-                    magnitudes[v.name] = _lazy.largest(v.const_value)  # a chunk at a time
-            big = [(v.name, magnitudes[v.name]) for v in values if magnitudes.get(v.name, 0.0) > limit]
-            if big:
-                name, size = max(big, key=lambda x: x[1])
-                islands[key] = f"range: {name} reaches {size:.3g} on the check's inputs (limit {limit:g})"
-
-    @staticmethod
-    def _check_islands(plan: _plan.Plan, found: Any, islands: dict[tuple[str, str], str],
-                       reference: ir.Model, exact: set[tuple[str, str]]) -> bool:  # fmt: skip
-        """Puts the located node back to float32 (its weights still stored in the half type); if it
-        already is, its weights back to float32 too; if they already are (or it has none), the
-        nearest half nodes upstream of it (through float32 ones). False if there is none."""
-        if not found.node:
-            return False
-        key = ("", found.node)
-        if key in plan.slots and key not in islands:
-            islands[key] = f"check: {found.output} differs by {found.max_abs_error:.3g} in the half type"
-            return True
-        by_name = {node.name: node for node in reference.graph}
-        start = by_name.get(found.node)
-        if start is None:
-            return False
-        weights = any(v is not None and v.const_value is not None and v.dtype == ir.DataType.FLOAT
-                      for v in start.inputs)  # fmt: skip
-        if key in islands and key not in exact and weights:
-            exact.add(key)
-            islands[key] += "; its weights too"
-            return True
-        added, seen, queue = False, {start.name}, [start]
-        while queue:
-            node = queue.pop(0)
-            for value in node.inputs:
-                producer = value.producer() if value is not None else None
-                if producer is None or producer.name in seen or producer.graph is not reference.graph:
-                    continue
-                seen.add(producer.name)
-                pkey = ("", producer.name)
-                if pkey in plan.slots and pkey not in islands:
-                    islands[pkey] = f"check: feeds {found.node}, whose output {found.output} differs"
-                    added = True
-                    continue
-                if pkey in islands and pkey not in exact and any(
-                        v is not None and v.const_value is not None and v.dtype == ir.DataType.FLOAT
-                        for v in producer.inputs):  # fmt: skip
-                    exact.add(pkey)
-                    islands[pkey] += f"; its weights too (feeds {found.node})"
-                    added = True
-                queue.append(producer)
-        return added

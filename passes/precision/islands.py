@@ -1,0 +1,123 @@
+"""Which nodes the ``--precision`` search keeps in float32, from what the check measured.
+
+* :func:`range_islands`: every node that takes or makes a value whose magnitude on the check's
+  inputs (the range probe, :func:`passes.verify.values.magnitudes`; a weight's own values)
+  exceeds the limit.
+* :func:`check_islands`: after a comparison that failed, from the locator's answer (the first
+  node of the original whose output differs, and its comparison of every value both models
+  compute): the located node, if it is half; else its weights, if they are half; else the
+  *path of largest error*: from each output that differs back to the graph's inputs, through
+  each node's input whose error is the largest in units of its tolerance, every half node on it
+  that makes a float value (a Shape or an IsNaN carries no rounding). The first difference alone
+  walks up the earliest layers while the error builds in the later ones (a transformer whose
+  LayerNormalizations magnify the rounding of the residual stream in every layer); the path
+  puts the whole chain that carries the error to the output back in float32 in one round, and
+  the search's pruning then returns what is not needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import onnx_ir as ir
+
+from passes.precision import lazy as _lazy
+from passes.precision.plan import FLOAT, Plan
+
+__all__ = ["check_islands", "error_path", "range_islands"]
+
+Key = tuple[str, str]
+
+
+def range_islands(reference: ir.Model, plan: Plan, magnitudes: dict[str, float], limit: float,
+                  islands: dict[Key, str]) -> None:  # fmt: skip
+    """Adds each main-graph node that takes or makes a value larger than ``limit`` (``magnitudes``
+    gains the float32 weights' own, read a chunk at a time)."""
+    for node in reference.graph:
+        key = ("", node.name)
+        if key not in plan.slots or key in islands:
+            continue
+        values = [v for v in (*node.inputs, *node.outputs) if v is not None]
+        for v in values:
+            if v.name not in magnitudes and v.const_value is not None and v.dtype == FLOAT:
+                magnitudes[v.name] = _lazy.largest(v.const_value)  # a chunk at a time
+        big = [(v.name, magnitudes[v.name]) for v in values if magnitudes.get(v.name, 0.0) > limit]
+        if big:
+            name, size = max(big, key=lambda x: x[1])
+            islands[key] = f"range: {name} reaches {size:.3g} on the check's inputs (limit {limit:g})"
+
+
+def _float_weights(node: ir.Node) -> bool:
+    return any(v is not None and v.const_value is not None and v.dtype == FLOAT for v in node.inputs)
+
+
+def check_islands(plan: Plan, found: Any, islands: dict[Key, str], reference: ir.Model, exact: set[Key],
+                  located: Mapping[str, Mapping[str, Any]], failing: Sequence[str], magnitudes: Mapping[str, float],
+                  tolerance: tuple[float, float]) -> bool:  # fmt: skip
+    """Puts the located node back to float32 (its weights still stored in the half type); if it
+    already is, its weights back to float32 too; if they already are (or it has none), the
+    path of largest error (:func:`error_path`). False if none of these adds anything.
+
+    ``located``: the locator's comparison of each value (``max_abs_error``, ``ok``);
+    ``failing``: the outputs that differ; ``magnitudes``: each value's largest magnitude (the
+    range probe's); ``tolerance``: the half type's (rtol, atol)."""
+    key = ("", found.node)
+    if found.node and key in plan.slots and key not in islands:
+        islands[key] = f"check: {found.output} differs by {found.max_abs_error:.3g} in the half type"
+        return True
+    start = next((node for node in reference.graph if node.name == found.node), None) if found.node else None
+    if start is not None and key in islands and key not in exact and _float_weights(start):
+        exact.add(key)
+        islands[key] += "; its weights too"
+        return True
+    path = error_path(reference, located, failing, magnitudes, tolerance)
+    added = False
+    for node, value, excess in path:
+        pkey = ("", node.name)
+        if pkey in plan.slots and pkey not in islands and any(plan.slots[pkey][1]):
+            error = float(located[value]["max_abs_error"])
+            islands[pkey] = (f"check: on the path of largest error to an output that differs: {value} differs "
+                             f"by {error:.3g} ({excess:.3g}x its tolerance) in the half type")  # fmt: skip
+            added = True
+    if added:
+        return True
+    for node, _, _ in path:  # the whole path is float32 already: its weights too
+        pkey = ("", node.name)
+        if pkey in islands and pkey not in exact and _float_weights(node):
+            exact.add(pkey)
+            islands[pkey] += "; its weights too (on the path of largest error)"
+            added = True
+    return added
+
+
+def error_path(reference: ir.Model, located: Mapping[str, Mapping[str, Any]], failing: Sequence[str],
+               magnitudes: Mapping[str, float], tolerance: tuple[float, float]) -> list[tuple[ir.Node, str, float]]:
+    """The main-graph nodes on the path of largest error from each output in ``failing`` back
+    towards the inputs (each output's producer, then the producer of its input whose error is the
+    largest in units of its tolerance, ``atol + rtol * magnitude``, while one has an error), with
+    the value it makes on the path and that value's error in units of its tolerance; each node
+    once, nearest the outputs first."""
+    rtol, atol = tolerance
+
+    def excess(name: str) -> float:
+        compared = located.get(name)
+        if not compared or "max_abs_error" not in compared:
+            return 0.0
+        return float(compared["max_abs_error"]) / (atol + rtol * float(magnitudes.get(name, 0.0)))
+
+    producers = {v.name: node for node in reference.graph for v in node.outputs}
+    path: list[tuple[ir.Node, str, float]] = []
+    seen: set[int] = set()
+    for output in failing:
+        name: str | None = output
+        while name is not None:
+            node = producers.get(name)
+            if node is None or id(node) in seen:
+                break
+            seen.add(id(node))
+            path.append((node, name, excess(name)))
+            inputs = [(excess(v.name), v.name) for v in node.inputs if v is not None and v.name in producers]
+            inputs = [pair for pair in inputs if pair[0] > 0.0]
+            name = max(inputs)[1] if inputs else None
+    return path
