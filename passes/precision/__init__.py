@@ -289,30 +289,40 @@ class PrecisionPass(Pass, spec=PRECISION):
 
     def _prune(self, islands: dict[tuple[str, str], str], candidate: Any, checker: Any, result: Any,
                checked: dict[str, Any]) -> Any:  # fmt: skip
-        """The locator's islands, tried back in the half type one at a time (the search is greedy:
-        an island added early may not be needed once later ones are): each whose return still
-        passes the check is returned, at most :data:`PRUNE_ROUNDS` tries."""
+        """The locator's islands, tried back in the half type (the search is greedy: an island added
+        early may not be needed once later ones are, and a path of largest error holds many that
+        are not): all of them at once, then, where that fails, each half of the group in turn, down
+        to one island at a time (and an island whose weights are float32 too: its weights alone);
+        each group whose return still passes the check is returned, at most :data:`PRUNE_ROUNDS` tries."""
         tries = 0
-        for key in [k for k, why in islands.items() if why.startswith("check:")]:
-            if tries >= PRUNE_ROUNDS:
-                break
-            why, was_exact = islands.pop(key), key in self._exact
-            self._exact.discard(key)
+        groups = [[k for k, why in islands.items() if why.startswith("check:")]]
+        while groups and groups[0] and tries < PRUNE_ROUNDS:
+            group = groups.pop(0)
+            saved = {key: (islands.pop(key), key in self._exact) for key in group}
+            self._exact.difference_update(group)
             tries += 1
             again = checker.recheck(candidate())
             checked["rounds"] += 1
             if again.checked and again.ok:
                 result = again
-                checked["pruned"] = checked.get("pruned", 0) + 1
+                checked["pruned"] = checked.get("pruned", 0) + len(group)
                 continue
-            islands[key] = why
-            if was_exact:  # back in float32, but its weights in the half type?
+            for key, (why, was_exact) in saved.items():
+                islands[key] = why
+                if was_exact:
+                    self._exact.add(key)
+            if len(group) > 1:
+                groups[:0] = [group[: len(group) // 2], group[len(group) // 2 :]]
+                continue
+            (key,) = group
+            if saved[key][1] and tries < PRUNE_ROUNDS:  # back in float32, but its weights in the half type?
+                self._exact.discard(key)
                 tries += 1
                 again = checker.recheck(candidate())
                 checked["rounds"] += 1
                 if again.checked and again.ok:
                     result = again
-                    islands[key] = why.split("; its weights too")[0]
+                    islands[key] = saved[key][0].split("; its weights too")[0]
                     continue
                 self._exact.add(key)
         return result

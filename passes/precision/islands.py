@@ -76,9 +76,8 @@ def check_islands(plan: Plan, found: Any, islands: dict[Key, str], reference: ir
     for node, value, excess in path:
         pkey = ("", node.name)
         if pkey in plan.slots and pkey not in islands and any(plan.slots[pkey][1]):
-            error = float(located[value]["max_abs_error"])
-            islands[pkey] = (f"check: on the path of largest error to an output that differs: {value} differs "
-                             f"by {error:.3g} ({excess:.3g}x its tolerance) in the half type")  # fmt: skip
+            islands[pkey] = (f"check: on the path of largest error to an output that differs: {value} is off "
+                             f"by {excess:.3g}x its tolerance in the half type")  # fmt: skip
             added = True
     if added:
         return True
@@ -88,6 +87,32 @@ def check_islands(plan: Plan, found: Any, islands: dict[Key, str], reference: ir
             exact.add(pkey)
             islands[pkey] += "; its weights too (on the path of largest error)"
             added = True
+    return added or (start is not None and _upstream(plan, found, start, islands, reference, exact))
+
+
+def _upstream(plan: Plan, found: Any, start: ir.Node, islands: dict[Key, str], reference: ir.Model,
+              exact: set[Key]) -> bool:  # fmt: skip
+    """The nearest half nodes upstream of the located node (through float32 ones) that make a float
+    value, back to float32; where they are, their weights. The last resort: the path of largest
+    error ends where the locator compared nothing."""
+    added, seen, queue = False, {start.name}, [start]
+    while queue:
+        node = queue.pop(0)
+        for value in node.inputs:
+            producer = value.producer() if value is not None else None
+            if producer is None or producer.name in seen or producer.graph is not reference.graph:
+                continue
+            seen.add(producer.name)
+            pkey = ("", producer.name)
+            if pkey in plan.slots and pkey not in islands and any(plan.slots[pkey][1]):
+                islands[pkey] = f"check: feeds {found.node}, whose output {found.output} differs"
+                added = True
+                continue
+            if pkey in islands and pkey not in exact and _float_weights(producer):
+                exact.add(pkey)
+                islands[pkey] += f"; its weights too (feeds {found.node})"
+                added = True
+            queue.append(producer)
     return added
 
 
@@ -99,14 +124,17 @@ def error_path(reference: ir.Model, located: Mapping[str, Mapping[str, Any]], fa
     the value it makes on the path and that value's error in units of its tolerance; each node
     once, nearest the outputs first."""
     rtol, atol = tolerance
-
-    def excess(name: str) -> float:
-        compared = located.get(name)
-        if not compared or "max_abs_error" not in compared:
-            return 0.0
-        return float(compared["max_abs_error"]) / (atol + rtol * float(magnitudes.get(name, 0.0)))
-
-    producers = {v.name: node for node in reference.graph for v in node.outputs}
+    producers: dict[str, ir.Node] = {}
+    excess: dict[str, float] = {}
+    for node in reference.graph:  # in order; a value the locator did not compare (a sequence, a
+        # value the passes rewrote) counts the largest error of its producer's inputs
+        inherited = max([excess.get(v.name, 0.0) for v in node.inputs if v is not None] + [0.0])
+        for v in node.outputs:
+            producers[v.name] = node
+            compared = located.get(v.name)
+            excess[v.name] = inherited
+            if compared and "max_abs_error" in compared:
+                excess[v.name] = float(compared["max_abs_error"]) / (atol + rtol * float(magnitudes.get(v.name, 0.0)))
     path: list[tuple[ir.Node, str, float]] = []
     seen: set[int] = set()
     for output in failing:
@@ -116,8 +144,8 @@ def error_path(reference: ir.Model, located: Mapping[str, Mapping[str, Any]], fa
             if node is None or id(node) in seen:
                 break
             seen.add(id(node))
-            path.append((node, name, excess(name)))
-            inputs = [(excess(v.name), v.name) for v in node.inputs if v is not None and v.name in producers]
+            path.append((node, name, excess[name]))
+            inputs = [(excess[v.name], v.name) for v in node.inputs if v is not None and v.name in producers]
             inputs = [pair for pair in inputs if pair[0] > 0.0]
             name = max(inputs)[1] if inputs else None
     return path
