@@ -216,7 +216,7 @@ class PrecisionPass(Pass, spec=PRECISION):
             precision_tolerance=self.tolerance,
         ) as checker:
             checker.start()  # the original's inputs and runs: its values' magnitudes before any comparison
-            magnitudes = checker.magnitudes()
+            magnitudes = checker.magnitudes(above=limit)
             _islands.range_islands(reference, plan, magnitudes, limit, islands)
             converted = candidate()
             result = checker.check(converted)

@@ -413,11 +413,12 @@ class Checker:
     def _locate(self, optimized: Any) -> FirstDifference:
         return _values.first_difference(self, optimized)
 
-    def magnitudes(self) -> dict[str, float]:
+    def magnitudes(self, above: float | None = None) -> dict[str, float]:
         """The largest finite magnitude of each float32 value of the original's main graph over
-        the inputs the check ran it on (the chosen set and the kept ones); empty when the
-        check has not run or the child could not answer. After :meth:`check`."""
-        return _values.magnitudes(self) if self._prepared else {}
+        the inputs the check ran it on (the chosen set and the kept ones); empty when the check
+        has not run or the child could not answer. After :meth:`start` or :meth:`check`; ``above``:
+        see :func:`passes.verify.values.magnitudes`."""
+        return _values.magnitudes(self, above) if self._prepared else {}
 
 
 def check(
