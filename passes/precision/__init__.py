@@ -14,15 +14,17 @@ kept in float32, each found and listed with its reason:
    its float32 kernel between Casts it inserts);
 3. **range**: nodes that take or make a value whose magnitude exceeds the half
    type's largest value / :data:`RANGE_MARGIN` on the check's inputs (the
-   float32 model run once with its values as outputs, in the check's child);
+   float32 model's values measured in the check's child before any comparison:
+   :meth:`passes.verify.check.Checker.start`, then its ``magnitudes``);
 4. **check**: the check compares an *emulation* of the converted model (the same
    islands, each half node's output rounded to the half type by a Cast pair:
    onnxruntime's CPU provider would otherwise compute the chain in float32) with
    the float32 model at the half type's tolerance on three standard-normal input
    sets; while an output differs, the locator's first differing node goes back
-   to float32 (if it already is: its weights; if they already are: the half
-   nodes upstream), at most :data:`MAX_ROUNDS` times; then the islands it added
-   are tried back in the half type, at most :data:`PRUNE_ROUNDS` times.
+   to float32 (if it already is: its weights; if they already are: the path of
+   largest error from the outputs that differ, :mod:`passes.precision.islands`),
+   at most :data:`MAX_ROUNDS` times; then the islands it added are tried back in
+   the half type, a group at a time (all, then halves), at most :data:`PRUNE_ROUNDS` tries.
 
 When the check still fails, the pass raises :class:`passes.errors.CheckFailedError`
 (exit 1, nothing written), naming the output. The search uses the run's check
