@@ -163,3 +163,30 @@ def test_the_path_looks_through_values_not_compared_and_stops_at_exact_ones() ->
     path = islands_module.error_path(model, located, ["y"], {}, (1e-2, 1e-3))
     assert [node.name for node, _, _ in path] == ["Y", "S", "E"]
     assert islands_module.error_path(model, {}, ["y"], {}, (1e-2, 1e-3))[0][0].name == "Y"  # nothing compared
+
+
+class _Verdict:
+    def __init__(self, ok: bool) -> None:
+        self.checked, self.ok = True, ok
+
+
+@pytest.mark.parametrize("needed", [set(), {3}, {0, 17}, {5, 6, 7}])
+def test_the_prune_returns_the_islands_not_needed_a_group_at_a_time(needed: set[int]) -> None:
+    """40 check islands of which ``needed`` keep the (stand-in) check passing: the prune returns
+    every other one within its 24 tries (one at a time it would try 24 of the 40), and never
+    returns a needed one; a range island is not tried."""
+    from passes.precision import PRUNE_ROUNDS, PrecisionPass
+
+    islands = {("", f"n{i}"): f"check: n{i}" for i in range(40)}
+    islands[("", "big")] = "range: big"
+    tries: list[set[tuple[str, str]]] = []
+
+    class Checker:
+        def recheck(self, kept: set[tuple[str, str]]) -> _Verdict:
+            tries.append(kept)
+            return _Verdict(all(("", f"n{i}") in kept for i in needed) and ("", "big") in kept)
+
+    checked = {"rounds": 0}
+    PrecisionPass("fp16")._prune(islands, lambda: set(islands), Checker(), _Verdict(True), checked)
+    assert set(islands) == {("", f"n{i}") for i in needed} | {("", "big")}
+    assert len(tries) <= PRUNE_ROUNDS and checked["rounds"] == len(tries)
