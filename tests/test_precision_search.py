@@ -84,8 +84,8 @@ def test_the_range_islands_are_in_the_first_comparison(tmp_path: pathlib.Path, m
     for name in ("start", "magnitudes", "check", "recheck"):
         original = getattr(check_module.Checker, name)
 
-        def wrapped(self, *args, _original=original, _name=name):  # type: ignore[no-untyped-def]
-            result = _original(self, *args)
+        def wrapped(self, *args, _original=original, _name=name, **kwargs):  # type: ignore[no-untyped-def]
+            result = _original(self, *args, **kwargs)
             calls.append((_name, result))
             return result
 

@@ -215,12 +215,13 @@ class Checker:
         """Runs the original (choosing its inputs) unless :meth:`start` did, then ``optimized``; compares."""
         assert self.folder is not None and self.worker is not None, "use Checker as a context manager"
         start = time.perf_counter()
-        if self._original is None:
+        original, self._original = self._original, None  # (a later check() chooses its inputs again)
+        if original is None:
             deadline = self._deadline()
-            self._original = self._original_side(deadline)
+            original = self._original_side(deadline)
         else:  # the time limit is the whole check's: what the original's side took is spent
             deadline = time.monotonic() + max(0.0, self.timeout - self.original_seconds)
-        result = self._original if isinstance(self._original, CheckResult) else self._check(optimized, deadline)
+        result = original if isinstance(original, CheckResult) else self._check(optimized, deadline, original)
         result.seconds["check"] = round(time.perf_counter() - start, 3)
         return result
 
@@ -285,8 +286,8 @@ class Checker:
             return verdict.not_run(e, specs, self.timeout)
         return specs, given_names, chosen, prepared
 
-    def _check(self, optimized: Any, deadline: float) -> CheckResult:
-        specs, given_names, chosen, prepared = self._original  # type: ignore[misc]
+    def _check(self, optimized: Any, deadline: float, original: tuple[Any, ...]) -> CheckResult:
+        specs, given_names, chosen, prepared = original
         self._last_sets = [dict(r) for r in self._records]
         result = self._compare(optimized, deadline)
         result.inputs = InputsUsed(
