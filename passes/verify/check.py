@@ -194,23 +194,6 @@ class Checker:
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout
 
-    def _given(self, specs: list[plan.InputSpec]) -> tuple[dict[str, Any] | None, str | None]:
-        """The caller's inputs as an inspected ``.npz`` (path, names), or why they are refused."""
-        assert self.folder is not None
-        path = os.path.abspath(self.inputs_file) if self.inputs_file is not None else None
-        if self.inputs:
-            path = str(self.folder / "given.npz")
-            np.savez(path, **{k: np.asarray(v) for k, v in self.inputs.items()})
-        if path is None:
-            return None, None
-        declared = {s.name: (s.dtype, s.dims if s.dtype is not None else None) for s in specs}
-        try:
-            members = npz.inspect(path, declared)
-        except ValueError as e:
-            return None, str(e)
-        return {"path": path, "names": [m.name for m in members], "shapes": {m.name: m.shape for m in members},
-                "raw": {m.name: m.dtype for m in members if m.raw}}, None
-
     def check(self, optimized: Any) -> CheckResult:
         """Runs the original (choosing its inputs) unless :meth:`start` did, then ``optimized``; compares."""
         assert self.folder is not None and self.worker is not None, "use Checker as a context manager"
@@ -243,7 +226,7 @@ class Checker:
             return CheckResult(True, skipped=f"the original model cannot be read: {_first_line(e)}")
         specs = plan.input_specs(self.original_proto)
         pinned = plan.pin_shapes(specs, self.shapes)
-        given, refused = self._given(specs)
+        given, refused = npz.given(self.folder, self.inputs, self.inputs_file, specs)
         if refused is not None:
             return CheckResult(True, skipped=refused, inputs_rejected=True)
         given_names = set(given["names"]) if given else set()
