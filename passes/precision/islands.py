@@ -12,7 +12,8 @@
   walks up the earliest layers while the error builds in the later ones (a transformer whose
   LayerNormalizations magnify the rounding of the residual stream in every layer); the path
   puts the whole chain that carries the error to the output back in float32 in one round, and
-  the search's pruning then returns what is not needed.
+  the search's pruning then returns what is not needed. Where the path adds nothing (the
+  locator compared nothing further up), the half nodes upstream of the located node.
 """
 
 from __future__ import annotations
@@ -56,17 +57,21 @@ def check_islands(plan: Plan, found: Any, islands: dict[Key, str], reference: ir
                   located: Mapping[str, Mapping[str, Any]], failing: Sequence[str], magnitudes: Mapping[str, float],
                   tolerance: tuple[float, float]) -> bool:  # fmt: skip
     """Puts the located node back to float32 (its weights still stored in the half type); if it
-    already is, its weights back to float32 too; if they already are (or it has none), the
-    path of largest error (:func:`error_path`). False if none of these adds anything.
+    already is, its weights back to float32 too; if they already are (or it has none), the half
+    nodes on the path of largest error (:func:`error_path`); if there are none, the weights of
+    its float32 nodes; if they are float32 too, the half nodes upstream of the located node that
+    make a float value. False if none of these adds anything (or the locator named no node).
 
     ``located``: the locator's comparison of each value (``max_abs_error``, ``ok``);
     ``failing``: the outputs that differ; ``magnitudes``: each value's largest magnitude (the
     range probe's); ``tolerance``: the half type's (rtol, atol)."""
+    if not found.node:  # the locator did not run, or named nothing: its values say nothing new
+        return False
     key = ("", found.node)
-    if found.node and key in plan.slots and key not in islands:
+    if key in plan.slots and key not in islands:
         islands[key] = f"check: {found.output} differs by {found.max_abs_error:.3g} in the half type"
         return True
-    start = next((node for node in reference.graph if node.name == found.node), None) if found.node else None
+    start = next((node for node in reference.graph if node.name == found.node), None)
     if start is not None and key in islands and key not in exact and _float_weights(start):
         exact.add(key)
         islands[key] += "; its weights too"
