@@ -190,3 +190,26 @@ def test_the_prune_returns_the_islands_not_needed_a_group_at_a_time(needed: set[
     PrecisionPass("fp16")._prune(islands, lambda: set(islands), Checker(), _Verdict(True), checked)
     assert set(islands) == {("", f"n{i}") for i in needed} | {("", "big")}
     assert len(tries) <= PRUNE_ROUNDS and checked["rounds"] == len(tries)
+
+
+def test_a_check_that_cannot_run_converts_as_without_it(tmp_path: pathlib.Path) -> None:
+    """An op onnxruntime does not know: the search's check is skipped (the original does not run),
+    and a weight above the range limit (1e4 > 4094, within float16) makes no range island: the
+    written model is the one ``--no-check`` writes, byte for byte."""
+    w = numpy_helper.from_array(np.full((4, 4), 1e4, np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Foo", ["y"], ["z"], domain="example")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F32, [2, 4])],
+                              [helper.make_tensor_value_info("z", F32, [2, 4])], [w])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example", 1)])
+    model.ir_version = 8
+    code, target, report = _run(tmp_path, model)
+    assert code == 0
+    stats = _stats(report)
+    assert stats["check_ok"] is None and stats["skipped"], stats
+    assert not [why for why in stats["islands"].values() if not why.startswith("fixed:")], stats["islands"]
+    unchecked = tmp_path / "unchecked.onnx"
+    assert cli.main([str(tmp_path / "m.onnx"), "-o", str(unchecked), "--precision", "fp16", "--no-check"]) == 0
+    assert target.read_bytes() == unchecked.read_bytes()
+    (matmul,) = [n for n in onnx.load(str(target)).graph.node if n.op_type == "MatMul"]
+    (weight,) = [t for t in onnx.load(str(target)).graph.initializer if t.name == matmul.input[1]]
+    assert weight.data_type == TensorProto.FLOAT16
