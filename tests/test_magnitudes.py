@@ -90,3 +90,34 @@ def test_the_copy_fetches_scalars_and_measures_after_each_node() -> None:
     masked, maxima = values.finite_maxima(model, ["masked"])
     assert list(maxima) == ["masked"] and [o.name for o in masked.graph.output] == [maxima["masked"]]
     assert values.finite_maxima(_model(8), ["masked"]) is None  # no Where before opset 9
+
+
+def test_a_sum_that_overflows_is_measured_again_only_where_its_max_does_not_decide(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """``huge`` and ``y`` (every element near 3e38, finite: a mask's fill value) have sums that
+    overflow; with ``above`` their max or min, an element's value above the limit, decides without
+    the second run, which measures only ``masked`` (its largest finite magnitude, x's, is below the
+    limit: its -inf is what makes the sum infinite). The magnitudes are those of the values
+    fetched whole either way."""
+    mask = np.zeros(4, np.float32)
+    mask[1] = -np.inf
+    nodes = [helper.make_node("Abs", ["x"], ["a"]), helper.make_node("Mul", ["a", "k"], ["spread"]),
+             helper.make_node("Add", ["spread", "fill"], ["huge"]), helper.make_node("Add", ["x", "mask"], ["masked"]),
+             helper.make_node("Relu", ["masked"], ["relu"]), helper.make_node("Sub", ["relu", "huge"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(1e36, np.float32), "k"), numpy_helper.from_array(mask, "mask"),
+             numpy_helper.from_array(np.array(3e38, np.float32), "fill")]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F32, ["n", 4])],
+                              [helper.make_tensor_value_info("y", F32, ["n", 4])], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    measured: list[list[str]] = []
+    finite_maxima = values.finite_maxima
+    monkeypatch.setattr(values, "finite_maxima", lambda original, names: measured.append(list(names)) or
+                        finite_maxima(original, names))  # fmt: skip
+    with Checker(model, precision="float16", rounding=True) as checker:
+        checker.start()
+        plain = checker.magnitudes()
+        decided = checker.magnitudes(above=4096.0)
+        expected = _whole(checker, ["a", "spread", "huge", "masked", "relu", "y"])
+    assert measured == [["huge", "masked", "y"], ["masked"]]
+    assert plain == expected and decided == expected
+    assert expected["huge"] >= 3e38

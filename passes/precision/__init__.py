@@ -14,15 +14,17 @@ kept in float32, each found and listed with its reason:
    its float32 kernel between Casts it inserts);
 3. **range**: nodes that take or make a value whose magnitude exceeds the half
    type's largest value / :data:`RANGE_MARGIN` on the check's inputs (the
-   float32 model run once with its values as outputs, in the check's child);
+   float32 model's values measured in the check's child before any comparison:
+   :meth:`passes.verify.check.Checker.start`, then its ``magnitudes``);
 4. **check**: the check compares an *emulation* of the converted model (the same
    islands, each half node's output rounded to the half type by a Cast pair:
    onnxruntime's CPU provider would otherwise compute the chain in float32) with
    the float32 model at the half type's tolerance on three standard-normal input
    sets; while an output differs, the locator's first differing node goes back
-   to float32 (if it already is: its weights; if they already are: the half
-   nodes upstream), at most :data:`MAX_ROUNDS` times; then the islands it added
-   are tried back in the half type, at most :data:`PRUNE_ROUNDS` times.
+   to float32 (if it already is: its weights; if they already are: the path of
+   largest error from the outputs that differ, :mod:`passes.precision.islands`),
+   at most :data:`MAX_ROUNDS` times; then the islands it added are tried back in
+   the half type, a group at a time (all, then halves), at most :data:`PRUNE_ROUNDS` tries.
 
 When the check still fails, the pass raises :class:`passes.errors.CheckFailedError`
 (exit 1, nothing written), naming the output. The search uses the run's check
@@ -53,7 +55,7 @@ from passes.declarations import PRECISION, precision_tolerance
 from passes.errors import CheckFailedError
 from passes.ir.tensors import KEEP_EXTERNAL, InlineData
 from passes.ir.walk import opset_of
-from passes.precision import convert as _convert, lazy as _lazy, plan as _plan
+from passes.precision import convert as _convert, islands as _islands, plan as _plan
 
 __all__ = ["MAX_ROUNDS", "PRUNE_ROUNDS", "RANGE_MARGIN", "PrecisionPass"]
 
@@ -193,12 +195,14 @@ class PrecisionPass(Pass, spec=PRECISION):
                 islands: dict[tuple[str, str], str], checked: dict[str, Any]) -> None:  # fmt: skip
         """Adds the range and check islands (see the module docstring), recording the check in ``checked``."""
         from passes.verify import check as check_module
+        from passes.verify.defaults import default_tolerance
         from passes.verify.gate import CheckOptions, current_check
 
         options = current_check.get() or CheckOptions()  # the run's inputs, sizes, seed and limits
 
         reference = model.clone()
         limit = float(half.max) / RANGE_MARGIN
+        tolerance = default_tolerance(type_name, type_name, self.tolerance)
 
         def candidate() -> ir.Model:  # the emulation: each half node's rounding (see convert.convert)
             copy = model.clone()
@@ -213,25 +217,26 @@ class PrecisionPass(Pass, spec=PRECISION):
             timeout=options.timeout, memory_limit=options.memory_limit, rounding=True, precision=type_name,
             precision_tolerance=self.tolerance,
         ) as checker:
+            checker.start()  # the original's inputs and runs: its values' magnitudes before any comparison
+            magnitudes, unmeasured = checker.magnitudes(above=limit), dict(islands)
+            _islands.range_islands(reference, plan, magnitudes, limit, islands)
             converted = candidate()
             result = checker.check(converted)
             checked["rounds"] = 1
-            if not result.checked:
+            if not result.checked:  # converted as without the check (--no-check): no range islands
+                islands.clear()
+                islands.update(unmeasured)
                 checked["ok"] = None
                 checked["skipped"] = result.summary()
                 return
             self._proven(result, checked)
-            magnitudes = checker.magnitudes()
-            added = self._range_islands(reference, plan, magnitudes, limit, islands)
-            if added:
-                converted = candidate()
-                result = checker.recheck(converted)
-                checked["rounds"] += 1
             for _ in range(MAX_ROUNDS):
                 if result.ok or not result.checked:
                     break
                 found = checker.locate(converted)
-                if not self._check_islands(plan, found, islands, reference, self._exact):
+                if not _islands.check_islands(plan, found, islands, reference, self._exact,
+                                              checker.located_values or {}, checker.failing_outputs,
+                                              magnitudes, tolerance):  # fmt: skip
                     checked["unlocated"] = found.message or f"the locator named {found.node or 'no node'}"
                     break
                 converted = candidate()
@@ -288,93 +293,40 @@ class PrecisionPass(Pass, spec=PRECISION):
 
     def _prune(self, islands: dict[tuple[str, str], str], candidate: Any, checker: Any, result: Any,
                checked: dict[str, Any]) -> Any:  # fmt: skip
-        """The locator's islands, tried back in the half type one at a time (the search is greedy:
-        an island added early may not be needed once later ones are): each whose return still
-        passes the check is returned, at most :data:`PRUNE_ROUNDS` tries."""
+        """The locator's islands, tried back in the half type (the search is greedy: an island added
+        early may not be needed once later ones are, and a path of largest error holds many that
+        are not): all of them at once, then, where that fails, each half of the group in turn, down
+        to one island at a time (and an island whose weights are float32 too: its weights alone);
+        each group whose return still passes the check is returned, at most :data:`PRUNE_ROUNDS` tries."""
         tries = 0
-        for key in [k for k, why in islands.items() if why.startswith("check:")]:
-            if tries >= PRUNE_ROUNDS:
-                break
-            why, was_exact = islands.pop(key), key in self._exact
-            self._exact.discard(key)
+        groups = [[k for k, why in islands.items() if why.startswith("check:")]]
+        while groups and groups[0] and tries < PRUNE_ROUNDS:
+            group = groups.pop(0)
+            saved = {key: (islands.pop(key), key in self._exact) for key in group}
+            self._exact.difference_update(group)
             tries += 1
             again = checker.recheck(candidate())
             checked["rounds"] += 1
             if again.checked and again.ok:
                 result = again
-                checked["pruned"] = checked.get("pruned", 0) + 1
+                checked["pruned"] = checked.get("pruned", 0) + len(group)
                 continue
-            islands[key] = why
-            if was_exact:  # back in float32, but its weights in the half type?
+            for key, (why, was_exact) in saved.items():
+                islands[key] = why
+                if was_exact:
+                    self._exact.add(key)
+            if len(group) > 1:
+                groups[:0] = [group[: len(group) // 2], group[len(group) // 2 :]]
+                continue
+            (key,) = group
+            if saved[key][1] and tries < PRUNE_ROUNDS:  # back in float32, but its weights in the half type?
+                self._exact.discard(key)
                 tries += 1
                 again = checker.recheck(candidate())
                 checked["rounds"] += 1
                 if again.checked and again.ok:
                     result = again
-                    islands[key] = why.split("; its weights too")[0]
+                    islands[key] = saved[key][0].split("; its weights too")[0]
                     continue
                 self._exact.add(key)
         return result
-
-    @staticmethod
-    def _range_islands(reference: ir.Model, plan: _plan.Plan, magnitudes: dict[str, float], limit: float,
-                       islands: dict[tuple[str, str], str]) -> int:  # fmt: skip
-        added = 0
-        for node in reference.graph:
-            key = ("", node.name)
-            if key not in plan.slots or key in islands:
-                continue
-            values = [v for v in (*node.inputs, *node.outputs) if v is not None]
-            for v in values:
-                if v.name not in magnitudes and v.const_value is not None and v.dtype == ir.DataType.FLOAT:
-                    magnitudes[v.name] = _lazy.largest(v.const_value)  # a chunk at a time
-            big = [(v.name, magnitudes[v.name]) for v in values if magnitudes.get(v.name, 0.0) > limit]
-            if big:
-                name, size = max(big, key=lambda x: x[1])
-                islands[key] = f"range: {name} reaches {size:.3g} on the check's inputs (limit {limit:g})"
-                added += 1
-        return added
-
-    @staticmethod
-    def _check_islands(plan: _plan.Plan, found: Any, islands: dict[tuple[str, str], str],
-                       reference: ir.Model, exact: set[tuple[str, str]]) -> bool:  # fmt: skip
-        """Puts the located node back to float32 (its weights still stored in the half type); if it
-        already is, its weights back to float32 too; if they already are (or it has none), the
-        nearest half nodes upstream of it (through float32 ones). False if there is none."""
-        if not found.node:
-            return False
-        key = ("", found.node)
-        if key in plan.slots and key not in islands:
-            islands[key] = f"check: {found.output} differs by {found.max_abs_error:.3g} in the half type"
-            return True
-        by_name = {node.name: node for node in reference.graph}
-        start = by_name.get(found.node)
-        if start is None:
-            return False
-        weights = any(v is not None and v.const_value is not None and v.dtype == ir.DataType.FLOAT
-                      for v in start.inputs)  # fmt: skip
-        if key in islands and key not in exact and weights:
-            exact.add(key)
-            islands[key] += "; its weights too"
-            return True
-        added, seen, queue = False, {start.name}, [start]
-        while queue:
-            node = queue.pop(0)
-            for value in node.inputs:
-                producer = value.producer() if value is not None else None
-                if producer is None or producer.name in seen or producer.graph is not reference.graph:
-                    continue
-                seen.add(producer.name)
-                pkey = ("", producer.name)
-                if pkey in plan.slots and pkey not in islands:
-                    islands[pkey] = f"check: feeds {found.node}, whose output {found.output} differs"
-                    added = True
-                    continue
-                if pkey in islands and pkey not in exact and any(
-                        v is not None and v.const_value is not None and v.dtype == ir.DataType.FLOAT
-                        for v in producer.inputs):  # fmt: skip
-                    exact.add(pkey)
-                    islands[pkey] += f"; its weights too (feeds {found.node})"
-                    added = True
-                queue.append(producer)
-        return added

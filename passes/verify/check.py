@@ -149,6 +149,9 @@ class Checker:
         self.folder: pathlib.Path | None = None
         self.worker: Worker | None = worker
         self._prepare: dict[str, Any] | None = None
+        self._original: CheckResult | tuple[Any, ...] | None = None  # the original's side, once run
+        #: Seconds the original's side took when :meth:`start` ran it (the check's time limit counts them).
+        self.original_seconds = 0.0
         self._prepared = False
         self._tolerances: dict[str, tuple[float, float]] = {}
         self._sets: sets.SetRunner | None = None  # the sets after the chosen one that the original runs
@@ -191,32 +194,31 @@ class Checker:
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout
 
-    def _given(self, specs: list[plan.InputSpec]) -> tuple[dict[str, Any] | None, str | None]:
-        """The caller's inputs as an inspected ``.npz`` (path, names), or why they are refused."""
-        assert self.folder is not None
-        path = os.path.abspath(self.inputs_file) if self.inputs_file is not None else None
-        if self.inputs:
-            path = str(self.folder / "given.npz")
-            np.savez(path, **{k: np.asarray(v) for k, v in self.inputs.items()})
-        if path is None:
-            return None, None
-        declared = {s.name: (s.dtype, s.dims if s.dtype is not None else None) for s in specs}
-        try:
-            members = npz.inspect(path, declared)
-        except ValueError as e:
-            return None, str(e)
-        return {"path": path, "names": [m.name for m in members], "shapes": {m.name: m.shape for m in members},
-                "raw": {m.name: m.dtype for m in members if m.raw}}, None
-
     def check(self, optimized: Any) -> CheckResult:
-        """Runs the original (choosing its inputs), then ``optimized``, and compares them."""
+        """Runs the original (choosing its inputs) unless :meth:`start` did, then ``optimized``; compares."""
         assert self.folder is not None and self.worker is not None, "use Checker as a context manager"
         start = time.perf_counter()
-        result = self._check(optimized)
+        original, self._original = self._original, None  # (a later check() chooses its inputs again)
+        if original is None:
+            deadline = self._deadline()
+            original = self._original_side(deadline)
+        else:  # the time limit is the whole check's: what the original's side took is spent
+            deadline = time.monotonic() + max(0.0, self.timeout - self.original_seconds)
+        result = original if isinstance(original, CheckResult) else self._check(optimized, deadline, original)
         result.seconds["check"] = round(time.perf_counter() - start, 3)
         return result
 
-    def _check(self, optimized: Any) -> CheckResult:
+    def start(self) -> None:
+        """The original's side of :meth:`check` now, before the optimised model exists (its inputs,
+        its runs on every set: ``--precision``'s search measures the original's values first)."""
+        assert self.folder is not None and self.worker is not None, "use Checker as a context manager"
+        start = time.perf_counter()
+        self._original = self._original_side(self._deadline())
+        self.original_seconds = time.perf_counter() - start
+
+    def _original_side(self, deadline: float) -> CheckResult | tuple[Any, ...]:
+        """Reads the original, chooses its inputs, runs it on them and on the other sets: why the check
+        cannot go on (a result), or what it found (the specs, the given names, the chosen try, the answer)."""
         assert self.worker is not None and self.folder is not None
         try:
             self.original_path, self.original_proto = _files.materialize(self.original, self.folder, "original")
@@ -224,7 +226,7 @@ class Checker:
             return CheckResult(True, skipped=f"the original model cannot be read: {_first_line(e)}")
         specs = plan.input_specs(self.original_proto)
         pinned = plan.pin_shapes(specs, self.shapes)
-        given, refused = self._given(specs)
+        given, refused = npz.given(self.folder, self.inputs, self.inputs_file, specs)
         if refused is not None:
             return CheckResult(True, skipped=refused, inputs_rejected=True)
         given_names = set(given["names"]) if given else set()
@@ -241,7 +243,6 @@ class Checker:
             "given": {k: given[k] for k in ("path", "names", "raw")} if given else None,
             "spill_dir": str(self.folder), "spill_bytes": SPILL_BYTES,
         }  # fmt: skip
-        deadline = self._deadline()
         every_input_given = bool(given) and all(s.name in given_names for s in specs)
         try:
             prepared = self.worker.request(self._prepare, deadline)
@@ -266,6 +267,10 @@ class Checker:
             self._records = self._sets.run(planned, float(prepared.get("seconds", 0.0)), deadline)
         except WorkerError as e:
             return verdict.not_run(e, specs, self.timeout)
+        return specs, given_names, chosen, prepared
+
+    def _check(self, optimized: Any, deadline: float, original: tuple[Any, ...]) -> CheckResult:
+        specs, given_names, chosen, prepared = original
         self._last_sets = [dict(r) for r in self._records]
         result = self._compare(optimized, deadline)
         result.inputs = InputsUsed(
@@ -392,11 +397,12 @@ class Checker:
     def _locate(self, optimized: Any) -> FirstDifference:
         return _values.first_difference(self, optimized)
 
-    def magnitudes(self) -> dict[str, float]:
+    def magnitudes(self, above: float | None = None) -> dict[str, float]:
         """The largest finite magnitude of each float32 value of the original's main graph over
-        the inputs the check ran it on (the chosen set and the kept ones); empty when the
-        check has not run or the child could not answer. After :meth:`check`."""
-        return _values.magnitudes(self) if self._prepared else {}
+        the inputs the check ran it on (the chosen set and the kept ones); empty when the check
+        has not run or the child could not answer. After :meth:`start` or :meth:`check`; ``above``:
+        see :func:`passes.verify.values.magnitudes`."""
+        return _values.magnitudes(self, above) if self._prepared else {}
 
 
 def check(

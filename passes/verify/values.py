@@ -94,15 +94,20 @@ def upstream(graph: onnx.GraphProto, outputs: Sequence[str]) -> set[str]:
     return seen
 
 
-def magnitudes(checker: Any) -> dict[str, float]:
+def magnitudes(checker: Any, above: float | None = None) -> dict[str, float]:
     """The largest finite magnitude of each float32 value of the original's main graph over every
     set of inputs the check ran it on; empty when the child cannot answer.
 
     One run of the original per set, fetching scalars, not the values (which at a long sequence
     are attention scores of hundreds of MiB each): :func:`reductions` gives each value's max, min
     and sum; where the sum is finite on every set so is every element, and the magnitude is the
-    max's or the min's. The few values that hold a NaN or an infinity (a mask's -inf) are measured
-    again by :func:`finite_maxima` (each value's largest finite magnitude, computed in the graph).
+    max's or the min's. The few values whose sum is not (a mask's -inf, a NaN, or a sum of
+    finite values that overflows: a mask of -3.4e38) are measured again by :func:`finite_maxima`
+    (each value's largest finite magnitude, computed in the graph), one more run per set; with
+    ``above`` (``--precision``'s range limit), not those whose max or min is finite on some set
+    and larger than ``above`` in magnitude: it is an element's value, so the value holds one
+    above the limit, and its magnitude is given as that element's (the largest finite one unless
+    an infinity or a NaN beside it hid a larger one, which changes no decision at the limit).
     """
     if checker.original_path is None or checker.worker is None or checker.folder is None:
         return {}
@@ -122,10 +127,11 @@ def magnitudes(checker: Any) -> dict[str, float]:
     found: dict[str, float] = {}
     again = []
     for name, (high, low, total) in triples.items():
-        if total in nonfinite:
+        bound = max(float(largest.get(high, 0.0)), float(largest.get(low, 0.0)))
+        if total in nonfinite and (above is None or bound <= above):
             again.append(name)
         elif high in largest or low in largest:
-            found[name] = max(float(largest.get(high, 0.0)), float(largest.get(low, 0.0)))
+            found[name] = bound
     if again:
         masked = finite_maxima(original, again)
         if masked is None:  # below opset 9: the values themselves, 64 a run
