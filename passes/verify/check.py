@@ -149,6 +149,9 @@ class Checker:
         self.folder: pathlib.Path | None = None
         self.worker: Worker | None = worker
         self._prepare: dict[str, Any] | None = None
+        self._original: CheckResult | tuple[Any, ...] | None = None  # the original's side, once run
+        #: Seconds the original's side took when :meth:`start` ran it (the check's time limit counts them).
+        self.original_seconds = 0.0
         self._prepared = False
         self._tolerances: dict[str, tuple[float, float]] = {}
         self._sets: sets.SetRunner | None = None  # the sets after the chosen one that the original runs
@@ -191,32 +194,34 @@ class Checker:
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout
 
-    def _given(self, specs: list[plan.InputSpec]) -> tuple[dict[str, Any] | None, str | None]:
-        """The caller's inputs as an inspected ``.npz`` (path, names), or why they are refused."""
-        assert self.folder is not None
-        path = os.path.abspath(self.inputs_file) if self.inputs_file is not None else None
-        if self.inputs:
-            path = str(self.folder / "given.npz")
-            np.savez(path, **{k: np.asarray(v) for k, v in self.inputs.items()})
-        if path is None:
-            return None, None
-        declared = {s.name: (s.dtype, s.dims if s.dtype is not None else None) for s in specs}
-        try:
-            members = npz.inspect(path, declared)
-        except ValueError as e:
-            return None, str(e)
-        return {"path": path, "names": [m.name for m in members], "shapes": {m.name: m.shape for m in members},
-                "raw": {m.name: m.dtype for m in members if m.raw}}, None
-
     def check(self, optimized: Any) -> CheckResult:
-        """Runs the original (choosing its inputs), then ``optimized``, and compares them."""
+        """Runs the original (choosing its inputs) unless :meth:`start` did, then ``optimized``; compares."""
         assert self.folder is not None and self.worker is not None, "use Checker as a context manager"
         start = time.perf_counter()
-        result = self._check(optimized)
+        if self._original is None:
+            deadline = self._deadline()
+            self._original = self._original_side(deadline)
+        else:  # the time limit is the whole check's: what the original's side took is spent
+            deadline = time.monotonic() + max(0.0, self.timeout - self.original_seconds)
+        result = self._original if isinstance(self._original, CheckResult) else self._check(optimized, deadline)
         result.seconds["check"] = round(time.perf_counter() - start, 3)
         return result
 
-    def _check(self, optimized: Any) -> CheckResult:
+    def start(self) -> None:
+        """The original's side of :meth:`check` now, before the optimised model exists (its inputs,
+        its runs on every set: :mod:`passes.verify.early` runs it while the passes run); its
+        session is then dropped, its outputs kept."""
+        assert self.folder is not None and self.worker is not None, "use Checker as a context manager"
+        start = time.perf_counter()
+        self._original = self._original_side(self._deadline())
+        if not isinstance(self._original, CheckResult):
+            with contextlib.suppress(WorkerError):  # (a dead child is restored by the compare)
+                self.worker.request({"op": "release"}, self._deadline())
+        self.original_seconds = time.perf_counter() - start
+
+    def _original_side(self, deadline: float) -> CheckResult | tuple[Any, ...]:
+        """Reads the original, chooses its inputs, runs it on them and on the other sets: why the check
+        cannot go on (a result), or what it found (the specs, the given names, the chosen try, the answer)."""
         assert self.worker is not None and self.folder is not None
         try:
             self.original_path, self.original_proto = _files.materialize(self.original, self.folder, "original")
@@ -224,7 +229,7 @@ class Checker:
             return CheckResult(True, skipped=f"the original model cannot be read: {_first_line(e)}")
         specs = plan.input_specs(self.original_proto)
         pinned = plan.pin_shapes(specs, self.shapes)
-        given, refused = self._given(specs)
+        given, refused = npz.given(self.folder, self.inputs, self.inputs_file, specs)
         if refused is not None:
             return CheckResult(True, skipped=refused, inputs_rejected=True)
         given_names = set(given["names"]) if given else set()
@@ -241,7 +246,6 @@ class Checker:
             "given": {k: given[k] for k in ("path", "names", "raw")} if given else None,
             "spill_dir": str(self.folder), "spill_bytes": SPILL_BYTES,
         }  # fmt: skip
-        deadline = self._deadline()
         every_input_given = bool(given) and all(s.name in given_names for s in specs)
         try:
             prepared = self.worker.request(self._prepare, deadline)
@@ -252,7 +256,8 @@ class Checker:
         if not prepared.get("ok"):
             failed = verdict.original_failed(prepared, specs, every_input_given, self.memory_limit)
             static = self.free_dims is not None and prepared.get("stage") == "run" and not given
-            if static and self._runs_free(deadline):
+            free = plan.input_specs(self.original_proto)  # (specs has the static shapes pinned)
+            if static and verdict.runs_free(self.worker, self._prepare, free, self.free_dims or {}, deadline):
                 failed.shapes_refused = verdict.first_error(prepared)
             return failed
         self._prepared, self._noise = True, {}
@@ -266,6 +271,10 @@ class Checker:
             self._records = self._sets.run(planned, float(prepared.get("seconds", 0.0)), deadline)
         except WorkerError as e:
             return verdict.not_run(e, specs, self.timeout)
+        return specs, given_names, chosen, prepared
+
+    def _check(self, optimized: Any, deadline: float) -> CheckResult:
+        specs, given_names, chosen, prepared = self._original  # type: ignore[misc]
         self._last_sets = [dict(r) for r in self._records]
         result = self._compare(optimized, deadline)
         result.inputs = InputsUsed(
@@ -283,16 +292,6 @@ class Checker:
         assert self.original_proto is not None
         self._tolerances, self._sources = _lowest.output_tolerances(
             self.original_proto.graph, self.rtol, self.atol, self.precision, self.precision_tolerance)
-
-    def _runs_free(self, deadline: float) -> bool:
-        """Whether the original runs on generated inputs without the static shapes (``free_dims``)."""
-        assert self.worker is not None and self.original_proto is not None and self._prepare is not None
-        free = {k: v if isinstance(v, int) else v[0] for k, v in (self.free_dims or {}).items()}
-        tries, _ = plan.size_tries(plan.input_specs(self.original_proto), dims=free)
-        try:
-            return bool(tries) and bool(self.worker.request({**self._prepare, "tries": tries}, deadline).get("ok"))
-        except (WorkerError, OSError):
-            return False
 
     def _compare(self, optimized: Any, deadline: float) -> CheckResult:
         assert self.worker is not None and self.folder is not None

@@ -89,6 +89,8 @@ class Worker:
         self.process: subprocess.Popen[bytes] | None = None
         self._buffer = b""
         self._stderr: Any = None
+        #: Set by :meth:`stop`: no request starts the child again.
+        self.stopped = False
 
     @property
     def alive(self) -> bool:
@@ -121,6 +123,8 @@ class Worker:
             WorkerTimeout: no answer by the deadline (the child is killed).
         """
         if not self.alive:
+            if self.stopped:
+                raise WorkerCrashed("the check was stopped", "starting the check's process")
             self.start()
         assert self.process is not None and self.process.stdin is not None and self.process.stdout is not None
         phase = "starting the check's process"
@@ -185,6 +189,13 @@ class Worker:
             return ""
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         return lines[-1][:300] if lines else ""
+
+    def stop(self) -> None:
+        """Kills the child for good, from any thread: the request under way ends as
+        :class:`WorkerCrashed`, and so does any later one instead of starting another child (the
+        original's side of the check run early, :mod:`passes.verify.early`, is cancelled so)."""
+        self.stopped = True
+        self.kill()
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

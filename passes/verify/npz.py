@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import pathlib
 import zipfile
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from passes.verify.defaults import MAX_GENERATED_BYTES
 from passes.verify.result import shown, shown_names
 
-__all__ = ["Member", "inspect", "load"]
+__all__ = ["Member", "given", "inspect", "load"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,3 +159,23 @@ def load(path: str, names: Sequence[str], raw: Mapping[str, str] | None = None) 
     with np.load(path, allow_pickle=False) as data:
         arrays = {name: data[name] for name in names}
     return {name: a.view(_raw_type(raw[name])) if name in raw else a for name, a in arrays.items()}
+
+
+def given(folder: pathlib.Path, inputs: Mapping[str, Any], inputs_file: str | None,
+          specs: Sequence[Any]) -> tuple[dict[str, Any] | None, str | None]:  # fmt: skip
+    """The check's given inputs (``inputs`` arrays, saved into ``folder``, or ``inputs_file``) as an
+    inspected ``.npz`` against the graph inputs ``specs`` (:class:`passes.verify.feeds.InputSpec`):
+    its path, names, shapes and raw members, or why they are refused; (None, None) for none."""
+    path = os.path.abspath(inputs_file) if inputs_file is not None else None
+    if inputs:
+        path = str(folder / "given.npz")
+        np.savez(path, **{k: np.asarray(v) for k, v in inputs.items()})
+    if path is None:
+        return None, None
+    declared = {s.name: (s.dtype, s.dims if s.dtype is not None else None) for s in specs}
+    try:
+        members = inspect(path, declared)
+    except ValueError as e:
+        return None, str(e)
+    return {"path": path, "names": [m.name for m in members], "shapes": {m.name: m.shape for m in members},
+            "raw": {m.name: m.dtype for m in members if m.raw}}, None

@@ -1,0 +1,194 @@
+"""The original's side of the check runs while the passes run (passes/verify/early.py, issue #37).
+
+What the check finds is the same as when it all runs at the end; the original's runs are
+done before the passes end; a run that fails, is refused or is not checked leaves no child
+and no check folder behind; ``--no-check`` and ``--precision`` start nothing early.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+import threading
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+from passes import pipeline
+from passes.errors import CheckFailedError, InputError, OptimizeError
+from passes.verify import check as check_module, child, early
+from passes.verify.gate import CheckOptions
+from test_check_inputs import cnn_model
+from test_check_isolation import _workers_of
+from test_check_locate import _Perturb
+from test_check_noise import _noisy
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+DEMO = REPO / "models" / "demo.onnx"
+
+
+class _Retype(ir.passes.InPlacePass):
+    """Test-only: a wrong rewrite (the node that computes ``output`` becomes a ``op``)."""
+
+    def __init__(self, output: str, op: str) -> None:
+        super().__init__()
+        self.output, self.op = output, op
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        next(n for n in model.graph if n.outputs[0].name == self.output).op_type = self.op
+        return ir.passes.PassResult(model, modified=True)
+
+
+class _Watch(ir.passes.InPlacePass):
+    """Test-only: calls ``look`` while the passes run (changes nothing)."""
+
+    def __init__(self, look: Any) -> None:
+        super().__init__()
+        self.look = look
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self.look()
+        return ir.passes.PassResult(model, modified=False)
+
+
+def _register(monkeypatch: pytest.MonkeyPatch, name: str, build: Any) -> None:
+    monkeypatch.setitem(pipeline.PASSES, name, pipeline.PassSpec(name, "test only", build))
+
+
+def _without_seconds(value: Any) -> Any:
+    """The report's check without its timings (all that may differ between two runs)."""
+    if isinstance(value, dict):
+        return {k: _without_seconds(v) for k, v in value.items() if k != "seconds"}
+    if isinstance(value, list):
+        return [_without_seconds(v) for v in value]
+    return value
+
+
+def _check_of(src: pathlib.Path, out: pathlib.Path, passes: list[str], **kwargs: Any) -> tuple[Any, Any]:
+    """The run's check as JSON, and its error (None when it passed)."""
+    try:
+        report = pipeline.optimize_file(src, out, passes=passes, **kwargs)
+        error = None
+    except CheckFailedError as e:
+        report, error = e.report, str(e)  # type: ignore[attr-defined]
+    return _without_seconds(report.to_dict()["check"]), error
+
+
+@pytest.fixture
+def private_tmp(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    """The check's folders go here (others' runs share the system's)."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+CASES = {
+    # sets at a larger size (batch, height, width), edge values, 0-sized dims
+    "cnn": (lambda: cnn_model(), None),
+    # a mismatch: located, and the pass named by reruns on the same checker
+    "cnn-perturbed": (lambda: cnn_model(), ["upgrade", "perturb", "fold"]),
+    # a mismatch beside a random output: the rerun of the original loads its dropped session again
+    "noisy": (lambda: _noisy(), ["upgrade", "retype"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_check_finds_the_same_early_and_at_the_end(case: str, tmp_path: pathlib.Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    build, passes = CASES[case]
+    if case == "cnn-perturbed":  # (a registered pass would run in the default pipeline of the others)
+        _register(monkeypatch, "perturb", lambda o: _Perturb("relu1"))
+    elif case == "noisy":
+        _register(monkeypatch, "retype", lambda o: _Retype("y2", "Sigmoid"))
+    src = tmp_path / "m.onnx"
+    onnx.save_model(build(), str(src))
+    started = []
+    real_start = check_module.Checker.start
+    monkeypatch.setattr(check_module.Checker, "start", lambda self: (started.append(1), real_start(self)))
+    found = _check_of(src, tmp_path / "o.onnx", passes)
+    assert started == [1]
+    monkeypatch.setattr(early, "EARLY_BYTES", -1)  # the whole check at the end, as before
+    assert _check_of(src, tmp_path / "o.onnx", passes) == found
+    assert started == [1]
+    if case == "cnn":
+        assert found[1] is None and {s["name"] for s in found[0]["inputs"]["sets"] if s["ran"]} == {
+            "normal", "larger", "edge", "edge-nonfinite", "zero-dims"}
+    elif case == "cnn-perturbed":
+        assert found[0]["first_difference"]["pass_name"] == "perturb" and "perturb" in found[1]
+    else:
+        assert found[1] is not None and found[0]["first_difference"]["output"] == "y2", found
+
+
+def test_the_original_runs_while_the_passes_run(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+                                                private_tmp: pathlib.Path) -> None:  # fmt: skip
+    """A pass that waits sees the original's side done (in another thread) before the passes end; fold's
+    confirmation does not borrow the child meanwhile."""
+    done, seen = threading.Event(), {}
+    real_start = check_module.Checker.start
+
+    def start(self: check_module.Checker) -> None:
+        seen["thread"] = threading.current_thread() is threading.main_thread()
+        real_start(self)
+        done.set()
+
+    def look() -> None:
+        seen["done"] = done.wait(120)
+        seen["borrowed"] = child.current.get()
+
+    monkeypatch.setattr(check_module.Checker, "start", start)
+    _register(monkeypatch, "watch", lambda o: _Watch(look))
+    src = tmp_path / "m.onnx"
+    onnx.save_model(cnn_model(), str(src))
+    report = pipeline.optimize_file(src, tmp_path / "o.onnx", passes=["upgrade", "watch", "fold"])
+    assert seen == {"thread": False, "done": True, "borrowed": None}
+    assert report.check.ok and report.check.checked
+    assert list(private_tmp.iterdir()) == [] and _workers_of(os.getpid()) == []
+
+
+def test_a_pass_that_fails_stops_the_early_check(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+                                                 private_tmp: pathlib.Path) -> None:  # fmt: skip
+    def fail() -> None:
+        assert _workers_of(os.getpid()), "the check's child runs the original meanwhile"
+        raise OptimizeError("the toy pass refuses")
+
+    _register(monkeypatch, "fail", lambda o: _Watch(fail))
+    src = tmp_path / "m.onnx"
+    onnx.save_model(cnn_model(), str(src))
+    with pytest.raises(OptimizeError, match="the toy pass refuses"):
+        pipeline.optimize_file(src, tmp_path / "o.onnx", passes=["upgrade", "fail"])
+    assert list(private_tmp.iterdir()) == [] and _workers_of(os.getpid()) == []
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_refused_inputs_stop_the_early_check(tmp_path: pathlib.Path, private_tmp: pathlib.Path) -> None:
+    src, given = tmp_path / "m.onnx", tmp_path / "in.npz"
+    onnx.save_model(cnn_model(), str(src))
+    np.savez(given, nope=np.zeros((1, 3, 8, 8), np.float32))
+    with pytest.raises(InputError, match="nope"):
+        pipeline.optimize_file(src, tmp_path / "o.onnx", check=CheckOptions(inputs_file=given))
+    assert list(private_tmp.iterdir()) == [] and _workers_of(os.getpid()) == []
+
+
+@pytest.mark.parametrize("how", ["no-check", "precision"])
+def test_nothing_starts_early_without_a_check_or_with_precision(how: str, tmp_path: pathlib.Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    made = []
+    monkeypatch.setattr(early.Early, "__init__", lambda self, *a: made.append(a) or pytest.fail("started early"))
+    seen = {}
+    _register(monkeypatch, "watch", lambda o: _Watch(lambda: seen.setdefault("workers", _workers_of(os.getpid()))))
+    src = tmp_path / "m.onnx"
+    onnx.save_model(cnn_model(), str(src))
+    if how == "no-check":
+        report = pipeline.optimize_file(src, tmp_path / "o.onnx", passes=["upgrade", "watch"],
+                                        check=CheckOptions(enabled=False))  # fmt: skip
+        assert seen["workers"] == [] and report.check is None
+    else:
+        report = pipeline.optimize_file(src, tmp_path / "o.onnx", passes=["upgrade", "watch", "precision"],
+                                        precision="fp16")  # fmt: skip
+        assert report.check is not None and report.check.checked
+    assert made == []
