@@ -59,7 +59,8 @@ class Early:
     thread, on ``worker`` (the run's check child, which fold's confirmation then no longer borrows:
     its requests would interleave with the thread's, and a large one ends the child).
 
-    :meth:`take` hands the checker over once the thread is done; :meth:`close` cancels it.
+    :meth:`take` hands the checker over once the original's side is done; :meth:`close` (after the
+    taken checker's exit) ends the thread, and cancels what was not taken.
     """
 
     def __init__(self, original: Any, check: Any, worker: child.Worker) -> None:
@@ -69,6 +70,7 @@ class Early:
         self._checker: Checker | None = new_checker(original, check, worker, rounding=True)
         self._checker.__enter__()
         self._error: BaseException | None = None
+        self._done, self._end = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._run, args=(self._checker.start,), daemon=True,
                                         name="optimize-check-original")  # fmt: skip
         self._thread.start()
@@ -78,6 +80,11 @@ class Early:
             start()
         except BaseException as e:  # noqa: BLE001  raised again by take(), in the caller's thread
             self._error = e
+        finally:
+            self._done.set()
+        # A child this thread started (the check's restart after a crash in one set) dies with the
+        # thread (PR_SET_PDEATHSIG is the starting thread's): the thread lives until the check is over.
+        self._end.wait()
 
     def take(self, check: Any, rounding: bool) -> Checker | None:
         """The checker, its original's side done, to compare the optimised model with (the caller
@@ -86,7 +93,7 @@ class Early:
         if check is not self.check:
             self.close()
             return None
-        self._thread.join()
+        self._done.wait()
         checker, self._checker = self._checker, None
         if self._error is not None:
             if checker is not None:
@@ -97,10 +104,12 @@ class Early:
         return checker
 
     def close(self) -> None:
-        """Cancels what was not taken: the child killed for good, the thread joined, the folder removed."""
+        """Ends it, once the check is over (the taken checker exited): what was not taken is
+        cancelled (the child killed for good, the folder removed), and the thread ends."""
         checker, self._checker = self._checker, None
-        if checker is None:
-            return
-        self._worker.stop()
+        if checker is not None:
+            self._worker.stop()
+            self._done.wait(_JOIN_SECONDS)
+            checker.__exit__(None, None, None)
+        self._end.set()
         self._thread.join(_JOIN_SECONDS)
-        checker.__exit__(None, None, None)
