@@ -297,7 +297,7 @@ class Checker:
         assert self.worker is not None and self.folder is not None
         label = f"optimized-{len(list(self.folder.glob('optimized-*')))}"
         try:
-            path, _ = _files.materialize(optimized, self.folder, label)
+            path = _files.runnable(optimized, self.folder, label)
         except (OSError, ValueError) as e:
             return CheckResult(False, error=f"the optimised model cannot be read: {_first_line(e)}")
         request = {"op": "compare", "model": str(path), "tolerances": self._tolerances, "rounding": self.rounding,

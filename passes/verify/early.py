@@ -32,6 +32,7 @@ from typing import Any
 
 from passes.verify import child
 from passes.verify.check import Checker
+from passes.verify.result import CheckResult
 
 __all__ = ["EARLY_BYTES", "Early", "new_checker"]
 
@@ -59,8 +60,9 @@ class Early:
     thread, on ``worker`` (the run's check child, which fold's confirmation then no longer borrows:
     its requests would interleave with the thread's, and a large one ends the child).
 
-    :meth:`take` hands the checker over once the original's side is done; :meth:`close` (after the
-    taken checker's exit) ends the thread, and cancels what was not taken.
+    :meth:`compare` gives the thread the optimised model once it is saved (compared while the
+    caller runs the ONNX checker on it); :meth:`result` hands the checker and its result over;
+    :meth:`close` (after the handed checker's exit) ends the thread and cancels what was not handed over.
     """
 
     def __init__(self, original: Any, check: Any, worker: child.Worker) -> None:
@@ -70,46 +72,59 @@ class Early:
         self._checker: Checker | None = new_checker(original, check, worker, rounding=True)
         self._checker.__enter__()
         self._error: BaseException | None = None
-        self._done, self._end = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(self._checker.start,), daemon=True,
+        self._job: tuple[Any, bool] | None = None
+        self._result: CheckResult | None = None
+        self._go, self._compared, self._end = threading.Event(), threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(self._checker,), daemon=True,
                                         name="optimize-check-original")  # fmt: skip
         self._thread.start()
 
-    def _run(self, start: Callable[[], None]) -> None:
+    def _run(self, checker: Checker) -> None:
         try:
-            start()
-        except BaseException as e:  # noqa: BLE001  raised again by take(), in the caller's thread
+            checker.start()
+            self._go.wait()  # compare(), or close()
+            if self._job is not None:
+                checker.rounding = self._job[1]
+                self._result = checker.check(self._job[0])
+        except BaseException as e:  # noqa: BLE001  raised again by result(), in the caller's thread
             self._error = e
         finally:
-            self._done.set()
+            self._compared.set()
         # A child this thread started (the check's restart after a crash in one set) dies with the
         # thread (PR_SET_PDEATHSIG is the starting thread's): the thread lives until the check is over.
         self._end.wait()
 
-    def take(self, check: Any, rounding: bool) -> Checker | None:
-        """The checker, its original's side done, to compare the optimised model with (the caller
-        exits it); None when the check's options are no longer those it started with (the caller
-        checks anew, on a child of its own). An error the thread met is raised here."""
-        if check is not self.check:
+    def compare(self, staged: Any, check: Any, rounding: bool) -> bool:
+        """Starts the comparison of ``staged`` with the original, after its side, on the thread;
+        False (and nothing started: the caller checks anew, on a child of its own) when the check's
+        options are no longer those it started with."""
+        if check is not self.check or self._checker is None:
             self.close()
-            return None
-        self._done.wait()
+            return False
+        self._job = (staged, rounding)
+        self._go.set()
+        return True
+
+    def result(self) -> tuple[Checker, CheckResult]:
+        """The checker (the caller exits it; it holds the original's inputs for the locator and the
+        reruns) and what :meth:`Checker.check` found; an error the thread met is raised here."""
+        self._compared.wait()
         checker, self._checker = self._checker, None
-        if self._error is not None:
-            if checker is not None:
-                checker.__exit__(None, None, None)
-            raise self._error
         assert checker is not None
-        checker.rounding = rounding
-        return checker
+        if self._error is not None or self._result is None:
+            checker.__exit__(None, None, None)
+            raise self._error or RuntimeError("the check's thread gave no result")
+        return checker, self._result
 
     def close(self) -> None:
-        """Ends it, once the check is over (the taken checker exited): what was not taken is
+        """Ends it, once the check is over (the handed checker exited): what was not handed over is
         cancelled (the child killed for good, the folder removed), and the thread ends."""
         checker, self._checker = self._checker, None
         if checker is not None:
             self._worker.stop()
-            self._done.wait(_JOIN_SECONDS)
+            self._go.set()
+            self._compared.wait(_JOIN_SECONDS)
             checker.__exit__(None, None, None)
+        self._go.set()
         self._end.set()
         self._thread.join(_JOIN_SECONDS)

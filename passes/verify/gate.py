@@ -291,20 +291,25 @@ class Gate:
             InputError: the given ``--inputs`` do not fit the model.
         """
         verdict = Verdict()
-        verdict.failure = _checker_verdict(self.original, staged, verdict.notes)
         check = self.check
+        # The early start compares while the ONNX checker runs here (its result dropped if it refuses).
+        ahead = self.early is not None and check.enabled and self.early.compare(staged, check, self.rounding)
+        verdict.failure = _checker_verdict(self.original, staged, verdict.notes)
         if verdict.failure is not None or not check.enabled:
+            if self.early is not None:
+                self.early.close()
             return verdict
         from passes.verify import check as check_module  # the child process only when checking
         from passes.verify.early import new_checker
 
-        taken = self.early.take(check, self.rounding) if self.early is not None else None
-        if taken is not None:
-            self._checker = self._stack.push(taken)  # entered by the early start; exited with the gate
+        if ahead:
+            self._checker, result = self.early.result()
+            self._stack.push(self._checker)  # entered by the early start; exited with the gate
         else:  # (an early start that was dropped stopped its child: a new one)
             worker = self.worker if self.early is None else None
             self._checker = self._stack.enter_context(new_checker(self.original, check, worker, self.rounding))
-        result = verdict.result = self._checker.check(staged)
+            result = self._checker.check(staged)
+        verdict.result = result
         if check.locate and result.checked and not result.ok:
             start = time.perf_counter()
             found = self._checker.locate(staged) if not result.error else check_module.FirstDifference()
