@@ -96,6 +96,8 @@ CASES = {
     "rnn": (lambda: onnx.load(str(REPO / "models" / "real" / "tiny_rnn_opset12.onnx")), None),
     # a mismatch beside a random output: the rerun of the original loads its dropped session again
     "noisy": (lambda: _noisy(), ["upgrade", "retype"]),
+    # the ONNX checker refuses the output: the comparison started beside it is dropped
+    "invalid": (lambda: cnn_model(), ["upgrade", "unknown-op"]),
 }
 
 
@@ -107,6 +109,8 @@ def test_the_check_finds_the_same_early_and_at_the_end(case: str, tmp_path: path
         _register(monkeypatch, "perturb", lambda o: _Perturb("relu1"))
     elif case == "noisy":
         _register(monkeypatch, "retype", lambda o: _Retype("y2", "Sigmoid"))
+    elif case == "invalid":
+        _register(monkeypatch, "unknown-op", lambda o: _Retype("r1", "NoSuchOp"))
     src = tmp_path / "m.onnx"
     onnx.save_model(build(), str(src))
     started = []
@@ -124,8 +128,11 @@ def test_the_check_finds_the_same_early_and_at_the_end(case: str, tmp_path: path
             "normal", "larger", "edge", "edge-nonfinite", "zero-dims"}
     elif case == "cnn-perturbed":
         assert found[0]["first_difference"]["pass_name"] == "perturb" and "perturb" in found[1]
-    else:
+    elif case == "noisy":
         assert found[1] is not None and found[0]["first_difference"]["output"] == "y2", found
+    else:
+        assert "the optimised model is invalid" in found[1] and "NoSuchOp" in found[1], found
+        assert found[0]["checked"] is False and _workers_of(os.getpid()) == []
 
 
 def test_the_original_runs_while_the_passes_run(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
