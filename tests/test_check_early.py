@@ -2,7 +2,7 @@
 
 What the check finds is the same as when it all runs at the end; the original's runs are
 done before the passes end; a run that fails, is refused or is not checked leaves no child
-and no check folder behind; ``--no-check`` and ``--precision`` start nothing early.
+and no check folder behind; ``--no-check``, ``--precision`` and one core start nothing early.
 """
 
 from __future__ import annotations
@@ -185,8 +185,8 @@ def test_refused_inputs_stop_the_early_check(tmp_path: pathlib.Path, private_tmp
     assert list(private_tmp.iterdir()) == [] and _workers_of(os.getpid()) == []
 
 
-@pytest.mark.parametrize("how", ["no-check", "precision"])
-def test_nothing_starts_early_without_a_check_or_with_precision(how: str, tmp_path: pathlib.Path,
+@pytest.mark.parametrize("how", ["no-check", "precision", "one-core"])
+def test_nothing_starts_early_without_a_check_or_with_precision_or_one_core(how: str, tmp_path: pathlib.Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     made = []
     monkeypatch.setattr(early.Early, "__init__", lambda self, *a: made.append(a) or pytest.fail("started early"))
@@ -198,8 +198,13 @@ def test_nothing_starts_early_without_a_check_or_with_precision(how: str, tmp_pa
         report = pipeline.optimize_file(src, tmp_path / "o.onnx", passes=["upgrade", "watch"],
                                         check=CheckOptions(enabled=False))  # fmt: skip
         assert seen["workers"] == [] and report.check is None
-    else:
+    elif how == "precision":
         report = pipeline.optimize_file(src, tmp_path / "o.onnx", passes=["upgrade", "watch", "precision"],
                                         precision="fp16")  # fmt: skip
         assert report.check is not None and report.check.checked
+    else:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+        monkeypatch.setattr(os, "cpu_count", lambda: 1)
+        report = pipeline.optimize_file(src, tmp_path / "o.onnx", passes=["upgrade", "watch"])
+        assert report.check.ok and report.check.checked
     assert made == []

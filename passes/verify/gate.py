@@ -356,9 +356,11 @@ class Gate:
 def start_early(original: pathlib.Path, check: CheckOptions, worker: Any, nbytes: int) -> Any:
     """The original's side of the check started now on ``worker``, while the passes run
     (:class:`passes.verify.early.Early`; give it to :class:`Gate`, close it whatever happens);
-    None when there is no check, no child, or the original's files (``nbytes``) are over
-    :data:`passes.verify.early.EARLY_BYTES`."""
-    if not check.enabled or worker is None:
+    None when there is no check, no child, one core only (the original's runs would be timed
+    against the passes', and the larger sets' budget reads those times), or the original's files
+    (``nbytes``) are over :data:`passes.verify.early.EARLY_BYTES`."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if not check.enabled or worker is None or cores < 2:
         return None
     from passes.verify import early
 
