@@ -137,27 +137,33 @@ def test_the_check_finds_the_same_early_and_at_the_end(case: str, tmp_path: path
 
 def test_the_original_runs_while_the_passes_run(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
                                                 private_tmp: pathlib.Path) -> None:  # fmt: skip
-    """A pass that waits sees the original's side done (in another thread) before the passes end; fold's
-    confirmation does not borrow the child meanwhile."""
+    """A pass that waits sees the original's side done (in another thread) before the passes end; the
+    child is busy meanwhile (fold's confirmation uses its own), then fold may borrow it: when a borrower
+    ends it (fold's large requests do), the comparison restores the original's inputs and outputs."""
     done, seen = threading.Event(), {}
     real_start = check_module.Checker.start
 
     def start(self: check_module.Checker) -> None:
-        seen["thread"] = threading.current_thread() is threading.main_thread()
+        seen["main thread"] = threading.current_thread() is threading.main_thread()
+        seen["busy"] = self.worker.busy
         real_start(self)
         done.set()
 
     def look() -> None:
         seen["done"] = done.wait(120)
-        seen["borrowed"] = child.current.get()
+        borrowed = child.current.get()
+        seen["idle"] = borrowed is not None and borrowed.alive and not borrowed.busy
+        borrowed.close()  # as fold's confirmation does after a large request
 
     monkeypatch.setattr(check_module.Checker, "start", start)
     _register(monkeypatch, "watch", lambda o: _Watch(look))
     src = tmp_path / "m.onnx"
     onnx.save_model(cnn_model(), str(src))
     report = pipeline.optimize_file(src, tmp_path / "o.onnx", passes=["upgrade", "watch", "fold"])
-    assert seen == {"thread": False, "done": True, "borrowed": None}
+    assert seen == {"main thread": False, "busy": True, "done": True, "idle": True}
     assert report.check.ok and report.check.checked
+    assert {s["name"] for s in report.check.inputs.sets if s["ran"]} == {
+        "normal", "larger", "edge", "edge-nonfinite", "zero-dims"}
     assert list(private_tmp.iterdir()) == [] and _workers_of(os.getpid()) == []
 
 

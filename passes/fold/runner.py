@@ -53,7 +53,8 @@ def close_idle() -> None:
 
 
 class Runner:
-    """Where the sessions run: the check's child while it is alive, else a child of its own.
+    """Where the sessions run: the check's child while it is alive and idle (not running the
+    original's side of the check: ``Worker.busy``), else a child of its own.
 
     Its own child is taken from the idle one a previous run of this process left (or started)
     on first use (:meth:`prestart`); :meth:`close` hands it back as the idle one, so that one
@@ -72,7 +73,7 @@ class Runner:
         from passes.verify.child import current
 
         borrowed = current.get()
-        if borrowed is not None and borrowed.alive:
+        if borrowed is not None and borrowed.alive and not borrowed.busy:
             return borrowed
         if self._own is None:
             from passes.verify.child import Worker, default_memory_limit

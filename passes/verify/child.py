@@ -33,8 +33,8 @@ _PACKAGE_ROOT = str(pathlib.Path(passes.__file__).resolve().parent.parent)
 
 
 #: The child a route started for its check (``gate.start_worker``), in this thread's context: fold's
-#: confirmation (``passes.fold.confirm``) borrows it between the check's requests while it is alive,
-#: instead of starting a second onnxruntime process.
+#: confirmation (``passes.fold.confirm``) borrows it between the check's requests while it is alive
+#: and not :attr:`Worker.busy`, instead of starting a second onnxruntime process.
 current: contextvars.ContextVar[Worker | None] = contextvars.ContextVar("passes_verify_worker", default=None)
 
 
@@ -91,6 +91,9 @@ class Worker:
         self._stderr: Any = None
         #: Set by :meth:`stop`: no request starts the child again.
         self.stopped = False
+        #: Another thread is using it (the original's side of the check, :mod:`passes.verify.early`):
+        #: fold's confirmation, which borrows the child in between (:data:`current`), uses its own.
+        self.busy = False
 
     @property
     def alive(self) -> bool:
