@@ -138,21 +138,21 @@ def test_the_check_finds_the_same_early_and_at_the_end(case: str, tmp_path: path
 def test_the_original_runs_while_the_passes_run(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
                                                 private_tmp: pathlib.Path) -> None:  # fmt: skip
     """A pass that waits sees the original's side done (in another thread) before the passes end; the
-    child is busy meanwhile (fold's confirmation uses its own), then fold may borrow it: when a borrower
+    child is not idle meanwhile (fold's confirmation waits for it), then fold borrows it: when a borrower
     ends it (fold's large requests do), the comparison restores the original's inputs and outputs."""
     done, seen = threading.Event(), {}
     real_start = check_module.Checker.start
 
     def start(self: check_module.Checker) -> None:
         seen["main thread"] = threading.current_thread() is threading.main_thread()
-        seen["busy"] = self.worker.busy
+        seen["busy"] = not self.worker.idle.is_set()
         real_start(self)
         done.set()
 
     def look() -> None:
         seen["done"] = done.wait(120)
         borrowed = child.current.get()
-        seen["idle"] = borrowed is not None and borrowed.alive and not borrowed.busy
+        seen["idle"] = borrowed is not None and borrowed.alive and borrowed.idle.is_set()
         borrowed.close()  # as fold's confirmation does after a large request
 
     monkeypatch.setattr(check_module.Checker, "start", start)

@@ -53,8 +53,9 @@ def close_idle() -> None:
 
 
 class Runner:
-    """Where the sessions run: the check's child while it is alive and idle (not running the
-    original's side of the check: ``Worker.busy``), else a child of its own.
+    """Where the sessions run: the check's child while it is alive (once it has run the original's
+    side of the check, ``Worker.idle``: the original's runs are short next to a second child's
+    start-up on the small models fold confirms most), else a child of its own.
 
     Its own child is taken from the idle one a previous run of this process left (or started)
     on first use (:meth:`prestart`); :meth:`close` hands it back as the idle one, so that one
@@ -70,10 +71,11 @@ class Runner:
         self._reused = False
 
     def worker(self) -> Any:
+        """The child to ask: the check's, once idle (waited for at most :data:`TIMEOUT`), else its own."""
         from passes.verify.child import current
 
         borrowed = current.get()
-        if borrowed is not None and borrowed.alive and not borrowed.busy:
+        if borrowed is not None and borrowed.alive and borrowed.idle.wait(TIMEOUT):
             return borrowed
         if self._own is None:
             from passes.verify.child import Worker, default_memory_limit
@@ -86,7 +88,12 @@ class Runner:
 
     def prestart(self) -> None:
         """Starts the child now, so that its imports overlap with the rest of the sweep."""
+        from passes.verify.child import current
+
         with self._lock:
+            borrowed = current.get()
+            if borrowed is not None and borrowed.alive:
+                return  # the check's child is started (and maybe busy: worker() waits for it)
             try:
                 self.worker().start()
             except OSError as e:

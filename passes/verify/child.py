@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -34,7 +35,7 @@ _PACKAGE_ROOT = str(pathlib.Path(passes.__file__).resolve().parent.parent)
 
 #: The child a route started for its check (``gate.start_worker``), in this thread's context: fold's
 #: confirmation (``passes.fold.confirm``) borrows it between the check's requests while it is alive
-#: and not :attr:`Worker.busy`, instead of starting a second onnxruntime process.
+#: (once :attr:`Worker.idle`), instead of starting a second onnxruntime process.
 current: contextvars.ContextVar[Worker | None] = contextvars.ContextVar("passes_verify_worker", default=None)
 
 
@@ -91,9 +92,11 @@ class Worker:
         self._stderr: Any = None
         #: Set by :meth:`stop`: no request starts the child again.
         self.stopped = False
-        #: Another thread is using it (the original's side of the check, :mod:`passes.verify.early`):
-        #: fold's confirmation, which borrows the child in between (:data:`current`), uses its own.
-        self.busy = False
+        #: Cleared while another thread uses it (the original's side of the check,
+        #: :mod:`passes.verify.early`): fold's confirmation, which borrows the child (:data:`current`),
+        #: waits for it rather than interleave its requests or start a second onnxruntime process.
+        self.idle = threading.Event()
+        self.idle.set()
 
     @property
     def alive(self) -> bool:

@@ -57,10 +57,10 @@ def new_checker(original: Any, check: Any, worker: child.Worker | None, rounding
 
 class Early:
     """The original's side of the check of ``original`` (a path) with ``check``, started now in a
-    thread, on ``worker`` (the run's check child: ``busy`` meanwhile, so that fold's confirmation
-    uses a child of its own rather than interleave its requests with the thread's; once the side
-    is done fold may borrow it again: the child then waits, and if fold's request ends it (a crash,
-    a large request), the comparison restores the original's inputs and outputs first).
+    thread, on ``worker`` (the run's check child: not ``idle`` meanwhile, so that fold's confirmation
+    waits for it rather than interleave its requests with the thread's; once the side is done fold
+    borrows it: the child then waits, and if fold's request ends it (a crash, a large request), the
+    comparison restores the original's inputs and outputs first).
 
     :meth:`compare` gives the thread the optimised model once it is saved (compared while the
     caller runs the ONNX checker on it); :meth:`result` hands the checker and its result over;
@@ -70,7 +70,7 @@ class Early:
     def __init__(self, original: Any, check: Any, worker: child.Worker) -> None:
         self.check = check
         self._worker = worker
-        worker.busy = True
+        worker.idle.clear()
         self._checker: Checker | None = new_checker(original, check, worker, rounding=True)
         self._checker.__enter__()
         self._error: BaseException | None = None
@@ -83,8 +83,10 @@ class Early:
 
     def _run(self, checker: Checker) -> None:
         try:
-            checker.start()
-            self._worker.busy = False  # (fold may borrow it until compare())
+            try:
+                checker.start()
+            finally:
+                self._worker.idle.set()  # (fold may borrow it until compare())
             self._go.wait()  # compare(), or close()
             if self._job is not None:
                 checker.rounding = self._job[1]
@@ -105,7 +107,7 @@ class Early:
             self.close()
             return False
         self._job = (staged, rounding)
-        self._worker.busy = True
+        self._worker.idle.clear()
         self._go.set()
         return True
 
