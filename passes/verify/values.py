@@ -41,7 +41,7 @@ def first_difference(checker: Any, optimized: Any) -> FirstDifference:
     assert checker.worker is not None and checker.folder is not None and checker.original_proto is not None
     assert checker.original_path is not None
     label = f"located-{len(list(checker.folder.glob('located-*')))}"
-    opt_path = _files.runnable(optimized, checker.folder, label)
+    opt_path, _ = _files.materialize(optimized, checker.folder, label)
     # copies that run need every attribute
     original, opt_proto = _files.whole(checker.original_path), _files.whole(opt_path)
     if checker.precision is not None:  # half values compared as float32 under their own names
