@@ -7,8 +7,11 @@ and no check folder behind; ``--no-check``, ``--precision`` and one core start n
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import subprocess
+import sys
 import tempfile
 import threading
 from typing import Any
@@ -138,22 +141,23 @@ def test_the_check_finds_the_same_early_and_at_the_end(case: str, tmp_path: path
 def test_the_original_runs_while_the_passes_run(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
                                                 private_tmp: pathlib.Path) -> None:  # fmt: skip
     """A pass that waits sees the original's side done (in another thread) before the passes end; the
-    child is not idle meanwhile (fold's confirmation waits for it), then fold borrows it: when a borrower
+    child is held meanwhile (fold's confirmation uses its own), then fold borrows it: when a borrower
     ends it (fold's large requests do), the comparison restores the original's inputs and outputs."""
     done, seen = threading.Event(), {}
     real_start = check_module.Checker.start
 
     def start(self: check_module.Checker) -> None:
         seen["main thread"] = threading.current_thread() is threading.main_thread()
-        seen["busy"] = not self.worker.idle.is_set()
+        seen["busy"] = not self.worker.take()
         real_start(self)
         done.set()
 
     def look() -> None:
         seen["done"] = done.wait(120)
         borrowed = child.current.get()
-        seen["idle"] = borrowed is not None and borrowed.alive and borrowed.idle.is_set()
+        seen["idle"] = borrowed is not None and borrowed.alive and borrowed.take()
         borrowed.close()  # as fold's confirmation does after a large request
+        borrowed.give_back()
 
     monkeypatch.setattr(check_module.Checker, "start", start)
     _register(monkeypatch, "watch", lambda o: _Watch(look))
@@ -214,3 +218,49 @@ def test_nothing_starts_early_without_a_check_or_with_precision_or_one_core(how:
         report = pipeline.optimize_file(src, tmp_path / "o.onnx", passes=["upgrade", "watch"])
         assert report.check.ok and report.check.checked
     assert made == []
+
+
+
+_RUN_RECORDING_FOLD = """
+import json, sys, threading
+from passes import cli
+from passes.fold import runner
+from passes.verify import child
+
+runner.TIMEOUT = 3600.0  # a wait for the check's child would be a hang, not 120 s
+asked, request = [], runner.Runner.request
+
+def recording(self, *args, **kwargs):
+    borrowed = child.current.get()
+    answer = request(self, *args, **kwargs)
+    asked.append([threading.current_thread().name, self._own is None and borrowed is not None])
+    return answer
+
+runner.Runner.request = recording
+code = cli.main(sys.argv[2:])
+with open(sys.argv[1], "w") as f:
+    json.dump(asked, f)
+sys.exit(code)
+"""
+
+
+def test_fold_never_waits_for_the_checks_child(tmp_path: pathlib.Path) -> None:
+    """The reruns after a mismatch (a fused Conv compared at ``--rtol 0 --atol 0``) run fold, which confirms
+    its folds in onnxruntime: the check's child, done with the comparison, is free and fold borrows it
+    between the gate's requests (while the original's side holds it, fold uses a child of its own). Fold
+    never waits for a child it cannot take: it waited its 120 s TIMEOUT a request for the child the gate
+    held. The run (a few seconds) is a process given 60 s, with fold's TIMEOUT raised: a wait is a hang."""
+    src = REPO / "models" / "real" / "small_cnn_opset11_nofold.onnx"
+    asked, report = tmp_path / "asked.json", tmp_path / "r.json"
+    command = [sys.executable, "-c", _RUN_RECORDING_FOLD, str(asked), str(src), "-o", str(tmp_path / "o.onnx"),
+               "--passes", "upgrade,fold,simplify", "--rtol", "0", "--atol", "0", "--report", str(report), "-q"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("the run stalled: fold waited for the check's child")
+    assert done.returncode == 1, done.stderr
+    found = json.loads(report.read_text())["check"]["first_difference"]
+    assert found["pass_name"] == "simplify" and found["pipelines"][0]["ok"] is True, found
+    borrowed = [b for _, b in json.loads(asked.read_text())]
+    assert len(borrowed) >= 2 and borrowed[-1], borrowed  # fold in the passes, then in the rerun: borrowed

@@ -35,7 +35,7 @@ _PACKAGE_ROOT = str(pathlib.Path(passes.__file__).resolve().parent.parent)
 
 #: The child a route started for its check (``gate.start_worker``), in this thread's context: fold's
 #: confirmation (``passes.fold.confirm``) borrows it between the check's requests while it is alive
-#: (once :attr:`Worker.idle`), instead of starting a second onnxruntime process.
+#: and no other thread holds it (:meth:`Worker.take`), instead of starting a second onnxruntime process.
 current: contextvars.ContextVar[Worker | None] = contextvars.ContextVar("passes_verify_worker", default=None)
 
 
@@ -92,11 +92,7 @@ class Worker:
         self._stderr: Any = None
         #: Set by :meth:`stop`: no request starts the child again.
         self.stopped = False
-        #: Cleared while another thread uses it (the original's side of the check,
-        #: :mod:`passes.verify.early`): fold's confirmation, which borrows the child (:data:`current`),
-        #: waits for it rather than interleave its requests or start a second onnxruntime process.
-        self.idle = threading.Event()
-        self.idle.set()
+        self._holder = threading.Lock()  # held by whoever :meth:`take` gave the child to
 
     @property
     def alive(self) -> bool:
@@ -195,6 +191,17 @@ class Worker:
             return ""
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         return lines[-1][:300] if lines else ""
+
+    def take(self) -> bool:
+        """Takes the child for the caller alone if no one holds it, without waiting: True when taken
+        (give it back with :meth:`give_back`). A thread that drives it beside others (the original's
+        side of the check, :mod:`passes.verify.early`) holds it meanwhile; a borrower that finds it
+        held (fold's confirmation) uses a child of its own instead of waiting or interleaving requests."""
+        return self._holder.acquire(blocking=False)
+
+    def give_back(self) -> None:
+        """Gives back the child :meth:`take` gave (from any thread)."""
+        self._holder.release()
 
     def stop(self) -> None:
         """Kills the child for good, from any thread: the request under way ends as

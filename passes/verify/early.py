@@ -57,10 +57,13 @@ def new_checker(original: Any, check: Any, worker: child.Worker | None, rounding
 
 class Early:
     """The original's side of the check of ``original`` (a path) with ``check``, started now in a
-    thread, on ``worker`` (the run's check child: not ``idle`` meanwhile, so that fold's confirmation
-    waits for it rather than interleave its requests with the thread's; once the side is done fold
-    borrows it: the child then waits, and if fold's request ends it (a crash, a large request), the
-    comparison restores the original's inputs and outputs first).
+    thread, on ``worker`` (the run's check child, taken by the caller: :meth:`child.Worker.take`).
+    The thread holds the child while it works, so that fold's confirmation, which finds it held,
+    uses a child of its own rather than interleave its requests with the thread's; it gives the
+    child back once the original's side is done (fold may borrow it until :meth:`compare`; if
+    fold's request ends it, a crash or a large request, the comparison restores the original's
+    inputs and outputs first) and again once the comparison is done (the gate's reruns after a
+    mismatch let fold borrow it between their requests, as at the end).
 
     :meth:`compare` gives the thread the optimised model once it is saved (compared while the
     caller runs the ONNX checker on it); :meth:`result` hands the checker and its result over;
@@ -70,7 +73,8 @@ class Early:
     def __init__(self, original: Any, check: Any, worker: child.Worker) -> None:
         self.check = check
         self._worker = worker
-        worker.idle.clear()
+        self._held = True  # the child taken for the thread (guarded by _lock)
+        self._lock = threading.Lock()
         self._checker: Checker | None = new_checker(original, check, worker, rounding=True)
         self._checker.__enter__()
         self._error: BaseException | None = None
@@ -81,12 +85,19 @@ class Early:
                                         name="optimize-check-original")  # fmt: skip
         self._thread.start()
 
+    def _give_back(self, unless_asked: bool) -> None:
+        """Gives the child back if the thread holds it (``unless_asked``: and no comparison was asked)."""
+        with self._lock:
+            if self._held and not (unless_asked and self._job is not None):
+                self._held = False
+                self._worker.give_back()
+
     def _run(self, checker: Checker) -> None:
         try:
             try:
                 checker.start()
             finally:
-                self._worker.idle.set()  # (fold may borrow it until compare())
+                self._give_back(unless_asked=True)  # (fold may borrow it until compare())
             self._go.wait()  # compare(), or close()
             if self._job is not None:
                 checker.rounding = self._job[1]
@@ -94,6 +105,7 @@ class Early:
         except BaseException as e:  # noqa: BLE001  raised again by result(), in the caller's thread
             self._error = e
         finally:
+            self._give_back(unless_asked=False)
             self._compared.set()
         # A child this thread started (the check's restart after a crash in one set) dies with the
         # thread (PR_SET_PDEATHSIG is the starting thread's): the thread lives until the check is over.
@@ -102,12 +114,14 @@ class Early:
     def compare(self, staged: Any, check: Any, rounding: bool) -> bool:
         """Starts the comparison of ``staged`` with the original, after its side, on the thread;
         False (and nothing started: the caller checks anew, on a child of its own) when the check's
-        options are no longer those it started with."""
-        if check is not self.check or self._checker is None:
+        options are no longer those it started with, or the child is held by someone else."""
+        with self._lock:
+            if self._checker is not None and check is self.check and (self._held or self._worker.take()):
+                self._held = True
+                self._job = (staged, rounding)
+        if self._job is None:
             self.close()
             return False
-        self._job = (staged, rounding)
-        self._worker.idle.clear()
         self._go.set()
         return True
 

@@ -364,7 +364,13 @@ def start_early(original: pathlib.Path, check: CheckOptions, worker: Any, nbytes
         return None
     from passes.verify import early
 
-    return early.Early(original, check, worker) if nbytes <= early.EARLY_BYTES else None
+    if nbytes > early.EARLY_BYTES or not worker.take():  # (the thread holds it while it works)
+        return None
+    try:
+        return early.Early(original, check, worker)
+    except BaseException:
+        worker.give_back()
+        raise
 
 
 def start_worker(check: CheckOptions) -> Any:
