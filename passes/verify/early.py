@@ -27,7 +27,6 @@ none starts another child), the thread is joined and the check's folder removed.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from passes.verify import child
