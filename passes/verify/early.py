@@ -14,9 +14,13 @@ The verdicts are the same as a check run at the end: the same checker, the
 same requests, the same time limit (the original's side counts in it). The
 pipeline starts it only where nothing the passes do changes what it prepares
 (not with the precision pass, whose result sets the check's tolerance and
-sets: :meth:`Early.take` drops it anyway if the options changed) and only for
+sets: :meth:`Early.compare` drops it anyway if the options changed) and only for
 a model of at most :data:`EARLY_BYTES` (the child holds the original's session
 while the parent holds the model: the peak grows by at most that much).
+
+The thread holds the child (:meth:`passes.verify.child.Worker.take`) only while it
+works, the original's side and then the comparison; fold's confirmation borrows
+it only when no one holds it, else uses a child of its own: nobody waits for it.
 
 :meth:`Early.close` cancels it whatever the reason (the passes failed, the run
 was refused or interrupted, the check never ran): the child is killed for good
