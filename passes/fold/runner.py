@@ -84,7 +84,8 @@ class Runner:
         borrowed.give_back()
         return None
 
-    def _own_worker(self) -> Any:
+    def own_worker(self) -> Any:
+        """Its own child (the idle one a previous run left, or a new one), not started yet if new."""
         if self._own is None:
             from passes.verify.child import Worker, default_memory_limit
 
@@ -103,7 +104,7 @@ class Runner:
                 borrowed.give_back()
                 return
             try:
-                self._own_worker().start()
+                self.own_worker().start()
             except OSError as e:
                 logger.debug("cannot start onnxruntime's process yet: %s", e)
 
@@ -117,7 +118,7 @@ class Runner:
 
         with self._lock:
             borrowed = self._borrow()
-            worker = borrowed if borrowed is not None else self._own_worker()
+            worker = borrowed if borrowed is not None else self.own_worker()
             try:
                 try:
                     return worker.request(request, time.monotonic() + TIMEOUT)

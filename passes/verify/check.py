@@ -149,9 +149,8 @@ class Checker:
         self.folder: pathlib.Path | None = None
         self.worker: Worker | None = worker
         self._prepare: dict[str, Any] | None = None
-        self._original: CheckResult | tuple[Any, ...] | None = None  # the original's side, once run
-        #: Seconds the original's side took when :meth:`start` ran it (the check's time limit counts them).
-        self.original_seconds = 0.0
+        self._original: CheckResult | tuple[Any, ...] | None = None  # what start() found, for check()
+        self.original_seconds = 0.0  #: what :meth:`start` took (the check's time limit counts it)
         self._prepared = False
         self._tolerances: dict[str, tuple[float, float]] = {}
         self._sets: sets.SetRunner | None = None  # the sets after the chosen one that the original runs
@@ -198,12 +197,13 @@ class Checker:
         """Runs the original (choosing its inputs) unless :meth:`start` did, then ``optimized``; compares."""
         assert self.folder is not None and self.worker is not None, "use Checker as a context manager"
         start = time.perf_counter()
-        if self._original is None:
+        original, self._original = self._original, None  # (a later check() chooses its inputs again)
+        if original is None:
             deadline = self._deadline()
-            self._original = self._original_side(deadline)
+            original = self._original_side(deadline)
         else:  # the time limit is the whole check's: what the original's side took is spent
             deadline = time.monotonic() + max(0.0, self.timeout - self.original_seconds)
-        result = self._original if isinstance(self._original, CheckResult) else self._check(optimized, deadline)
+        result = original if isinstance(original, CheckResult) else self._check(optimized, deadline, original)
         result.seconds["check"] = round(time.perf_counter() - start, 3)
         return result
 
@@ -273,8 +273,8 @@ class Checker:
             return verdict.not_run(e, specs, self.timeout)
         return specs, given_names, chosen, prepared
 
-    def _check(self, optimized: Any, deadline: float) -> CheckResult:
-        specs, given_names, chosen, prepared = self._original  # type: ignore[misc]
+    def _check(self, optimized: Any, deadline: float, original: tuple[Any, ...]) -> CheckResult:
+        specs, given_names, chosen, prepared = original
         self._last_sets = [dict(r) for r in self._records]
         result = self._compare(optimized, deadline)
         result.inputs = InputsUsed(
