@@ -27,6 +27,7 @@ opset below the model's (the upgrade pass refuses it).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -176,11 +177,13 @@ def optimize_file(
     check = check or CheckOptions()
     _check.refuse_two_tolerances(run, check)
     worker = _gate.start_worker(check)  # its imports overlap with the passes
+    early = contextlib.ExitStack()  # the original's side of the check, if started, stopped at the end
     try:
         return _optimize_file(pathlib.Path(source), pathlib.Path(output), run, check, force, report_path,
-                              progress, warn, on_commit, replace_data, worker, given)  # fmt: skip
+                              progress, warn, on_commit, replace_data, (worker, early), given)  # fmt: skip
     finally:
         heap.thaw()
+        early.close()
         if worker is not None:
             worker.close()
 
@@ -188,8 +191,10 @@ def optimize_file(
 def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: CheckOptions, force: bool,
                    report_path: str | os.PathLike[str] | None, progress: Callable[[str], None] | None,
                    warn: Callable[[str], None], on_commit: Callable[[bool], None] | None,
-                   replace_data: bool, worker: Any, input_shapes: Mapping[str, Sequence[int]]) -> Report:  # fmt: skip
+                   replace_data: bool, child: tuple[Any, contextlib.ExitStack],
+                   input_shapes: Mapping[str, Sequence[int]]) -> Report:  # fmt: skip
     phases = Phases(progress)
+    worker, early = child[0], None
     with phases.phase("load", f"loading {src}"), heap.loading():  # the loaded model out of the collector's scans
         model = modelio.load_model(src)
     reads = [check.inputs_file] if check.inputs_file is not None else []
@@ -206,6 +211,10 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
     try:
         run = _name_sole_input(run, model, input_shapes)
         check = _check.check_at_static_sizes(run, model, check)
+        if "precision" not in run.passes:  # (its result sets the check's tolerance and sets)
+            early = _gate.start_early(src, check, worker, report.before.file_bytes)
+            if early is not None:
+                child[1].callback(early.close)
         with phases.phase("passes", None):
             token = _gate.current_check.set(check)  # a pass that checks its candidates uses the same inputs
             try:
@@ -225,7 +234,8 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
             heap.thaw()  # the model's nodes and values refer to each other: the collector frees them
             check = _check.with_precision(check, report.passes)
             with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):
-                with _gate.Gate(src, check, warn, worker, rounding=_check.rounding_may_change(report.passes)) as gate:
+                with _gate.Gate(src, check, warn, worker, rounding=_check.rounding_may_change(report.passes),
+                                early=early) as gate:
                     verdict = gate.verify(staged_path)
                     _check.blame(gate, verdict, run, lambda: modelio.load_model(src))
                     gate.reproduce(staged_path, verdict, *repro_files)

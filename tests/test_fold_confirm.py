@@ -399,7 +399,7 @@ def test_a_crash_of_onnxruntime_leaves_the_values_unconfirmed(monkeypatch: pytes
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(confirm.Runner, "worker", lambda self: Crashing())
+    monkeypatch.setattr(confirm.Runner, "own_worker", lambda self: Crashing())
     proto = where_model()
     out, fold_pass, _ = fold(proto)
     assert "Neg" in ops(out.graph)

@@ -53,7 +53,10 @@ def close_idle() -> None:
 
 
 class Runner:
-    """Where the sessions run: the check's child while it is alive, else a child of its own.
+    """Where the sessions run: the check's child while it is alive and free (no other thread holds
+    it: :meth:`passes.verify.child.Worker.take`; while the original's side of the check runs on it
+    beside the passes, :mod:`passes.verify.early`, it is not), else a child of its own. It never
+    waits for the check's child: a child it cannot take now is one it does without.
 
     Its own child is taken from the idle one a previous run of this process left (or started)
     on first use (:meth:`prestart`); :meth:`close` hands it back as the idle one, so that one
@@ -68,12 +71,21 @@ class Runner:
         #: waited, the first request starts a fresh one instead of failing.
         self._reused = False
 
-    def worker(self) -> Any:
+    @staticmethod
+    def _borrow() -> Any:
+        """The check's child, taken (the caller gives it back), if it is alive and free now; else None."""
         from passes.verify.child import current
 
         borrowed = current.get()
-        if borrowed is not None and borrowed.alive:
+        if borrowed is None or not borrowed.alive or not borrowed.take():
+            return None
+        if borrowed.alive:
             return borrowed
+        borrowed.give_back()
+        return None
+
+    def own_worker(self) -> Any:
+        """Its own child (the idle one a previous run left, or a new one), not started yet if new."""
         if self._own is None:
             from passes.verify.child import Worker, default_memory_limit
 
@@ -84,10 +96,15 @@ class Runner:
         return self._own
 
     def prestart(self) -> None:
-        """Starts the child now, so that its imports overlap with the rest of the sweep."""
+        """Starts the child now, so that its imports overlap with the rest of the sweep: its own,
+        unless the check's is alive and free (then that one is used)."""
         with self._lock:
+            borrowed = self._borrow()
+            if borrowed is not None:
+                borrowed.give_back()
+                return
             try:
-                self.worker().start()
+                self.own_worker().start()
             except OSError as e:
                 logger.debug("cannot start onnxruntime's process yet: %s", e)
 
@@ -100,7 +117,8 @@ class Runner:
         from passes.verify.child import WorkerCrashed
 
         with self._lock:
-            worker = self.worker()
+            borrowed = self._borrow()
+            worker = borrowed if borrowed is not None else self.own_worker()
             try:
                 try:
                     return worker.request(request, time.monotonic() + TIMEOUT)
@@ -110,9 +128,12 @@ class Runner:
                     worker.close()  # it died while idle: once more with a fresh child
                     return worker.request(request, time.monotonic() + TIMEOUT)
             finally:
-                self._reused = False
+                if worker is self._own:
+                    self._reused = False
                 if release:
                     worker.close()
+                if borrowed is not None:
+                    borrowed.give_back()
 
     def close(self) -> None:
         with self._lock:

@@ -149,9 +149,8 @@ class Checker:
         self.folder: pathlib.Path | None = None
         self.worker: Worker | None = worker
         self._prepare: dict[str, Any] | None = None
-        self._original: CheckResult | tuple[Any, ...] | None = None  # the original's side, once run
-        #: Seconds the original's side took when :meth:`start` ran it (the check's time limit counts them).
-        self.original_seconds = 0.0
+        self._original: CheckResult | tuple[Any, ...] | None = None  # what start() found, for check()
+        self.original_seconds = 0.0  #: what :meth:`start` took (the check's time limit counts it)
         self._prepared = False
         self._tolerances: dict[str, tuple[float, float]] = {}
         self._sets: sets.SetRunner | None = None  # the sets after the chosen one that the original runs
@@ -210,10 +209,14 @@ class Checker:
 
     def start(self) -> None:
         """The original's side of :meth:`check` now, before the optimised model exists (its inputs,
-        its runs on every set: ``--precision``'s search measures the original's values first)."""
+        its runs on every set: :mod:`passes.verify.early` runs it while the passes run); its
+        session is then dropped, its outputs kept."""
         assert self.folder is not None and self.worker is not None, "use Checker as a context manager"
         start = time.perf_counter()
         self._original = self._original_side(self._deadline())
+        if not isinstance(self._original, CheckResult):
+            with contextlib.suppress(WorkerError):  # (a dead child is restored by the compare)
+                self.worker.request({"op": "release"}, self._deadline())
         self.original_seconds = time.perf_counter() - start
 
     def _original_side(self, deadline: float) -> CheckResult | tuple[Any, ...]:
@@ -253,7 +256,8 @@ class Checker:
         if not prepared.get("ok"):
             failed = verdict.original_failed(prepared, specs, every_input_given, self.memory_limit)
             static = self.free_dims is not None and prepared.get("stage") == "run" and not given
-            if static and self._runs_free(deadline):
+            free = plan.input_specs(self.original_proto)  # (specs has the static shapes pinned)
+            if static and verdict.runs_free(self.worker, self._prepare, free, self.free_dims or {}, deadline):
                 failed.shapes_refused = verdict.first_error(prepared)
             return failed
         self._prepared, self._noise = True, {}
@@ -289,21 +293,11 @@ class Checker:
         self._tolerances, self._sources = _lowest.output_tolerances(
             self.original_proto.graph, self.rtol, self.atol, self.precision, self.precision_tolerance)
 
-    def _runs_free(self, deadline: float) -> bool:
-        """Whether the original runs on generated inputs without the static shapes (``free_dims``)."""
-        assert self.worker is not None and self.original_proto is not None and self._prepare is not None
-        free = {k: v if isinstance(v, int) else v[0] for k, v in (self.free_dims or {}).items()}
-        tries, _ = plan.size_tries(plan.input_specs(self.original_proto), dims=free)
-        try:
-            return bool(tries) and bool(self.worker.request({**self._prepare, "tries": tries}, deadline).get("ok"))
-        except (WorkerError, OSError):
-            return False
-
     def _compare(self, optimized: Any, deadline: float) -> CheckResult:
         assert self.worker is not None and self.folder is not None
         label = f"optimized-{len(list(self.folder.glob('optimized-*')))}"
         try:
-            path, _ = _files.materialize(optimized, self.folder, label)
+            path = _files.runnable(optimized, self.folder, label)
         except (OSError, ValueError) as e:
             return CheckResult(False, error=f"the optimised model cannot be read: {_first_line(e)}")
         request = {"op": "compare", "model": str(path), "tolerances": self._tolerances, "rounding": self.rounding,

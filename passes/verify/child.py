@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -33,8 +34,8 @@ _PACKAGE_ROOT = str(pathlib.Path(passes.__file__).resolve().parent.parent)
 
 
 #: The child a route started for its check (``gate.start_worker``), in this thread's context: fold's
-#: confirmation (``passes.fold.confirm``) borrows it between the check's requests while it is alive,
-#: instead of starting a second onnxruntime process.
+#: confirmation (``passes.fold.confirm``) borrows it between the check's requests while it is alive
+#: and no other thread holds it (:meth:`Worker.take`), instead of starting a second onnxruntime process.
 current: contextvars.ContextVar[Worker | None] = contextvars.ContextVar("passes_verify_worker", default=None)
 
 
@@ -89,6 +90,9 @@ class Worker:
         self.process: subprocess.Popen[bytes] | None = None
         self._buffer = b""
         self._stderr: Any = None
+        #: Set by :meth:`stop`: no request starts the child again.
+        self.stopped = False
+        self._holder = threading.Lock()  # held by whoever :meth:`take` gave the child to
 
     @property
     def alive(self) -> bool:
@@ -121,6 +125,8 @@ class Worker:
             WorkerTimeout: no answer by the deadline (the child is killed).
         """
         if not self.alive:
+            if self.stopped:
+                raise WorkerCrashed("the check was stopped", "starting the check's process")
             self.start()
         assert self.process is not None and self.process.stdin is not None and self.process.stdout is not None
         phase = "starting the check's process"
@@ -185,6 +191,24 @@ class Worker:
             return ""
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         return lines[-1][:300] if lines else ""
+
+    def take(self) -> bool:
+        """Takes the child for the caller alone if no one holds it, without waiting: True when taken
+        (give it back with :meth:`give_back`). A thread that drives it beside others (the original's
+        side of the check, :mod:`passes.verify.early`) holds it meanwhile; a borrower that finds it
+        held (fold's confirmation) uses a child of its own instead of waiting or interleaving requests."""
+        return self._holder.acquire(blocking=False)
+
+    def give_back(self) -> None:
+        """Gives back the child :meth:`take` gave (from any thread)."""
+        self._holder.release()
+
+    def stop(self) -> None:
+        """Kills the child for good, from any thread: the request under way ends as
+        :class:`WorkerCrashed`, and so does any later one instead of starting another child (the
+        original's side of the check run early, :mod:`passes.verify.early`, is cancelled so)."""
+        self.stopped = True
+        self.kill()
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

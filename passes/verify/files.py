@@ -20,7 +20,7 @@ import onnx_ir as ir
 from passes import modelio  # modelio imports nothing from passes.verify
 from passes.limits import PROTOBUF_LIMIT
 
-__all__ = ["graph_only", "materialize", "save_proto", "whole"]
+__all__ = ["graph_only", "materialize", "runnable", "save_proto", "whole"]
 
 
 def graph_only(path: pathlib.Path) -> onnx.ModelProto:
@@ -42,18 +42,27 @@ def save_proto(model: onnx.ModelProto, path: pathlib.Path) -> None:
 
 def materialize(model: Any, folder: pathlib.Path, label: str) -> tuple[pathlib.Path, onnx.ModelProto]:
     """A file onnxruntime can load for ``model``, and its graph (external data not loaded)."""
+    path = runnable(model, folder, label)
+    if isinstance(model, onnx.ModelProto) and model.ByteSize() < PROTOBUF_LIMIT:
+        return path, model
+    if isinstance(model, bytes):
+        return path, onnx.load_model_from_string(model)
+    return path, graph_only(path)
+
+
+def runnable(model: Any, folder: pathlib.Path, label: str) -> pathlib.Path:
+    """A file onnxruntime can load for ``model`` (a path as it is: its graph is not read)."""
     if isinstance(model, (str, os.PathLike)):
-        path = pathlib.Path(os.path.abspath(model))  # the child runs in another folder
-        return path, graph_only(path)
+        return pathlib.Path(os.path.abspath(model))  # the child runs in another folder
     target = folder / label / "model.onnx"
     target.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(model, bytes):
         target.write_bytes(model)
-        return target, onnx.load_model_from_string(model)
+        return target
     if isinstance(model, onnx.ModelProto):
         save_proto(model, target)
-        return target, model if model.ByteSize() < PROTOBUF_LIMIT else graph_only(target)
+        return target
     if isinstance(model, ir.Model):
         modelio.save_model(model, target)
-        return target, graph_only(target)
+        return target
     raise TypeError(f"cannot run a {type(model).__name__} in onnxruntime")

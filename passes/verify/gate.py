@@ -7,7 +7,8 @@
   blamed on the passes; after a mismatch the first differing node is located,
   and ``recheck`` compares further candidates (the pipeline uses it to find the
   pass that brought the difference). It knows nothing of passes or reports.
-* :func:`start_worker`: the check's child process, started early.
+* :func:`start_worker`: the check's child process, started early; :func:`start_early`: the
+  original's side of the check on it, while the passes run (:mod:`passes.verify.early`).
 
 Importing this module is cheap: onnx is imported on first use, onnxruntime
 only in the check's child process.
@@ -41,7 +42,7 @@ else:
 _declared = lazy_module("passes.modelio.declared")
 _detach = lazy_module("passes.modelio.detach")
 
-__all__ = ["CheckOptions", "Gate", "Verdict", "current_check", "start_worker"]
+__all__ = ["CheckOptions", "Gate", "Verdict", "current_check", "start_early", "start_worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -260,11 +261,13 @@ class Gate:
     """
 
     def __init__(self, original: Any, check: CheckOptions, warn: Callable[[str], None], worker: Any = None,
-                 *, rounding: bool = True) -> None:  # fmt: skip
+                 *, rounding: bool = True, early: Any = None) -> None:  # fmt: skip
         """``rounding``: whether the optimised model may round differently from the original (a
-        fusion or a decomposition ran); False holds every input set to the element-wise tolerance."""
+        fusion or a decomposition ran); False holds every input set to the element-wise tolerance.
+        ``early``: the original's side of the check already under way on ``worker``
+        (:class:`passes.verify.early.Early`, see :func:`start_early`)."""
         self.original, self.check, self.warn, self.worker = original, check, warn, worker
-        self.rounding = rounding
+        self.rounding, self.early = rounding, early
         self._checker: Any = None
         self._stack = contextlib.ExitStack()
 
@@ -288,23 +291,25 @@ class Gate:
             InputError: the given ``--inputs`` do not fit the model.
         """
         verdict = Verdict()
-        verdict.failure = _checker_verdict(self.original, staged, verdict.notes)
         check = self.check
+        # The early start compares while the ONNX checker runs here (its result dropped if it refuses).
+        ahead = self.early is not None and check.enabled and self.early.compare(staged, check, self.rounding)
+        verdict.failure = _checker_verdict(self.original, staged, verdict.notes)
         if verdict.failure is not None or not check.enabled:
+            if self.early is not None:
+                self.early.close()
             return verdict
-        from passes.verify import (
-            check as check_module,  # the child process only when checking
-        )
+        from passes.verify import check as check_module  # the child process only when checking
+        from passes.verify.early import new_checker
 
-        self._checker = self._stack.enter_context(check_module.Checker(
-            self.original, inputs=check.inputs, inputs_file=check.inputs_file, dims=dict(check.dims),
-            shapes=dict(check.shapes),
-            rtol=check.rtol, atol=check.atol, seed=check.seed, timeout=check.timeout,
-            memory_limit=check.memory_limit, worker=self.worker, rounding=self.rounding,
-            precision=check.precision, precision_tolerance=check.precision_tolerance,
-            free_dims=dict(check.free_dims) if check.static else None,
-        ))  # fmt: skip
-        result = verdict.result = self._checker.check(staged)
+        if ahead:
+            self._checker, result = self.early.result()
+            self._stack.push(self._checker)  # entered by the early start; exited with the gate
+        else:  # (an early start that was dropped stopped its child: a new one)
+            worker = self.worker if self.early is None else None
+            self._checker = self._stack.enter_context(new_checker(self.original, check, worker, self.rounding))
+            result = self._checker.check(staged)
+        verdict.result = result
         if check.locate and result.checked and not result.ok:
             start = time.perf_counter()
             found = self._checker.locate(staged) if not result.error else check_module.FirstDifference()
@@ -346,6 +351,26 @@ class Gate:
         assert self._checker is not None, "recheck follows a verify that ran the check"
         result = self._checker.recheck(candidate)
         return result.ok if result.checked else None
+
+
+def start_early(original: pathlib.Path, check: CheckOptions, worker: Any, nbytes: int) -> Any:
+    """The original's side of the check started now on ``worker``, while the passes run
+    (:class:`passes.verify.early.Early`; give it to :class:`Gate`, close it whatever happens);
+    None when there is no check, no child, one core only (the original's runs would be timed
+    against the passes', and the larger sets' budget reads those times), or the original's files
+    (``nbytes``) are over :data:`passes.verify.early.EARLY_BYTES`."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if not check.enabled or worker is None or cores < 2:
+        return None
+    from passes.verify import early
+
+    if nbytes > early.EARLY_BYTES or not worker.take():  # (the thread holds it while it works)
+        return None
+    try:
+        return early.Early(original, check, worker)
+    except BaseException:
+        worker.give_back()
+        raise
 
 
 def start_worker(check: CheckOptions) -> Any:

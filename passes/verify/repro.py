@@ -181,7 +181,7 @@ def _search(checker: Any, optimized: Any, result: Any, failures: list[Any], seco
             capture_bytes: int | None) -> tuple[_reduce.Found | None, _reduce.Search]:  # fmt: skip
     assert checker.folder is not None and checker.original_path is not None
     work = pathlib.Path(tempfile.mkdtemp(prefix="repro-", dir=checker.folder))
-    opt_path, _ = _files.materialize(optimized, work, "optimized")
+    opt_path = _files.runnable(optimized, work, "optimized")
     original, opt_proto = _files.whole(checker.original_path), _files.whole(opt_path)
     failing = _failing_set(result, failures)
     normwise = checker.precision is not None or (checker.rounding and failing in ("edge", "edge-nonfinite"))

@@ -15,7 +15,7 @@ another shape than it computes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from passes.verify import plan
@@ -23,7 +23,7 @@ from passes.verify.child import WorkerError, WorkerTimeout
 from passes.verify.result import CheckResult, OutputComparison, name_text, shown
 
 __all__ = ["declaration_notes", "drop_noise", "first_error", "merge_sets", "not_run", "original_failed",
-           "size_hint"]  # fmt: skip
+           "runs_free", "size_hint"]  # fmt: skip
 
 
 def first_error(prepared: dict[str, Any]) -> str:
@@ -178,3 +178,16 @@ def declaration_notes(declared: Mapping[str, list[Any]], outputs: Mapping[str, A
             text = "[" + ", ".join(str(d) if isinstance(d, int) else shown(d or "?") for d in dims) + "]"
             notes.append(f"the original model declares output {shown(name)} as {text} but computes {shape}")
     return notes
+
+
+def runs_free(worker: Any, prepare: dict[str, Any], specs: list[plan.InputSpec],
+              free_dims: Mapping[str, int | Sequence[int]], deadline: float) -> bool:  # fmt: skip
+    """Whether the original (``prepare``'s model) runs on generated inputs without the run's static
+    shapes, at the caller's own ``--dim`` sizes ``free_dims``, the others planned (a failure with
+    them is then the static shapes' doing: ``CheckResult.shapes_refused``)."""
+    free = {k: v if isinstance(v, int) else v[0] for k, v in free_dims.items()}
+    tries, _ = plan.size_tries(specs, dims=free)
+    try:
+        return bool(tries) and bool(worker.request({**prepare, "tries": tries}, deadline).get("ok"))
+    except (WorkerError, OSError):
+        return False

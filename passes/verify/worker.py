@@ -19,14 +19,18 @@ the chosen ones, see :mod:`passes.verify.edges`, or other sizes) and keep its
 outputs; a set it cannot run is answered ``ok: false`` and not kept. One
 request per set, so that a crash on one (an integer division of the minimum by
 -1 is SIGFPE) loses that set only.
-``compare``: run another model on the same inputs (the first set and every
-kept one) and compare its outputs with the kept ones. ``again``: run the original
-again on one set and name the outputs on which it disagrees with itself. ``values``: run two
-models (both with extra graph outputs) on one set and compare the named
-values. ``constants``: run a model without inputs
-(the constant subgraphs whose values ``fold`` wants to write, see
-:mod:`passes.fold.confirm`) and save its outputs as ``.npy`` files. ``capture``
-and ``regions``: ``--repro``'s (see :mod:`passes.verify.repro_child`). ``exit``.
+``compare``: run another model on the same inputs (the first set and every kept one) and
+compare its outputs with the kept ones. ``again``: run the original again on one set and name
+the outputs on which it disagrees with itself. ``values``: run two models (both with extra graph
+outputs) on one set and compare the named values. ``constants``: run a model without inputs (the
+constant subgraphs whose values ``fold`` wants to write, see :mod:`passes.fold.confirm`) and save
+its outputs as ``.npy`` files. ``capture`` and ``regions``: ``--repro``'s (see
+:mod:`passes.verify.repro_child`). ``release``: drop the original's session (its kept outputs
+stay; ``again`` loads it anew), once its sets ran before the optimised model exists
+(:mod:`passes.verify.early`). ``exit``.
+
+The optimised model's session (``compare``) is freed after the answer is sent: for a large
+graph that takes a tenth of a second the parent need not wait.
 
 The inputs of a set are made again from its description when needed (they are
 deterministic), so that only the chosen inputs stay in memory.
@@ -97,6 +101,7 @@ class _State:
         self.session: Any = None  # the original's, until another model is loaded
         self.prepare: dict[str, Any] = {}
         self.sets: list[dict[str, Any]] = []  # {"set": description, "expected": outputs}
+        self.parked: Any = None  # a session to free once the answer is sent
 
 
 def _prepare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
@@ -229,7 +234,14 @@ def _compare(state: _State, request: dict[str, Any]) -> dict[str, Any]:
     del by_name
     rounding = bool(request.get("rounding"))
     sets = [_compare_set(state, kept, session, names, tolerances, rounding, half_io) for kept in state.sets]
+    state.parked = session  # freed once the answer is out
     return {"ok": True, "outputs": comparisons, "sets": sets}
+
+
+def _release(state: _State, request: dict[str, Any]) -> dict[str, Any]:
+    """Drops the original's session (``again`` loads it anew if needed); its outputs stay."""
+    state.session = None
+    return {"ok": True}
 
 
 def _normwise(kind: str | None, rounding: bool, half: bool = False) -> bool:
@@ -411,7 +423,7 @@ def main() -> None:
     state = _State()
     handlers = {"prepare": _prepare, "add_set": _add_set, "compare": _compare, "values": _values,
                 "constants": _constants, "magnitudes": _magnitudes, "again": _again, "capture": _repro,
-                "regions": _repro}
+                "regions": _repro, "release": _release}
     try:
         import numpy  # noqa: F401
         import onnxruntime  # noqa: F401
@@ -433,6 +445,7 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001  reported to the parent, which decides
             result = {"ok": False, "stage": "internal", "error": f"{type(e).__name__}: {_first_line(e)}"}
         _send({"result": result})
+        state.parked = None
 
 
 if __name__ == "__main__":
