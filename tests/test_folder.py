@@ -10,9 +10,11 @@ import pathlib
 import shutil
 
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 from helpers import one_error_line, optimize_command
+from passes.cli import folder
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DEMO = REPO / "models" / "demo.onnx"
@@ -107,3 +109,17 @@ def test_each_row_says_why_its_check_did_not_run_and_a_totals_line_ends_the_tabl
     assert rows["demo.onnx"]["check"] == rows["custom.onnx"]["check"] == "--no-check"
     assert rows["demo.onnx"]["status"] == rows["custom.onnx"]["status"] == "ok"
     assert proc.stdout.splitlines()[-1].startswith("total: 3 model(s): 2 ok (2 not checked), 1 error")
+
+
+@pytest.mark.parametrize("written, status, expected", [
+    (True, "ok", ("ok", 0)), (True, "not checked", ("ok", 0)), (True, "check failed", ("check failed", 1)),
+    (False, "error", ("interrupted", 143)), (None, None, ("interrupted", 143))])
+def test_a_run_stopped_after_its_commit_counts_as_finished(tmp_path: pathlib.Path, written, status, expected) -> None:
+    """Ctrl-C's SIGTERM may reach a model's run between its commit (output and report renamed
+    together) and its exit: its output is whole and its report says so, so it is not "not finished"."""
+    source, report = tmp_path / "in", tmp_path / "0.json"
+    if written is not None:
+        report.write_text(json.dumps({"written": written, "status": status}))
+    record = folder.child_record(source, source / "m.onnx", tmp_path / "out" / "m.onnx", 143, "", report, 1.0)
+    assert (record["status"], record["exit"]) == expected
+    assert record["error"] is None and record["report"] == (None if written is None else json.loads(report.read_text()))

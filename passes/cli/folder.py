@@ -44,7 +44,7 @@ from typing import Any
 from passes.atomic import write_text
 from passes.errors import EXIT_CHECK, EXIT_ERROR, EXIT_OK, InputError
 
-__all__ = ["child_arguments", "run_folder"]
+__all__ = ["child_arguments", "child_record", "run_folder"]
 
 #: The parent's own arguments (argparse dests): each model's run gets the others (see :func:`child_arguments`).
 _PARENT_ONLY = frozenset({"output", "report", "jobs", "quiet"})
@@ -129,16 +129,22 @@ class _Pool:
                     pass
 
 
-def _record(source: pathlib.Path, model: pathlib.Path, out: pathlib.Path, code: int, err: str,
-            report_file: pathlib.Path, seconds: float) -> dict[str, Any]:  # fmt: skip
+def child_record(source: pathlib.Path, model: pathlib.Path, out: pathlib.Path, code: int, err: str,
+                 report_file: pathlib.Path, seconds: float) -> dict[str, Any]:  # fmt: skip
+    """The table's and the report's record of one model's run: its exit ``code``, its stderr ``err``
+    and the report it wrote (``report_file``; a run stopped after its commit counts as finished)."""
+    try:
+        report = json.loads(report_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        report = None
+    if code not in (EXIT_OK, EXIT_CHECK, EXIT_ERROR) and isinstance(report, dict) and report.get("written") is True:
+        # Stopped by an interrupt after its commit (the report is renamed with the output): it finished.
+        code = EXIT_CHECK if report.get("status") == "check failed" else EXIT_OK
     record: dict[str, Any] = {"model": str(model.relative_to(source)), "input": str(model), "output": str(out),
                               "exit": code, "seconds": round(seconds, 3)}  # fmt: skip
     errors = [line for line in err.splitlines() if line.startswith("optimize: error:")]
     record["error"] = errors[0][len("optimize: error: "):] if errors and code else None
-    try:
-        record["report"] = json.loads(report_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        record["report"] = None
+    record["report"] = report
     record["status"] = {EXIT_OK: "ok", EXIT_CHECK: "check failed", EXIT_ERROR: "error"}.get(code, "interrupted")
     return record
 
@@ -247,7 +253,7 @@ def run_folder(source: pathlib.Path, target: pathlib.Path, flags: Sequence[str],
         start = time.perf_counter()
         code, err = pool.run([sys.executable, "-m", "passes", str(model), "-o", str(dst), "--report",
                               str(report_file), "-q", *flags])  # fmt: skip
-        records[index] = _record(source, model, dst, code, err, report_file, time.perf_counter() - start)
+        records[index] = child_record(source, model, dst, code, err, report_file, time.perf_counter() - start)
 
     try:
         for folder in sorted({(target / m.relative_to(source)).parent for m in models}):
