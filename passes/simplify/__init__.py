@@ -149,6 +149,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         self.stats: dict[str, Any] = {}
         self._inferred: dict[ir.Value, Any] | None = None  # the inference of the current sweep, if it ran
         self._amplified: Amplified | None = None  # where rounding changes are amplified (this call's, lazy)
+        self._arrays: dict[int, Any] = {}  # the small constants the rules read, this call's (Context.arrays)
         self._reported_later: collections.Counter[tuple[str, str]] = collections.Counter()
         #: Whether a call on the graph the last call left would change nothing (the pass loop then
         #: skips it, :mod:`passes.loop`): its last round changed nothing, and no fusion was vetted on
@@ -173,6 +174,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         rounds = 0
         self._inferred = None
         amplified = self._amplified = Amplified(model)  # one walk for the whole call, on the first fusion found
+        self._arrays = {}
         later: collections.Counter[tuple[str, str]] = collections.Counter()
         digests: dict[int, Any] = {}  # the initializers' digests, read once per call
         cse_due = True  # whether the graph may have changed since a CSE sweep that merged nothing
@@ -198,6 +200,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
                 self.settled = not (applied and amplified.walked)
                 break
         self._amplified = None
+        self._arrays = {}
         # What the last round found in the final graph, by the stat it is counted in: fusion patterns only
         # a higher opset would take ("fusable_at_higher_opset": {"Gelu@20": n}) and fusions declined as
         # their rounding would be amplified ("declined": {"fusions/layer_norm: rounding amplified by ...": n}).
@@ -246,7 +249,8 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             nonlocal symbolic
             if symbolic is None:
                 main = next(iter_scopes(model, functions=False))
-                symbolic = derive(model.graph, Context(main, lazy_inference, lazy_names, initializers=False))
+                symbolic = derive(model.graph, Context(main, lazy_inference, lazy_names, initializers=False,
+                                                     arrays=self._arrays))
             return symbolic
 
         names: Names | None = None
@@ -259,7 +263,8 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         changed = False
         for scope in iter_scopes(model):
             main = scope.body is model.graph and model.ir_version >= 4
-            ctx = Context(scope, lazy_inference, lazy_names, initializers=main, symbolic=lazy_symbolic)
+            ctx = Context(scope, lazy_inference, lazy_names, initializers=main, symbolic=lazy_symbolic,
+                          arrays=self._arrays)
             if ctx.opset == 0:
                 continue
             for node in list(scope.body):
