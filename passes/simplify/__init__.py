@@ -64,6 +64,14 @@ changed (names, order, types, shapes), nor initializers that are graph inputs
 (a caller may override them; ``freeze_initializer_inputs`` opts out of that),
 nor an Identity that produces a graph output.
 
+A sweep whose rules changed nothing is followed by another only if what ran after it changed the
+graph in a way a rule could see. Sharing equal initializers alone does not (with no CSE merge and
+no node removed after it): each node then reads, in place of a weight, an equal weight (same type,
+shape and bytes; neither a graph input nor output), which the rules read by its contents, and a
+weight with more users only makes a rule that asks for a sole user decline. (A pattern asking for
+one value in two places, by identity, asks it of computed values; on two weights it would be all
+constant, which fold computes.) That saves a whole sweep, inference included, on most second calls.
+
 Inference runs at most once per sweep, when a rule first asks. A rewrite
 replaces values by values equal to them, so what inference said of the values
 already there stays true for the rest of the sweep; the values a rewrite
@@ -108,6 +116,11 @@ _MAX_ROUNDS = 8
 #: it); within a family, the order its modules register them. Every rule is exact, so the order
 #: decides only which of two rewrites comes first, never what the graph computes.
 FAMILY_ORDER = ("algebra", "chains", "constants", "control_flow", "fusions", "noops", "shapes")
+
+
+def _node_count(model: ir.Model) -> int:
+    """The nodes of every graph, subgraph and function."""
+    return sum(len(scope.body) for scope in iter_scopes(model))
 
 
 def _ordered(rules: list[Rule]) -> list[Rule]:
@@ -186,14 +199,20 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             changed |= control_flow.resolve_known_conditions(model, applied)
             changed |= constants.lift_main_graph_constants(model, applied)
             changed |= constants.lift_subgraph_constants(model, applied)
+            shared_only = False  # the rules settled, and since then only equal weights became one
             if not changed:  # once the rules settle: a weight shared sooner has several users, and a fusion
-                changed = constants.share_equal_initializers(model, applied, digests)  # would not change it
+                # would not change it
+                changed = shared_only = constants.share_equal_initializers(model, applied, digests)
             if changed or cse_due:  # after a sweep that merged nothing, only a change can bring a merge
                 cse_due = cse.eliminate(model, applied)
                 changed |= cse_due
+                shared_only &= not cse_due
             if changed:
-                cse_due |= remove_unused_nodes_and_say(model)[1]  # a node that stays changed: its key too
-            else:
+                nodes = _node_count(model) if shared_only else 0
+                kept_changed = remove_unused_nodes_and_say(model)[1]
+                cse_due |= kept_changed  # a node that stays changed: its key too
+                shared_only = shared_only and not kept_changed and _node_count(model) == nodes
+            if not changed or shared_only:  # a sweep of what only shared weights changed would find nothing
                 self._correct_declared_shapes(model, applied)  # the last sweep's inference holds
                 # A fresh call would change nothing, unless a fusion was declined by the walk of the
                 # rounding amplifiers, which is this call's (made once) and may predate its changes.
