@@ -209,3 +209,34 @@ def test_equal_weights_of_the_same_conv_input_merge_once_the_fusions_are_done() 
     assert ops(out.graph) == ["Conv", "Sub"] and [i.name for i in out.graph.initializer] == ["w0"]
     run = {"x": np.random.default_rng(6).standard_normal((1, 3, 8, 8)).astype(np.float32)}
     same_outputs(original, out, run)
+
+
+def test_a_sharing_that_merges_nothing_ends_the_call_without_another_sweep() -> None:
+    """Once the rules settle, equal weights shared with no CSE merge after it change nothing a rule
+    reads: the call ends there (one sweep, not two), and a fresh call on its result finds nothing."""
+    import onnx_ir as ir
+
+    from passes.simplify import SimplifyPass
+
+    nodes = [helper.make_node("And", ["x", "mask0"], ["a"]), helper.make_node("Or", ["x", "mask1"], ["o"])]
+    original = model(nodes, [helper.make_tensor_value_info("x", B, [64, 64])],
+                     [helper.make_tensor_value_info(n, B, [64, 64]) for n in ("a", "o")], masks(2))  # fmt: skip
+    out, stats = simplify_checked(original)
+    assert [i.name for i in out.graph.initializer] == ["mask0"]
+    assert [list(n.input) for n in out.graph.node] == [["x", "mask0"], ["x", "mask0"]]
+    assert stats["applied"] == {"constants/shared_initializer": 1}
+    assert stats["rounds"] == 1
+    again = SimplifyPass()
+    result = again(ir.serde.deserialize_model(out))
+    assert not result.modified and again.stats["rounds"] == 1 and again.settled
+    same_outputs(original, out, feeds())
+
+
+def test_a_sharing_that_lets_cse_merge_is_followed_by_another_sweep() -> None:
+    """The counterpart: the Ands of equal masks merge once the masks are one, and a merge can bring a
+    rule's match, so the call sweeps the graph again."""
+    original = reformer_like(count=2)
+    out, stats = simplify_checked(original)
+    assert stats["applied"]["constants/shared_initializer"] == 1 and stats["applied"]["cse/merged"] == 2
+    assert stats["rounds"] == 2
+    same_outputs(original, out, feeds())

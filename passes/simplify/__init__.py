@@ -64,6 +64,14 @@ changed (names, order, types, shapes), nor initializers that are graph inputs
 (a caller may override them; ``freeze_initializer_inputs`` opts out of that),
 nor an Identity that produces a graph output.
 
+A sweep whose rules changed nothing is followed by another only if what ran after it changed the
+graph in a way a rule could see. Sharing equal initializers alone does not (with no CSE merge and
+no node removed after it): each node then reads, in place of a weight, an equal weight (same type,
+shape and bytes; neither a graph input nor output), which the rules read by its contents, and a
+weight with more users only makes a rule that asks for a sole user decline. (A pattern asking for
+one value in two places, by identity, asks it of computed values; on two weights it would be all
+constant, which fold computes.) That saves a whole sweep, inference included, on most second calls.
+
 Inference runs at most once per sweep, when a rule first asks. A rewrite
 replaces values by values equal to them, so what inference said of the values
 already there stays true for the rest of the sweep; the values a rewrite
@@ -110,6 +118,11 @@ _MAX_ROUNDS = 8
 FAMILY_ORDER = ("algebra", "chains", "constants", "control_flow", "fusions", "noops", "shapes")
 
 
+def _node_count(model: ir.Model) -> int:
+    """The nodes of every graph, subgraph and function."""
+    return sum(len(scope.body) for scope in iter_scopes(model))
+
+
 def _ordered(rules: list[Rule]) -> list[Rule]:
     """``rules`` by :data:`FAMILY_ORDER`, keeping each family's own order."""
     rank = {family: i for i, family in enumerate(FAMILY_ORDER)}
@@ -149,6 +162,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         self.stats: dict[str, Any] = {}
         self._inferred: dict[ir.Value, Any] | None = None  # the inference of the current sweep, if it ran
         self._amplified: Amplified | None = None  # where rounding changes are amplified (this call's, lazy)
+        self._arrays: dict[int, Any] = {}  # the small constants the rules read, this call's (Context.arrays)
         self._reported_later: collections.Counter[tuple[str, str]] = collections.Counter()
         #: Whether a call on the graph the last call left would change nothing (the pass loop then
         #: skips it, :mod:`passes.loop`): its last round changed nothing, and no fusion was vetted on
@@ -173,6 +187,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         rounds = 0
         self._inferred = None
         amplified = self._amplified = Amplified(model)  # one walk for the whole call, on the first fusion found
+        self._arrays = {}
         later: collections.Counter[tuple[str, str]] = collections.Counter()
         digests: dict[int, Any] = {}  # the initializers' digests, read once per call
         cse_due = True  # whether the graph may have changed since a CSE sweep that merged nothing
@@ -184,20 +199,27 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             changed |= control_flow.resolve_known_conditions(model, applied)
             changed |= constants.lift_main_graph_constants(model, applied)
             changed |= constants.lift_subgraph_constants(model, applied)
+            shared_only = False  # the rules settled, and since then only equal weights became one
             if not changed:  # once the rules settle: a weight shared sooner has several users, and a fusion
-                changed = constants.share_equal_initializers(model, applied, digests)  # would not change it
+                # would not change it
+                changed = shared_only = constants.share_equal_initializers(model, applied, digests)
             if changed or cse_due:  # after a sweep that merged nothing, only a change can bring a merge
                 cse_due = cse.eliminate(model, applied)
                 changed |= cse_due
+                shared_only &= not cse_due
             if changed:
-                cse_due |= remove_unused_nodes_and_say(model)[1]  # a node that stays changed: its key too
-            else:
+                nodes = _node_count(model) if shared_only else 0
+                kept_changed = remove_unused_nodes_and_say(model)[1]
+                cse_due |= kept_changed  # a node that stays changed: its key too
+                shared_only = shared_only and not kept_changed and _node_count(model) == nodes
+            if not changed or shared_only:  # a sweep of what only shared weights changed would find nothing
                 self._correct_declared_shapes(model, applied)  # the last sweep's inference holds
                 # A fresh call would change nothing, unless a fusion was declined by the walk of the
                 # rounding amplifiers, which is this call's (made once) and may predate its changes.
                 self.settled = not (applied and amplified.walked)
                 break
         self._amplified = None
+        self._arrays = {}
         # What the last round found in the final graph, by the stat it is counted in: fusion patterns only
         # a higher opset would take ("fusable_at_higher_opset": {"Gelu@20": n}) and fusions declined as
         # their rounding would be amplified ("declined": {"fusions/layer_norm: rounding amplified by ...": n}).
@@ -246,7 +268,8 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             nonlocal symbolic
             if symbolic is None:
                 main = next(iter_scopes(model, functions=False))
-                symbolic = derive(model.graph, Context(main, lazy_inference, lazy_names, initializers=False))
+                symbolic = derive(model.graph, Context(main, lazy_inference, lazy_names, initializers=False,
+                                                     arrays=self._arrays))
             return symbolic
 
         names: Names | None = None
@@ -259,7 +282,8 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         changed = False
         for scope in iter_scopes(model):
             main = scope.body is model.graph and model.ir_version >= 4
-            ctx = Context(scope, lazy_inference, lazy_names, initializers=main, symbolic=lazy_symbolic)
+            ctx = Context(scope, lazy_inference, lazy_names, initializers=main, symbolic=lazy_symbolic,
+                          arrays=self._arrays)
             if ctx.opset == 0:
                 continue
             for node in list(scope.body):

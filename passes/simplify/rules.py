@@ -89,6 +89,10 @@ class Context:
         constant_limit: Constants larger than this many elements are not read by rules.
         symbolic: Returns the dims derived for main-graph values (``dims.SymbolicDims``,
             see :mod:`passes.simplify.dims`), or None to use inference's alone.
+        arrays: The small constants already read, by tensor (read-only arrays, or None for a tensor
+            no rule reads at :attr:`constant_limit`); a caller may share one dict between the
+            contexts of a run, as simplify does over its rounds (a tensor is never changed in
+            place: a rewrite makes a new one).
     """
 
     scope: Scope
@@ -97,6 +101,7 @@ class Context:
     initializers: bool = False
     constant_limit: int = 1 << 16
     symbolic: Callable[[], Any] | None = None
+    arrays: dict[int, tuple[ir.TensorProtocol, np.ndarray | None]] = dataclasses.field(default_factory=dict)
 
     @property
     def inferred(self) -> Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]:
@@ -130,15 +135,29 @@ class Context:
                     tensor = attr.value  # as_tensor() checks a runtime Protocol: slow, and the type says it all
                 elif len(producer.attributes) == 1:
                     return _scalar_constant(producer)
-        limit = self.constant_limit if limit is None else limit
-        if tensor is None or tensor.size > limit or tensor.dtype == ir.DataType.STRING:
+        if tensor is None:
+            return None
+        if limit is None or limit == self.constant_limit:  # the shape-like constants rules read again and again
+            seen = self.arrays.get(id(tensor))
+            if seen is None:
+                seen = self.arrays[id(tensor)] = (tensor, self._read(tensor, value, self.constant_limit))
+            return seen[1]
+        return self._read(tensor, value, limit)
+
+    def _read(self, tensor: ir.TensorProtocol, value: ir.Value, limit: int) -> np.ndarray | None:
+        """``tensor``'s elements as a read-only array if it has at most ``limit`` and they are not strings."""
+        if tensor.size > limit or tensor.dtype == ir.DataType.STRING:
             return None
         if tensors.is_file_backed(tensor):  # checked reads, as fold's: a shrunk file is an InputError, not a SIGBUS
-            return tensors.read_tensor(tensor, repr(value.name))
-        try:
-            return np.asarray(tensor.numpy())
-        except (OSError, ValueError):
-            return None
+            array = tensors.read_tensor(tensor, repr(value.name))
+        else:
+            try:
+                array = np.asarray(tensor.numpy())
+            except (OSError, ValueError):
+                return None
+        array = array.view()  # read-only: the array may be the tensor's own, and is shared by later reads
+        array.flags.writeable = False
+        return array
 
     def dtype(self, value: ir.Value | None) -> ir.DataType | None:
         """The element type: the model's, else inference's."""
