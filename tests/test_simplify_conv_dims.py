@@ -204,3 +204,75 @@ def test_minus_one_as_onnxruntime_sizes_it(shape: tuple, target: tuple, allowzer
         assert y.shape[i] == nonzero
     else:
         assert y.shape[i] == int(np.prod(shape)) // int(np.prod([d for d in target if d > 0]))
+
+
+# --- the derived dims against onnxruntime's shapes ----------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 5), st.integers(1, 3), st.integers(0, 2), st.integers(0, 2), st.integers(1, 2)),
+                min_size=1, max_size=2))  # fmt: skip
+def test_conv_length_is_onnxruntimes(layers: list) -> None:
+    """Stacks of (kernel, stride, pad begin, pad end, dilation): the derived length is onnxruntime's wherever it runs."""
+    nodes, weights, source = [], [], "x"
+    for i, (kernel, stride, begin, end, dilation) in enumerate(layers):
+        weights.append(numpy_helper.from_array(np.ones((1, 1, kernel), np.float32), f"w{i}"))
+        nodes.append(helper.make_node("Conv", [source, f"w{i}"], [f"y{i}"], strides=[stride], pads=[begin, end],
+                                      dilations=[dilation]))  # fmt: skip
+        source = f"y{i}"
+    model = _model(nodes, [_io("x", [1, 1, "n"])], [_io(source, None)], weights)
+    found, values = _derived(model)
+    derived = found.shape(values[source])
+    assert derived is not None and found.positive(derived[2])
+    session = helpers.ort_session(model)
+    ran = 0
+    for n in range(0, 24):
+        try:
+            (y,) = session.run(None, {"x": np.ones((1, 1, n), np.float32)})
+        except Exception:  # noqa: BLE001  (too short for a kernel: the node fails)
+            continue
+        ran += 1
+        assert y.shape[2] == _evaluate(derived[2], {"n": n}) >= 1, (layers, n, derived[2])
+    assert ran
+
+
+def _view(pieces: list[str], allowzero: int) -> onnx.ModelProto:
+    """``Reshape(x: [b, s, 32], Concat(pieces))``; a piece is ``b``/``s`` (the dim of x) or an int."""
+    nodes = [helper.make_node("Shape", ["x"], ["b"], start=0, end=1), helper.make_node("Shape", ["x"], ["s"], start=1, end=2)]
+    names = []
+    for i, piece in enumerate(pieces):
+        if piece in ("b", "s"):
+            names.append(piece)
+        else:
+            names.append(f"c{i}")
+            nodes.append(_const(f"c{i}", np.array([int(piece)])))
+    nodes += [helper.make_node("Concat", names, ["t"], axis=0),
+              helper.make_node("Reshape", ["x", "t"], ["y"], allowzero=allowzero)]  # fmt: skip
+    return _model(nodes, [_io("x", ["batch", "seq", 32])], [_io("y", None)])
+
+
+@pytest.mark.parametrize("pieces, allowzero, expected", [
+    (["b", "s", "-1", "16"], 1, ("batch", "seq", 2, 16)),
+    (["b", "s", "-1", "16"], 0, ("batch", "seq", 2, 16)),
+    (["b", "-1", "16"], 0, ("batch", dim_exprs.scale("seq", 2), 16)),
+    (["-1", "s", "8"], 0, (dim_exprs.scale("batch", 4), "seq", 8)),
+    (["b", "-1", "16"], 1, ("batch", None, 16)),  # a dim left over: at s = 0 onnxruntime skips it
+    (["b", "s", "-1", "5"], 1, ("batch", "seq", None, 5)),  # 32 is not a multiple of 5: the node fails
+    (["s", "b", "-1", "16"], 1, ("seq", "batch", 2, 16)),  # the others cancel in any order
+])  # fmt: skip
+def test_minus_one_derived_is_onnxruntimes(pieces: list[str], allowzero: int, expected: tuple) -> None:
+    model = _view(pieces, allowzero)
+    found, values = _derived(model)
+    derived = found.shape(values["y"])
+    assert derived is not None
+    assert tuple(d if not isinstance(d, str) or not d.startswith("unk__") else None for d in derived) == expected
+    session = helpers.ort_session(model)
+    for b in (0, 1, 3):
+        for s in (0, 1, 2):
+            try:
+                (y,) = session.run(None, {"x": np.ones((b, s, 32), np.float32)})
+            except Exception:  # noqa: BLE001  (a -1 beside a 0 without allowzero)
+                continue
+            for dim, actual in zip(expected, y.shape):
+                if dim is not None:
+                    assert _evaluate(dim, {"batch": b, "seq": s}) == actual, (pieces, b, s)

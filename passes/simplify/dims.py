@@ -33,20 +33,24 @@ for every input the model accepts:
 * ``Transpose`` (``perm``, or reversed when absent; a perm that is not a
   permutation of the axes fails the node): output dim ``i`` is input dim
   ``perm[i]``.
-* ``Reshape`` (opset >= 5) to a target built by shape arithmetic: entry ``i``
-  is output dim ``i`` where it is an int ``k >= 1``; ``0`` is ``0`` with
-  ``allowzero=1`` and copies input dim ``i`` without it; a dim ``d`` (a value
-  of ``Shape``, ``>= 0``) is output dim ``i`` with ``allowzero=1``, and
-  without it only when ``d`` is input dim ``i`` (then a ``0`` copies ``0``).
-  A ``-1`` entry, a dim ``d`` with ``allowzero=0`` (a run where ``d`` is 0
-  copies another dim) and a target that is not shape arithmetic (a computed
-  value may be -1 at run time) give nothing. The element counts are not used:
-  onnxruntime sizes a ``-1`` beside a zero by a rule of its own (see
-  tests/test_simplify_dims.py).
+* ``Reshape`` (opset >= 5) to a target built by shape arithmetic (with the
+  integer arithmetic of :func:`dim_exprs.computed`): entry ``i`` is output
+  dim ``i`` where it is an int ``k >= 1``; ``0`` is ``0`` with ``allowzero=1``
+  and copies input dim ``i`` without it; a dim ``d`` proved ``>= 0`` (a value
+  of ``Shape``, a sum of such) is output dim ``i`` with ``allowzero=1``, and
+  without it when ``d`` is input dim ``i``, never 0 (a Conv's length) or a
+  factor of input dim ``i`` (``k * d``: a 0 copies 0); an expression that may
+  be negative only when it is input dim ``i``. A ``-1`` entry is sized as
+  onnxruntime sizes it (:func:`_minus_one`) where the other entries cancel
+  against the input's dims; a target that is not shape arithmetic gives nothing.
+* ``Conv`` (explicit pads or VALID): spatial output dim
+  ``floor((n + pads - dilation*(k-1) - 1) / stride) + 1``, an expression of
+  the input's dim (:mod:`dim_exprs`), marked ``>= 1``: onnxruntime fails the
+  node where the numerator is negative (tests/test_simplify_conv_dims.py).
 * ``Slice`` keeps the dims of the axes it does not slice; an axis sliced from
   0 with step 1 to a dim ``e`` of shape arithmetic has ``min(e, d)`` elements
   (``d`` the axis's dim): ``e`` when ``d`` is ``e``, ``min(e, K)`` when ``d``
-  is an int ``K``.
+  is an int ``K``; to an int ``-k``, ``d - k`` where that is proved ``>= 0``.
 
 Only main-graph nodes give facts (a subgraph's node may not run); values of
 subgraphs and functions keep inference's dims. Equalities that contradict
