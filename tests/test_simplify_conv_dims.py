@@ -276,3 +276,50 @@ def test_minus_one_derived_is_onnxruntimes(pieces: list[str], allowzero: int, ex
             for dim, actual in zip(expected, y.shape):
                 if dim is not None:
                     assert _evaluate(dim, {"batch": b, "seq": s}) == actual, (pieces, b, s)
+
+
+# --- the same, as torch's dynamo exporter writes it ---------------------------------------------
+
+
+def _dynamo_export() -> onnx.ModelProto:
+    """Convs (k10 s5, k3 s2, k3 s2) over ``x: [batch, samples]``, attention over ``view(b, samples // 20 - 1, -1, 16)``."""
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Extractor(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.convs = torch.nn.ModuleList([torch.nn.Conv1d(1, 8, 10, stride=5), torch.nn.Conv1d(8, 8, 3, stride=2),
+                                              torch.nn.Conv1d(8, 32, 3, stride=2)])  # fmt: skip
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x[:, None]
+            for conv in self.convs:
+                h = torch.relu(conv(h))
+            b, n = x.shape[0], x.shape[1] // 20 - 1
+            v = h.transpose(1, 2).reshape(b, n, -1, 16).transpose(1, 2)
+            a = torch.softmax(v @ v.transpose(-1, -2), -1) @ v
+            return a.reshape(b, 2, n, 16).transpose(1, 2).reshape(b, n, 32)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dims = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("samples", min=40)},)
+        program = torch.onnx.export(Extractor(), (torch.randn(2, 400),), dynamo=True, dynamic_shapes=dims,
+                                    opset_version=18, verbose=False)  # fmt: skip
+    return program.model_proto
+
+
+def test_dynamo_export_view_back_goes() -> None:
+    original = _dynamo_export()
+    views = [node for node in original.graph.node if node.op_type == "Reshape"]
+    result, _ = _simplify(original)
+    kept = [node for node in result.graph.node if node.op_type == "Reshape"]
+    assert len(kept) == len(views) - 1  # the view back to [b, 2, L, 16] (the attention output's own shape)
+    assert not any(node.input[0].startswith("matmul") for node in kept)
+    rng = np.random.default_rng(1)
+    for batch in (0, 1, 2):
+        for samples in (40, 59, 60, 61, 99, 100, 123):
+            feeds = {"x": rng.standard_normal((batch, samples)).astype(np.float32)}
+            assert _run_both(original, result, feeds), (batch, samples)
