@@ -210,15 +210,16 @@ def test_minus_one_as_onnxruntime_sizes_it(shape: tuple, target: tuple, allowzer
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 5), st.integers(1, 3), st.integers(0, 2), st.integers(0, 2), st.integers(1, 2)),
-                min_size=1, max_size=2))  # fmt: skip
+@given(st.lists(st.tuples(st.integers(1, 5), st.integers(1, 3), st.integers(0, 2), st.integers(0, 2), st.integers(1, 2),
+                          st.booleans()), min_size=1, max_size=2))  # fmt: skip
 def test_conv_length_is_onnxruntimes(layers: list) -> None:
-    """Stacks of (kernel, stride, pad begin, pad end, dilation): the derived length is onnxruntime's wherever it runs."""
+    """Stacks of (kernel, stride, pad begin, pad end, dilation, VALID): the derived length is onnxruntime's."""
     nodes, weights, source = [], [], "x"
-    for i, (kernel, stride, begin, end, dilation) in enumerate(layers):
+    for i, (kernel, stride, begin, end, dilation, valid) in enumerate(layers):
         weights.append(numpy_helper.from_array(np.ones((1, 1, kernel), np.float32), f"w{i}"))
-        nodes.append(helper.make_node("Conv", [source, f"w{i}"], [f"y{i}"], strides=[stride], pads=[begin, end],
-                                      dilations=[dilation]))  # fmt: skip
+        padding = {"auto_pad": "VALID"} if valid else {"pads": [begin, end]}
+        nodes.append(helper.make_node("Conv", [source, f"w{i}"], [f"y{i}"], strides=[stride], dilations=[dilation],
+                                      **padding))  # fmt: skip
         source = f"y{i}"
     model = _model(nodes, [_io("x", [1, 1, "n"])], [_io(source, None)], weights)
     found, values = _derived(model)
@@ -226,7 +227,7 @@ def test_conv_length_is_onnxruntimes(layers: list) -> None:
     assert derived is not None and found.positive(derived[2])
     session = helpers.ort_session(model)
     ran = 0
-    for n in range(0, 24):
+    for n in range(0, 48):
         try:
             (y,) = session.run(None, {"x": np.ones((1, 1, n), np.float32)})
         except Exception:  # noqa: BLE001  (too short for a kernel: the node fails)
@@ -238,7 +239,8 @@ def test_conv_length_is_onnxruntimes(layers: list) -> None:
 
 def _view(pieces: list[str], allowzero: int) -> onnx.ModelProto:
     """``Reshape(x: [b, s, 32], Concat(pieces))``; a piece is ``b``/``s`` (the dim of x) or an int."""
-    nodes = [helper.make_node("Shape", ["x"], ["b"], start=0, end=1), helper.make_node("Shape", ["x"], ["s"], start=1, end=2)]
+    nodes = [helper.make_node("Shape", ["x"], ["b"], start=0, end=1),
+             helper.make_node("Shape", ["x"], ["s"], start=1, end=2)]
     names = []
     for i, piece in enumerate(pieces):
         if piece in ("b", "s"):
@@ -282,7 +284,7 @@ def test_minus_one_derived_is_onnxruntimes(pieces: list[str], allowzero: int, ex
 
 
 def _dynamo_export() -> onnx.ModelProto:
-    """Convs (k10 s5, k3 s2, k3 s2) over ``x: [batch, samples]``, attention over ``view(b, samples // 20 - 1, -1, 16)``."""
+    """Convs (k10 s5, k3 s2, k3 s2) over ``x: [batch, samples]``; attention over ``view(b, samples//20 - 1, -1, 16)``."""
     import warnings
 
     torch = pytest.importorskip("torch")

@@ -64,7 +64,7 @@ class SymbolicDims:
         return root in self._positive_roots
 
     def nonnegative(self, dim: object) -> bool:
-        """Whether ``dim`` is ``>= 0``: by its form (:func:`dim_exprs.is_nonnegative`), or equal to a dim marked positive."""
+        """Whether ``dim`` is ``>= 0``: by its form (:func:`dim_exprs.is_nonnegative`), or equal to a positive dim."""
         root = self.find(dim)
         if root is None:
             return False

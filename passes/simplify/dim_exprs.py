@@ -34,7 +34,8 @@ import onnx_ir as ir
 from passes.simplify.rules import Context
 from passes.simplify.shape_values import DimOf, shape_value
 
-__all__ = ["Computed", "Expr", "FloorDiv", "add", "atoms", "computed", "floordiv", "is_nonnegative", "scale", "substitute"]
+__all__ = ["Computed", "Expr", "FloorDiv", "add", "atoms", "computed", "floordiv", "is_nonnegative", "scale",
+           "substitute"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +51,7 @@ class FloorDiv:
 
 @dataclasses.dataclass(frozen=True)
 class Expr:
-    """``const + sum(coeff * atom for atom, coeff in terms)``; build it with :func:`add`, :func:`scale`, :func:`floordiv`."""
+    """``const + sum(coeff * atom for atom, coeff in terms)``; built by :func:`add`, :func:`scale`, :func:`floordiv`."""
 
     const: int
     terms: tuple[tuple[object, int], ...]

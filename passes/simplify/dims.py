@@ -115,7 +115,10 @@ class _Deriver:
         return element
 
     def computed(self, value: ir.Value | None) -> dim_exprs.Computed | None:
-        """The elements of a shape-arithmetic value as dims, each with whether it is ``>= 0`` (:func:`dim_exprs.computed`)."""
+        """The elements of a shape-arithmetic value as dims, each with whether it is ``>= 0``.
+
+        See :func:`dim_exprs.computed`; each dim is its representative.
+        """
         built = dim_exprs.computed(self.ctx, value, self.element, self.found.nonnegative)
         return None if built is None else [(self.found.find(dim), nonnegative) for dim, nonnegative in built]
 
@@ -246,12 +249,12 @@ class _Deriver:
         pads = list(node.attributes.get_ints("pads", [0] * 2 * spatial))
         strides = list(node.attributes.get_ints("strides", [1] * spatial))
         dilations = list(node.attributes.get_ints("dilations", [1] * spatial))
-        if auto_pad not in ("NOTSET", "VALID") or not len(kernel) == len(strides) == len(dilations) == spatial:
+        if auto_pad == "VALID":
+            pads = [0] * 2 * spatial
+        if auto_pad not in ("NOTSET", "VALID") or not (
+                len(kernel) == len(strides) == len(dilations) == len(pads) // 2 == spatial):
             return None
-        if auto_pad == "VALID" or len(pads) != 2 * spatial:
-            pads = [0] * 2 * spatial if auto_pad == "VALID" else []
-        sizes = (*kernel, *pads, *strides, *dilations)
-        if len(pads) != 2 * spatial or not all(isinstance(v, int) for v in sizes) or min(strides + dilations) < 1 or min(pads, default=0) < 0:
+        if not all(isinstance(v, int) for v in (*kernel, *pads)) or min(strides + dilations) < 1 or min(pads) < 0:
             return None
         out = [x[0], w[0]]
         for i in range(spatial):
