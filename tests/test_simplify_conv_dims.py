@@ -325,3 +325,24 @@ def test_dynamo_export_view_back_goes() -> None:
         for samples in (40, 59, 60, 61, 99, 100, 123):
             feeds = {"x": rng.standard_normal((batch, samples)).astype(np.float32)}
             assert _run_both(original, result, feeds), (batch, samples)
+
+
+def test_view_back_in_a_branch_stays() -> None:
+    """The same extractor as an If's branch: the prover derives the main graph only, so the view back stays there.
+
+    A limitation, not a trap (inside the branch its own facts would hold); outputs equal either way.
+    """
+    inner = _extractor()
+    cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
+    body = helper.make_graph(list(inner.graph.node), "then", [], [_io("out", [None] * 4)], list(inner.graph.initializer))
+    other = helper.make_graph([_const("skip", np.zeros((1, 2, 1, 16), np.float32))], "else", [], [_io("skip", [1, 2, 1, 16])])
+    model = _model([helper.make_node("If", ["cond"], ["y"], then_branch=body, else_branch=other)],
+                   [_io("x", ["batch", "samples"]), cond], [_io("y", [None] * 4)])  # fmt: skip
+    result, _ = _simplify(model, full_check=False)
+    branch = next(a.g for node in result.graph.node for a in node.attribute if a.name == "then_branch")
+    assert "out" in [node.output[0] for node in branch.node if node.op_type == "Reshape"]
+    ran = 0
+    for samples in (40, 59, 60, 100):
+        for flag in (True, False):
+            ran += _run_both(model, result, {"x": _floats(2, samples), "cond": np.array(flag)})
+    assert ran == 8
