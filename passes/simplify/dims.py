@@ -207,7 +207,7 @@ class _Deriver:
         if isinstance(dim, int):
             if dim >= 1 or (dim == 0 and allowzero):
                 return dim
-            return own if dim == 0 else None  # 0 copies the input's dim; -1 is not derived
+            return own if dim == 0 else None  # 0 copies the input's dim; a -1 is sized by _minus_one
         if dim is None:
             return None
         if dim == own or (allowzero and nonnegative) or self.found.positive(dim):
