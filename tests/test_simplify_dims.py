@@ -9,15 +9,12 @@ disabled) at several shapes, sizes 0 and 1 included, and compares values and
 shapes exactly; the negative cases are where a dim is *not* proved, and there
 the node must stay (a shape where removing it would change the result is run).
 
-Left on purpose: dynamo's ``view(batch, samples // 20 - 1, -1, 16)`` with
-``allowzero=1`` (wav2vec2) does not prove batch non-zero: onnxruntime runs a
-``-1`` beside a zero there (the spec calls it invalid) and sizes the ``-1`` by
-a rule of its own, so the view back to ``[batch, 2, L, 16]`` is not the
-attention output at batch 0 in general, and stays (onnxslim removes it).
-onnxruntime sizes that ``-1`` as the input's non-zero dims over the target's
-(``[0, 5, 32]`` as ``[0, 2, -1, 16]`` is ``[0, 2, 5, 16]``), so in the real
-model the heads are 2 only because the conv stack's frames equal
-``samples // 20 - 1``: a fact of the Conv length arithmetic, not of the views.
+Left on purpose here: dynamo's ``view(batch, samples // 20 - 1, -1, 16)`` of a
+tensor ``h`` whose frames are a graph input (not a conv stack's): nothing
+proves ``frames == samples // 20 - 1``, so the view back to ``[batch, 2, L, 16]``
+stays (onnxruntime sizes a ``-1`` beside a zero by a rule of its own, see
+``tests/test_simplify_conv_dims.py``, where the frames come from convs and the
+view back goes).
 """
 
 from __future__ import annotations
@@ -388,7 +385,7 @@ def test_reshape_of_a_flat_tensor_to_other_dims_stays() -> None:
     assert helpers.ort_run(result, feeds)[0].shape == (6, 1)
 
 
-# --- dynamo's views by a value that is not shape arithmetic: left (see the module docstring) ---
+# --- dynamo's views by a computed length the frames are not proved to equal: left (see the docstring) ---
 
 def _dynamo_view(allowzero: int) -> onnx.ModelProto:
     """An attention view as dynamo writes it: ``L = samples // 20 - 1`` (a value, not a dim) in ``view(batch, L, -1, 16)``.

@@ -33,20 +33,24 @@ for every input the model accepts:
 * ``Transpose`` (``perm``, or reversed when absent; a perm that is not a
   permutation of the axes fails the node): output dim ``i`` is input dim
   ``perm[i]``.
-* ``Reshape`` (opset >= 5) to a target built by shape arithmetic: entry ``i``
-  is output dim ``i`` where it is an int ``k >= 1``; ``0`` is ``0`` with
-  ``allowzero=1`` and copies input dim ``i`` without it; a dim ``d`` (a value
-  of ``Shape``, ``>= 0``) is output dim ``i`` with ``allowzero=1``, and
-  without it only when ``d`` is input dim ``i`` (then a ``0`` copies ``0``).
-  A ``-1`` entry, a dim ``d`` with ``allowzero=0`` (a run where ``d`` is 0
-  copies another dim) and a target that is not shape arithmetic (a computed
-  value may be -1 at run time) give nothing. The element counts are not used:
-  onnxruntime sizes a ``-1`` beside a zero by a rule of its own (see
-  tests/test_simplify_dims.py).
+* ``Reshape`` (opset >= 5) to a target built by shape arithmetic (with the
+  integer arithmetic of :func:`dim_exprs.computed`): entry ``i`` is output
+  dim ``i`` where it is an int ``k >= 1``; ``0`` is ``0`` with ``allowzero=1``
+  and copies input dim ``i`` without it; a dim ``d`` proved ``>= 0`` (a value
+  of ``Shape``, a sum of such) is output dim ``i`` with ``allowzero=1``, and
+  without it when ``d`` is input dim ``i``, never 0 (a Conv's length) or a
+  factor of input dim ``i`` (``k * d``: a 0 copies 0); an expression that may
+  be negative only when it is input dim ``i``. A ``-1`` entry is sized as
+  onnxruntime sizes it (:func:`_minus_one`) where the other entries cancel
+  against the input's dims; a target that is not shape arithmetic gives nothing.
+* ``Conv`` (explicit pads or VALID): spatial output dim
+  ``floor((n + pads - dilation*(k-1) - 1) / stride) + 1``, an expression of
+  the input's dim (:mod:`dim_exprs`), marked ``>= 1``: onnxruntime fails the
+  node where the numerator is negative (tests/test_simplify_conv_dims.py).
 * ``Slice`` keeps the dims of the axes it does not slice; an axis sliced from
   0 with step 1 to a dim ``e`` of shape arithmetic has ``min(e, d)`` elements
   (``d`` the axis's dim): ``e`` when ``d`` is ``e``, ``min(e, K)`` when ``d``
-  is an int ``K``.
+  is an int ``K``; to an int ``-k``, ``d - k`` where that is proved ``>= 0``.
 
 Only main-graph nodes give facts (a subgraph's node may not run); values of
 subgraphs and functions keep inference's dims. Equalities that contradict
@@ -55,124 +59,18 @@ each other (two different ints) are not recorded: the model then never runs.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterable, Sequence
-
 import numpy as np
 import onnx_ir as ir
 
+from passes.simplify import dim_exprs
+from passes.simplify.dim_classes import Clamped, SymbolicDims, broadcast_dim, broadcast_shapes, clamp
+from passes.simplify.dim_exprs import Expr
 from passes.simplify.rules import Context
-from passes.simplify.shape_values import DimOf, shape_value
+from passes.simplify.shape_values import DimOf
 
-__all__ = ["Clamped", "SymbolicDims", "derive"]
+__all__ = ["Clamped", "SymbolicDims", "broadcast_dim", "derive"]
 
 _INT64_BIG = 2**62
-_MAX_DEPTH = 8
-
-
-@dataclasses.dataclass(frozen=True)
-class Clamped:
-    """``min(symbol, bound)``: the length of a slice of ``bound`` elements up to a dim ``symbol``."""
-
-    symbol: object
-    bound: int
-
-    def __str__(self) -> str:
-        return f"min({self.symbol}, {self.bound})"
-
-
-def _rank(dim: object) -> int:
-    """Which dim of an equal class names it: an int, a declared symbol, a clamp, then inference's."""
-    if isinstance(dim, int):
-        return 0
-    if isinstance(dim, Clamped):
-        return 2
-    return 3 if isinstance(dim, str) and dim.startswith("unk__") else 1
-
-
-class SymbolicDims:
-    """Equal dims (a union-find) and the main graph's shapes with each dim's representative."""
-
-    def __init__(self) -> None:
-        self._parent: dict[object, object] = {}
-        self._shapes: dict[ir.Value, tuple[object, ...]] = {}
-
-    def find(self, dim: object, depth: int = 0) -> object:
-        """The representative of ``dim``'s class (``dim`` itself if nothing is known).
-
-        A clamp is canonical in its symbol too (``min(unk__1, 8)`` is ``min(seq, 8)``
-        once ``unk__1`` is ``seq``); ``depth`` bounds that recursion (each step is an
-        equality, so stopping early is still exact, only less simplified).
-        """
-        if dim is None:
-            return None
-        if isinstance(dim, Clamped) and depth < _MAX_DEPTH:
-            dim = _clamp(self.find(dim.symbol, depth + 1), dim.bound)
-        root = dim
-        while (parent := self._parent.get(root)) is not None and parent != root:
-            root = parent
-        while dim != root:  # path compression
-            self._parent[dim], dim = root, self._parent[dim]
-        if isinstance(root, Clamped) and depth < _MAX_DEPTH:
-            canonical = _clamp(self.find(root.symbol, depth + 1), root.bound)
-            if canonical != root:
-                return self.find(canonical, depth + 1)
-        return root
-
-    def union(self, a: object, b: object) -> None:
-        """Records that ``a`` and ``b`` are the same size (unless that contradicts two ints)."""
-        ra, rb = self.find(a), self.find(b)
-        if ra is None or rb is None or ra == rb or (isinstance(ra, int) and isinstance(rb, int)):
-            return
-        if (isinstance(ra, Clamped) and ra.symbol == rb) or (isinstance(rb, Clamped) and rb.symbol == ra):
-            return  # "s <= K": true, but a class must not hold a clamp of itself
-        if _rank(rb) < _rank(ra):
-            ra, rb = rb, ra
-        self._parent[rb] = ra
-
-    def shape(self, value: ir.Value) -> tuple[object, ...] | None:
-        """The derived shape of a main-graph value, each dim its representative; None if not derived."""
-        dims = self._shapes.get(value)
-        return None if dims is None else tuple(self.find(d) for d in dims)
-
-    def canonical(self, dims: Iterable[object]) -> tuple[object, ...]:
-        return tuple(self.find(d) for d in dims)
-
-
-def _clamp(symbol: object, bound: int) -> object:
-    if isinstance(symbol, int):
-        return min(symbol, bound)
-    if isinstance(symbol, Clamped):
-        return Clamped(symbol.symbol, min(symbol.bound, bound))
-    return None if symbol is None else Clamped(symbol, bound)
-
-
-def broadcast_dim(dims: Sequence[object]) -> object:
-    """The output dim of broadcasting ``dims`` (representatives) in a run that succeeds, or None if not proved."""
-    ints = {d for d in dims if isinstance(d, int) and d != 1}
-    if len(ints) > 1 or any(isinstance(d, int) and d < 0 for d in dims):
-        return None  # the op always fails
-    if ints:
-        return ints.pop()
-    others = [d for d in dims if d != 1]
-    if not others:
-        return 1
-    if None in others:
-        return None
-    distinct = set(others)
-    if len(distinct) == 1:
-        return others[0]
-    plain = [d for d in distinct if not isinstance(d, Clamped)]
-    if len(plain) == 1 and all(isinstance(d, Clamped) and d.symbol == plain[0] and d.bound >= 1
-                               for d in distinct if d is not plain[0]):  # fmt: skip
-        return plain[0]
-    return None
-
-
-def broadcast_shapes(shapes: Sequence[Sequence[object]]) -> tuple[object, ...]:
-    rank = max(len(s) for s in shapes)
-    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
-    return tuple(broadcast_dim([s[i] for s in padded]) for i in range(rank))
 
 
 _BROADCASTING = frozenset({
@@ -216,18 +114,27 @@ class _Deriver:
             return None if dims is None or element.index >= len(dims) else dims[element.index]
         return element
 
+    def computed(self, value: ir.Value | None) -> dim_exprs.Computed | None:
+        """The elements of a shape-arithmetic value as dims, each with whether it is ``>= 0``.
+
+        See :func:`dim_exprs.computed`; each dim is its representative.
+        """
+        built = dim_exprs.computed(self.ctx, value, self.element, self.found.nonnegative)
+        return None if built is None else [(self.found.find(dim), nonnegative) for dim, nonnegative in built]
+
     def entries(self, value: ir.Value | None) -> list[object] | None:
-        """The elements of a 1-D shape-arithmetic value as dims (None for one that is not)."""
-        built = shape_value(self.ctx, value)
+        """The elements of a 1-D shape-arithmetic value as dims (None for one that is not).
+
+        An int is given as it is; an expression not proved ``>= 0`` is None (unknown).
+        """
+        built = self.computed(value)
         if built is None:
             return None
-        return [self.element(e) for e in built.elements]
+        return [d if isinstance(d, int) or nonnegative else None for d, nonnegative in built]
 
     def scalar(self, value: ir.Value | None) -> object:
-        built = shape_value(self.ctx, value)
-        if built is None or len(built.elements) != 1:
-            return None
-        return self.element(built.elements[0])
+        built = self.entries(value)
+        return None if built is None or len(built) != 1 else built[0]
 
     def visit(self, node: ir.Node) -> None:
         derived: list[tuple[object, ...] | None] = [None] * len(node.outputs)
@@ -246,7 +153,7 @@ class _Deriver:
             else:
                 shape = raw if raw is not None else ours
             if shape is not None:
-                self.found._shapes[output] = shape
+                self.found.record(output, shape)
 
     # --- handlers: each returns the derived shape of each output (None where nothing is derived)
 
@@ -276,23 +183,37 @@ class _Deriver:
         if self.ctx.opset < 5 or len(node.inputs) < 2:
             return None  # before opset 5, the shape was an attribute
         x = self.dims(node.inputs[0])
-        target = self.entries(node.inputs[1])
+        target = self.computed(node.inputs[1])
         if target is None:
             return None
         allowzero = node.attributes.get_int("allowzero", 0) == 1
-        return [tuple(self._reshaped(entry, x, i, allowzero) for i, entry in enumerate(target))]
+        out = [self._reshaped(entry, x, i, allowzero) for i, entry in enumerate(target)]
+        minus = [i for i, (dim, _) in enumerate(target) if dim == -1]
+        if len(minus) == 1 and x is not None:
+            out[minus[0]] = _minus_one(x, out[: minus[0]] + out[minus[0] + 1 :], allowzero)
+        return [tuple(out)]
 
-    @staticmethod
-    def _reshaped(entry: object, x: tuple[object, ...] | None, i: int, allowzero: bool) -> object:
-        """Output dim ``i`` of a Reshape of a tensor of dims ``x`` whose target entry ``i`` is ``entry``."""
+    def _reshaped(self, entry: tuple[object, bool], x: tuple[object, ...] | None, i: int, allowzero: bool) -> object:
+        """Output dim ``i`` of a Reshape of a tensor of dims ``x`` whose target entry ``i`` is ``entry``.
+
+        ``entry`` is a dim and whether it is proved ``>= 0``: one that is not (an
+        expression, maybe ``-1`` at run time) is output dim ``i`` only where it is
+        input dim ``i`` (a size, so then ``>= 0``). Without allowzero, a dim that
+        may be 0 copies input dim ``i`` then: it is output dim ``i`` where it is
+        never 0 (a Conv's length) or input dim ``i`` is ``k`` times it.
+        """
         own = x[i] if x is not None and i < len(x) else None
-        if isinstance(entry, int):
-            if entry >= 1 or (entry == 0 and allowzero):
-                return entry
-            return own if entry == 0 else None  # 0 copies the input's dim; -1 is not derived
-        if entry is None:
+        dim, nonnegative = entry
+        if isinstance(dim, int):
+            if dim >= 1 or (dim == 0 and allowzero):
+                return dim
+            return own if dim == 0 else None  # 0 copies the input's dim; a -1 is sized by _minus_one
+        if dim is None:
             return None
-        return entry if allowzero or entry == own else None
+        if dim == own or (allowzero and nonnegative) or self.found.positive(dim):
+            return dim
+        multiple = isinstance(own, Expr) and own.const == 0 and len(own.terms) == 1 and own.terms[0][1] >= 1
+        return dim if nonnegative and multiple and own.terms[0][0] == dim else None  # type: ignore[union-attr]
 
     def expand(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
         x = self.dims(node.inputs[0])
@@ -311,6 +232,38 @@ class _Deriver:
             return None
         length = self.scalar(node.inputs[1])
         return None if length is None or (isinstance(length, int) and length < 0) else [(length,)]
+
+    def conv(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
+        """``Conv`` (explicit pads or VALID): spatial output dim ``floor((n + pads - dilation*(k-1) - 1) / stride) + 1``.
+
+        onnxruntime fails the node where ``n + pads < dilation*(k-1) + 1``, so in a run
+        that succeeds the numerator is ``>= 0`` and its integer division is that floor.
+        """
+        x, w = self.dims(node.inputs[0]), _weight_dims(self, node.inputs[1] if len(node.inputs) > 1 else None)
+        if x is None or w is None or len(x) < 3 or len(w) != len(x):
+            return None
+        spatial = len(x) - 2
+        auto_pad = node.attributes.get_string("auto_pad", "NOTSET")
+        kernel = node.attributes.get_ints("kernel_shape", None)
+        kernel = list(w[2:]) if kernel is None else list(kernel)
+        pads = list(node.attributes.get_ints("pads", [0] * 2 * spatial))
+        strides = list(node.attributes.get_ints("strides", [1] * spatial))
+        dilations = list(node.attributes.get_ints("dilations", [1] * spatial))
+        if auto_pad == "VALID":
+            pads = [0] * 2 * spatial
+        if auto_pad not in ("NOTSET", "VALID") or not (
+                len(kernel) == len(strides) == len(dilations) == len(pads) // 2 == spatial):
+            return None
+        if not all(isinstance(v, int) for v in (*kernel, *pads)) or min(strides + dilations) < 1 or min(pads) < 0:
+            return None
+        out = [x[0], w[0]]
+        for i in range(spatial):
+            n = x[2 + i]
+            reach = pads[i] + pads[i + spatial] - dilations[i] * (kernel[i] - 1) - 1  # type: ignore[operator]
+            length = None if n is None else dim_exprs.add(dim_exprs.floordiv(dim_exprs.add(n, reach), strides[i]), 1)
+            self.found.mark_positive(length)
+            out.append(length)
+        return [tuple(out)]
 
     def matmul(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
         a, b = self.dims(node.inputs[0]), self.dims(node.inputs[1])
@@ -346,9 +299,11 @@ class _Deriver:
             out[axis % rank] = self._sliced(x[axis % rank], start, end, step)
         return [tuple(out)]
 
-    @staticmethod
-    def _sliced(dim: object, start: int, end: object, step: int) -> object:
-        """The length of ``dim[start:end:step]``, or None when not proved."""
+    def _sliced(self, dim: object, start: int, end: object, step: int) -> object:
+        """The length of ``dim[start:end:step]``, or None when not proved.
+
+        ``dim[0:-k]`` has ``max(dim - k, 0)`` elements: ``dim - k`` where that is proved ``>= 0``.
+        """
         if step == 0:
             return None
         if isinstance(end, int) and isinstance(dim, int):
@@ -356,14 +311,56 @@ class _Deriver:
         if start != 0 or step != 1:
             return None
         if isinstance(end, int):
+            if -_INT64_BIG < end < 0 and dim is not None:
+                length = dim_exprs.add(dim, end)
+                return length if self.found.nonnegative(length) else None
             if end < 0 or dim is None:
                 return None
-            return dim if end >= _INT64_BIG else _clamp(dim, end)
+            return dim if end >= _INT64_BIG else clamp(dim, end)
         if end is None or dim is None:
             return None
         if end == dim:
             return dim
-        return _clamp(end, dim) if isinstance(dim, int) else None
+        return clamp(end, dim) if isinstance(dim, int) else None
+
+
+def _minus_one(x: tuple[object, ...], others: list[object], allowzero: bool) -> object:
+    """The dim a Reshape of a tensor of dims ``x`` gives its ``-1`` entry, the others' output dims being ``others``.
+
+    onnxruntime: without allowzero, the element count over the others' product
+    (the node fails where that product is 0); with allowzero, the product of
+    the input's non-zero dims over the others' non-zero ones. Each other dim
+    that is not an int must be a dim of ``x`` (the pairs cancel, zero or not);
+    what is left of ``x`` is ints ``>= 1`` (with allowzero), or ints and at most
+    one dim ``s`` without it, giving ``s`` times the quotient of the ints.
+    """
+    left = list(x)
+    wanted = 1
+    for dim in others:
+        if dim is None or (isinstance(dim, int) and dim < 1):
+            return None
+        if isinstance(dim, int):
+            wanted *= dim
+        elif dim in left:
+            left.remove(dim)
+        else:
+            return None
+    symbols = [d for d in left if not isinstance(d, int)]
+    ints = [d for d in left if isinstance(d, int)]
+    if None in symbols or len(symbols) > (0 if allowzero else 1) or (allowzero and min(ints, default=1) < 1):
+        return None
+    have = int(np.prod(ints, dtype=np.int64)) if ints else 1
+    if have % wanted:
+        return None
+    return dim_exprs.scale(symbols[0], have // wanted) if symbols else have // wanted
+
+
+def _weight_dims(deriver: _Deriver, w: ir.Value | None) -> tuple[object, ...] | None:
+    """The dims of a weight: derived, else its tensor's (an initializer loaded without a declared shape)."""
+    dims = deriver.dims(w)
+    if dims is None and w is not None and w.const_value is not None:
+        return tuple(int(d) for d in w.const_value.shape)
+    return dims
 
 
 _HANDLERS = {
@@ -373,6 +370,7 @@ _HANDLERS = {
     "Expand": _Deriver.expand,
     "Range": _Deriver.range,
     "MatMul": _Deriver.matmul,
+    "Conv": _Deriver.conv,
     "Slice": _Deriver.slice,
 }
 
@@ -386,7 +384,7 @@ def derive(graph: ir.Graph, ctx: Context) -> SymbolicDims:
     for value in (*graph.inputs, *graph.initializers.values()):
         raw = ctx.dims(value)
         if raw is not None:
-            deriver.found._shapes[value] = raw
+            deriver.found.record(value, raw)
     for node in graph:
         deriver.visit(node)
     return deriver.found

@@ -1,0 +1,169 @@
+"""Dims known equal (a union-find), with the dims of each main-graph value: what :mod:`passes.simplify.dims` derives into.
+
+A class's representative is an int, else a declared symbol, else a clamp
+(:class:`Clamped`) or an expression (:mod:`dim_exprs`), else a symbol onnx
+inference made up; clamps and expressions are rebuilt over the
+representatives of what they are made of, so equal dims compare equal.
+Dims marked positive (a Conv's output length) are ``>= 1`` in every run that
+succeeds. The broadcast rule is here too (see :mod:`passes.simplify.dims`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+import onnx_ir as ir
+
+from passes.simplify import dim_exprs
+from passes.simplify.dim_exprs import Expr
+
+__all__ = ["Clamped", "SymbolicDims", "broadcast_dim", "broadcast_shapes", "clamp"]
+
+_MAX_DEPTH = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Clamped:
+    """``min(symbol, bound)``: the length of a slice of ``bound`` elements up to a dim ``symbol``."""
+
+    symbol: object
+    bound: int
+
+    def __str__(self) -> str:
+        return f"min({self.symbol}, {self.bound})"
+
+
+def _rank(dim: object) -> int:
+    """Which dim of an equal class names it: an int, a declared symbol, a clamp or expression, then inference's."""
+    if isinstance(dim, int):
+        return 0
+    if isinstance(dim, (Clamped, Expr)):
+        return 2
+    return 3 if isinstance(dim, str) and dim.startswith("unk__") else 1
+
+
+class SymbolicDims:
+    """Equal dims (a union-find) and the main graph's shapes with each dim's representative."""
+
+    def __init__(self) -> None:
+        self._parent: dict[object, object] = {}
+        self._shapes: dict[ir.Value, tuple[object, ...]] = {}
+        self._positive: set[object] = set()
+        self._positive_roots: set[object] | None = set()  # their representatives; None after a union
+
+    def mark_positive(self, dim: object) -> None:
+        """Records that ``dim`` is ``>= 1`` in every run that succeeds (a Conv's output length)."""
+        if dim is not None and not isinstance(dim, int) and dim not in self._positive:
+            self._positive.add(dim)
+            self._positive_roots = None
+
+    def _is_positive_root(self, root: object) -> bool:
+        if self._positive_roots is None:
+            self._positive_roots = {self.find(p) for p in self._positive}
+        return root in self._positive_roots
+
+    def nonnegative(self, dim: object) -> bool:
+        """Whether ``dim`` is ``>= 0``: by its form (:func:`dim_exprs.is_nonnegative`), or equal to a positive dim."""
+        root = self.find(dim)
+        if root is None:
+            return False
+        return dim_exprs.is_nonnegative(root) or self._is_positive_root(root)
+
+    def positive(self, dim: object) -> bool:
+        """Whether ``dim`` is ``>= 1``: an int, or equal to a dim marked positive."""
+        root = self.find(dim)
+        return root >= 1 if isinstance(root, int) else root is not None and self._is_positive_root(root)
+
+    def find(self, dim: object, depth: int = 0) -> object:
+        """The representative of ``dim``'s class (``dim`` itself if nothing is known).
+
+        A clamp is canonical in its symbol too (``min(unk__1, 8)`` is ``min(seq, 8)``
+        once ``unk__1`` is ``seq``); ``depth`` bounds that recursion (each step is an
+        equality, so stopping early is still exact, only less simplified).
+        """
+        if dim is None:
+            return None
+        if depth < _MAX_DEPTH:
+            dim = self._in_representatives(dim, depth)
+        root = dim
+        while (parent := self._parent.get(root)) is not None and parent != root:
+            root = parent
+        while dim != root:  # path compression
+            self._parent[dim], dim = root, self._parent[dim]
+        if depth < _MAX_DEPTH:
+            canonical = self._in_representatives(root, depth)
+            if canonical != root:
+                return self.find(canonical, depth + 1)
+        return root
+
+    def _in_representatives(self, dim: object, depth: int) -> object:
+        """A clamp or expression rebuilt over the representatives of the dims it is made of."""
+        if isinstance(dim, Clamped):
+            return clamp(self.find(dim.symbol, depth + 1), dim.bound)
+        if isinstance(dim, Expr):
+            return dim_exprs.substitute(dim, lambda atom: self.find(atom, depth + 1))
+        return dim
+
+    def union(self, a: object, b: object) -> None:
+        """Records that ``a`` and ``b`` are the same size (unless that contradicts two ints)."""
+        ra, rb = self.find(a), self.find(b)
+        if ra is None or rb is None or ra == rb or (isinstance(ra, int) and isinstance(rb, int)):
+            return
+        if (isinstance(ra, Clamped) and ra.symbol == rb) or (isinstance(rb, Clamped) and rb.symbol == ra):
+            return  # "s <= K": true, but a class must not hold a clamp of itself
+        if (isinstance(ra, Expr) and rb in dim_exprs.atoms(ra)) or (isinstance(rb, Expr) and ra in dim_exprs.atoms(rb)):
+            return  # nor an expression of itself (it would not stay canonical)
+        if _rank(rb) < _rank(ra):
+            ra, rb = rb, ra
+        self._parent[rb] = ra
+        self._positive_roots = None
+
+    def record(self, value: ir.Value, dims: tuple[object, ...]) -> None:
+        """Records ``value``'s dims (as derived, or inference's)."""
+        self._shapes[value] = dims
+
+    def shape(self, value: ir.Value) -> tuple[object, ...] | None:
+        """The derived shape of a main-graph value, each dim its representative; None if not derived."""
+        dims = self._shapes.get(value)
+        return None if dims is None else tuple(self.find(d) for d in dims)
+
+    def canonical(self, dims: Iterable[object]) -> tuple[object, ...]:
+        return tuple(self.find(d) for d in dims)
+
+
+def clamp(symbol: object, bound: int) -> object:
+    """``min(symbol, bound)`` as a dim: an int, a :class:`Clamped` (of the tighter bound), or None."""
+    if isinstance(symbol, int):
+        return min(symbol, bound)
+    if isinstance(symbol, Clamped):
+        return Clamped(symbol.symbol, min(symbol.bound, bound))
+    return None if symbol is None else Clamped(symbol, bound)
+
+
+def broadcast_dim(dims: Sequence[object]) -> object:
+    """The output dim of broadcasting ``dims`` (representatives) in a run that succeeds, or None if not proved."""
+    ints = {d for d in dims if isinstance(d, int) and d != 1}
+    if len(ints) > 1 or any(isinstance(d, int) and d < 0 for d in dims):
+        return None  # the op always fails
+    if ints:
+        return ints.pop()
+    others = [d for d in dims if d != 1]
+    if not others:
+        return 1
+    if None in others:
+        return None
+    distinct = set(others)
+    if len(distinct) == 1:
+        return others[0]
+    plain = [d for d in distinct if not isinstance(d, Clamped)]
+    if len(plain) == 1 and all(isinstance(d, Clamped) and d.symbol == plain[0] and d.bound >= 1
+                               for d in distinct if d is not plain[0]):  # fmt: skip
+        return plain[0]
+    return None
+
+
+def broadcast_shapes(shapes: Sequence[Sequence[object]]) -> tuple[object, ...]:
+    rank = max(len(s) for s in shapes)
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
+    return tuple(broadcast_dim([s[i] for s in padded]) for i in range(rank))
