@@ -216,11 +216,8 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
             if early is not None:
                 child[1].callback(early.close)
         with phases.phase("passes", None):
-            token = _gate.current_check.set(check)  # a pass that checks its candidates uses the same inputs
-            try:
+            with _gate.passes_checked(check, worker):  # a pass that checks its candidates: the same inputs, child
                 run.run(model, progress, report.passes)
-            finally:
-                _gate.current_check.reset(token)
             _check.refuse_impossible_shapes(run, model, lambda: modelio.load_model(src))
         report.notes.extend(modelio.model_notes(model))  # the load's lossless repairs, the passes' corrections
         report.after = _report.summarize(model)
@@ -411,11 +408,8 @@ def _fresh(original: Any) -> ir.Model:
 
 def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, run: RunSpec, checking: CheckOptions,
                         worker: Any) -> Any:  # fmt: skip
-    token = _gate.current_check.set(checking)  # a pass that checks its candidates uses the same inputs
-    try:
+    with _gate.passes_checked(checking, worker):  # a pass that checks its candidates: the same inputs, child
         runs = run.run(ir_model)
-    finally:
-        _gate.current_check.reset(token)
     checking = _check.with_precision(checking, runs)
     _check.refuse_impossible_shapes(run, ir_model, lambda: _fresh(original))
     proto = modelio.model_to_proto(ir_model)

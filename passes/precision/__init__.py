@@ -196,9 +196,24 @@ class PrecisionPass(Pass, spec=PRECISION):
         """Adds the range and check islands (see the module docstring), recording the check in ``checked``."""
         from passes.verify import check as check_module
         from passes.verify.defaults import default_tolerance
-        from passes.verify.gate import CheckOptions, current_check
+        from passes.verify.gate import CheckOptions, current_check, lent_worker
 
         options = current_check.get() or CheckOptions()  # the run's inputs, sizes, seed and limits
+        lent = lent_worker.get()  # the run's check child, started with the run: no second start-up
+        if lent is not None and not (lent.alive and lent.take()):
+            lent = None
+        try:
+            self._search_with(model, plan, half, type_name, islands, checked, options, lent)
+        finally:
+            if lent is not None:
+                lent.give_back()
+
+    def _search_with(self, model: ir.Model, plan: _plan.Plan, half: ir.DataType, type_name: str,
+                     islands: dict[tuple[str, str], str], checked: dict[str, Any], options: Any,
+                     worker: Any) -> None:  # fmt: skip
+        """:meth:`_search` on ``worker`` (a lent child, left running) or, if None, a child of its own."""
+        from passes.verify import check as check_module
+        from passes.verify.defaults import default_tolerance
 
         reference = model.clone()
         limit = float(half.max) / RANGE_MARGIN
@@ -215,7 +230,7 @@ class PrecisionPass(Pass, spec=PRECISION):
             reference, inputs=options.inputs, inputs_file=options.inputs_file, dims=dict(options.dims),
             shapes=dict(options.shapes), seed=options.seed, rtol=options.rtol, atol=options.atol,
             timeout=options.timeout, memory_limit=options.memory_limit, rounding=True, precision=type_name,
-            precision_tolerance=self.tolerance,
+            precision_tolerance=self.tolerance, worker=worker, keep_worker=worker is not None,
         ) as checker:
             checker.start()  # the original's inputs and runs: its values' magnitudes before any comparison
             magnitudes, unmeasured = checker.magnitudes(above=limit), dict(islands)

@@ -91,7 +91,9 @@ class Checker:
         timeout: Seconds the onnxruntime part may take (the locator gets as much again).
         memory_limit: The child's address-space bound in bytes; None: 3/4 of physical memory; 0: none.
         worker: A child already started (see :meth:`Worker.start`) to use instead of a new one;
-            the checker closes it on exit like its own.
+            the checker closes it on exit like its own, unless ``keep_worker``.
+        keep_worker: ``worker`` is lent (the run's check child, to the precision search): on exit
+            the original's session is released and the child left running for its owner.
         rounding: Whether the optimised models may round differently (see :func:`check`).
         precision: The half type an optimised model computes in (``"float16"``, ``"bfloat16"``:
             ``--precision``): float outputs are compared at that type's tolerance (at least), and
@@ -130,8 +132,10 @@ class Checker:
         precision: str | None = None,
         precision_tolerance: tuple[float, float | None] | None = None,
         free_dims: Mapping[str, int | Sequence[int]] | None = None,
+        keep_worker: bool = False,
     ) -> None:
         self.original = original
+        self.keep_worker = keep_worker and worker is not None
         self.free_dims = None if free_dims is None else dict(free_dims)
         self.rounding = rounding
         self.precision = precision
@@ -182,7 +186,11 @@ class Checker:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
-            if self.worker is not None:
+            if self.worker is not None and self.keep_worker:
+                if self.worker.alive:  # (its owner's next request restarts it if it died)
+                    with contextlib.suppress(WorkerError, OSError):
+                        self.worker.request({"op": "release"}, self._deadline())
+            elif self.worker is not None:
                 self.worker.close()
         finally:
             if self.folder is not None:

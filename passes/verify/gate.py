@@ -23,7 +23,7 @@ import logging
 import os
 import pathlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from passes import modelio  # light: it imports onnx and onnx_ir on first use
@@ -42,7 +42,8 @@ else:
 _declared = lazy_module("passes.modelio.declared")
 _detach = lazy_module("passes.modelio.detach")
 
-__all__ = ["CheckOptions", "Gate", "Verdict", "current_check", "start_early", "start_worker"]
+__all__ = ["CheckOptions", "Gate", "Verdict", "current_check", "lent_worker", "passes_checked", "start_early",
+           "start_worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,23 @@ class CheckOptions:
 #: its own candidates (``--precision``'s search for float32 islands) uses the same inputs, sizes and seed.
 current_check: contextvars.ContextVar[CheckOptions | None] = contextvars.ContextVar("passes_check_options",
                                                                                     default=None)
+#: The run's check child (:func:`start_worker`), lent to a pass that checks its own candidates while
+#: the passes run (the precision search: its child is then already started and its imports done, and
+#: no second child starts); None elsewhere (the blame's reruns, whose search must not disturb the
+#: check's child, start their own). The borrower takes it (:meth:`passes.verify.child.Worker.take`)
+#: and leaves it running.
+lent_worker: contextvars.ContextVar[Any] = contextvars.ContextVar("passes_lent_worker", default=None)
+
+
+@contextlib.contextmanager
+def passes_checked(check: CheckOptions, worker: Any) -> Iterator[None]:
+    """While the passes run: :data:`current_check` is ``check`` and :data:`lent_worker` is ``worker``."""
+    tokens = current_check.set(check), lent_worker.set(worker)
+    try:
+        yield
+    finally:
+        lent_worker.reset(tokens[1])
+        current_check.reset(tokens[0])
 
 
 def _validity(model: Any, *, with_data: bool = False) -> tuple[str | None, list[_validate.ShapeConflict]]:
