@@ -45,6 +45,8 @@ the save writes them converted (:mod:`passes.precision.lazy`).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 from typing import Any
 
@@ -193,28 +195,54 @@ class PrecisionPass(Pass, spec=PRECISION):
 
     def _search(self, model: ir.Model, plan: _plan.Plan, half: ir.DataType, type_name: str,
                 islands: dict[tuple[str, str], str], checked: dict[str, Any]) -> None:  # fmt: skip
-        """Adds the range and check islands (see the module docstring), recording the check in ``checked``."""
-        from passes.verify import check as check_module
-        from passes.verify.defaults import default_tolerance
-        from passes.verify.gate import CheckOptions, current_check, lent_worker
+        """Adds the range and check islands (see the module docstring), recording the check in ``checked``.
 
-        options = current_check.get() or CheckOptions()  # the run's inputs, sizes, seed and limits
-        lent = lent_worker.get()  # the run's check child, started with the run: no second start-up
-        if lent is not None and not (lent.alive and lent.take()):
-            lent = None
+        In a run (:class:`passes.verify.gate.Handoff`) the candidates are compared with the run's
+        original, on the run's check child, and a checker whose check passed goes to the final check,
+        which then runs the original no more; alone (or where the original does not run), with this
+        model, on a child of its own."""
+        from passes.verify.gate import handoff as current_handoff
+
+        handoff = current_handoff.get()
+        lent = handoff.lend() if handoff is not None else None
         try:
-            self._search_with(model, plan, half, type_name, islands, checked, options, lent)
+            self._search_with(model, plan, half, type_name, islands, checked, handoff, lent)
         finally:
             if lent is not None:
                 lent.give_back()
 
+    def _started(self, stack: contextlib.ExitStack, reference: ir.Model, type_name: str, handoff: Any,
+                 worker: Any) -> tuple[Any, bool]:  # fmt: skip
+        """The search's checker, entered on ``stack``, the original's side run: of the run's original
+        (``handoff``'s), its values read from ``reference``, if it runs (then True), else of ``reference``."""
+        from passes.verify import check as check_module
+        from passes.verify.gate import CheckOptions, current_check
+
+        options = current_check.get() or CheckOptions()  # the run's inputs, sizes, seed and limits
+        for original in ([handoff.original] if handoff is not None else []) + [reference]:
+            checker = stack.enter_context(check_module.Checker(
+                original, inputs=options.inputs, inputs_file=options.inputs_file, dims=dict(options.dims),
+                shapes=dict(options.shapes), seed=options.seed, rtol=options.rtol, atol=options.atol,
+                timeout=options.timeout, memory_limit=options.memory_limit, rounding=True, precision=type_name,
+                precision_tolerance=self.tolerance, worker=worker, keep_worker=worker is not None,
+            ))  # fmt: skip
+            checker.start()  # the original's inputs and runs: its values' magnitudes before any comparison
+            if original is reference:
+                return checker, False
+            if checker.started:
+                checker.read_values_of(reference)
+                return checker, True
+            stack.close()  # (it does not run: the search's own model, as alone)
+        raise AssertionError("unreachable")
+
     def _search_with(self, model: ir.Model, plan: _plan.Plan, half: ir.DataType, type_name: str,
-                     islands: dict[tuple[str, str], str], checked: dict[str, Any], options: Any,
+                     islands: dict[tuple[str, str], str], checked: dict[str, Any], handoff: Any,
                      worker: Any) -> None:  # fmt: skip
         """:meth:`_search` on ``worker`` (a lent child, left running) or, if None, a child of its own."""
-        from passes.verify import check as check_module
         from passes.verify.defaults import default_tolerance
+        from passes.verify.gate import CheckOptions, current_check
 
+        options = current_check.get() or CheckOptions()
         reference = model.clone()
         limit = float(half.max) / RANGE_MARGIN
         tolerance = default_tolerance(type_name, type_name, self.tolerance)
@@ -226,13 +254,8 @@ class PrecisionPass(Pass, spec=PRECISION):
                 copy.meta[KEEP_EXTERNAL] = True
             return copy
 
-        with check_module.Checker(
-            reference, inputs=options.inputs, inputs_file=options.inputs_file, dims=dict(options.dims),
-            shapes=dict(options.shapes), seed=options.seed, rtol=options.rtol, atol=options.atol,
-            timeout=options.timeout, memory_limit=options.memory_limit, rounding=True, precision=type_name,
-            precision_tolerance=self.tolerance, worker=worker, keep_worker=worker is not None,
-        ) as checker:
-            checker.start()  # the original's inputs and runs: its values' magnitudes before any comparison
+        with contextlib.ExitStack() as stack:
+            checker, handed = self._started(stack, reference, type_name, handoff, worker)
             magnitudes, unmeasured = checker.magnitudes(above=limit), dict(islands)
             _islands.range_islands(reference, plan, magnitudes, limit, islands)
             converted = candidate()
@@ -271,6 +294,10 @@ class PrecisionPass(Pass, spec=PRECISION):
                         f"({len(islands)} islands): {result.summary()}"
                         + (f"; {checked['unlocated']}" if checked.get("unlocated") else "")
                         + "\n" + self._reproduce(checker, model, plan, half, islands, converted, options))
+            if handed and checked["ok"]:  # the final check compares on what it measured of the original
+                handoff.keep(checker, dataclasses.replace(options, precision=type_name,
+                                                          precision_tolerance=self.tolerance))  # fmt: skip
+                stack.pop_all()
 
     @staticmethod
     def _proven(result: Any, checked: dict[str, Any]) -> None:

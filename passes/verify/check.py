@@ -154,6 +154,8 @@ class Checker:
         self.worker: Worker | None = worker
         self._prepare: dict[str, Any] | None = None
         self._original: CheckResult | tuple[Any, ...] | None = None  # what start() found, for check()
+        self._side: tuple[Any, ...] | None = None  # what the first check found of the original (reuse())
+        self._source: tuple[Any, ...] | None = None  # the original's path and graph (read_values_of())
         self.original_seconds = 0.0  #: what :meth:`start` took (the check's time limit counts it)
         self._prepared = False
         self._tolerances: dict[str, tuple[float, float]] = {}
@@ -211,6 +213,8 @@ class Checker:
             original = self._original_side(deadline)
         else:  # the time limit is the whole check's: what the original's side took is spent
             deadline = time.monotonic() + max(0.0, self.timeout - self.original_seconds)
+        if not isinstance(original, CheckResult):
+            self._side = original
         result = original if isinstance(original, CheckResult) else self._check(optimized, deadline, original)
         result.seconds["check"] = round(time.perf_counter() - start, 3)
         return result
@@ -226,6 +230,35 @@ class Checker:
             with contextlib.suppress(WorkerError):  # (a dead child is restored by the compare)
                 self.worker.request({"op": "release"}, self._deadline())
         self.original_seconds = time.perf_counter() - start
+
+    @property
+    def started(self) -> bool:
+        """:meth:`start` ran the original on its inputs and every set (False: it could not; then
+        :meth:`check` says why)."""
+        return self._original is not None and not isinstance(self._original, CheckResult)
+
+    def reuse(self) -> bool:
+        """The next :meth:`check` compares on what the first one measured of the original (its inputs,
+        its runs on every set, its reruns for noise: the final check after the precision search, see
+        :class:`passes.verify.gate.Handoff`) instead of running it again; False when none did."""
+        if self._side is None:
+            return False
+        self._original, self.located_values = self._side, None
+        return True
+
+    def read_values_of(self, model: Any) -> None:
+        """The model whose values :meth:`magnitudes`, :meth:`locate` and ``--repro`` read from now on
+        (``original_path`` and ``original_proto`` name it): ``model``, a model computing what the
+        original does (the precision search's float32 model, whose emulations are compared with the
+        original's outputs), or the original again (None). After :meth:`start`."""
+        assert self.folder is not None and self.original_path is not None
+        if self._source is None:
+            self._source = (self.original_path, self.original_proto)
+        if model is None:
+            self.original_path, self.original_proto = self._source
+            return
+        label = f"values-{len(list(self.folder.glob('values-*')))}"
+        self.original_path, self.original_proto = _files.materialize(model, self.folder, label)
 
     def _original_side(self, deadline: float) -> CheckResult | tuple[Any, ...]:
         """Reads the original, chooses its inputs, runs it on them and on the other sets: why the check

@@ -42,8 +42,8 @@ else:
 _declared = lazy_module("passes.modelio.declared")
 _detach = lazy_module("passes.modelio.detach")
 
-__all__ = ["CheckOptions", "Gate", "Verdict", "current_check", "lent_worker", "passes_checked", "start_early",
-           "start_worker"]
+__all__ = ["CheckOptions", "Gate", "Handoff", "Verdict", "current_check", "handoff", "passes_checked",
+           "start_early", "start_worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,22 +111,74 @@ class CheckOptions:
 #: its own candidates (``--precision``'s search for float32 islands) uses the same inputs, sizes and seed.
 current_check: contextvars.ContextVar[CheckOptions | None] = contextvars.ContextVar("passes_check_options",
                                                                                     default=None)
-#: The run's check child (:func:`start_worker`), lent to a pass that checks its own candidates while
-#: the passes run (the precision search: its child is then already started and its imports done, and
-#: no second child starts); None elsewhere (the blame's reruns, whose search must not disturb the
-#: check's child, start their own). The borrower takes it (:meth:`passes.verify.child.Worker.take`)
-#: and leaves it running.
-lent_worker: contextvars.ContextVar[Any] = contextvars.ContextVar("passes_lent_worker", default=None)
+class Handoff:
+    """The run's check child, lent to a pass that checks its own candidates while the passes run (the
+    precision search), and what that pass measured of the original, for the final check.
+
+    The search takes the child (:meth:`lend`: started with the run, its imports done: no second
+    child) and compares its candidates with ``original`` (the run's source, the final check's
+    original); once its check passes it :meth:`keep`s its checker, and the final check reuses what
+    it measured of the original (its inputs, its outputs on every set, its reruns for noise:
+    :meth:`take`) where the final check's options are those the search ran with. The pipeline
+    closes it whatever happens (:meth:`close`: a checker not taken is exited, the child left to its
+    owner). Outside the passes (the blame's reruns) there is none: a search starts its own child.
+    """
+
+    def __init__(self, original: Any, worker: Any) -> None:
+        self.original, self.worker = original, worker
+        self._kept: tuple[Any, CheckOptions] | None = None
+
+    def lend(self) -> Any:
+        """The child, taken for the caller (give it back with :meth:`give_back`); None if there is
+        none alive or someone holds it."""
+        if self.worker is None or not self.worker.alive or not self.worker.take():
+            return None
+        return self.worker
+
+    def give_back(self) -> None:
+        self.worker.give_back()
+
+    def keep(self, checker: Any, check: CheckOptions) -> None:
+        """Keeps ``checker`` (entered, its original this one's), which ran with ``check``, for :meth:`take`."""
+        self.close()
+        self._kept = (checker, check)
+
+    def take(self, check: CheckOptions) -> Any:
+        """The kept checker, if it ran with ``check``'s options (the caller exits it), else None."""
+        kept, self._kept = self._kept, None
+        if kept is not None and _same_options(kept[1], check):
+            return kept[0]
+        if kept is not None:
+            kept[0].__exit__(None, None, None)
+        return None
+
+    def close(self) -> None:
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            kept[0].__exit__(None, None, None)
+
+
+def _same_options(a: CheckOptions, b: CheckOptions) -> bool:
+    """The same options field by field (the same objects, or equal plain values: the arrays of
+    ``inputs`` have no truth value to compare)."""
+    def same(x: Any, y: Any) -> bool:
+        return x is y or (isinstance(x, (str, int, float, tuple, type(None))) and type(x) is type(y) and x == y)
+
+    return all(same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(CheckOptions))
+
+
+#: While the passes run, the run's :class:`Handoff` (None elsewhere).
+handoff: contextvars.ContextVar[Handoff | None] = contextvars.ContextVar("passes_check_handoff", default=None)
 
 
 @contextlib.contextmanager
-def passes_checked(check: CheckOptions, worker: Any) -> Iterator[None]:
-    """While the passes run: :data:`current_check` is ``check`` and :data:`lent_worker` is ``worker``."""
-    tokens = current_check.set(check), lent_worker.set(worker)
+def passes_checked(check: CheckOptions, handed: Handoff | None) -> Iterator[None]:
+    """While the passes run: :data:`current_check` is ``check`` and :data:`handoff` is ``handed``."""
+    tokens = current_check.set(check), handoff.set(handed)
     try:
         yield
     finally:
-        lent_worker.reset(tokens[1])
+        handoff.reset(tokens[1])
         current_check.reset(tokens[0])
 
 
@@ -279,13 +331,14 @@ class Gate:
     """
 
     def __init__(self, original: Any, check: CheckOptions, warn: Callable[[str], None], worker: Any = None,
-                 *, rounding: bool = True, early: Any = None) -> None:  # fmt: skip
+                 *, rounding: bool = True, early: Any = None, handoff: Handoff | None = None) -> None:  # fmt: skip
         """``rounding``: whether the optimised model may round differently from the original (a
         fusion or a decomposition ran); False holds every input set to the element-wise tolerance.
         ``early``: the original's side of the check already under way on ``worker``
-        (:class:`passes.verify.early.Early`, see :func:`start_early`)."""
+        (:class:`passes.verify.early.Early`, see :func:`start_early`). ``handoff``: the run's
+        :class:`Handoff`, whose kept checker (the precision search's) is reused if it fits."""
         self.original, self.check, self.warn, self.worker = original, check, warn, worker
-        self.rounding, self.early = rounding, early
+        self.rounding, self.early, self.handoff = rounding, early, handoff
         self._checker: Any = None
         self._stack = contextlib.ExitStack()
 
@@ -320,10 +373,18 @@ class Gate:
         from passes.verify import check as check_module  # the child process only when checking
         from passes.verify.early import new_checker
 
+        handed = self.handoff.take(check) if self.handoff is not None and not ahead else None
         if ahead:
             self._checker, result = self.early.result()
             self._stack.push(self._checker)  # entered by the early start; exited with the gate
-        else:  # (an early start that was dropped stopped its child: a new one)
+        elif handed is not None and handed.reuse():  # the original's inputs and runs as the search measured them
+            self._checker = self._stack.push(handed)
+            handed.rounding = self.rounding
+            handed.read_values_of(None)  # the locator reads the original again
+            result = handed.check(staged)
+        else:
+            if handed is not None:
+                handed.__exit__(None, None, None)  # (an early start that was dropped stopped its child: a new one)
             worker = self.worker if self.early is None else None
             self._checker = self._stack.enter_context(new_checker(self.original, check, worker, self.rounding))
             result = self._checker.check(staged)
