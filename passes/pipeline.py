@@ -67,6 +67,7 @@ _report = lazy_module("passes.report")
 _walk = lazy_module("passes.ir.walk")
 _destinations = lazy_module("passes.modelio.destinations")
 _gate = lazy_module("passes.verify.gate")
+_handoff = lazy_module("passes.verify.handoff")
 _repro = lazy_module("passes.verify.repro")
 
 __all__ = [
@@ -216,9 +217,9 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
             if early is not None:
                 child[1].callback(early.close)
         with phases.phase("passes", None):
-            handoff = _gate.Handoff(src, worker)  # the precision search's measurements, for the final check
+            handoff = _handoff.Handoff(src, worker)  # the precision search's measurements, for the final check
             child[1].callback(handoff.close)
-            with _gate.passes_checked(check, handoff):  # a pass that checks its candidates: the same inputs, child
+            with _handoff.passes_checked(check, handoff):  # a pass that checks its candidates: the same inputs, child
                 run.run(model, progress, report.passes)
             _check.refuse_impossible_shapes(run, model, lambda: modelio.load_model(src))
         report.notes.extend(modelio.model_notes(model))  # the load's lossless repairs, the passes' corrections
@@ -411,8 +412,8 @@ def _fresh(original: Any) -> ir.Model:
 def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, run: RunSpec, checking: CheckOptions,
                         worker: Any) -> Any:  # fmt: skip
     with contextlib.ExitStack() as stack:
-        handoff = stack.enter_context(contextlib.closing(_gate.Handoff(original, worker)))  # (see _optimize_file)
-        with _gate.passes_checked(checking, handoff):  # a pass that checks its candidates: the same inputs, child
+        handoff = stack.enter_context(contextlib.closing(_handoff.Handoff(original, worker)))  # (see _optimize_file)
+        with _handoff.passes_checked(checking, handoff):  # a pass that checks its candidates: the same inputs, child
             runs = run.run(ir_model)
         checking = _check.with_precision(checking, runs)
         _check.refuse_impossible_shapes(run, ir_model, lambda: _fresh(original))

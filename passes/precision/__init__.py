@@ -201,7 +201,7 @@ class PrecisionPass(Pass, spec=PRECISION):
         original, on the run's check child, and a checker whose check passed goes to the final check,
         which then runs the original no more; alone (or where the original does not run), with this
         model, on a child of its own."""
-        from passes.verify.gate import handoff as current_handoff
+        from passes.verify.handoff import handoff as current_handoff
 
         handoff = current_handoff.get()
         lent = handoff.lend() if handoff is not None else None
