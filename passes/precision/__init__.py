@@ -15,7 +15,10 @@ kept in float32, each found and listed with its reason:
 3. **range**: nodes that take or make a value whose magnitude exceeds the half
    type's largest value / :data:`RANGE_MARGIN` on the check's inputs (the
    float32 model's values measured in the check's child before any comparison:
-   :meth:`passes.verify.check.Checker.start`, then its ``magnitudes``);
+   :meth:`passes.verify.check.Checker.start`, then its ``magnitudes``; in a run,
+   the run's original is what the emulations are compared with, on the run's
+   check child, and the final check reuses what the search measured of it:
+   :class:`passes.verify.handoff.Handoff`);
 4. **check**: the check compares an *emulation* of the converted model (the same
    islands, each half node's output rounded to the half type by a Cast pair:
    onnxruntime's CPU provider would otherwise compute the chain in float32) with
