@@ -117,3 +117,28 @@ def test_the_search_alone_measures_its_own_model(tmp_path: pathlib.Path, monkeyp
     assert pathlib.Path(prepare["model"]).name == "model.onnx"  # the search's copy, not a file of the run
     assert len(started) == 1
     assert not _workers_of(os.getpid())
+
+
+def test_an_interrupt_in_the_search_ends_the_lent_child(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interrupt while the search holds the run's child (here, as its range probe starts): the
+    run ends with it, the child is killed (not asked for anything more: a request may be under
+    way), and none outlives the run."""
+    from passes import pipeline
+    from passes.verify import check as check_module
+
+    sent: list[int] = []
+
+    def interrupted(self: Any, above: float | None = None) -> dict[str, float]:
+        assert self.keep_worker and self.worker.alive  # the run's child, lent
+        sent.append(len(requests))
+        raise KeyboardInterrupt
+
+    requests, started = _record(monkeypatch)
+    monkeypatch.setattr(check_module.Checker, "magnitudes", interrupted)
+    source = tmp_path / "m.onnx"
+    onnx.save_model(large_values(), str(source))
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.optimize_file(source, tmp_path / "o.onnx", precision="fp16")
+    assert sent and len(requests) == sent[0]  # nothing asked of it after the interrupt
+    assert len(started) == 1 and not (tmp_path / "o.onnx").exists()
+    assert not _workers_of(os.getpid())

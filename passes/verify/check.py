@@ -85,7 +85,7 @@ class Checker(OriginalSide):
         worker: A child already started (see :meth:`Worker.start`) to use instead of a new one;
             the checker closes it on exit like its own, unless ``keep_worker``.
         keep_worker: ``worker`` is lent (the run's check child, to the precision search): on exit
-            the original's session is released and the child left running for its owner.
+            the child is left running for its owner (but killed on an error or an interrupt).
         rounding: Whether the optimised models may round differently (see :func:`check`).
         precision: The half type an optimised model computes in (``"float16"``, ``"bfloat16"``:
             ``--precision``): float outputs are compared at that type's tolerance (at least), and
@@ -180,11 +180,8 @@ class Checker(OriginalSide):
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
-            if self.worker is not None and self.keep_worker:
-                if self.worker.alive:  # (its owner's next request restarts it if it died)
-                    with contextlib.suppress(WorkerError, OSError):
-                        self.worker.request({"op": "release"}, self._deadline())
-            elif self.worker is not None:
+            # A lent child is left running, but for an error or an interrupt (a request may be under way).
+            if self.worker is not None and (not self.keep_worker or exc_type is not None):
                 self.worker.close()
         finally:
             if self.folder is not None:

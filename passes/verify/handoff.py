@@ -47,8 +47,10 @@ class Handoff:
         self.worker.give_back()
 
     def keep(self, checker: Any, check: CheckOptions) -> None:
-        """Keeps ``checker`` (entered, its original this one's), which ran with ``check``, for :meth:`take`."""
+        """Keeps ``checker`` (entered, its original this one's), which ran with ``check``, for :meth:`take`
+        (the original's session in the child dropped meanwhile: a rerun for noise loaded it)."""
         self.close()
+        checker.release()
         self._kept = (checker, check)
 
     def take(self, check: CheckOptions) -> Any:

@@ -56,9 +56,15 @@ class OriginalSide:
         start = time.perf_counter()
         self._original = self._original_side(self._deadline())
         if not isinstance(self._original, CheckResult):
-            with contextlib.suppress(WorkerError):  # (a dead child is restored by the compare)
-                self.worker.request({"op": "release"}, self._deadline())
+            self.release()
         self.original_seconds = time.perf_counter() - start
+
+    def release(self) -> None:
+        """Drops the original's session in the child (its outputs stay; a rerun for noise loads it
+        again), if the child is alive (a dead one is restored by the next comparison)."""
+        if self.worker is not None and self.worker.alive:
+            with contextlib.suppress(WorkerError):
+                self.worker.request({"op": "release"}, self._deadline())
 
     @property
     def started(self) -> bool:
