@@ -60,8 +60,9 @@ def _without_times(value: Any) -> Any:
 
 
 @pytest.mark.parametrize("make", [large_values, deep_chain], ids=["range-islands", "located-islands"])
-def test_the_original_runs_once_per_set_and_the_report_is_unchanged(make: Any, tmp_path: pathlib.Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_the_original_runs_once_per_set_and_the_report_is_unchanged(
+    make: Any, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Reused: one child, one ``prepare`` (of the run's source), each set run once; measured again
     (the search's checker not reused): two ``prepare``s, each set twice; the same written bytes,
     the same report but for the times (verdicts, sets, sizes proven, errors)."""
@@ -119,7 +120,8 @@ def test_the_search_alone_measures_its_own_model(tmp_path: pathlib.Path, monkeyp
     assert not _workers_of(os.getpid())
 
 
-def test_an_interrupt_in_the_search_ends_the_lent_child(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_interrupt_in_the_search_ends_the_lent_child(tmp_path: pathlib.Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """An interrupt while the search holds the run's child (here, as its range probe starts): the
     run ends with it, the child is killed (not asked for anything more: a request may be under
     way), and none outlives the run."""
@@ -141,4 +143,23 @@ def test_an_interrupt_in_the_search_ends_the_lent_child(tmp_path: pathlib.Path, 
         pipeline.optimize_file(source, tmp_path / "o.onnx", precision="fp16")
     assert sent and len(requests) == sent[0]  # nothing asked of it after the interrupt
     assert len(started) == 1 and not (tmp_path / "o.onnx").exists()
+    assert not _workers_of(os.getpid())
+
+
+def test_the_in_memory_route_hands_over_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``passes.optimize`` on a ``ModelProto``: one child, the original prepared once (the bytes the
+    caller gave, not the search's copy), and the result computes in float16 what the original does."""
+    import numpy as np
+
+    import passes
+    from helpers import ort_run
+
+    requests, started = _record(monkeypatch)
+    model = large_values()
+    result = passes.optimize(model, precision="fp16")
+    assert sum(r["op"] == "prepare" for r in requests) == 1 and len(started) == 1
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in result.graph.initializer)
+    x = np.random.default_rng(7).standard_normal((4, 16)).astype(np.float32)
+    (expected,), (actual,) = ort_run(model, {"x": x}), ort_run(result, {"x": x})
+    assert np.abs(actual - expected).max() <= 1e-3 + 1e-2 * np.abs(expected).max()
     assert not _workers_of(os.getpid())

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     import onnx
 
     from passes.modelio import validate as _validate
-    from passes.verify.handoff import Handoff
 else:
     onnx = lazy_module("onnx")
     _validate = lazy_module("passes.modelio.validate")
@@ -260,7 +259,7 @@ class Gate:
     """
 
     def __init__(self, original: Any, check: CheckOptions, warn: Callable[[str], None], worker: Any = None,
-                 *, rounding: bool = True, early: Any = None, handoff: Handoff | None = None) -> None:  # fmt: skip
+                 *, rounding: bool = True, early: Any = None, handoff: Any = None) -> None:  # fmt: skip
         """``rounding``: whether the optimised model may round differently from the original (a
         fusion or a decomposition ran); False holds every input set to the element-wise tolerance.
         ``early``: the original's side of the check already under way on ``worker``
