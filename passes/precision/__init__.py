@@ -222,21 +222,24 @@ class PrecisionPass(Pass, spec=PRECISION):
         from passes.verify.gate import CheckOptions, current_check
 
         options = current_check.get() or CheckOptions()  # the run's inputs, sizes, seed and limits
-        for original in ([handoff.original] if handoff is not None else []) + [reference]:
+
+        def started(original: Any) -> Any:  # its inputs and runs: its values' magnitudes before any comparison
             checker = stack.enter_context(check_module.Checker(
                 original, inputs=options.inputs, inputs_file=options.inputs_file, dims=dict(options.dims),
                 shapes=dict(options.shapes), seed=options.seed, rtol=options.rtol, atol=options.atol,
                 timeout=options.timeout, memory_limit=options.memory_limit, rounding=True, precision=type_name,
                 precision_tolerance=self.tolerance, worker=worker, keep_worker=worker is not None,
             ))  # fmt: skip
-            checker.start()  # the original's inputs and runs: its values' magnitudes before any comparison
-            if original is reference:
-                return checker, False
+            checker.start()
+            return checker
+
+        if handoff is not None:
+            checker = started(handoff.original)
             if checker.started:
                 checker.read_values_of(reference)
                 return checker, True
             stack.close()  # (it does not run: the search's own model, as alone)
-        raise AssertionError("unreachable")
+        return started(reference), False
 
     def _search_with(self, model: ir.Model, plan: _plan.Plan, half: ir.DataType, type_name: str,
                      islands: dict[tuple[str, str], str], checked: dict[str, Any], handoff: Any,
