@@ -67,6 +67,7 @@ _report = lazy_module("passes.report")
 _walk = lazy_module("passes.ir.walk")
 _destinations = lazy_module("passes.modelio.destinations")
 _gate = lazy_module("passes.verify.gate")
+_handoff = lazy_module("passes.verify.handoff")
 _repro = lazy_module("passes.verify.repro")
 
 __all__ = [
@@ -216,11 +217,10 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
             if early is not None:
                 child[1].callback(early.close)
         with phases.phase("passes", None):
-            token = _gate.current_check.set(check)  # a pass that checks its candidates uses the same inputs
-            try:
+            handoff = _handoff.Handoff(src, worker)  # the precision search's measurements, for the final check
+            child[1].callback(handoff.close)
+            with _handoff.passes_checked(check, handoff):  # a pass that checks its candidates: the same inputs, child
                 run.run(model, progress, report.passes)
-            finally:
-                _gate.current_check.reset(token)
             _check.refuse_impossible_shapes(run, model, lambda: modelio.load_model(src))
         report.notes.extend(modelio.model_notes(model))  # the load's lossless repairs, the passes' corrections
         report.after = _report.summarize(model)
@@ -235,7 +235,7 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
             check = _check.with_precision(check, report.passes)
             with phases.phase("check", "checking with onnxruntime" if check.enabled else "checking"):
                 with _gate.Gate(src, check, warn, worker, rounding=_check.rounding_may_change(report.passes),
-                                early=early) as gate:
+                                early=early, handoff=handoff) as gate:
                     verdict = gate.verify(staged_path)
                     _check.blame(gate, verdict, run, lambda: modelio.load_model(src))
                     gate.reproduce(staged_path, verdict, *repro_files)
@@ -411,18 +411,18 @@ def _fresh(original: Any) -> ir.Model:
 
 def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, run: RunSpec, checking: CheckOptions,
                         worker: Any) -> Any:  # fmt: skip
-    token = _gate.current_check.set(checking)  # a pass that checks its candidates uses the same inputs
-    try:
-        runs = run.run(ir_model)
-    finally:
-        _gate.current_check.reset(token)
-    checking = _check.with_precision(checking, runs)
-    _check.refuse_impossible_shapes(run, ir_model, lambda: _fresh(original))
-    proto = modelio.model_to_proto(ir_model)
-    with _gate.Gate(original, checking, logger.warning, worker, rounding=_check.rounding_may_change(runs)) as gate:
-        verdict = gate.verify(proto)
-        _check.blame(gate, verdict, run, lambda: _fresh(original))
-        gate.reproduce(proto, verdict, [original] if isinstance(original, pathlib.Path) else [])
+    with contextlib.ExitStack() as stack:
+        handoff = stack.enter_context(contextlib.closing(_handoff.Handoff(original, worker)))  # (see _optimize_file)
+        with _handoff.passes_checked(checking, handoff):  # a pass that checks its candidates: the same inputs, child
+            runs = run.run(ir_model)
+        checking = _check.with_precision(checking, runs)
+        _check.refuse_impossible_shapes(run, ir_model, lambda: _fresh(original))
+        proto = modelio.model_to_proto(ir_model)
+        with _gate.Gate(original, checking, logger.warning, worker, rounding=_check.rounding_may_change(runs),
+                        handoff=handoff) as gate:  # fmt: skip
+            verdict = gate.verify(proto)
+            _check.blame(gate, verdict, run, lambda: _fresh(original))
+            gate.reproduce(proto, verdict, [original] if isinstance(original, pathlib.Path) else [])
     notes = [*modelio.model_notes(ir_model), *verdict.notes]  # the load's repairs, the passes' corrections
     for note in [*notes, *(verdict.result.notes if verdict.result else [])]:
         logger.warning("%s", note)

@@ -15,7 +15,10 @@ kept in float32, each found and listed with its reason:
 3. **range**: nodes that take or make a value whose magnitude exceeds the half
    type's largest value / :data:`RANGE_MARGIN` on the check's inputs (the
    float32 model's values measured in the check's child before any comparison:
-   :meth:`passes.verify.check.Checker.start`, then its ``magnitudes``);
+   :meth:`passes.verify.check.Checker.start`, then its ``magnitudes``; in a run,
+   the run's original is what the emulations are compared with, on the run's
+   check child, and the final check reuses what the search measured of it:
+   :class:`passes.verify.handoff.Handoff`);
 4. **check**: the check compares an *emulation* of the converted model (the same
    islands, each half node's output rounded to the half type by a Cast pair:
    onnxruntime's CPU provider would otherwise compute the chain in float32) with
@@ -45,6 +48,8 @@ the save writes them converted (:mod:`passes.precision.lazy`).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 from typing import Any
 
@@ -193,13 +198,57 @@ class PrecisionPass(Pass, spec=PRECISION):
 
     def _search(self, model: ir.Model, plan: _plan.Plan, half: ir.DataType, type_name: str,
                 islands: dict[tuple[str, str], str], checked: dict[str, Any]) -> None:  # fmt: skip
-        """Adds the range and check islands (see the module docstring), recording the check in ``checked``."""
+        """Adds the range and check islands (see the module docstring), recording the check in ``checked``.
+
+        In a run (:class:`passes.verify.gate.Handoff`) the candidates are compared with the run's
+        original, on the run's check child, and a checker whose check passed goes to the final check,
+        which then runs the original no more; alone (or where the original does not run), with this
+        model, on a child of its own."""
+        from passes.verify.handoff import handoff as current_handoff
+
+        handoff = current_handoff.get()
+        lent = handoff.lend() if handoff is not None else None
+        try:
+            self._search_with(model, plan, half, type_name, islands, checked, handoff, lent)
+        finally:
+            if lent is not None:
+                lent.give_back()
+
+    def _started(self, stack: contextlib.ExitStack, reference: ir.Model, type_name: str, handoff: Any,
+                 worker: Any) -> tuple[Any, bool]:  # fmt: skip
+        """The search's checker, entered on ``stack``, the original's side run: of the run's original
+        (``handoff``'s), its values read from ``reference``, if it runs (then True), else of ``reference``."""
         from passes.verify import check as check_module
-        from passes.verify.defaults import default_tolerance
         from passes.verify.gate import CheckOptions, current_check
 
         options = current_check.get() or CheckOptions()  # the run's inputs, sizes, seed and limits
 
+        def started(original: Any) -> Any:  # its inputs and runs: its values' magnitudes before any comparison
+            checker = stack.enter_context(check_module.Checker(
+                original, inputs=options.inputs, inputs_file=options.inputs_file, dims=dict(options.dims),
+                shapes=dict(options.shapes), seed=options.seed, rtol=options.rtol, atol=options.atol,
+                timeout=options.timeout, memory_limit=options.memory_limit, rounding=True, precision=type_name,
+                precision_tolerance=self.tolerance, worker=worker, keep_worker=worker is not None,
+            ))  # fmt: skip
+            checker.start()
+            return checker
+
+        if handoff is not None:
+            checker = started(handoff.original)
+            if checker.started:
+                checker.read_values_of(reference)
+                return checker, True
+            stack.close()  # (it does not run: the search's own model, as alone)
+        return started(reference), False
+
+    def _search_with(self, model: ir.Model, plan: _plan.Plan, half: ir.DataType, type_name: str,
+                     islands: dict[tuple[str, str], str], checked: dict[str, Any], handoff: Any,
+                     worker: Any) -> None:  # fmt: skip
+        """:meth:`_search` on ``worker`` (a lent child, left running) or, if None, a child of its own."""
+        from passes.verify.defaults import default_tolerance
+        from passes.verify.gate import CheckOptions, current_check
+
+        options = current_check.get() or CheckOptions()
         reference = model.clone()
         limit = float(half.max) / RANGE_MARGIN
         tolerance = default_tolerance(type_name, type_name, self.tolerance)
@@ -211,13 +260,8 @@ class PrecisionPass(Pass, spec=PRECISION):
                 copy.meta[KEEP_EXTERNAL] = True
             return copy
 
-        with check_module.Checker(
-            reference, inputs=options.inputs, inputs_file=options.inputs_file, dims=dict(options.dims),
-            shapes=dict(options.shapes), seed=options.seed, rtol=options.rtol, atol=options.atol,
-            timeout=options.timeout, memory_limit=options.memory_limit, rounding=True, precision=type_name,
-            precision_tolerance=self.tolerance,
-        ) as checker:
-            checker.start()  # the original's inputs and runs: its values' magnitudes before any comparison
+        with contextlib.ExitStack() as stack:
+            checker, handed = self._started(stack, reference, type_name, handoff, worker)
             magnitudes, unmeasured = checker.magnitudes(above=limit), dict(islands)
             _islands.range_islands(reference, plan, magnitudes, limit, islands)
             converted = candidate()
@@ -256,6 +300,10 @@ class PrecisionPass(Pass, spec=PRECISION):
                         f"({len(islands)} islands): {result.summary()}"
                         + (f"; {checked['unlocated']}" if checked.get("unlocated") else "")
                         + "\n" + self._reproduce(checker, model, plan, half, islands, converted, options))
+            if handed and checked["ok"]:  # the final check compares on what it measured of the original
+                handoff.keep(checker, dataclasses.replace(options, precision=type_name,
+                                                          precision_tolerance=self.tolerance))  # fmt: skip
+                stack.pop_all()
 
     @staticmethod
     def _proven(result: Any, checked: dict[str, Any]) -> None:

@@ -2,7 +2,9 @@
 
 * ``result``: what a check found (plain data, no onnxruntime import).
 * ``check``: :func:`~passes.verify.check.check` and the :class:`~passes.verify.check.Checker`
-  session; imports onnx, not onnxruntime.
+  session; imports onnx, not onnxruntime; ``original``: its original's side (inputs chosen, runs on
+  every set: once, then reused); ``early``: that side while the passes run; ``handoff``: the check's
+  child lent to the precision search, and its checker handed to the final check.
 * ``feeds``: what each graph input feeds (its dims' roles, index ranges); ``plan``: the sizes
   to try, the larger and the 0-sized sets; ``lowest``: the float type that chooses each tolerance.
 * ``sets``: the sets of inputs after the chosen one and the original's runs on them (the budget);

@@ -37,22 +37,16 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import google.protobuf.message
 import numpy as np
 import onnx
 
 from passes.errors import first_line as _first_line
-from passes.verify import files as _files, lowest as _lowest, npz, plan, sets, verdict, values as _values
+from passes.verify import files as _files, plan, sets, verdict, values as _values
 from passes.verify.child import Worker, WorkerCrashed, WorkerError, WorkerTimeout, default_memory_limit
 from passes.verify.ort_io import make_inputs
+from passes.verify.original import OriginalSide
 from passes.verify.defaults import DEFAULT_DIM, DEFAULT_TIMEOUT, TOLERANCES
-from passes.verify.result import (
-    CheckResult,
-    FirstDifference,
-    InputsUsed,
-    OutputComparison,
-    shown,
-)
+from passes.verify.result import CheckResult, FirstDifference, InputsUsed, OutputComparison
 
 __all__ = [
     "DEFAULT_DIM",
@@ -65,11 +59,9 @@ __all__ = [
     "make_inputs",
 ]
 
-#: Expected outputs larger than this wait on disk (memory-mapped) while the optimised model runs.
-SPILL_BYTES = 1 << 28
 
 
-class Checker:
+class Checker(OriginalSide):
     """One check: the original's inputs and outputs, kept in a child process for reuse.
 
     Used as a context manager; :meth:`check` first, then (after a failure)
@@ -91,7 +83,9 @@ class Checker:
         timeout: Seconds the onnxruntime part may take (the locator gets as much again).
         memory_limit: The child's address-space bound in bytes; None: 3/4 of physical memory; 0: none.
         worker: A child already started (see :meth:`Worker.start`) to use instead of a new one;
-            the checker closes it on exit like its own.
+            the checker closes it on exit like its own, unless ``keep_worker``.
+        keep_worker: ``worker`` is lent (the run's check child, to the precision search): on exit
+            the child is left running for its owner (but killed on an error or an interrupt).
         rounding: Whether the optimised models may round differently (see :func:`check`).
         precision: The half type an optimised model computes in (``"float16"``, ``"bfloat16"``:
             ``--precision``): float outputs are compared at that type's tolerance (at least), and
@@ -130,8 +124,10 @@ class Checker:
         precision: str | None = None,
         precision_tolerance: tuple[float, float | None] | None = None,
         free_dims: Mapping[str, int | Sequence[int]] | None = None,
+        keep_worker: bool = False,
     ) -> None:
         self.original = original
+        self.keep_worker = keep_worker and worker is not None
         self.free_dims = None if free_dims is None else dict(free_dims)
         self.rounding = rounding
         self.precision = precision
@@ -150,6 +146,8 @@ class Checker:
         self.worker: Worker | None = worker
         self._prepare: dict[str, Any] | None = None
         self._original: CheckResult | tuple[Any, ...] | None = None  # what start() found, for check()
+        self._side: tuple[Any, ...] | None = None  # what the first check found of the original (reuse())
+        self._source: tuple[Any, ...] | None = None  # the original's path and graph (read_values_of())
         self.original_seconds = 0.0  #: what :meth:`start` took (the check's time limit counts it)
         self._prepared = False
         self._tolerances: dict[str, tuple[float, float]] = {}
@@ -182,16 +180,14 @@ class Checker:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
-            if self.worker is not None:
+            # A lent child is left running, but for an error or an interrupt (a request may be under way).
+            if self.worker is not None and (not self.keep_worker or exc_type is not None):
                 self.worker.close()
         finally:
             if self.folder is not None:
                 shutil.rmtree(self.folder, ignore_errors=True)
 
     # --- the check ---------------------------------------------------------------------------
-
-    def _deadline(self) -> float:
-        return time.monotonic() + self.timeout
 
     def check(self, optimized: Any) -> CheckResult:
         """Runs the original (choosing its inputs) unless :meth:`start` did, then ``optimized``; compares."""
@@ -203,75 +199,11 @@ class Checker:
             original = self._original_side(deadline)
         else:  # the time limit is the whole check's: what the original's side took is spent
             deadline = time.monotonic() + max(0.0, self.timeout - self.original_seconds)
+        if not isinstance(original, CheckResult):
+            self._side = original
         result = original if isinstance(original, CheckResult) else self._check(optimized, deadline, original)
         result.seconds["check"] = round(time.perf_counter() - start, 3)
         return result
-
-    def start(self) -> None:
-        """The original's side of :meth:`check` now, before the optimised model exists (its inputs,
-        its runs on every set: :mod:`passes.verify.early` runs it while the passes run); its
-        session is then dropped, its outputs kept."""
-        assert self.folder is not None and self.worker is not None, "use Checker as a context manager"
-        start = time.perf_counter()
-        self._original = self._original_side(self._deadline())
-        if not isinstance(self._original, CheckResult):
-            with contextlib.suppress(WorkerError):  # (a dead child is restored by the compare)
-                self.worker.request({"op": "release"}, self._deadline())
-        self.original_seconds = time.perf_counter() - start
-
-    def _original_side(self, deadline: float) -> CheckResult | tuple[Any, ...]:
-        """Reads the original, chooses its inputs, runs it on them and on the other sets: why the check
-        cannot go on (a result), or what it found (the specs, the given names, the chosen try, the answer)."""
-        assert self.worker is not None and self.folder is not None
-        try:
-            self.original_path, self.original_proto = _files.materialize(self.original, self.folder, "original")
-        except (OSError, ValueError, google.protobuf.message.DecodeError) as e:
-            return CheckResult(True, skipped=f"the original model cannot be read: {_first_line(e)}")
-        specs = plan.input_specs(self.original_proto)
-        pinned = plan.pin_shapes(specs, self.shapes)
-        given, refused = npz.given(self.folder, self.inputs, self.inputs_file, specs)
-        if refused is not None:
-            return CheckResult(True, skipped=refused, inputs_rejected=True)
-        given_names = set(given["names"]) if given else set()
-        for spec in specs:
-            if spec.dtype is None and spec.name not in given_names:
-                return CheckResult(True, skipped=f"cannot generate input {shown(spec.name)} of type {spec.type_text}",
-                                   hint="pass --inputs FILE.npz")  # fmt: skip
-        tries, dropped = plan.size_tries(specs, dims={**pinned, **self.dims}, given=given["shapes"] if given else None)
-        if not tries:
-            return CheckResult(True, skipped=dropped[0], hint="pass --inputs FILE.npz or smaller --dim sizes")
-        self._set_tolerances()
-        self._prepare = {
-            "op": "prepare", "model": str(self.original_path), "tries": tries, "seed": self.seed,
-            "given": {k: given[k] for k in ("path", "names", "raw")} if given else None,
-            "spill_dir": str(self.folder), "spill_bytes": SPILL_BYTES,
-        }  # fmt: skip
-        every_input_given = bool(given) and all(s.name in given_names for s in specs)
-        try:
-            prepared = self.worker.request(self._prepare, deadline)
-        except WorkerError as e:
-            return verdict.not_run(e, specs, self.timeout)
-        except OSError as e:
-            return CheckResult(True, skipped=f"the check did not run: cannot start its process ({_first_line(e)})")
-        if not prepared.get("ok"):
-            failed = verdict.original_failed(prepared, specs, every_input_given, self.memory_limit)
-            static = self.free_dims is not None and prepared.get("stage") == "run" and not given
-            free = plan.input_specs(self.original_proto)  # (specs has the static shapes pinned)
-            if static and verdict.runs_free(self.worker, self._prepare, free, self.free_dims or {}, deadline):
-                failed.shapes_refused = verdict.first_error(prepared)
-            return failed
-        self._prepared, self._noise = True, {}
-        chosen = tries[prepared["try"] - 1]
-        self._prepare["tries"] = [chosen]  # a restarted child makes the same inputs at once
-        assert self._sets is not None
-        self._sets.prepare = self._prepare
-        planned = sets.plan_sets(specs, given, chosen, dims=self.dims, lists=self.dim_lists, precision=self.precision,
-                                 seed=self.seed, out_bytes=plan.outputs_bytes(prepared["outputs"]))  # fmt: skip
-        try:
-            self._records = self._sets.run(planned, float(prepared.get("seconds", 0.0)), deadline)
-        except WorkerError as e:
-            return verdict.not_run(e, specs, self.timeout)
-        return specs, given_names, chosen, prepared
 
     def _check(self, optimized: Any, deadline: float, original: tuple[Any, ...]) -> CheckResult:
         specs, given_names, chosen, prepared = original
@@ -287,11 +219,6 @@ class Checker:
         result.notes.extend(f"input set {r['name']!r} ({r['label']} inputs) {'(used): ' if r['ran'] else 'skipped: '}"
                             f"{r['note']}" for r in self._records if r["tried"] and r["note"])  # fmt: skip
         return result
-
-    def _set_tolerances(self) -> None:
-        assert self.original_proto is not None
-        self._tolerances, self._sources = _lowest.output_tolerances(
-            self.original_proto.graph, self.rtol, self.atol, self.precision, self.precision_tolerance)
 
     def _compare(self, optimized: Any, deadline: float) -> CheckResult:
         assert self.worker is not None and self.folder is not None

@@ -110,8 +110,6 @@ class CheckOptions:
 #: its own candidates (``--precision``'s search for float32 islands) uses the same inputs, sizes and seed.
 current_check: contextvars.ContextVar[CheckOptions | None] = contextvars.ContextVar("passes_check_options",
                                                                                     default=None)
-
-
 def _validity(model: Any, *, with_data: bool = False) -> tuple[str | None, list[_validate.ShapeConflict]]:
     """The load-time validation of ``model`` (a path or a ``ModelProto``): why it is refused, or
     None, and the declared shapes its graph contradicts (which loading accepts).
@@ -261,13 +259,14 @@ class Gate:
     """
 
     def __init__(self, original: Any, check: CheckOptions, warn: Callable[[str], None], worker: Any = None,
-                 *, rounding: bool = True, early: Any = None) -> None:  # fmt: skip
+                 *, rounding: bool = True, early: Any = None, handoff: Any = None) -> None:  # fmt: skip
         """``rounding``: whether the optimised model may round differently from the original (a
         fusion or a decomposition ran); False holds every input set to the element-wise tolerance.
         ``early``: the original's side of the check already under way on ``worker``
-        (:class:`passes.verify.early.Early`, see :func:`start_early`)."""
+        (:class:`passes.verify.early.Early`, see :func:`start_early`). ``handoff``: the run's
+        :class:`passes.verify.handoff.Handoff`, whose kept checker (the precision search's) is reused if it fits."""
         self.original, self.check, self.warn, self.worker = original, check, warn, worker
-        self.rounding, self.early = rounding, early
+        self.rounding, self.early, self.handoff = rounding, early, handoff
         self._checker: Any = None
         self._stack = contextlib.ExitStack()
 
@@ -302,10 +301,18 @@ class Gate:
         from passes.verify import check as check_module  # the child process only when checking
         from passes.verify.early import new_checker
 
+        handed = self.handoff.take(check) if self.handoff is not None and not ahead else None
         if ahead:
             self._checker, result = self.early.result()
             self._stack.push(self._checker)  # entered by the early start; exited with the gate
-        else:  # (an early start that was dropped stopped its child: a new one)
+        elif handed is not None and handed.reuse():  # the original's inputs and runs as the search measured them
+            self._checker = self._stack.push(handed)
+            handed.rounding = self.rounding
+            handed.read_values_of(None)  # the locator reads the original again
+            result = handed.check(staged)
+        else:
+            if handed is not None:
+                handed.__exit__(None, None, None)  # (an early start that was dropped stopped its child: a new one)
             worker = self.worker if self.early is None else None
             self._checker = self._stack.enter_context(new_checker(self.original, check, worker, self.rounding))
             result = self._checker.check(staged)
