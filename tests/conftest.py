@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from passes.fold import runner
 
 settings.register_profile(
     "default",
@@ -22,3 +25,10 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture
+def no_idle_child() -> None:
+    """No idle onnxruntime child an earlier in-process run of fold kept (:mod:`passes.fold.runner`),
+    for the tests that count the children of this process."""
+    runner.close_idle()

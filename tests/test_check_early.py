@@ -23,7 +23,6 @@ import pytest
 
 from passes import pipeline
 from passes.errors import CheckFailedError, InputError, OptimizeError
-from passes.fold import runner
 from passes.verify import check as check_module, child, early
 from passes.verify.gate import CheckOptions
 from test_check_inputs import cnn_model
@@ -32,6 +31,7 @@ from test_check_locate import _Perturb
 from test_check_noise import _noisy
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.usefixtures("no_idle_child")  # they count this process's children
 DEMO = REPO / "models" / "demo.onnx"
 
 
@@ -80,13 +80,6 @@ def _check_of(src: pathlib.Path, out: pathlib.Path, passes: list[str], **kwargs:
     except CheckFailedError as e:
         report, error = e.report, str(e)  # type: ignore[attr-defined]
     return _without_seconds(report.to_dict()["check"]), error
-
-
-@pytest.fixture(autouse=True)
-def no_idle_child() -> None:
-    """No idle onnxruntime child an earlier in-process run of fold kept (:mod:`passes.fold.runner`):
-    the tests count the children of this process."""
-    runner.close_idle()
 
 
 @pytest.fixture

@@ -22,6 +22,8 @@ from test_check_isolation import _workers_of
 from test_precision import large_values
 from test_precision_search import deep_chain
 
+pytestmark = pytest.mark.usefixtures("no_idle_child")  # they count this process's children
+
 
 def _record(monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], list[int]]:
     """Every request sent to a check child, and one entry per child process started."""
