@@ -31,13 +31,18 @@ import sys
 import tempfile
 import time
 
+import onnx
+
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
+from bench_upgrade import reduce_chain  # noqa: E402
 from harness import child_env, measure, tool_installed, tool_snippet  # noqa: E402
 
-MODELS = ("/tmp/lead/chain10k.onnx", "/tmp/lead/chain50k.onnx", "models/demo.onnx",
-          "models/real/small_cnn_opset13.onnx", "models/real/tiny_bert_opset17.onnx")  # fmt: skip
+#: Built here (``bench_upgrade.reduce_chain``: the chains of ``bench_cost.py``), by name.
+CHAINS = {"chain10k": 10_000, "chain50k": 50_000}
+MODELS = ("chain10k", "chain50k", "models/demo.onnx", "models/real/small_cnn_opset13.onnx",
+          "models/real/tiny_bert_opset17.onnx")  # fmt: skip
 
 _RUN = """
 import sys
@@ -70,7 +75,8 @@ def _once(repo: pathlib.Path, at_end: bool, src: pathlib.Path, tmp: pathlib.Path
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--models", default=",".join(MODELS), help="paths (relative ones from the repository)")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help="paths (relative ones from the repository), or chain10k, chain50k (built here)")
     parser.add_argument("--repeat", type=int, default=5, help="runs per variant and model (medians printed)")
     parser.add_argument("--baseline", default=None, help="another checkout to run the same way (e.g. main)")
     parser.add_argument("--flags", default="", help="more flags for optimize")
@@ -81,8 +87,11 @@ def main() -> None:
     have_onnxsim = tool_installed("vc+onnxsim") == ""
     print(f"{'model':<38}{'variant':<10}{'wall':>8}{'cpu':>8}{'check':>8}{'passes':>8}  vs vc+onnxsim")
     for name in args.models.split(","):
-        src = pathlib.Path(name) if os.path.isabs(name) else REPO / name
         with tempfile.TemporaryDirectory() as tmp:
+            src = pathlib.Path(name) if os.path.isabs(name) else REPO / name
+            if name in CHAINS:
+                src = pathlib.Path(tmp) / f"{name}.onnx"
+                onnx.save(reduce_chain(CHAINS[name]), str(src))
             runs: dict[str, list[dict]] = {label: [] for label, _, _ in variants}
             for _ in range(args.repeat):
                 for label, repo, at_end in variants:
