@@ -20,7 +20,8 @@ outputs; a set it cannot run is answered ``ok: false`` and not kept. One
 request per set, so that a crash on one (an integer division of the minimum by
 -1 is SIGFPE) loses that set only.
 ``compare``: run another model on the same inputs (the first set and every kept one) and
-compare its outputs with the kept ones. ``again``: run the original again on one set and name
+compare its outputs with the kept ones (its session freed after the answer is sent: the parent
+does not wait for that, a tenth of a second on a large graph). ``again``: run the original again on one set and name
 the outputs on which it disagrees with itself. ``values``: run two models (both with extra graph
 outputs) on one set and compare the named values. ``constants``: run a model without inputs (the
 constant subgraphs whose values ``fold`` wants to write, see :mod:`passes.fold.confirm`) and save
@@ -28,9 +29,6 @@ its outputs as ``.npy`` files. ``capture`` and ``regions``: ``--repro``'s (see
 :mod:`passes.verify.repro_child`). ``release``: drop the original's session (its kept outputs
 stay; ``again`` loads it anew), once its sets ran before the optimised model exists
 (:mod:`passes.verify.early`). ``exit``.
-
-The optimised model's session (``compare``) is freed after the answer is sent: for a large
-graph that takes a tenth of a second the parent need not wait.
 
 The inputs of a set are made again from its description when needed (they are
 deterministic), so that only the chosen inputs stay in memory.
