@@ -98,18 +98,12 @@ def _attribute(field: str) -> onnx.AttributeProto:
     sparse = helper.make_sparse_tensor(tensor, helper.make_tensor("i", TensorProto.INT64, [1], [0]), [2])
     graph = _if_body(None)
     attr = onnx.AttributeProto(name="a")
-    if field == "t":
-        attr.t.CopyFrom(tensor)
-    elif field == "g":
-        attr.g.CopyFrom(graph)
-    elif field == "sparse_tensor":
-        attr.sparse_tensor.CopyFrom(sparse)
-    elif field == "tensors":
-        attr.tensors.append(tensor)
-    elif field == "graphs":
-        attr.graphs.append(graph)
-    elif field == "sparse_tensors":
-        attr.sparse_tensors.append(sparse)
+    one = {"t": tensor, "g": graph, "sparse_tensor": sparse}
+    many = {"tensors": tensor, "graphs": graph, "sparse_tensors": sparse}
+    if field in one:
+        getattr(attr, field).CopyFrom(one[field])
+    elif field in many:
+        getattr(attr, field).append(many[field])
     else:
         attr.ref_attr_name = "r"
     return attr
