@@ -11,20 +11,21 @@ what onnxruntime computes was measured, not taken from the schemas
 * ``Conv``, explicit pads or VALID: ``floor((n + P - R) / s) + 1``; onnxruntime
   fails the node where ``n + P < R``, so the length is ``>= 1``.
 * ``Conv`` and the pools with ``auto_pad`` SAME_UPPER/SAME_LOWER and dilations 1:
-  ``ceil(n / s) = floor((n + s - 1) / s)``; onnxruntime fails a zero length, so it
-  is ``>= 1``. (With a dilation, onnxruntime's pools size SAME padding by the
-  undilated kernel and its Conv fails: not derived.)
+  ``ceil(n / s) = floor((n + s - 1) / s)``; onnxruntime fails a Conv of zero length,
+  so a Conv's is ``>= 1``. A pool fails a zero length too, but not on an empty
+  tensor (batch 0): its length is not marked. (With a dilation, onnxruntime's
+  pools size SAME padding by the undilated kernel and its Conv fails: not derived.)
 * ``MaxPool``/``AveragePool``/``LpPool``, explicit pads, ``ceil_mode=0``:
   onnxruntime divides ``n + P - R`` truncating toward zero, so the length is the
-  floor form only where that is ``>= 0``. It fails a zero length, so with
-  ``P >= R - 1`` every run has ``n + P - R >= 0`` and ``floor((n + P - R) / s) + 1 >= 1``;
-  with less padding (``k=2, s=2`` unpadded) a length of 1 gives 1 where the floor gives
-  0: not derived.
+  floor form only where that is ``>= 0`` or ``s = 1``. On an empty tensor a pool
+  runs at ``n = 0``, so it is derived where ``P >= R`` (then ``>= 1``) or ``s = 1``:
+  ResNet's ``k=3, s=2, P=2`` gives length 1 at ``n = 0`` where the floor gives 0,
+  and ``k=2, s=2`` unpadded gives 1 at ``n = 1``: not derived.
 * The pools with ``ceil_mode=1``: onnxruntime takes ``ceil((n + P - R) / s) + 1`` and
   drops the last window when it starts in the end padding (``(out-1)*s >= n + pad_begin``),
   which is ``floor((n + P - R + u - 1) / s) + 1`` with ``u = min(max(R - pad_end, 0), s)``
   (``n + pad_begin - 1`` over ``s``, plus 1, for the usual ``pad_end < R <= pad_end + s``),
-  for every length, small ones included; ``>= 1`` where ``P + u >= R``.
+  at every length, 0 included; ``>= 1`` where that holds at ``n = 0`` (``P + u > R``).
 * ``ConvTranspose``, explicit pads, no ``output_shape``:
   ``s*(n - 1) + output_padding + R - P``.
 
@@ -96,10 +97,10 @@ def _floor_plus_one(n: object, numerator: int, stride: int) -> object:
     return dim_exprs.add(dim_exprs.floordiv(dim_exprs.add(n, numerator), stride), 1)
 
 
-def _same(n: object, w: Window, i: int) -> tuple[object, bool]:
+def _same(n: object, w: Window, i: int, positive: bool) -> tuple[object, bool]:
     if any(d != 1 for d in w.dilations):
         return None, False
-    return dim_exprs.floordiv(dim_exprs.add(n, w.strides[i] - 1), w.strides[i]), True
+    return dim_exprs.floordiv(dim_exprs.add(n, w.strides[i] - 1), w.strides[i]), positive
 
 
 def conv_lengths(w: Window, spatial: list[object]) -> Lengths:
@@ -109,7 +110,7 @@ def conv_lengths(w: Window, spatial: list[object]) -> Lengths:
         if n is None:
             out.append((None, False))
         elif w.auto_pad in _SAME:
-            out.append(_same(n, w, i))
+            out.append(_same(n, w, i, positive=True))
         else:
             out.append((_floor_plus_one(n, w.padding(i) - w.reach(i), w.strides[i]), True))
     return out
@@ -123,14 +124,14 @@ def pool_lengths(w: Window, spatial: list[object], ceil_mode: bool) -> Lengths:
         if n is None:
             out.append((None, False))
         elif w.auto_pad in _SAME:
-            out.append(_same(n, w, i))
+            out.append(_same(n, w, i, positive=False))
         elif w.auto_pad == "VALID" and ceil_mode:
             out.append((None, False))
         elif ceil_mode:
             u = min(max(reach - w.pads[i + w.spatial], 0), stride)
-            out.append((_floor_plus_one(n, padding - reach + u - 1, stride), padding + u >= reach))
-        elif padding >= reach - 1:
-            out.append((_floor_plus_one(n, padding - reach, stride), True))
+            out.append((_floor_plus_one(n, padding - reach + u - 1, stride), padding + u > reach))
+        elif padding >= reach or stride == 1:
+            out.append((_floor_plus_one(n, padding - reach, stride), padding >= reach))
         else:
             out.append((None, False))  # onnxruntime truncates a negative numerator
     return out
