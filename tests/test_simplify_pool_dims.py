@@ -264,3 +264,58 @@ def test_torch_export_view_goes(dynamo: bool) -> None:
         for h, w in ((1, 1), (4, 4), (5, 7), (8, 9), (17, 16), (33, 40)):
             ran += _run_both(original, result, {"x": rng.standard_normal((batch, 3, h, w)).astype(np.float32)})
     assert ran == 3 * 6
+
+
+# --- If branches: their own facts, and only there -----------------------------------------------
+
+
+def _branch(name: str, nodes: list[onnx.NodeProto], outputs: list[tuple[str, int]]) -> onnx.GraphProto:
+    """A branch graph with ``outputs`` given as (name, rank)."""
+    return helper.make_graph(nodes, name, [], [_io(o, [None] * rank) for o, rank in outputs])
+
+
+def test_pool_view_in_a_branch_goes() -> None:
+    """The ceil-mode pool and its view as an If's then branch (over the outer ``x``): the view goes there."""
+    inner = _pooled()
+    body = _branch("then", list(inner.graph.node), [("out", 3)])
+    other = _branch("else", [helper.make_node("Sigmoid", ["x"], ["skip"])], [("skip", 3)])
+    model = _model([helper.make_node("If", ["cond"], ["y"], then_branch=body, else_branch=other)],
+                   [_io("x", ["batch", 4, "n"]), _io("cond", [], onnx.TensorProto.BOOL)], [_io("y", [None] * 3)])  # fmt: skip
+    result, _ = _simplify(model, full_check=False)
+    branch = next(a.g for node in result.graph.node for a in node.attribute if a.name == "then_branch")
+    assert [node.op_type for node in branch.node] == ["MaxPool", "Sigmoid"]
+    ran = sum(_run_both(model, result, {"x": _floats(batch, 4, n), "cond": np.array(flag)})
+              for batch in (0, 2) for n in (1, 2, 5, 8, 13) for flag in (True, False))  # fmt: skip
+    assert ran == 20
+
+
+def _leak() -> onnx.ModelProto:
+    """``If(c)``: the then branch's MatMul of ``A: [2, n]`` by ``B: [m, 3]`` requires ``n == m`` there alone.
+
+    Each branch and the main graph expand ``a: [n]`` to ``Shape(b: [m])`` (then a Relu): a no-op only where
+    ``n == m`` (at ``n = 1`` it broadcasts to ``m``, and runs).
+    """
+    def expand(out: str) -> list[onnx.NodeProto]:
+        return [helper.make_node("Shape", ["b"], [f"{out}_shape"]),
+                helper.make_node("Expand", ["a", f"{out}_shape"], [f"{out}_big"]), helper.make_node("Relu", [f"{out}_big"], [out])]
+
+    then = _branch("then", [helper.make_node("MatMul", ["A", "B"], ["mm"]), *expand("e1")], [("e1", 1), ("mm", 2)])
+    other = _branch("else", [*expand("e2"), _const("zeros", np.zeros((2, 3), np.float32))], [("e2", 1), ("zeros", 2)])
+    nodes = [helper.make_node("If", ["c"], ["y", "w"], then_branch=then, else_branch=other), *expand("z")]
+    inputs = [_io("c", [], onnx.TensorProto.BOOL), _io("a", ["n"]), _io("b", ["m"]), _io("A", [2, "n"]), _io("B", ["m", 3])]
+    return _model(nodes, inputs, [_io("y", [None]), _io("w", [None, None]), _io("z", [None])])
+
+
+def test_a_branchs_facts_stay_in_the_branch() -> None:
+    original = _leak()
+    result, _ = _simplify(original, full_check=False)
+    branches = {a.name: a.g for node in result.graph.node for a in node.attribute}
+    assert "Expand" not in [node.op_type for node in branches["then_branch"].node]  # n == m where it runs
+    assert "Expand" in [node.op_type for node in branches["else_branch"].node]
+    assert "Expand" in [node.op_type for node in result.graph.node]
+    ran = 0
+    for n, m in ((4, 4), (1, 5), (1, 1)):
+        for flag in (True, False):
+            feeds = {"c": np.array(flag), "a": _floats(n), "b": _floats(m), "A": _floats(2, n), "B": _floats(m, 3)}
+            ran += _run_both(original, result, feeds)
+    assert ran == 5  # the then branch fails at n=1, m=5

@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import onnx_ir as ir
@@ -107,6 +108,11 @@ from passes.simplify.fusions import accept
 from passes.simplify.rules import RULES, Context, Rule
 
 __all__ = ["SimplifyPass"]
+
+
+def _in_graph(lazy: Callable[[], SymbolicDims], graph: ir.Graph) -> Callable[[], SymbolicDims]:
+    """The derived dims that hold where ``graph``'s nodes run (an If branch's own, else the main graph's)."""
+    return lambda: lazy().in_graph(graph)
 
 logger = logging.getLogger(__name__)
 
@@ -282,8 +288,8 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         changed = False
         for scope in iter_scopes(model):
             main = scope.body is model.graph and model.ir_version >= 4
-            ctx = Context(scope, lazy_inference, lazy_names, initializers=main, symbolic=lazy_symbolic,
-                          arrays=self._arrays)
+            ctx = Context(scope, lazy_inference, lazy_names, initializers=main, arrays=self._arrays,
+                          symbolic=_in_graph(lazy_symbolic, scope.body) if isinstance(scope.body, ir.Graph) else None)
             if ctx.opset == 0:
                 continue
             for node in list(scope.body):

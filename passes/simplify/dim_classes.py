@@ -51,6 +51,24 @@ class SymbolicDims:
         self._shapes: dict[ir.Value, tuple[object, ...]] = {}
         self._positive: set[object] = set()
         self._positive_roots: set[object] | None = set()  # their representatives; None after a union
+        self._branches: dict[ir.Graph, SymbolicDims] = {}  # shared by the main graph's dims and every fork
+
+    def fork(self, branch: ir.Graph) -> SymbolicDims:
+        """A copy of these facts for the values of ``branch`` (an If's), which its own facts then extend.
+
+        What a branch's nodes require holds only in runs that take the branch, so it goes
+        into the copy alone; the copy is what :meth:`in_graph` gives for ``branch``.
+        """
+        copy = SymbolicDims()
+        copy._parent, copy._shapes, copy._positive = dict(self._parent), dict(self._shapes), set(self._positive)
+        copy._positive_roots = None
+        copy._branches = self._branches  # one registry for the main graph's and every nested fork
+        self._branches[branch] = copy
+        return copy
+
+    def in_graph(self, graph: ir.Graph) -> SymbolicDims:
+        """The facts that hold where ``graph``'s nodes run: its fork (see :meth:`fork`, nested too), else these."""
+        return self._branches.get(graph, self)
 
     def mark_positive(self, dim: object) -> None:
         """Records that ``dim`` is ``>= 1`` in every run that succeeds (a Conv's output length)."""

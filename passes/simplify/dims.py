@@ -52,8 +52,10 @@ for every input the model accepts:
   (``d`` the axis's dim): ``e`` when ``d`` is ``e``, ``min(e, K)`` when ``d``
   is an int ``K``; to an int ``-k``, ``d - k`` where that is proved ``>= 0``.
 
-Only main-graph nodes give facts (a subgraph's node may not run); values of
-subgraphs and functions keep inference's dims. Equalities that contradict
+Main-graph nodes give facts for every value; an If branch's nodes give facts
+for the values of that branch only (its node runs only when the branch is
+taken: :func:`_derive_branches`); values of Loop and Scan bodies and of
+functions keep inference's dims. Equalities that contradict
 each other (two different ints) are not recorded: the model then never runs.
 """
 
@@ -387,7 +389,8 @@ _HANDLERS = {
 
 
 def derive(graph: ir.Graph, ctx: Context) -> SymbolicDims:
-    """The dims of ``graph``'s values (the main graph), derived from what its nodes require.
+    """The dims of ``graph``'s values (the main graph), derived from what its nodes require, and of its
+    If branches' values (:meth:`SymbolicDims.in_graph`).
 
     ``ctx`` gives inference's dims (:meth:`Context.dims` without derived dims).
     """
@@ -398,4 +401,25 @@ def derive(graph: ir.Graph, ctx: Context) -> SymbolicDims:
             deriver.found.record(value, raw)
     for node in graph:
         deriver.visit(node)
+    _derive_branches(graph, deriver)
     return deriver.found
+
+
+def _derive_branches(graph: ir.Graph, parent: _Deriver) -> None:
+    """Each If branch of ``graph``'s nodes, derived on a fork of ``parent``'s facts, then its own branches.
+
+    The fork is taken once ``graph`` is derived whole: every node of ``graph`` runs
+    in a run where the branch does (the main graph's in every run that succeeds,
+    an enclosing branch's whenever it is taken), so all of ``graph``'s facts hold
+    inside. A Loop or Scan body is not derived (its inputs change per iteration).
+    """
+    for node in graph:
+        if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+            continue
+        for attr in node.attributes.values():
+            if isinstance(attr, ir.Attr) and not attr.is_ref() and attr.type == ir.AttributeType.GRAPH:
+                deriver = _Deriver(parent.ctx)
+                deriver.found = parent.found.fork(attr.value)
+                for inner in attr.value:
+                    deriver.visit(inner)
+                _derive_branches(attr.value, deriver)
