@@ -58,8 +58,9 @@ declares for computed values removed, so a declared shape that the graph
 contradicts is never taken as a fact, and from what the main graph's ops
 require of the dims inference leaves as fresh symbols (``Range(0, n, 1)`` has
 ``n`` elements, a broadcast of ``s`` with ``s`` or ``1`` is ``s``, a MatMul's
-contracted dims are equal, a Reshape's dims are its target's positive entries:
-:mod:`passes.simplify.dims`); graph inputs and outputs are never
+contracted dims are equal, a Reshape's dims are its target's positive entries,
+a Conv's or pool's length is onnxruntime's of its input's: :mod:`passes.simplify.dims`;
+an If branch's ops, for that branch's values alone); graph inputs and outputs are never
 changed (names, order, types, shapes), nor initializers that are graph inputs
 (a caller may override them; ``freeze_initializer_inputs`` opts out of that),
 nor an Identity that produces a graph output.
