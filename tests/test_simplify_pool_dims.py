@@ -319,3 +319,40 @@ def test_a_branchs_facts_stay_in_the_branch() -> None:
             feeds = {"c": np.array(flag), "a": _floats(n), "b": _floats(m), "A": _floats(2, n), "B": _floats(m, 3)}
             ran += _run_both(original, result, feeds)
     assert ran == 5  # the then branch fails at n=1, m=5
+
+
+# --- Resize: to sizes, not by scales -------------------------------------------------------------
+
+
+def _upsampled(factor: int = 2, view: int = 2) -> onnx.ModelProto:
+    """``x: [b, 3, h, w]`` resized to ``sizes = [b, 3, factor*h, factor*w]`` (nearest), Sigmoid, then viewed as
+    ``[b, 3, view*h, view*w]`` computed again from ``Shape(x)``."""
+    nodes = [helper.make_node("Shape", ["x"], ["bc"], start=0, end=2), helper.make_node("Shape", ["x"], ["hw"], start=2),
+             _const("factor", np.array(factor)), _const("view", np.array(view)),
+             helper.make_node("Mul", ["hw", "factor"], ["hw2"]), helper.make_node("Concat", ["bc", "hw2"], ["sizes"], axis=0),
+             helper.make_node("Resize", ["x", "", "", "sizes"], ["up"], mode="nearest"),
+             helper.make_node("Sigmoid", ["up"], ["s"]),
+             helper.make_node("Mul", ["hw", "view"], ["hw3"]), helper.make_node("Concat", ["bc", "hw3"], ["t"], axis=0),
+             helper.make_node("Reshape", ["s", "t"], ["out"])]  # fmt: skip
+    return _model(nodes, [_io("x", ["batch", 3, "h", "w"])], [_io("out", [None] * 4)])
+
+
+@pytest.mark.parametrize("factor, view", [(2, 2), (2, 3)])
+def test_view_of_a_resize_to_computed_sizes(factor: int, view: int) -> None:
+    """Resized to ``2h, 2w``: the view to ``2h, 2w`` goes; to ``3h, 3w`` (a trap) it stays."""
+    original = _upsampled(factor, view)
+    result, _ = _simplify(original)
+    reshapes = [node for node in result.graph.node if node.op_type == "Reshape"]
+    assert len(reshapes) == (factor != view)
+    ran = sum(_run_both(original, result, {"x": _floats(batch, 3, h, w)})
+              for batch in (0, 1, 2) for h, w in ((0, 0), (1, 1), (2, 5), (7, 3)))  # fmt: skip
+    assert ran == {2: 12, 3: 6}[view]  # the trap runs on empty tensors alone, where its view is another shape
+
+
+def test_resize_by_scales_is_not_floor_in_onnxruntime() -> None:
+    """Why scales give no length: onnxruntime sizes ``2.0 * n`` in float32, ``2**25`` at ``n = 2**24 + 1``."""
+    scales = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "scales")
+    model = _model([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")], [_io("x", [1, "n"])],
+                   [_io("y", None)], [scales])  # fmt: skip
+    (y,) = helpers.ort_run(model, {"x": np.zeros((1, 2**24 + 1), np.float32)})
+    assert y.shape[1] == 2**25 != 2 * (2**24 + 1)

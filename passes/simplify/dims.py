@@ -47,6 +47,8 @@ for every input the model accepts:
   output dims as onnxruntime computes them, expressions of the input's dims
   (``floor((n + pads - dilation*(k-1) - 1) / stride) + 1`` for a Conv), some
   marked ``>= 1`` (:mod:`dim_windows` says which forms, and where it derives none).
+* ``Resize`` to ``sizes`` built by shape arithmetic (every axis, stretched): its
+  entries (each an int, or a dim proved ``>= 0``).
 * ``Slice`` keeps the dims of the axes it does not slice; an axis sliced from
   0 with step 1 to a dim ``e`` of shape arithmetic has ``min(e, d)`` elements
   (``d`` the axis's dim): ``e`` when ``d`` is ``e``, ``min(e, K)`` when ``d``
@@ -224,6 +226,21 @@ class _Deriver:
             return None
         return [broadcast_shapes([x, target])]
 
+    def resize(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
+        """``Resize`` (opset >= 11) to ``sizes`` over every axis, stretched: the output's dims are its entries.
+
+        Not from ``scales``: onnxruntime multiplies in float32, which is not ``floor(n * scale)``
+        past ``2**24`` (tests/test_simplify_pool_dims.py).
+        """
+        if self.ctx.opset < 11 or len(node.inputs) < 4 or node.inputs[3] is None or "axes" in node.attributes:
+            return None
+        if node.attributes.get_string("keep_aspect_ratio_policy", "stretch") != "stretch":
+            return None
+        x, sizes = self.dims(node.inputs[0]), self.entries(node.inputs[3])
+        if sizes is None or (x is not None and len(x) != len(sizes)):
+            return None
+        return [tuple(sizes)]
+
     def range(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
         if len(node.inputs) < 3:
             return None
@@ -379,6 +396,7 @@ _HANDLERS = {
     "Transpose": _Deriver.transpose,
     "Reshape": _Deriver.reshape,
     "Expand": _Deriver.expand,
+    "Resize": _Deriver.resize,
     "Range": _Deriver.range,
     "MatMul": _Deriver.matmul,
     "Conv": _Deriver.conv,
