@@ -104,6 +104,7 @@ def test_window_length_is_onnxruntimes(case: tuple[str, int, dict]) -> None:
     ("AveragePool", 3, {"strides": [2], "pads": [2, 1]}),
     ("MaxPool", 3, {"strides": [2], "ceil_mode": 1}),  # GoogLeNet's
     ("AveragePool", 2, {"strides": [2], "ceil_mode": 1}),
+    ("MaxPool", 3, {"strides": [2], "auto_pad": "VALID", "ceil_mode": 1}),
     ("LpPool", 5, {"strides": [1], "pads": [2, 2]}),  # YOLO's SPPF kernel, as LpPool
     ("MaxPool", 3, {"strides": [2], "auto_pad": "SAME_UPPER"}),
     ("AveragePool", 3, {"strides": [3], "auto_pad": "SAME_LOWER", "ceil_mode": 1}),

@@ -29,8 +29,8 @@ what onnxruntime computes was measured, not taken from the schemas
 * ``ConvTranspose``, explicit pads, no ``output_shape``:
   ``s*(n - 1) + output_padding + R - P``.
 
-The pools' VALID (unpadded floor, or its own ceil rule) and ConvTranspose's
-SAME/``output_shape`` are not derived.
+VALID is explicit pads of 0 (a pool's length then as above, in either mode);
+ConvTranspose's SAME and ``output_shape`` are not derived.
 """
 
 from __future__ import annotations
@@ -125,8 +125,6 @@ def pool_lengths(w: Window, spatial: list[object], ceil_mode: bool) -> Lengths:
             out.append((None, False))
         elif w.auto_pad in _SAME:
             out.append(_same(n, w, i, positive=False))
-        elif w.auto_pad == "VALID" and ceil_mode:
-            out.append((None, False))
         elif ceil_mode:
             u = min(max(reach - w.pads[i + w.spatial], 0), stride)
             out.append((_floor_plus_one(n, padding - reach + u - 1, stride), padding + u > reach))
