@@ -429,7 +429,12 @@ def _derive_branches(graph: ir.Graph, parent: _Deriver) -> None:
     The fork is taken once ``graph`` is derived whole: every node of ``graph`` runs
     in a run where the branch does (the main graph's in every run that succeeds,
     an enclosing branch's whenever it is taken), so all of ``graph``'s facts hold
-    inside. A Loop or Scan body is not derived (its inputs change per iteration).
+    inside; an If's output is the output of the branch taken, so a main-graph fact about
+    it (a symbol inference gives both) holds for that branch's output too. Not so for a
+    Loop or Scan body: its values change size from one iteration to the next, and a
+    main-graph fact about the node's output fixes only the last iteration's (or the
+    stacked) size, so no fork is made there (its values keep inference's dims, not
+    canonicalised by main-graph facts).
     """
     for node in graph:
         if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
