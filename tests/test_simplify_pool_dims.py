@@ -65,7 +65,7 @@ def _runs(model: onnx.ModelProto, lengths: range, rank: int = 1) -> list[tuple[i
 def _windows(draw: st.DrawFn) -> tuple[str, int, dict]:
     op = draw(st.sampled_from([*_POOLS, "Conv", "ConvTranspose"]))
     kernel, stride = draw(st.integers(1, 5)), draw(st.integers(1, 4))
-    dilation = draw(st.integers(1, 2)) if op in ("MaxPool", "Conv", "ConvTranspose") else 1
+    dilation = draw(st.integers(1, 2))
     auto_pad = draw(st.sampled_from(["NOTSET", "NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"]))
     attrs: dict = {"strides": [stride], "dilations": [dilation], "auto_pad": auto_pad}
     if auto_pad == "NOTSET":  # onnxruntime refuses a pool whose pads are not below the kernel
@@ -288,6 +288,25 @@ def test_pool_view_in_a_branch_goes() -> None:
     ran = sum(_run_both(model, result, {"x": _floats(batch, 4, n), "cond": np.array(flag)})
               for batch in (0, 2) for n in (1, 2, 5, 8, 13) for flag in (True, False))  # fmt: skip
     assert ran == 20
+
+
+def test_pool_view_in_a_nested_branch_goes() -> None:
+    """The same branch one If deeper (inside the outer If's then branch): the view goes there too."""
+    inner = _pooled()
+    leaf = _branch("leaf", list(inner.graph.node), [("out", 3)])
+    skip = _branch("skip", [helper.make_node("Sigmoid", ["x"], ["s1"])], [("s1", 3)])
+    middle = _branch("middle", [helper.make_node("If", ["cond2"], ["mid"], then_branch=leaf, else_branch=skip)], [("mid", 3)])
+    other = _branch("else", [helper.make_node("Relu", ["x"], ["s2"])], [("s2", 3)])
+    model = _model([helper.make_node("If", ["cond"], ["y"], then_branch=middle, else_branch=other)],
+                   [_io("x", ["batch", 4, "n"]), _io("cond", [], onnx.TensorProto.BOOL),
+                    _io("cond2", [], onnx.TensorProto.BOOL)], [_io("y", [None] * 3)])  # fmt: skip
+    result, _ = _simplify(model, full_check=False)
+    outer = next(a.g for node in result.graph.node for a in node.attribute if a.name == "then_branch")
+    nested = next(a.g for node in outer.node for a in node.attribute if a.name == "then_branch")
+    assert [node.op_type for node in nested.node] == ["MaxPool", "Sigmoid"]
+    ran = sum(_run_both(model, result, {"x": _floats(batch, 4, n), "cond": np.array(a), "cond2": np.array(b)})
+              for batch in (0, 2) for n in (1, 2, 5, 8) for a in (True, False) for b in (True, False))  # fmt: skip
+    assert ran == 32
 
 
 def _leak() -> onnx.ModelProto:
