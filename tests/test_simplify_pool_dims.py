@@ -81,7 +81,7 @@ def _windows(draw: st.DrawFn) -> tuple[str, int, dict]:
 @settings(max_examples=150, deadline=None)
 @given(_windows())
 def test_window_length_is_onnxruntimes(case: tuple[str, int, dict]) -> None:
-    """Wherever the length is derived, it is onnxruntime's at every length 0..40 the node runs (``>= 1`` where marked)."""
+    """Where derived, the length is onnxruntime's at every length 0..40 the node runs (``>= 1`` where marked)."""
     op, kernel, attrs = case
     model = _window_model(op, kernel, attrs)
     found, values = _derived(model)
@@ -223,7 +223,7 @@ def test_lengths_where_the_traps_differ_are_run() -> None:
 
 
 def _torch_export(dynamo: bool) -> onnx.ModelProto:
-    """Conv, ReLU, ``MaxPool2d(3, 2, ceil_mode=True)`` over ``x: [b, 3, h, w]``, then ``reshape(b, 8, h // 2, w // 2)``."""
+    """Conv, ReLU, ``MaxPool2d(3, 2, ceil_mode=True)`` over ``x: [b, 3, h, w]``, ``reshape(b, 8, h // 2, w // 2)``."""
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
 
@@ -280,8 +280,9 @@ def test_pool_view_in_a_branch_goes() -> None:
     inner = _pooled()
     body = _branch("then", list(inner.graph.node), [("out", 3)])
     other = _branch("else", [helper.make_node("Sigmoid", ["x"], ["skip"])], [("skip", 3)])
-    model = _model([helper.make_node("If", ["cond"], ["y"], then_branch=body, else_branch=other)],
-                   [_io("x", ["batch", 4, "n"]), _io("cond", [], onnx.TensorProto.BOOL)], [_io("y", [None] * 3)])  # fmt: skip
+    inputs = [_io("x", ["batch", 4, "n"]), _io("cond", [], onnx.TensorProto.BOOL)]
+    model = _model([helper.make_node("If", ["cond"], ["y"], then_branch=body, else_branch=other)], inputs,
+                   [_io("y", [None] * 3)])  # fmt: skip
     result, _ = _simplify(model, full_check=False)
     branch = next(a.g for node in result.graph.node for a in node.attribute if a.name == "then_branch")
     assert [node.op_type for node in branch.node] == ["MaxPool", "Sigmoid"]

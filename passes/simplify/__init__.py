@@ -110,11 +110,6 @@ from passes.simplify.rules import RULES, Context, Rule
 
 __all__ = ["SimplifyPass"]
 
-
-def _in_graph(lazy: Callable[[], SymbolicDims], graph: ir.Graph) -> Callable[[], SymbolicDims]:
-    """The derived dims that hold where ``graph``'s nodes run (an If branch's own, else the main graph's)."""
-    return lambda: lazy().in_graph(graph)
-
 logger = logging.getLogger(__name__)
 
 _MAX_ROUNDS = 8
@@ -123,6 +118,11 @@ _MAX_ROUNDS = 8
 #: it); within a family, the order its modules register them. Every rule is exact, so the order
 #: decides only which of two rewrites comes first, never what the graph computes.
 FAMILY_ORDER = ("algebra", "chains", "constants", "control_flow", "fusions", "noops", "shapes")
+
+
+def _in_graph(lazy: Callable[[], SymbolicDims], graph: ir.Graph) -> Callable[[], SymbolicDims]:
+    """The derived dims that hold where ``graph``'s nodes run (an If branch's own, else the main graph's)."""
+    return lambda: lazy().in_graph(graph)
 
 
 def _node_count(model: ir.Model) -> int:

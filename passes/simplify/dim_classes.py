@@ -160,7 +160,10 @@ class SymbolicDims:
         self._shapes[value] = dims
 
     def shape(self, value: ir.Value) -> tuple[object, ...] | None:
-        """The derived shape of a value (of the main graph, or of this fork's branch), each dim its representative; None if not derived."""
+        """The derived shape of a value of the main graph (or of this fork's branch), each dim its representative.
+
+        None if not derived.
+        """
         found: SymbolicDims | None = self
         dims = None
         while dims is None and found is not None:

@@ -41,7 +41,7 @@ import onnx_ir as ir
 
 from passes.simplify import dim_exprs
 
-__all__ = ["Window", "conv_lengths", "conv_transpose_lengths", "pool_lengths", "window"]
+__all__ = ["Lengths", "Window", "conv_lengths", "conv_transpose_lengths", "pool_lengths", "window"]
 
 Lengths = list[tuple[object, bool]]
 """Per spatial axis, the output length (None where not derived) and whether it is ``>= 1``."""
@@ -68,6 +68,7 @@ class Window:
         return self.dilations[i] * (self.kernel[i] - 1) + 1
 
     def padding(self, i: int) -> int:
+        """The pads ``P`` of axis ``i``, both ends."""
         return self.pads[i] + self.pads[i + self.spatial]
 
 
@@ -98,6 +99,7 @@ def _floor_plus_one(n: object, numerator: int, stride: int) -> object:
 
 
 def _same(n: object, w: Window, i: int, positive: bool) -> tuple[object, bool]:
+    """SAME padding's ``ceil(n / s)`` (dilations 1 only: see the module docstring)."""
     if any(d != 1 for d in w.dilations):
         return None, False
     return dim_exprs.floordiv(dim_exprs.add(n, w.strides[i] - 1), w.strides[i]), positive
