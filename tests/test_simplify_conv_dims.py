@@ -327,10 +327,10 @@ def test_dynamo_export_view_back_goes() -> None:
             assert _run_both(original, result, feeds), (batch, samples)
 
 
-def test_view_back_in_a_branch_stays() -> None:
-    """The same extractor as an If's branch: the prover derives the main graph only, so the view back stays there.
+def test_view_back_in_a_branch_goes() -> None:
+    """The same extractor as an If's branch: the branch's own facts prove the view back there too.
 
-    A limitation, not a trap (inside the branch its own facts would hold); outputs equal either way.
+    The else branch gives another shape, so the If's output shape is not the then branch's.
     """
     inner = _extractor()
     cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
@@ -340,7 +340,8 @@ def test_view_back_in_a_branch_stays() -> None:
                    [_io("x", ["batch", "samples"]), cond], [_io("y", [None] * 4)])  # fmt: skip
     result, _ = _simplify(model, full_check=False)
     branch = next(a.g for node in result.graph.node for a in node.attribute if a.name == "then_branch")
-    assert "out" in [node.output[0] for node in branch.node if node.op_type == "Reshape"]
+    assert [node.output[0] for node in branch.node if node.op_type == "Reshape"] == ["l1", "view"]
+    assert [output.name for output in branch.output] == ["out"]
     ran = 0
     for samples in (40, 59, 60, 100):
         for flag in (True, False):

@@ -58,8 +58,9 @@ declares for computed values removed, so a declared shape that the graph
 contradicts is never taken as a fact, and from what the main graph's ops
 require of the dims inference leaves as fresh symbols (``Range(0, n, 1)`` has
 ``n`` elements, a broadcast of ``s`` with ``s`` or ``1`` is ``s``, a MatMul's
-contracted dims are equal, a Reshape's dims are its target's positive entries:
-:mod:`passes.simplify.dims`); graph inputs and outputs are never
+contracted dims are equal, a Reshape's dims are its target's positive entries,
+a Conv's or pool's length is onnxruntime's of its input's: :mod:`passes.simplify.dims`;
+an If branch's ops, for that branch's values alone); graph inputs and outputs are never
 changed (names, order, types, shapes), nor initializers that are graph inputs
 (a caller may override them; ``freeze_initializer_inputs`` opts out of that),
 nor an Identity that produces a graph output.
@@ -84,6 +85,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import onnx_ir as ir
@@ -116,6 +118,11 @@ _MAX_ROUNDS = 8
 #: it); within a family, the order its modules register them. Every rule is exact, so the order
 #: decides only which of two rewrites comes first, never what the graph computes.
 FAMILY_ORDER = ("algebra", "chains", "constants", "control_flow", "fusions", "noops", "shapes")
+
+
+def _in_graph(lazy: Callable[[], SymbolicDims], graph: ir.Graph) -> Callable[[], SymbolicDims]:
+    """The derived dims that hold where ``graph``'s nodes run (an If branch's own, else the main graph's)."""
+    return lambda: lazy().in_graph(graph)
 
 
 def _node_count(model: ir.Model) -> int:
@@ -282,8 +289,8 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         changed = False
         for scope in iter_scopes(model):
             main = scope.body is model.graph and model.ir_version >= 4
-            ctx = Context(scope, lazy_inference, lazy_names, initializers=main, symbolic=lazy_symbolic,
-                          arrays=self._arrays)
+            ctx = Context(scope, lazy_inference, lazy_names, initializers=main, arrays=self._arrays,
+                          symbolic=_in_graph(lazy_symbolic, scope.body) if isinstance(scope.body, ir.Graph) else None)
             if ctx.opset == 0:
                 continue
             for node in list(scope.body):

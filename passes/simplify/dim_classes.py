@@ -51,6 +51,42 @@ class SymbolicDims:
         self._shapes: dict[ir.Value, tuple[object, ...]] = {}
         self._positive: set[object] = set()
         self._positive_roots: set[object] | None = set()  # their representatives; None after a union
+        self._base: SymbolicDims | None = None  # what a fork extends (its own entries come first)
+        self._branches: dict[ir.Graph, SymbolicDims] = {}  # shared by the main graph's dims and every fork
+
+    def fork(self, branch: ir.Graph) -> SymbolicDims:
+        """These facts, extended by ``branch``'s (an If's) in the fork alone; what :meth:`in_graph` gives for it.
+
+        What a branch's nodes require holds only in runs that take the branch. The fork
+        reads these facts through (nothing is copied: a model with many Ifs would copy the
+        whole graph's dims for each) and writes its own; these must not change after.
+        Path compression here only shortens paths, so the fork's classes stay the same.
+        """
+        fork = SymbolicDims()
+        fork._base, fork._positive_roots = self, None
+        fork._branches = self._branches  # one registry for the main graph's and every nested fork
+        self._branches[branch] = fork
+        return fork
+
+    def _up(self, dim: object) -> object:
+        """``dim``'s parent in the union-find: this fork's entry, else its base's."""
+        found: SymbolicDims | None = self
+        while found is not None:
+            parent = found._parent.get(dim)
+            if parent is not None:
+                return parent
+            found = found._base
+        return None
+
+    def _positives(self) -> Iterable[object]:
+        found: SymbolicDims | None = self
+        while found is not None:
+            yield from found._positive
+            found = found._base
+
+    def in_graph(self, graph: ir.Graph) -> SymbolicDims:
+        """The facts that hold where ``graph``'s nodes run: its fork (see :meth:`fork`, nested too), else these."""
+        return self._branches.get(graph, self)
 
     def mark_positive(self, dim: object) -> None:
         """Records that ``dim`` is ``>= 1`` in every run that succeeds (a Conv's output length)."""
@@ -60,7 +96,7 @@ class SymbolicDims:
 
     def _is_positive_root(self, root: object) -> bool:
         if self._positive_roots is None:
-            self._positive_roots = {self.find(p) for p in self._positive}
+            self._positive_roots = {self.find(p) for p in self._positives()}
         return root in self._positive_roots
 
     def nonnegative(self, dim: object) -> bool:
@@ -87,10 +123,10 @@ class SymbolicDims:
         if depth < _MAX_DEPTH:
             dim = self._in_representatives(dim, depth)
         root = dim
-        while (parent := self._parent.get(root)) is not None and parent != root:
+        while (parent := self._up(root)) is not None and parent != root:
             root = parent
         while dim != root:  # path compression
-            self._parent[dim], dim = root, self._parent[dim]
+            self._parent[dim], dim = root, self._up(dim)
         if depth < _MAX_DEPTH:
             canonical = self._in_representatives(root, depth)
             if canonical != root:
@@ -124,8 +160,14 @@ class SymbolicDims:
         self._shapes[value] = dims
 
     def shape(self, value: ir.Value) -> tuple[object, ...] | None:
-        """The derived shape of a main-graph value, each dim its representative; None if not derived."""
-        dims = self._shapes.get(value)
+        """The derived shape of a value of the main graph (or of this fork's branch), each dim its representative.
+
+        None if not derived.
+        """
+        found: SymbolicDims | None = self
+        dims = None
+        while dims is None and found is not None:
+            dims, found = found._shapes.get(value), found._base
         return None if dims is None else tuple(self.find(d) for d in dims)
 
     def canonical(self, dims: Iterable[object]) -> tuple[object, ...]:

@@ -43,17 +43,21 @@ for every input the model accepts:
   be negative only when it is input dim ``i``. A ``-1`` entry is sized as
   onnxruntime sizes it (:func:`_minus_one`) where the other entries cancel
   against the input's dims; a target that is not shape arithmetic gives nothing.
-* ``Conv`` (explicit pads or VALID): spatial output dim
-  ``floor((n + pads - dilation*(k-1) - 1) / stride) + 1``, an expression of
-  the input's dim (:mod:`dim_exprs`), marked ``>= 1``: onnxruntime fails the
-  node where the numerator is negative (tests/test_simplify_conv_dims.py).
+* ``Conv``, ``ConvTranspose``, ``MaxPool``, ``AveragePool``, ``LpPool``: spatial
+  output dims as onnxruntime computes them, expressions of the input's dims
+  (``floor((n + pads - dilation*(k-1) - 1) / stride) + 1`` for a Conv), some
+  marked ``>= 1`` (:mod:`dim_windows` says which forms, and where it derives none).
+* ``Resize`` to ``sizes`` built by shape arithmetic (every axis, stretched): its
+  entries (each an int, or a dim proved ``>= 0``).
 * ``Slice`` keeps the dims of the axes it does not slice; an axis sliced from
   0 with step 1 to a dim ``e`` of shape arithmetic has ``min(e, d)`` elements
   (``d`` the axis's dim): ``e`` when ``d`` is ``e``, ``min(e, K)`` when ``d``
   is an int ``K``; to an int ``-k``, ``d - k`` where that is proved ``>= 0``.
 
-Only main-graph nodes give facts (a subgraph's node may not run); values of
-subgraphs and functions keep inference's dims. Equalities that contradict
+Main-graph nodes give facts for every value; an If branch's nodes give facts
+for the values of that branch only (its node runs only when the branch is
+taken: :func:`_derive_branches`); values of Loop and Scan bodies and of
+functions keep inference's dims. Equalities that contradict
 each other (two different ints) are not recorded: the model then never runs.
 """
 
@@ -62,7 +66,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from passes.simplify import dim_exprs
+from passes.simplify import dim_exprs, dim_windows
 from passes.simplify.dim_classes import Clamped, SymbolicDims, broadcast_dim, broadcast_shapes, clamp
 from passes.simplify.dim_exprs import Expr
 from passes.simplify.rules import Context
@@ -222,6 +226,21 @@ class _Deriver:
             return None
         return [broadcast_shapes([x, target])]
 
+    def resize(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
+        """``Resize`` (opset >= 11) to ``sizes`` over every axis, stretched: the output's dims are its entries.
+
+        Not from ``scales``: onnxruntime multiplies in float32, which is not ``floor(n * scale)``
+        past ``2**24`` (tests/test_simplify_pool_dims.py).
+        """
+        if self.ctx.opset < 11 or len(node.inputs) < 4 or node.inputs[3] is None or "axes" in node.attributes:
+            return None
+        if node.attributes.get_string("keep_aspect_ratio_policy", "stretch") != "stretch":
+            return None
+        x, sizes = self.dims(node.inputs[0]), self.entries(node.inputs[3])
+        if sizes is None or (x is not None and len(x) != len(sizes)):
+            return None
+        return [tuple(sizes)]
+
     def range(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
         if len(node.inputs) < 3:
             return None
@@ -234,36 +253,45 @@ class _Deriver:
         return None if length is None or (isinstance(length, int) and length < 0) else [(length,)]
 
     def conv(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
-        """``Conv`` (explicit pads or VALID): spatial output dim ``floor((n + pads - dilation*(k-1) - 1) / stride) + 1``.
-
-        onnxruntime fails the node where ``n + pads < dilation*(k-1) + 1``, so in a run
-        that succeeds the numerator is ``>= 0`` and its integer division is that floor.
-        """
+        """``Conv``: spatial output dims as :func:`dim_windows.conv_lengths` gives them."""
         x, w = self.dims(node.inputs[0]), _weight_dims(self, node.inputs[1] if len(node.inputs) > 1 else None)
         if x is None or w is None or len(x) < 3 or len(w) != len(x):
             return None
-        spatial = len(x) - 2
-        auto_pad = node.attributes.get_string("auto_pad", "NOTSET")
-        kernel = node.attributes.get_ints("kernel_shape", None)
-        kernel = list(w[2:]) if kernel is None else list(kernel)
-        pads = list(node.attributes.get_ints("pads", [0] * 2 * spatial))
-        strides = list(node.attributes.get_ints("strides", [1] * spatial))
-        dilations = list(node.attributes.get_ints("dilations", [1] * spatial))
-        if auto_pad == "VALID":
-            pads = [0] * 2 * spatial
-        if auto_pad not in ("NOTSET", "VALID") or not (
-                len(kernel) == len(strides) == len(dilations) == len(pads) // 2 == spatial):
+        attrs = dim_windows.window(node, list(w[2:]))
+        if attrs is None or attrs.spatial != len(x) - 2:
             return None
-        if not all(isinstance(v, int) for v in (*kernel, *pads)) or min(strides + dilations) < 1 or min(pads) < 0:
+        return [(x[0], w[0], *self._lengths(dim_windows.conv_lengths(attrs, list(x[2:]))))]
+
+    def conv_transpose(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
+        """``ConvTranspose`` (explicit pads, no ``output_shape``): :func:`dim_windows.conv_transpose_lengths`."""
+        x, w = self.dims(node.inputs[0]), _weight_dims(self, node.inputs[1] if len(node.inputs) > 1 else None)
+        if x is None or w is None or len(x) < 3 or len(w) != len(x) or "output_shape" in node.attributes:
             return None
-        out = [x[0], w[0]]
-        for i in range(spatial):
-            n = x[2 + i]
-            reach = pads[i] + pads[i + spatial] - dilations[i] * (kernel[i] - 1) - 1  # type: ignore[operator]
-            length = None if n is None else dim_exprs.add(dim_exprs.floordiv(dim_exprs.add(n, reach), strides[i]), 1)
-            self.found.mark_positive(length)
-            out.append(length)
-        return [tuple(out)]
+        attrs = dim_windows.window(node, list(w[2:]))
+        if attrs is None or attrs.spatial != len(x) - 2:
+            return None
+        output_padding = list(node.attributes.get_ints("output_padding", [0] * attrs.spatial))
+        group = node.attributes.get_int("group", 1)
+        channels = w[1] * group if isinstance(w[1], int) else (w[1] if group == 1 else None)
+        lengths = dim_windows.conv_transpose_lengths(attrs, list(x[2:]), output_padding)
+        return [(x[0], channels, *self._lengths(lengths))]
+
+    def pool(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
+        """``MaxPool``/``AveragePool``/``LpPool``: :func:`dim_windows.pool_lengths` (each output, Indices too)."""
+        x = self.dims(node.inputs[0])
+        attrs = dim_windows.window(node, None)
+        if x is None or len(x) < 3 or attrs is None or attrs.spatial != len(x) - 2:
+            return None
+        ceil_mode = node.attributes.get_int("ceil_mode", 0) == 1
+        shape = (x[0], x[1], *self._lengths(dim_windows.pool_lengths(attrs, list(x[2:]), ceil_mode)))
+        return [shape] * len(node.outputs)
+
+    def _lengths(self, lengths: dim_windows.Lengths) -> list[object]:
+        """The lengths as dims, each marked ``>= 1`` where it is."""
+        for dim, positive in lengths:
+            if positive:
+                self.found.mark_positive(dim)
+        return [dim for dim, _ in lengths]
 
     def matmul(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
         a, b = self.dims(node.inputs[0]), self.dims(node.inputs[1])
@@ -368,15 +396,19 @@ _HANDLERS = {
     "Transpose": _Deriver.transpose,
     "Reshape": _Deriver.reshape,
     "Expand": _Deriver.expand,
+    "Resize": _Deriver.resize,
     "Range": _Deriver.range,
     "MatMul": _Deriver.matmul,
     "Conv": _Deriver.conv,
+    "ConvTranspose": _Deriver.conv_transpose,
+    **{op: _Deriver.pool for op in ("MaxPool", "AveragePool", "LpPool")},
     "Slice": _Deriver.slice,
 }
 
 
 def derive(graph: ir.Graph, ctx: Context) -> SymbolicDims:
-    """The dims of ``graph``'s values (the main graph), derived from what its nodes require.
+    """The dims of ``graph``'s values (the main graph), derived from what its nodes require, and of its
+    If branches' values (:meth:`SymbolicDims.in_graph`).
 
     ``ctx`` gives inference's dims (:meth:`Context.dims` without derived dims).
     """
@@ -387,4 +419,30 @@ def derive(graph: ir.Graph, ctx: Context) -> SymbolicDims:
             deriver.found.record(value, raw)
     for node in graph:
         deriver.visit(node)
+    _derive_branches(graph, deriver)
     return deriver.found
+
+
+def _derive_branches(graph: ir.Graph, parent: _Deriver) -> None:
+    """Each If branch of ``graph``'s nodes, derived on a fork of ``parent``'s facts, then its own branches.
+
+    The fork is taken once ``graph`` is derived whole: every node of ``graph`` runs
+    in a run where the branch does (the main graph's in every run that succeeds,
+    an enclosing branch's whenever it is taken), so all of ``graph``'s facts hold
+    inside; an If's output is the output of the branch taken, so a main-graph fact about
+    it (a symbol inference gives both) holds for that branch's output too. Not so for a
+    Loop or Scan body: its values change size from one iteration to the next, and a
+    main-graph fact about the node's output fixes only the last iteration's (or the
+    stacked) size, so no fork is made there (its values keep inference's dims, not
+    canonicalised by main-graph facts).
+    """
+    for node in graph:
+        if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+            continue
+        for attr in node.attributes.values():
+            if isinstance(attr, ir.Attr) and not attr.is_ref() and attr.type == ir.AttributeType.GRAPH:
+                deriver = _Deriver(parent.ctx)
+                deriver.found = parent.found.fork(attr.value)
+                for inner in attr.value:
+                    deriver.visit(inner)
+                _derive_branches(attr.value, deriver)
