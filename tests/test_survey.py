@@ -80,10 +80,20 @@ def test_every_string_field_of_onnx_proto_is_tried() -> None:
 def test_a_string_field_that_is_not_utf8_is_never_known_as_text(where: str) -> None:
     bad = _model_with(_STRINGS[where], _BAD)
     assert not survey(bad).text
+    assert not survey(bad, _as_read(bad)).text  # the load's survey, of the file's bytes
     with pytest.raises(InputError, match=f"^{where} is not valid UTF-8 text$"):
         check_tensors(bad, pathlib.Path("."))
     good = _model_with(_STRINGS[where], _MARK)
-    assert survey(good).text
+    assert survey(good).text and survey(good, _as_read(good)).text
+
+
+def _as_read(model: onnx.ModelProto) -> bytes:
+    """Bytes a file may hold for ``model`` that are not its serialisation: ``ir_version`` written twice
+    (the last one counts), so that a survey of the bytes cannot lean on ``model``'s own."""
+    data = model.SerializeToString() + bytes([0x08, 0x07])  # field 1 (ir_version), varint 7
+    parsed = onnx.ModelProto.FromString(data)
+    assert parsed.ir_version == 7 and data != parsed.SerializeToString()
+    return data
 
 
 def _if_body(attr: onnx.AttributeProto | None) -> onnx.GraphProto:
@@ -135,6 +145,9 @@ _HOLDERS = ["t", "g", "sparse_tensor", "tensors", "graphs", "sparse_tensors", "r
 def test_an_attribute_that_holds_a_tensor_graph_or_reference_is_never_plain(field: str, where: str) -> None:
     assert survey(_model(None, where)) == Survey(text=True, plain=where != "subgraph")  # the If's bodies
     assert survey(_model(_attribute(field), where)) == Survey(text=True, plain=False)
+    model = _model(_attribute(field), where)
+    model.ir_version = 7
+    assert survey(model, _as_read(model)) == Survey(text=True, plain=False)
 
 
 def test_a_field_onnx_proto_does_not_know_makes_nothing_plain() -> None:
@@ -206,3 +219,26 @@ def test_a_plain_chain_is_plain_and_its_initializers_are_still_checked() -> None
     assert survey(model) == Survey(text=True, plain=True)
     with pytest.raises(InputError, match="tensor 'w': raw_data has 4 bytes"):
         check_tensors(model, pathlib.Path("."))
+
+
+def test_the_load_stashes_no_sparse_constant_of_a_plain_model(tmp_path: pathlib.Path, monkeypatch) -> None:
+    """A plain model (its survey of the file's bytes says so) has no sparse Constant: the stash's walk
+    of every node is skipped; a model with one is not plain, and its sparse Constant is stashed."""
+    from passes.modelio import sparse
+
+    calls = []
+    monkeypatch.setattr(sparse, "stash", lambda proto, stash=sparse.stash: calls.append(1) or stash(proto))
+    nodes = [helper.make_node("Neg", ["x"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    assert [n.op_type for n in load_model(_save(model, tmp_path)).graph] == ["Neg"] and calls == []
+
+    values = helper.make_tensor("v", TensorProto.FLOAT, [2], [1.0, 2.0])
+    indices = helper.make_tensor("i", TensorProto.INT64, [2], [0, 1 << 20])
+    big = helper.make_sparse_tensor(values, indices, [1 << 21])  # over the size made dense at load
+    graph = helper.make_graph([helper.make_node("Constant", [], ["c"], sparse_value=big)], "g", [],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [1 << 21])])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    loaded = load_model(_save(model, tmp_path))
+    assert calls == [1] and [n.domain for n in loaded.graph] == [sparse.DOMAIN]

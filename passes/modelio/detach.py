@@ -104,6 +104,8 @@ class View:
     attributes: dict[str, Source]
     #: The weights left in the file, by marker key (see :func:`weight_key`).
     weights: dict[str, Weight]
+    #: The bytes ``proto`` was parsed from (the load's survey reads them instead of serialising it again).
+    data: bytes | None = None
 
     @property
     def detached(self) -> bool:
@@ -182,7 +184,8 @@ def read_view(path: str | os.PathLike[str]) -> View:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < MIN_FILE:
-            return View(onnx.ModelProto.FromString(f.read()), {}, {})
+            data = f.read()
+            return View(onnx.ModelProto.FromString(data), {}, {}, data)
         buf = wire.FileBytes(f.fileno(), size)
         sources: dict[str, Source] = {}
         weights: dict[str, Weight] = {}
@@ -220,10 +223,11 @@ def read_view(path: str | os.PathLike[str]) -> View:
         except wire.Malformed:
             chunks = None
         if chunks is None:
-            return View(onnx.ModelProto.FromString(f.read()), {}, {})
+            data = f.read()
+            return View(onnx.ModelProto.FromString(data), {}, {}, data)
         data = b"".join(chunks)  # type: ignore[arg-type]
         del chunks
-    return View(onnx.ModelProto.FromString(data), sources, weights)
+    return View(onnx.ModelProto.FromString(data), sources, weights, data)
 
 
 # TensorProto's fields: dims, data_type, name, raw_data, doc_string.

@@ -129,9 +129,11 @@ def load_model(path: str | os.PathLike[str], *, check: bool = True) -> ir.Model:
         # Before validation, which reads small external tensors into the proto.
         locations = {e.value for t in view.proto.graph.initializer if t.data_location == 1  # EXTERNAL
                      for e in t.external_data if e.key == "location"}  # fmt: skip
+        known, view.data = _survey.survey(view.proto, view.data), None  # (the file's bytes, parsed again in C)
         external = validate_proto(view.proto, path.parent, path=path, check=check, identities=identities,
-                                  whole=whole, notes=notes)  # fmt: skip
-        model = model_from_proto(view.proto, detached=view.attributes, weights=view.weights, repaired=True)
+                                  whole=whole, notes=notes, known=known)  # fmt: skip
+        model = model_from_proto(view.proto, detached=view.attributes, weights=view.weights, repaired=True,
+                                 plain=known.plain)  # fmt: skip
         if external:  # the files on disk the model is made of (its size on disk, in the report)
             locations |= external_locations(view.proto)
             model.meta[_FILES_KEY] = sorted({(real.parent / loc).resolve() for loc in locations})
@@ -183,10 +185,8 @@ def check_unchanged(model: ir.Model) -> None:
         except OSError:
             now = None
         if now != seen:
-            raise InputError(
-                f"external data file {shown(path)} changed after it was validated "
-                "(replaced, rewritten or removed); refusing to use it"
-            )
+            raise InputError(f"external data file {shown(path)} changed after it was validated "
+                             "(replaced, rewritten or removed); refusing to use it")
 
 
 def repair_in_memory(model: ir.Model) -> None:
@@ -254,6 +254,7 @@ def validate_proto(
     proto: onnx.ModelProto, base_dir: pathlib.Path | None = None, *, path: pathlib.Path | None = None,
     check: bool = True, identities: dict[pathlib.Path, _validate.Identity] | None = None,
     whole: Callable[[], onnx.ModelProto] | None = None, notes: list[str] | None = None,
+    known: _survey.Survey | None = None,
 ) -> int:
     """The load-time validation of :func:`load_model`, for a model already in memory.
 
@@ -270,6 +271,7 @@ def validate_proto(
             and this reads the whole model, for the checker (see :func:`check_view`).
         notes: Receives a note per lossless repair of ``proto`` (made in place, see
             :mod:`passes.modelio.repair`): nodes sorted, graphs named, shapeless inputs and outputs.
+        known: ``proto``'s :func:`passes.modelio.survey.survey`, if the caller made it (made here otherwise).
 
     Returns:
         How many tensors are stored externally.
@@ -286,7 +288,7 @@ def validate_proto(
         # the time also broke the rule, as onnxruntime's own datasets/mul_1.onnx does.)
         frozen = constant_inputs_note(_repair.constant_initializer_inputs(proto), proto.ir_version)
         proto.ir_version = OVERRIDABLE_SINCE
-    known = _survey.survey(proto)  # what the repair's and the checks' looks at every node would find
+    known = _survey.survey(proto) if known is None else known  # what the looks at every node would find
     repaired = [*([frozen] if frozen else []), *_repair.repair(proto, plain=known.plain)]
     if notes is not None:
         notes.extend(repaired)
@@ -336,7 +338,7 @@ def check_view(
 
 def model_from_proto(
     proto: onnx.ModelProto, *, validate: bool = False, detached: dict[str, _detach.Source] | None = None,
-    weights: dict[str, _detach.Weight] | None = None, repaired: bool = False,
+    weights: dict[str, _detach.Weight] | None = None, repaired: bool = False, plain: bool = False,
 ) -> ir.Model:
     """Builds the IR of ``proto`` (changed in place: sparse Constants and map types stashed).
 
@@ -347,7 +349,8 @@ def model_from_proto(
     :func:`save_model` put the stashed nodes and types back. ``detached`` and ``weights``:
     the attribute records and weights :func:`passes.modelio.detach.read_view` left in
     the file, read when used. ``repaired``: :func:`validate_proto` has repaired ``proto``
-    already (a second repair, a walk of every node, would find nothing).
+    already (a second repair, a walk of every node, would find nothing). ``plain``: no attribute holds a
+    sparse tensor (the survey's ``plain``): none to stash, no walk.
 
     Raises:
         InputError: with ``validate``, the model is invalid (see :func:`validate_proto`);
@@ -360,7 +363,7 @@ def model_from_proto(
         notes = _repair.repair(proto)  # the IR needs sorted nodes
     proto, moved = _weights.move_out_large(proto)
     _one_default_domain(proto)
-    sparse = _sparse.stash(proto)
+    sparse = {} if plain else _sparse.stash(proto)
     stashed = _opaque_types.stash(proto)
     try:
         model = ir.serde.deserialize_model(proto)

@@ -101,12 +101,16 @@ def _copy_of_onnx_proto(without: frozenset[str]) -> type[google.protobuf.message
         return None
 
 
-def survey(proto: onnx.ModelProto) -> Survey:
-    """What one parse in C of ``proto``'s bytes tells (see the module docstring)."""
+def survey(proto: onnx.ModelProto, data: bytes | None = None) -> Survey:
+    """What one parse in C of ``proto``'s bytes tells (see the module docstring).
+
+    ``data``: the bytes ``proto`` was parsed from, if at hand (the load's file): they are parsed
+    instead of ``proto`` serialised again (a parse of either finds the same fields and strings).
+    """
     plain_model = _copy_of_onnx_proto(_NOT_PLAIN)
-    if plain_model is None or proto.ByteSize() > SURVEYED_UP_TO:
+    if plain_model is None or (proto.ByteSize() if data is None else len(data)) > SURVEYED_UP_TO:
         return NOTHING_KNOWN
-    data = proto.SerializeToString()
+    data = proto.SerializeToString() if data is None else data
     try:
         copy = plain_model.FromString(data)
     except google.protobuf.message.DecodeError:
