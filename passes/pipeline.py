@@ -237,6 +237,11 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
                 with _gate.Gate(src, check, warn, worker, rounding=_check.rounding_may_change(report.passes),
                                 early=early, handoff=handoff) as gate:
                     verdict = gate.verify(staged_path)
+                    fallback = _check.unfused(gate, verdict, run, report.passes, lambda: modelio.load_model(src), progress)
+                    if fallback is not None:  # the unfused model passed: it is the output
+                        model, report.passes, verdict = fallback
+                        report.after, staged_path = _report.summarize(model), staged.save(model)
+                        report.after.file_bytes = _report.disk_bytes(staged.files)
                     _check.blame(gate, verdict, run, lambda: modelio.load_model(src))
                     gate.reproduce(staged_path, verdict, *repro_files)
             report.notes.extend(verdict.notes)
@@ -421,6 +426,10 @@ def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, run: RunS
         with _gate.Gate(original, checking, logger.warning, worker, rounding=_check.rounding_may_change(runs),
                         handoff=handoff) as gate:  # fmt: skip
             verdict = gate.verify(proto)
+            fallback = _check.unfused(gate, verdict, run, runs, lambda: _fresh(original))
+            if fallback is not None:  # the unfused model passed: it is the result
+                ir_model, runs, verdict = fallback
+                proto = modelio.model_to_proto(ir_model)
             _check.blame(gate, verdict, run, lambda: _fresh(original))
             gate.reproduce(proto, verdict, [original] if isinstance(original, pathlib.Path) else [])
     notes = [*modelio.model_notes(ir_model), *verdict.notes]  # the load's repairs, the passes' corrections

@@ -9,7 +9,10 @@ run, with these: the check's inputs at the run's static sizes
 check could only misread (:func:`refuse_two_tolerances`, and static shapes the
 model cannot run at, :func:`refuse_impossible_shapes`). After a mismatch,
 :func:`blame` reruns the pipeline with one pass less at a time to name the pass
-that brought it.
+that brought it. Before that, when simplify's fusions ran, :func:`unfused` tries the
+same run without them: a fusion changes float rounding by design, and where that
+change is beyond the check's tolerance the run writes the unfused model (exact)
+rather than nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
 _inference = lazy_module("passes.ir.inference")
 
 __all__ = ["blame", "check_at_static_sizes", "refuse_impossible_shapes", "refuse_two_tolerances",
-           "rounding_may_change", "with_precision"]
+           "rounding_may_change", "unfused", "with_precision"]
 
 
 def check_at_static_sizes(run: RunSpec, model: ir.Model, check: CheckOptions) -> CheckOptions:
@@ -103,15 +106,59 @@ def refuse_impossible_shapes(run: RunSpec, model: ir.Model, fresh: Callable[[], 
                          f"shapes (onnx shape inference: {shown})")
 
 
+def unfused(gate: Gate, verdict: Any, run: RunSpec, runs: Sequence[PassRun], fresh: Callable[[], ir.Model],
+            progress: Callable[[str], None] | None = None) -> tuple[ir.Model, list[PassRun], Any] | None:
+    """After a difference in a run whose simplify fused: the same run without the fusions (as with
+    ``--no-fuse``), from a fresh load, checked by ``gate`` on the same inputs and sets.
+
+    Returns (model, its pass runs, its verdict) when that model passes, its verdict's result keeping
+    the first check's inputs and notes and its notes saying what was refused; None when there were
+    no fusions to leave out (or a --precision run: its own search decides; or
+    ``--no-unfused-fallback``), or the unfused model fails too (the first difference stands, for :func:`blame`).
+    """
+    fused = sum(r.stats.get("fused", 0) for r in runs if r.name == "simplify")
+    if not (verdict.differs and fused and run.options.get("fuse") and "precision" not in run.passes
+            and gate.check.unfused_fallback):  # fmt: skip
+        return None
+    plain = dataclasses.replace(run, options={**run.options, "fuse": False})
+    if progress is not None:
+        progress(f"the check refused the fused model: running again without simplify's fusions ({fused})")
+    try:
+        model = fresh()
+        plain_runs = plain.run(model, progress)
+        folder = gate.folder / "unfused"
+        folder.mkdir()
+        modelio.save_model(model, folder / "model.onnx")
+    except OptimizeError:
+        return None
+    again = gate.verify_again(folder / "model.onnx", rounding=rounding_may_change(plain_runs))
+    first = verdict.result
+    refused = (verdict.failure or first.summary()).split("\n")[0]
+    tried = {"fused": fused, "fused_check": refused, "unfused_check": (again.failure or "passed").split("\n")[0]}
+    if again.failure is not None:
+        first.without_fusions = tried
+        return None
+    again.result.inputs, again.result.seconds, again.result.without_fusions = first.inputs, first.seconds, tried
+    again.result.notes[:0] = first.notes
+    shown = refused.removeprefix("check failed: ")
+    again.notes[:0] = [*verdict.notes, f"written without simplify's fusions (as with --no-fuse), which the check "
+                       f"refused: with the {fused} fusion(s), {shown}"]  # fmt: skip
+    return model, plain_runs, again
+
+
 def blame(gate: Gate, verdict: Any, run: RunSpec, fresh: Callable[[], ir.Model]) -> None:
     """After a mismatch, the pass whose addition brings it: reruns the pipeline from a fresh load
     with one pass less at a time (from the end), then without the clean-up, until the check passes.
 
     Sets the first difference's ``pass_name`` (or "") and ``pipelines`` (each rerun and its verdict),
-    and the verdict's failure to the result's summary, which names the pass.
+    and the verdict's failure to the result's summary, which names the pass. When :func:`unfused`
+    found that the run fails without simplify's fusions too, the reruns leave them out as well: the
+    pass looked for is the one that brings the difference that remains.
     """
     if not (verdict.differs and verdict.result.first_difference is not None):
         return
+    if verdict.result.without_fusions is not None:
+        run = dataclasses.replace(run, options={**run.options, "fuse": False})
     start = time.perf_counter()
     found = verdict.result.first_difference
     pipelines: list[dict[str, Any]] = []

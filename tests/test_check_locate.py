@@ -167,7 +167,7 @@ def test_a_fused_conv_is_not_compared_and_the_fused_away_node_is_named(tmp_path:
     is of the outputs' size, and the rewritten and fused-away nodes before it are named."""
     src = REPO / "models" / "real" / "small_cnn_opset11_nofold.onnx"
     report = tmp_path / "r.json"
-    assert cli.main([str(src), str(tmp_path / "o.onnx"), "--rtol", "0", "--atol", "0", "--report", str(report),
+    assert cli.main([str(src), str(tmp_path / "o.onnx"), "--rtol", "0", "--atol", "0", "--no-unfused-fallback", "--report", str(report),
                      "-q"]) == 1  # fmt: skip
     check = json.loads(report.read_text())["check"]
     found = check["first_difference"]

@@ -373,7 +373,8 @@ def test_a_mixed_folder(jobs: str, tmp_path: pathlib.Path) -> None:
     folder = _mixed_folder(tmp_path)
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     out, report = tmp_path / "out", tmp_path / "all.json"
-    proc = helpers_run(str(folder), "-o", str(out), "--jobs", jobs, "--report", str(report), "--rtol", "0", "--atol", "0")
+    proc = helpers_run(str(folder), "-o", str(out), "--jobs", jobs, "--report", str(report), "--rtol", "0", "--atol", "0",
+                       "--no-unfused-fallback")
     assert proc.returncode == 2, proc.stderr  # the worst: the invalid file
     records = {r["model"]: r for r in json.loads(report.read_text())["models"]}
     assert {m: r["exit"] for m, r in records.items()} == {"cnn.onnx": 1, "mlp.onnx": 0, "sub/bad.onnx": 2,

@@ -87,9 +87,11 @@ def test_the_validator_catches_what_it_must() -> None:
 #: (outcome, command after ``optimize``, exit code, status, written, checked, ok, a word of check.reason)
 OUTCOMES = [
     ("success", [str(DEMO), "o.onnx"], 0, "ok", True, True, True, None),
-    ("check failed", [str(CNN), "o.onnx", "--rtol", "0", "--atol", "0"], 1, "check failed", False, True, False,
+    ("fusions refused", [str(CNN), "o.onnx", "--rtol", "0", "--atol", "0"], 0, "ok", True, True, True, None),
+    ("check failed", [str(CNN), "o.onnx", "--rtol", "0", "--atol", "0", "--no-unfused-fallback"], 1, "check failed", False, True, False,
      "check failed"),
-    ("check failed, --repro", [str(CNN), "o.onnx", "--rtol", "0", "--atol", "0", "--repro", "repro"], 1,
+    ("check failed, --repro", [str(CNN), "o.onnx", "--rtol", "0", "--atol", "0", "--no-unfused-fallback", "--repro",
+                               "repro"], 1,
      "check failed", False, True, False, "check failed"),
     ("not checked", [str(DEMO), "o.onnx", "--dim", f"batch={10**9}"], 0, "not checked", True, False, None,
      "inputs"),
@@ -132,6 +134,10 @@ def test_every_outcome_writes_the_report_with_every_field(outcome: str, args: li
         assert precision["error"] and precision["stats"]["check_rounds"] > 1 and precision["stats"]["islands"]
         assert set(precision["stats"]["max_abs_error"]) == {"log_probs", "features"}
         assert report["after"] is None and "--precision fp16" in report["error"]
+    if outcome == "fusions refused":  # the same passes without them, written
+        assert check["without_fusions"]["unfused_check"] == "passed" and check["without_fusions"]["fused"] > 0
+    else:
+        assert check["without_fusions"] is None
     if outcome == "a pass refuses":
         assert report["passes"][-1]["name"] == "upgrade" and "never lowers" in report["passes"][-1]["error"]
 

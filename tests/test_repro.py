@@ -125,7 +125,7 @@ def _rerun(folder: pathlib.Path, *flags: str) -> int:
 def test_the_batchnorm_fusions_rounding_on_the_real_cnn(tmp_path: pathlib.Path, capsys) -> None:
     """The issue's case: exit 1, nothing else written, DIR holds two models of at most 6 nodes and
     an npz, and onnxruntime shows the difference on them (also through the README's command)."""
-    code, folder, report = _optimize(tmp_path, SMALL_CNN, "--rtol", "0", "--atol", "0")
+    code, folder, report = _optimize(tmp_path, SMALL_CNN, "--rtol", "0", "--atol", "0", "--no-unfused-fallback")
     err = capsys.readouterr().err
     assert code == 1 and not (tmp_path / "out.onnx").exists()
     assert sorted(os.listdir(tmp_path)) == ["report.json", "repro"]
@@ -142,7 +142,7 @@ def test_the_batchnorm_fusions_rounding_on_the_real_cnn(tmp_path: pathlib.Path, 
     assert f"reproduction: '{folder}': 3 and 2 node(s) whose output '/stem/stem.2/Relu_output_0' differs in " in err
     readme = (folder / "README.txt").read_text()
     command = readme.split("The command that failed:\n")[1].split("\n")[0]
-    assert command.startswith(f"  optimize {SMALL_CNN} -o ") and command.endswith("--rtol 0 --atol 0")
+    assert command.startswith(f"  optimize {SMALL_CNN} -o ") and command.endswith("--rtol 0 --atol 0 --no-unfused-fallback")
     assert "Pass:            simplify" in readme and "Tolerance:       rtol 0 atol 0" in readme
     assert _rerun(folder, "--rtol", "0", "--atol", "0") == 1
     assert "DIFFERS" in capsys.readouterr().out
@@ -644,7 +644,7 @@ def test_the_transcript_in_docs_check_md_is_the_real_output(tmp_path: pathlib.Pa
     os.chdir(tmp_path)
     try:
         assert cli.main(["models/real/small_cnn_opset11_nofold.onnx", "cnn.opt.onnx", "--rtol", "0", "--atol", "0",
-                         "--repro", "cnn-repro", "-q"]) == 1  # fmt: skip
+                         "--no-unfused-fallback", "--repro", "cnn-repro", "-q"]) == 1  # fmt: skip
         err = capsys.readouterr().err
         assert repro.main(["cnn-repro", "--rtol", "0", "--atol", "0"]) == 1
         rerun = capsys.readouterr().out

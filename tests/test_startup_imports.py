@@ -4,8 +4,9 @@
 only); these tests check that a stand-in runs nothing until an attribute is read, that it then
 behaves as the module (attributes, submodules, a later ``import``), that an import error is
 raised where the module is first used and a retry works, and that the command itself does not
-import sympy (onnx_ir's symbolic-dim arithmetic) on a model that needs none of it, while writing
-the same model as the in-process route, which imports sympy.
+import sympy (onnx_ir's symbolic-dim arithmetic) on a model that needs none of it, nor the check's
+locator and reduction on a model that passes, while writing the same model as the in-process route,
+which imports sympy.
 """
 
 from __future__ import annotations
@@ -123,6 +124,9 @@ def test_the_command_does_not_import_sympy_and_writes_what_the_api_writes(tmp_pa
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     assert "onnx_ir" in imported
     assert not {name for name in imported if name == "sympy" or name.startswith("sympy.")}
+    # The check runs, but what follows a difference (the locator, --repro's search) is not imported.
+    assert "passes.verify.check" in imported
+    assert not imported & {"passes.verify.locate", "passes.verify.reduce", "passes.verify.region"}
     passes.optimize_file(str(demo), str(tmp_path / "api.onnx"))
     assert "sympy" in sys.modules  # imported with onnx_ir in this process: the same model either way
     assert (tmp_path / "cli.onnx").read_bytes() == (tmp_path / "api.onnx").read_bytes()

@@ -249,6 +249,9 @@ def parser() -> Parser:
     result.add_argument("--no-check", action="store_true", help="do not compare the models in onnxruntime")
     result.add_argument("--require-check", action="store_true",
                         help="fail (exit 1, output not written unless --force) when the check cannot run")
+    result.add_argument("--no-unfused-fallback", action="store_true",
+                        help="when the check refuses the fused model, fail (exit 1) instead of checking and "
+                             "writing the same passes without simplify's fusions (as --no-fuse would)")
     result.add_argument("--check-timeout", type=_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help=f"time limit of the onnxruntime check (default {DEFAULT_TIMEOUT:g}); "
                              "after a mismatch the locator gets as much again")

@@ -212,7 +212,8 @@ def _run(args: argparse.Namespace, console: _Console, state: dict[str, bool]) ->
         enabled=not args.no_check, inputs_file=_inputs_file(args.inputs) if args.inputs else None,
         inputs_source=args.inputs or "", dims=dict(args.dim), seed=args.seed, rtol=args.rtol,
         atol=args.atol, required=args.require_check, timeout=args.check_timeout,
-        memory_limit=args.check_memory, repro=args.repro, command=shlex.join([PROG, *args.argv]),
+        memory_limit=args.check_memory, repro=args.repro, unfused_fallback=not args.no_unfused_fallback,
+        command=shlex.join([PROG, *args.argv]),
     )  # fmt: skip
 
     def committed(written: bool) -> None:

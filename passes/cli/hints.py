@@ -29,7 +29,8 @@ def _near_tolerance(out: Any) -> bool:
 def check_hint(report: Report) -> list[str]:
     """The way out of a failed check, fitted to its cause (one line each; empty if none fits).
 
-    * the pass blamed is ``simplify`` and it fused nodes: ``--no-fuse``;
+    * the pass blamed is ``simplify`` and it fused nodes: ``--no-fuse`` (unless the run without the
+      fusions was tried and failed too: then it is simplify's exact rewrites, a bug);
     * every differing output is off by a rounding-size amount: ``--rtol/--atol``;
     * another pass blamed: ``--skip PASS``, and how to report it.
     """
@@ -42,6 +43,9 @@ def check_hint(report: Report) -> list[str]:
     fused = runs["simplify"].stats.get("fused", 0) if "simplify" in runs else 0
     failures = check.failures if not check.error else []
     hints = []
+    if check.without_fusions is not None:  # the run without them failed too: they are not the cause
+        fused = 0
+        hints.append(f"hint: without simplify's fusions the check fails too ({check.without_fusions['unfused_check']})")
     if blamed == "simplify" and fused:
         hints.append(f"hint: simplify's fusions (fused={fused}) change float rounding; "
                      "--no-fuse keeps those ops as they are")

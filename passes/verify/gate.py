@@ -76,6 +76,9 @@ class CheckOptions:
             tolerance instead of its default; set by the pipeline with ``precision``.
         repro: ``--repro DIR``: after a difference, the smallest reproduction is written there
             (:mod:`passes.verify.repro`).
+        unfused_fallback: When the check refuses a model that simplify fused, check and write the same
+            run without the fusions instead of failing (see :func:`passes.pipeline_check.unfused`);
+            False: fail (``--no-unfused-fallback``, to look into the fusion's difference).
         command: The command line that ran, for the reproduction's README ("" for the API).
         static: The run's static shapes as flags (``--input-shape x:1,32,64``; "" for none), set by
             the pipeline with ``shapes`` and the fixed ``dims``: where the original does not run
@@ -101,6 +104,7 @@ class CheckOptions:
     precision: str | None = None
     precision_tolerance: tuple[float, float | None] | None = None
     repro: str | os.PathLike[str] | None = None
+    unfused_fallback: bool = True
     command: str = ""
     static: str = ""
     free_dims: Mapping[str, int | Sequence[int]] = dataclasses.field(default_factory=dict)
@@ -352,6 +356,24 @@ class Gate:
         verdict.result.repro = repro.reproduce(self._checker, staged, verdict.result, self.check.repro,
                                                command=self.check.command, reads=reads, writes=writes)  # fmt: skip
         verdict.failure = verdict.result.summary()
+
+    def verify_again(self, candidate: Any, *, rounding: bool) -> Verdict:
+        """Another candidate checked as :meth:`verify` checked the first: the ONNX checker, then the
+        comparison on the same inputs and sets, with ``rounding`` saying whether this candidate may
+        round differently (see :meth:`__init__`); follows a verify that ran the comparison."""
+        assert self._checker is not None, "verify_again follows a verify that ran the check"
+        verdict = Verdict()
+        verdict.failure = _checker_verdict(self.original, candidate, verdict.notes)
+        if verdict.failure is not None:
+            return verdict
+        before, self._checker.rounding = self._checker.rounding, rounding
+        try:
+            verdict.result = self._checker.recheck(candidate)
+        finally:
+            self._checker.rounding = before
+        if not (verdict.result.checked and verdict.result.ok):
+            verdict.failure = verdict.result.summary()
+        return verdict
 
     def recheck(self, candidate: Any) -> bool | None:
         """Whether ``candidate`` computes what the original does (None: the check could not say)."""

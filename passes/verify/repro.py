@@ -45,7 +45,8 @@ from passes.errors import InputError, first_line
 from passes.modelio import signals_deferred
 from passes.modelio.destinations import check_encodable, shown
 from passes.options import parse_tolerance
-from passes.verify import files as _files, reduce as _reduce, region
+from passes.lazy import lazy_module
+from passes.verify import files as _files
 from passes.verify.child import WorkerError
 from passes.verify.lowest import FLOAT_TYPES
 from passes.verify.defaults import TOLERANCES
@@ -57,6 +58,9 @@ __all__ = ["FILES", "check_folder", "check_request", "main", "reproduce"]
 FILES = ("README.txt", "inputs.npz", "optimized.onnx", "optimized.onnx.data", "original.onnx", "original.onnx.data")
 
 logger = logging.getLogger(__name__)
+# The search and its regions only after a difference: every run asks check_request.
+_reduce = lazy_module("passes.verify.reduce")
+region = lazy_module("passes.verify.region")
 
 _UTF8 = "onnx and onnxruntime take paths as UTF-8 text"
 

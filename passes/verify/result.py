@@ -301,7 +301,7 @@ def unchecked_json(reason: str) -> dict[str, Any]:
     before its check, a model the ONNX checker refused): the same fields, ``checked`` false."""
     return {"ok": None, "checked": False, "reason": reason, "skipped": reason, "hint": None, "error": None,
             "inputs": None, "outputs": [], "first_difference": None, "repro": None, "notes": [], "seconds": {},
-            "not_compared": []}
+            "not_compared": [], "without_fusions": None}
 
 
 @dataclasses.dataclass
@@ -333,6 +333,10 @@ class CheckResult:
             :mod:`passes.verify.verdict`): ``{"output", "set", "reason"}`` each; never a failure.
         repro: With ``--repro DIR``, after a difference: what was written there (see
             :func:`passes.verify.repro.reproduce`), or None.
+        without_fusions: After a difference in a run whose simplify fused, the same run without
+            the fusions (:func:`passes.pipeline_check.unfused`): ``{"fused", "fused_check",
+            "unfused_check"}``, the fusions' count, the fused model's failure and the unfused model's
+            ("passed" when it is the one written); None when not tried.
     """
 
     ok: bool
@@ -348,6 +352,7 @@ class CheckResult:
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     repro: dict[str, Any] | None = None
     not_compared: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    without_fusions: dict[str, Any] | None = None
 
     @property
     def checked(self) -> bool:
@@ -411,4 +416,5 @@ class CheckResult:
             "not_compared": list(self.not_compared),
             "seconds": dict(self.seconds),
             "repro": self.repro,
+            "without_fusions": self.without_fusions,
         })

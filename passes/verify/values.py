@@ -21,9 +21,12 @@ from typing import Any
 
 import onnx
 
-from passes.verify import files as _files, locate as _locate
+from passes.lazy import lazy_module
+from passes.verify import files as _files
 from passes.verify.child import WorkerError
 from passes.verify.result import FirstDifference
+
+_locate = lazy_module("passes.verify.locate")  # after a difference, or for --precision's ranges
 
 __all__ = ["LOCATE_BUDGET", "finite_maxima", "first_difference", "magnitudes", "reductions", "upstream"]
 
