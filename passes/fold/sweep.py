@@ -26,6 +26,7 @@ from passes.fold import decide, evaluate, policy
 from passes.fold.pending import Fold
 from passes.fold.surgery import Rewriter, subgraphs_of
 from passes.ir import checked_inputs, inference
+from passes.ir.prepack import feeds_prepacked
 from passes.ir.tensors import attribute_values, make_tensor
 from passes.ir.walk import iter_scopes, normalize_domain, opset_of
 from passes.phases import node_done
@@ -110,12 +111,6 @@ class Scope:
         return self.initializers or self.opset("") is not None
 
 
-#: The inputs onnxruntime's CPU kernels prepack (re-lay out once, then sum in their own blocked
-#: order) when they are constant initializers, by op.
-_PREPACKED: dict[str, tuple[int, ...]] = {
-    "MatMul": (1,), "Gemm": (1,), "Conv": (1,), "ConvTranspose": (1,), "LSTM": (1, 2), "GRU": (1, 2),
-    "RNN": (1, 2), "MatMulInteger": (1,), "ConvInteger": (1,), "QLinearMatMul": (3,), "QLinearConv": (3,),
-}  # fmt: skip
 
 
 class Sweep:
@@ -168,11 +163,7 @@ class Sweep:
         removed_nodes, removed_initializers = self.rewriter.collect_garbage()
         self.stats.removed_nodes += removed_nodes
         self.stats.removed_initializers += removed_initializers
-        self.stats.weights_made_constant = sum(
-            any(_PREPACKED.get(use.node.op_type, ()) and use.idx in _PREPACKED[use.node.op_type]
-                and normalize_domain(use.node.domain) == "" for use in value.uses())
-            for value in self.made_values
-        )  # fmt: skip
+        self.stats.weights_made_constant = sum(feeds_prepacked(value) for value in self.made_values)
 
     def _unknown(self) -> list[ir.Value]:
         """What inference is asked, in one walk of the graphs (not functions):

@@ -99,6 +99,7 @@ from passes.ir.dead import remove_unused_nodes_and_say
 from passes.ir.initializer_inputs import freeze_initializer_inputs
 from passes.ir.names import Names
 from passes.ir.notes import add_model_notes
+from passes.ir.prepack import feeds_prepacked
 from passes.ir.walk import iter_scopes
 from passes.phases import node_done
 from passes.simplify import (  # noqa: F401  (register rules)
@@ -159,7 +160,9 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             override them. From IR 4 the spec and onnxruntime make them defaults a caller may
             override; below IR 4 onnxruntime treats them as constants and the load already
             makes them so (:mod:`passes.ir.initializer_inputs`, one mechanism for both).
-            Counted as ``constants/frozen_input``; the IR version becomes at least 4.
+            Counted as ``constants/frozen_input``; the IR version becomes at least 4. Those that
+            are now a weight onnxruntime prepacks are also ``weights_made_constant``
+            (:mod:`passes.ir.prepack`: the op rounds otherwise, as after fold's).
     """
 
     def __init__(self, fuse: bool = True, freeze_initializer_inputs: bool = False) -> None:
@@ -189,8 +192,11 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         rules = self._rules()
         applied: collections.Counter[str] = collections.Counter()
         refused: collections.Counter[str] = collections.Counter()
+        prepacked = 0  # frozen weights onnxruntime now prepacks: exact, but the op rounds otherwise (ir.prepack)
         if self.freeze_initializer_inputs:
-            applied["constants/frozen_input"] += len(freeze_initializer_inputs(model))
+            frozen = freeze_initializer_inputs(model)
+            applied["constants/frozen_input"] += len(frozen)
+            prepacked = sum(feeds_prepacked(model.graph.initializers[name]) for name in frozen)
         rounds = 0
         self._inferred = None
         amplified = self._amplified = Amplified(model)  # one walk for the whole call, on the first fusion found
@@ -241,6 +247,8 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         self.stats = pass_stats(applied, refused, rounds=rounds,
                                 fused=sum(n for name, n in applied.items() if name.startswith("fusions/")))
         self.stats.update((stat, counts) for stat, counts in found.items() if any(counts.values()))
+        if prepacked:
+            self.stats["weights_made_constant"] = prepacked
         return ir.passes.PassResult(model, modified=bool(applied))
 
     def _correct_declared_shapes(self, model: ir.Model, applied: collections.Counter[str]) -> None:

@@ -342,7 +342,21 @@ class Gate:
             return verdict
         if not result.ok:
             verdict.failure = result.summary()
+        elif check.precision is not None:  # half-type graphs meet onnxruntime's optimisers (default_load)
+            verdict.failure = self._default_load(staged)
         return verdict
+
+    def _default_load(self, staged: Any) -> str | None:
+        """Why onnxruntime cannot build a default session (``ORT_ENABLE_ALL``) for ``staged`` where it
+        can for the original, or None (:mod:`passes.verify.default_load`)."""
+        from passes.verify import default_load, files
+
+        problem = default_load.failure(files.runnable(staged, self.folder, "default-load"), self.check.timeout)
+        if problem is None or default_load.failure(files.runnable(self.original, self.folder, "default-load-original"),
+                                                   self.check.timeout) is not None:  # fmt: skip
+            return None
+        return (f"--precision: the {self.check.precision} model: {problem}, where the original loads; with them "
+                f"off, as the check runs, it loads and matches (--force writes it)")
 
     def reproduce(self, staged: Any, verdict: Verdict, reads: Sequence[pathlib.Path] = (),
                   writes: Sequence[pathlib.Path] = ()) -> None:  # fmt: skip
