@@ -23,7 +23,11 @@ logger = logging.getLogger(__name__)
 
 #: The child: a session with onnxruntime's default options (its CPU provider, as the check's), nothing run.
 _CODE = (
-    "import sys, onnxruntime as ort\n"
+    "import resource, sys\n"
+    "limit = int(sys.argv[2])\n"
+    "if limit > 0:\n"
+    "    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
+    "import onnxruntime as ort\n"
     "options = ort.SessionOptions(); options.log_severity_level = 4\n"
     "try:\n"
     "    ort.InferenceSession(sys.argv[1], options, providers=['CPUExecutionProvider'])\n"
@@ -32,13 +36,16 @@ _CODE = (
 )
 
 
-def failure(path: str | os.PathLike[str], timeout: float) -> str | None:
+def failure(path: str | os.PathLike[str], timeout: float, memory_limit: int = 0) -> str | None:
     """Why onnxruntime cannot build a session for the model at ``path`` with its default graph
     optimisations (``ORT_ENABLE_ALL``): the signal that killed it, or its error; None when it builds
-    one, or when that takes longer than ``timeout`` seconds (no answer: logged)."""
+    one, or when that takes longer than ``timeout`` seconds (no answer: logged). ``memory_limit``:
+    the process's address-space bound in bytes, as the check's child has (0: none)."""
     try:
-        done = subprocess.run([sys.executable, "-c", _CODE, os.fspath(path)], capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+        # (run in the model's folder, the check's own: the folder on sys.path of ``-c`` is not the caller's)
+        done = subprocess.run([sys.executable, "-c", _CODE, os.path.abspath(path), str(memory_limit)],
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                              cwd=os.path.dirname(os.path.abspath(path)))  # fmt: skip
     except subprocess.TimeoutExpired:
         logger.info("onnxruntime's default session for %s took over %g s: not known whether it loads", path, timeout)
         return None
