@@ -23,7 +23,9 @@ logger = logging.getLogger(__name__)
 
 #: The child: a session with onnxruntime's default options (its CPU provider, as the check's), nothing run.
 _CODE = (
-    "import resource, sys\n"
+    "import sys\n"
+    "del sys.path[0]  # the current folder ``-c`` puts first: the caller's, not ours\n"
+    "import resource\n"
     "limit = int(sys.argv[2])\n"
     "if limit > 0:\n"
     "    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
@@ -42,10 +44,8 @@ def failure(path: str | os.PathLike[str], timeout: float, memory_limit: int = 0)
     one, or when that takes longer than ``timeout`` seconds (no answer: logged). ``memory_limit``:
     the process's address-space bound in bytes, as the check's child has (0: none)."""
     try:
-        # (run in the model's folder, the check's own: the folder on sys.path of ``-c`` is not the caller's)
-        done = subprocess.run([sys.executable, "-c", _CODE, os.path.abspath(path), str(memory_limit)],
-                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                              cwd=os.path.dirname(os.path.abspath(path)))  # fmt: skip
+        done = subprocess.run([sys.executable, "-c", _CODE, os.fspath(path), str(memory_limit)],
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
     except subprocess.TimeoutExpired:
         logger.info("onnxruntime's default session for %s took over %g s: not known whether it loads", path, timeout)
         return None
