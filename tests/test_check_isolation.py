@@ -74,7 +74,7 @@ def _workers_of(parent: int) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"passes.verify.worker" in argv and str(parent).encode() in argv:
+        if any(b"passes.verify.worker" in arg for arg in argv) and str(parent).encode() in argv:
             found.append(int(entry.name))
     return found
 
@@ -154,3 +154,28 @@ def test_the_memory_bound_is_a_clean_not_checked(tmp_path: pathlib.Path, capsys)
     assert cli.main([str(src), "-o", str(tmp_path / "o.onnx"), "--check-memory", "32M", "-q"]) == 0
     err = capsys.readouterr().err
     assert "NOT CHECKED: the check did not run: its process" in err and "--check-memory" in err
+
+
+def test_modules_in_the_callers_folder_are_not_the_checks(tmp_path: pathlib.Path, monkeypatch, capsys) -> None:
+    """A file named like a module in the folder the command runs in (a user's ``onnxruntime.py``, ``numpy.py``)
+    is not what the check's child or the --precision default-session probe imports: ``-c`` and ``-m`` put the
+    current folder first on sys.path, and the children take it off."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("numpy", "onnxruntime", "resource"):
+        (work / f"{name}.py").write_text("raise SystemExit('the caller\\'s module was imported')\n")
+    src = pathlib.Path(__file__).resolve().parents[1] / "models" / "demo.onnx"
+    monkeypatch.chdir(work)
+    report = tmp_path / "r.json"
+    assert cli.main([str(src), "-o", str(tmp_path / "o.onnx"), "--report", str(report), "-q"]) == 0
+    check = json.loads(report.read_text())["check"]
+    assert check["checked"] and check["ok"], check
+    from passes.verify import default_load
+
+    assert default_load.failure(src, 120) is None
+    # A folder's runs are children too.
+    (work / "in").mkdir()
+    (work / "in" / "demo.onnx").write_bytes(src.read_bytes())
+    assert cli.main([str(work / "in"), "-o", str(work / "out"), "--report", str(report), "-q"]) == 0
+    (record,) = json.loads(report.read_text())["models"]
+    assert record["exit"] == 0 and record["report"]["check"]["ok"], record

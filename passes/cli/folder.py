@@ -41,6 +41,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from passes import children
 from passes.atomic import write_text
 from passes.errors import EXIT_CHECK, EXIT_ERROR, EXIT_OK, InputError
 
@@ -109,8 +110,8 @@ class _Pool:
         with self.lock:
             if self.stopping:
                 return 128 + signal.SIGTERM, "not started: interrupted"
-            child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=True)  # fmt: skip
+            child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                                     env=children.child_env())  # fmt: skip
             self.children.add(child)
         try:
             _, err = child.communicate()
@@ -251,8 +252,8 @@ def run_folder(source: pathlib.Path, target: pathlib.Path, flags: Sequence[str],
         dst = target / model.relative_to(source)
         report_file = scratch / f"{index}.json"
         start = time.perf_counter()
-        code, err = pool.run([sys.executable, "-m", "passes", str(model), "-o", str(dst), "--report",
-                              str(report_file), "-q", *flags])  # fmt: skip
+        code, err = pool.run(children.module_command("passes", str(model), "-o", str(dst), "--report",
+                                                     str(report_file), "-q", *flags))  # fmt: skip
         records[index] = child_record(source, model, dst, code, err, report_file, time.perf_counter() - start)
 
     try:

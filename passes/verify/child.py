@@ -1,6 +1,6 @@
 """The parent's side of the check's child process (see :mod:`passes.verify.worker`).
 
-:class:`Worker` starts ``python -m passes.verify.worker`` on first use, sends
+:class:`Worker` starts :mod:`passes.verify.worker` (:func:`passes.children.module_command`) on first use, sends
 it one request at a time and waits for the answer until a deadline. The wait
 is in Python (``select`` on the child's pipe), so SIGINT and SIGTERM reach the
 parent's handlers at once; whatever ends the wait (an answer, a deadline, an
@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextvars
 import json
 import os
-import pathlib
 import selectors
 import signal
 import subprocess
@@ -25,12 +24,9 @@ import threading
 import time
 from typing import Any
 
-import passes
+from passes import children
 
 __all__ = ["WorkerCrashed", "WorkerError", "WorkerTimeout", "Worker", "default_memory_limit"]
-
-#: The folder that holds the ``passes`` package: the child must import this copy.
-_PACKAGE_ROOT = str(pathlib.Path(passes.__file__).resolve().parent.parent)
 
 
 #: The child a route started for its check (``gate.start_worker``), in this thread's context: fold's
@@ -103,12 +99,10 @@ class Worker:
         if self.alive:
             return self
         self.close()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115  closed in close()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "passes.verify.worker", str(self.memory_limit), str(os.getpid())],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env, close_fds=True,
+            children.module_command("passes.verify.worker", str(self.memory_limit), str(os.getpid())),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=children.child_env(), close_fds=True,
         )  # fmt: skip
         self._buffer = b""
         return self
