@@ -13,6 +13,7 @@ before and after bit for bit.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import onnx
 from onnx import helper, numpy_helper
 
@@ -112,3 +113,17 @@ def test_values_refimpl_computes_bit_for_bit_are_not_touched() -> None:
     out, fold_pass, _ = fold(proto)
     assert ops(out.graph) == ["Add"] and fold_pass.stats["onnxruntime_rounding"] == 0, fold_pass.stats
     same_in_ort(proto, out, {"x": np.zeros((1, 1, 4), np.float32)})
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: the extracted model feeds a byte-moving fold's result to the "
+                   "ops after it as an initializer holding refimpl's bits, so a non-exempt fold after it is "
+                   "confirmed against refimpl's chain, not onnxruntime's (SigLIP's attention-pooling probe)")
+def test_a_computing_fold_after_the_byte_moving_ones_gets_onnxruntime_bits() -> None:
+    """Cos -> Unsqueeze -> Neg, all constant: Neg is written; the original computes it from onnxruntime's Cos."""
+    nodes, last = _rotary_table("unsqueeze")
+    nodes += [helper.make_node("Neg", [last], ["n"]), helper.make_node("Add", ["n", "x"], ["y"])]
+    proto = make_model(nodes, [helper.make_tensor_value_info("x", F32, [1, 64, 64])],
+                       [helper.make_tensor_value_info("y", F32, [1, 64, 64])])
+    out, _, _ = fold(proto)
+    assert ops(out.graph) == ["Add"], ops(out.graph)
+    same_in_ort(proto, out, _ones(proto))
