@@ -39,9 +39,9 @@ judges each fold:
 Which values flow where. Exempt ops (:data:`passes.fold.pending.EXEMPT`) only move bytes (or read
 a static shape): they are not sent to onnxruntime, and their results are
 trusted as long as their inputs are, unless they read a value of the batch
-that onnxruntime computes: then they are computed (and, written, compared)
-like the others, so the ops after them see onnxruntime's bytes, as in the
-original. In the extracted model, the result of a computed fold of the same
+that onnxruntime computes and a computing fold of the batch reads their result:
+then they are computed like the others, so the ops after them see
+onnxruntime's bytes, as in the original (:meth:`Batch._find_exempt_chains`). In the extracted model, the result of a computed fold of the same
 batch is computed by its node (onnxruntime
 follows the original's chain of computation); anything else (an
 initializer, a Constant, the result of an exempt or earlier confirmed fold)
@@ -166,15 +166,22 @@ class Batch:
         return fold if computed else None
 
     def _find_exempt_chains(self) -> None:
-        """The exempt folds that read a value the extracted model computes (and only constants).
+        """The exempt folds that read a value the extracted model computes (and only constants) and
+        are read by a computing fold of the batch, directly or through other exempt folds.
 
         They are computed there too, by their node: fed refimpl's bytes as an initializer, the
         ops after them would be confirmed against refimpl's chain, not the one the original
         computes (a rotary Cos, its Unsqueeze, then a Mul: onnxruntime's Cos differs by an ULP).
+        One whose result is only written is not (a 64 MiB weight's Transpose would be computed
+        and compared twice): the sweep carries the bits adopted for what it reads (``carry``).
         """
+        read: set[Fold] = set()  # exempt folds a computing fold of the batch reads, through others too
+        for fold in reversed(self.folds):
+            if not fold.exempt or fold in read:
+                read.update(o for o in map(self.origin.get, fold.inputs) if o in self.members and o.exempt)
         self.computed_exempt = set()
         for fold in self.folds:  # sweep order: what a fold reads comes first
-            if fold.exempt and all(t is not None for v, t in zip(fold.inputs, fold.tensors) if v is not None) \
+            if fold in read and all(t is not None for v, t in zip(fold.inputs, fold.tensors) if v is not None) \
                     and any(self._chained(v) is not None for v in fold.inputs):  # fmt: skip
                 self.computed_exempt.add(fold)
 
