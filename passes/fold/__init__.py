@@ -74,7 +74,8 @@ guards a node with constant inputs must pass, each giving a reason that is
 logged and counted in ``stats["declined"]``), ``size`` and ``cost`` (the
 estimates), ``evaluate`` (inputs, kernel, result checks), ``surgery`` (graph
 changes and garbage collection), ``confirm`` (onnxruntime's verdict), ``extract``
-(the model onnxruntime computes a batch of folds with).
+(the model onnxruntime computes a batch of folds with), ``carry`` (onnxruntime's
+adopted bits carried through the byte-moving folds that read them).
 
 Why Constant nodes rather than initializers in subgraphs: a function cannot
 hold initializers at all, and a subgraph initializer is legal but handled

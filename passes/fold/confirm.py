@@ -38,8 +38,11 @@ judges each fold:
 
 Which values flow where. Exempt ops (:data:`passes.fold.pending.EXEMPT`) only move bytes (or read
 a static shape): they are not sent to onnxruntime, and their results are
-trusted as long as their inputs are. In the extracted model, the result of a
-non-exempt fold of the same batch is computed by its node (onnxruntime
+trusted as long as their inputs are, unless they read a value of the batch
+that onnxruntime computes and a computing fold of the batch reads their result:
+then they are computed like the others, so the ops after them see
+onnxruntime's bytes, as in the original (:meth:`Batch._find_exempt_chains`). In the extracted model, the result of a computed fold of the same
+batch is computed by its node (onnxruntime
 follows the original's chain of computation); anything else (an
 initializer, a Constant, the result of an exempt or earlier confirmed fold)
 is an initializer holding the tensor the fold read. A fold is kept only if it
@@ -147,6 +150,9 @@ class Batch:
         self.by_spec: set[Fold] = set()
         #: Folds onnxruntime disagrees with whose kernel's bits depend on the cut (``kernels.CUT_DEPENDENT``).
         self.cut_dependent: set[Fold] = set()
+        #: Exempt folds computed in the extracted model all the same (see :meth:`_find_exempt_chains`).
+        self.computed_exempt: set[Fold] = set()
+        self._find_exempt_chains()
         for fold in self.folds:  # sweep order: a fold's chained inputs come first
             self.accumulated[fold] = (fold.domain == "" and fold.op_type in ACCUMULATING) or any(
                 self.accumulated.get(f, False) for f in self._chained_inputs(fold)
@@ -155,8 +161,33 @@ class Batch:
     def _chained(self, value: ir.Value | None) -> Fold | None:
         """The fold of this batch that computes ``value`` in the extracted model, if any."""
         fold = None if value is None else self.origin.get(value)
-        computed = fold is not None and fold in self.members and not fold.exempt and fold not in self.by_spec
+        computed = fold is not None and fold in self.members and fold not in self.by_spec and (
+            not fold.exempt or fold in self.computed_exempt)
         return fold if computed else None
+
+    def _find_exempt_chains(self) -> None:
+        """The exempt folds that read a value the extracted model computes (and only constants) and
+        are read by a computing fold of the batch, directly or through other exempt folds.
+
+        They are computed there too, by their node: fed refimpl's bytes as an initializer, the
+        ops after them would be confirmed against refimpl's chain, not the one the original
+        computes (a rotary Cos, its Unsqueeze, then a Mul: onnxruntime's Cos differs by an ULP).
+        One whose result is only written is not (a 64 MiB weight's Transpose would be computed
+        and compared twice): the sweep carries the bits adopted for what it reads (``carry``).
+        """
+        read: set[Fold] = set()  # exempt folds a computing fold of the batch reads, through others too
+        for fold in reversed(self.folds):
+            if not fold.exempt or fold in read:
+                read.update(o for o in map(self.origin.get, fold.inputs) if o in self.members and o.exempt)
+        self.computed_exempt = set()
+        for fold in self.folds:  # sweep order: what a fold reads comes first
+            if fold in read and all(t is not None for v, t in zip(fold.inputs, fold.tensors) if v is not None) \
+                    and any(self._chained(v) is not None for v in fold.inputs):  # fmt: skip
+                self.computed_exempt.add(fold)
+
+    def _exempt(self, fold: Fold) -> bool:
+        """Whether ``fold`` is exempt and not computed in the extracted model."""
+        return fold.exempt and fold not in self.computed_exempt
 
     def _chained_inputs(self, fold: Fold) -> list[Fold]:
         return [f for f in (self._chained(v) for v in fold.inputs) if f is not None]
@@ -167,7 +198,7 @@ class Batch:
         fed = []
         for value in fold.inputs:
             origin = None if value is None else self.origin.get(value)
-            if origin is not None and (fold.exempt or fold in self.by_spec or self._chained(value) is None):
+            if origin is not None and (self._exempt(fold) or fold in self.by_spec or self._chained(value) is None):
                 fed.append(origin)
         return fed
 
@@ -222,7 +253,7 @@ class Batch:
         """One session per set of opset imports over the non-exempt ``folds``."""
         groups: dict[tuple[tuple[str, int], ...], list[Fold]] = collections.defaultdict(list)
         for fold in self.folds:
-            if fold in folds and not fold.exempt and fold not in self.by_spec:
+            if fold in folds and not self._exempt(fold) and fold not in self.by_spec:
                 groups[tuple(sorted(fold.opsets.items()))].append(fold)
         for group in groups.values():
             self._compute(group)
@@ -231,7 +262,7 @@ class Batch:
         self._keep_16_bit_chains()
         verdicts: dict[Fold, str] = {}
         for fold in self.folds:
-            if fold.exempt or fold not in self.judged:
+            if self._exempt(fold) or fold not in self.judged:
                 verdict = AGREES
             else:
                 verdict = self.results.get(fold, UNCONFIRMED)
@@ -320,6 +351,7 @@ class Batch:
                 self.by_spec.add(other)
                 self.results[other] = AGREES
                 self.reasons[other] = f"onnxruntime has no kernel ({found[0]}): kept by the spec"
+        self._find_exempt_chains()  # what reads them reads initializers now
         return True
 
     def _split_or_fail(self, targets: list[Fold], reason: str) -> None:

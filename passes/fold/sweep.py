@@ -22,7 +22,7 @@ import onnx_ir as ir
 
 from passes.base import pass_stats
 from passes.fold import confirm as _confirm
-from passes.fold import decide, evaluate, policy
+from passes.fold import carry, decide, evaluate, policy
 from passes.fold.pending import Fold
 from passes.fold.surgery import Rewriter, subgraphs_of
 from passes.ir import checked_inputs, inference
@@ -383,9 +383,14 @@ class Sweep:
                     self.stats.cut_dependent[fold.op_type] += 1
             else:
                 self.stats.unconfirmed[fold.op_type] += 1
-        for (fold, index), theirs in batch.adopted.items():
-            if verdicts[fold] == _confirm.AGREES:
-                self._adopt(replaced[fold].get(fold.outputs[index]), theirs)
+        adopted = {replaced[fold].get(fold.outputs[index]): theirs for (fold, index), theirs in batch.adopted.items()
+                   if verdicts[fold] == _confirm.AGREES}  # fmt: skip
+        adopted.pop(None, None)
+        for value, theirs in adopted.items():
+            self._adopt(value, theirs)
+        kept = [f for f in pending if verdicts[f] == _confirm.AGREES]
+        for value, moved in carry.carried(kept, adopted).items():  # the exempt folds that read them
+            self._adopt(value, moved, counted=False)
         for fold in undone:
             level = logging.INFO if verdicts[fold] == _confirm.DISAGREES else logging.DEBUG
             logger.log(level, "Not folding %s node %r: %s (%s)", fold.op_type, fold.node.name, verdicts[fold],
@@ -404,8 +409,11 @@ class Sweep:
         for fold in undone:
             self.stats.applied[fold.op_type] -= 1
 
-    def _adopt(self, value: ir.Value | None, array: np.ndarray) -> None:
-        """Writes onnxruntime's bits for a folded value (they agree with refimpl's within ULPs)."""
+    def _adopt(self, value: ir.Value | None, array: np.ndarray, counted: bool = True) -> None:
+        """Writes onnxruntime's bits for a folded value (they agree with refimpl's within ULPs).
+
+        ``counted``: counted in ``onnxruntime_rounding`` (not a byte-moving fold's value that carries them).
+        """
         if value is None:
             return
         tensor = make_tensor(array, value.name)
@@ -418,7 +426,8 @@ class Sweep:
             producer.attributes["value"] = ir.AttrTensor("value", tensor)
         if value in self.known:
             self.known[value] = tensor
-        self.stats.onnxruntime_rounding += 1
+        if counted:
+            self.stats.onnxruntime_rounding += 1
 
     def settle_value(self, value: ir.Value) -> None:
         """Settles the pending folds now if ``value`` is one's result (before a decision rests on it)."""

@@ -27,6 +27,8 @@
   x[:, 0::2, 0::2] and friends, 6 Slices become 4).
 * ``Cast(Cast(x, T1), T2) -> Cast(x, T2)`` when ``T1`` holds every value of
   x's type exactly (``x`` itself when ``T2`` is x's type).
+* ``Concat(.., Concat(a, b, axis=k), .., axis=k) -> Concat(.., a, b, ..)``: the
+  inner Concat's pieces join the outer's in place (it must be used by the outer alone).
 * ``Reshape(f(Reshape(x, s)), t) -> f(x)`` for elementwise ops ``f`` (dynamo's
   MLPs view a Gemm's matrix as [batch, seq, n] for the activation, then back)
   when every other input of ``f`` is a single element (so it broadcasts the

@@ -1,4 +1,4 @@
-"""Two-op chains that are one op (or none): Reshape, Unsqueeze/Squeeze, Transpose and Cast pairs."""
+"""Two-op chains that are one op (or none): Reshape, Unsqueeze/Squeeze, Transpose, Cast and Concat pairs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import onnx_ir as ir
 
 from passes.simplify.chains._common import axes_of, inner_node, rewire
-from passes.simplify.rules import Context, Outcome, rule
+from passes.simplify.rules import Context, Outcome, rule, sole_user
 from passes.simplify.shape_values import is_dim_of, shape_value
 
 __all__: list[str] = []
@@ -182,6 +182,48 @@ def cast_of_cast(node: ir.Node, ctx: Context) -> Outcome:
         return ctx.bypass(node, source)
     return lambda: rewire(node, source)
 
+
+
+def _axis(concat: ir.Node, rank: int | None) -> int | None:
+    """The Concat's axis, made non-negative when ``rank`` is known (else as written)."""
+    axis = concat.attributes.get_int("axis", None)
+    if axis is None or axis >= 0 or rank is None:
+        return axis
+    return axis + rank
+
+
+@rule("Concat", family="chains")
+def concat_of_concat(node: ir.Node, ctx: Context) -> Outcome:
+    """``Concat(.., Concat(a, b, axis=k), .., axis=k) -> Concat(.., a, b, ..)`` (the inner used by it alone).
+
+    Concatenation is associative: the flat Concat joins the same pieces in the
+    same order and refuses the same mismatches (an empty piece onnxruntime skips
+    is skipped either way). The inner must be in the node's graph and used by
+    the node once and by nothing else, so it becomes dead.
+    """
+    dims = ctx.dims(node.outputs[0])
+    rank = None if dims is None else len(dims)
+    axis = _axis(node, rank)
+    if axis is None:
+        return "no axis"
+    taken = []
+    for index, value in enumerate(node.inputs):
+        inner = ctx.producer(value, "Concat")
+        if inner is not None and inner.graph is node.graph and sole_user(value) and _axis(inner, rank) == axis:
+            taken.append(index)
+    if not taken:
+        return "no input is a Concat on the same axis that only it uses"
+
+    def rewrite() -> None:
+        flat: list[ir.Value | None] = []
+        for index, value in enumerate(node.inputs):
+            producer = value.producer() if value is not None and index in taken else None
+            flat.extend(producer.inputs if producer is not None else [value])
+        node.resize_inputs(len(flat))
+        for index, value in enumerate(flat):
+            node.replace_input_with(index, value)
+
+    return rewrite
 
 # Ops that compute each output element from the elements at the same place of their
 # (broadcast) inputs, whatever the shape: a Reshape commutes with them when every other
