@@ -114,6 +114,7 @@ class PrecisionPass(Pass, spec=PRECISION):
         islands: dict[tuple[str, str], str] = {}
         nodes = {(scope.key, node.name): (scope, node) for scope in _plan.scopes(model) for node in scope.body}
         self._kernel_islands(plan, nodes, half, type_name, islands)
+        _islands.amplified_islands(model, plan, islands, self._exact)
         checked: dict[str, Any] = {"type": type_name, "rounds": 0, "ok": None, "outputs": {}}
         if any(isinstance(v.const_value, ir.ExternalTensor) and not isinstance(v.const_value, InlineData)
                for v in model.graph.initializers.values()):  # fmt: skip
@@ -139,7 +140,7 @@ class PrecisionPass(Pass, spec=PRECISION):
                    if k in checked},
             )
 
-        nothing = _plan.nothing_converts(model, plan, islands, self.io)
+        nothing = _plan.nothing_converts(model, plan, islands, self.io, self._exact)
         if nothing is not None:  # the search only adds islands: no check, no copy of the model
             for node in named:  # the model as it came
                 node.name = ""
