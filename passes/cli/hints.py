@@ -32,6 +32,8 @@ def check_hint(report: Report) -> list[str]:
     * the pass blamed is ``simplify`` and it fused nodes: ``--no-fuse`` (unless the run without the
       fusions was tried and failed too: then it is simplify's exact rewrites, a bug);
     * every differing output is off by a rounding-size amount: ``--rtol/--atol``;
+    * the pass blamed is ``precision`` (a half type changes results by design):
+      ``--precision-tolerance``, or the run without ``--precision``;
     * another pass blamed: ``--skip PASS``, and how to report it.
     """
     check = report.check
@@ -57,7 +59,11 @@ def check_hint(report: Report) -> list[str]:
         hints.append(f"hint: the differences are rounding-sized (max abs {worst_abs:.3g}, max rel {worst_rel:.3g}); "
                      f"if your outputs allow that, set --rtol/--atol (default for {dtype}: "
                      f"--rtol {rtol:g} --atol {atol:g})")
-    if blamed and blamed != "cleanup" and not (blamed == "simplify" and fused):
+    if blamed == "precision":
+        kind = runs["precision"].stats.get("precision", "the half type") if "precision" in runs else "the half type"
+        hints.append(f"hint: --precision computes in {kind}, which changes results by design; "
+                     "--precision-tolerance RTOL[,ATOL] accepts larger differences, or run without --precision")
+    elif blamed and blamed != "cleanup" and not (blamed == "simplify" and fused):
         hints.append(f"hint: --skip {blamed} optimises without that pass; a pass that changes a result is a bug: "
                      "please report it with the model (or its --report FILE.json)")
     elif not hints:

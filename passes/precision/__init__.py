@@ -12,14 +12,20 @@ kept in float32, each found and listed with its reason:
 2. **kernel**: nodes whose half form onnxruntime's CPU provider refuses to load
    (:func:`passes.verify.probe.has_kernel`; it loads most float16 nodes by running
    its float32 kernel between Casts it inserts);
-3. **range**: nodes that take or make a value whose magnitude exceeds the half
+3. **amplified**: nodes whose float32 output reaches an op that turns a rounding
+   change into a whole step (a Cast to an integer, a comparison, an ArgMax...),
+   or that are such an op for an input they would take in the half type, with
+   their weights (:func:`passes.precision.islands.amplified_islands`, from the
+   graph alone, before any comparison; the walk of
+   :class:`passes.ir.amplification.Amplified`);
+4. **range**: nodes that take or make a value whose magnitude exceeds the half
    type's largest value / :data:`RANGE_MARGIN` on the check's inputs (the
    float32 model's values measured in the check's child before any comparison:
    :meth:`passes.verify.check.Checker.start`, then its ``magnitudes``; in a run,
    the run's original is what the emulations are compared with, on the run's
    check child, and the final check reuses what the search measured of it:
    :class:`passes.verify.handoff.Handoff`);
-4. **check**: the check compares an *emulation* of the converted model (the same
+5. **check**: the check compares an *emulation* of the converted model (the same
    islands, each half node's output rounded to the half type by a Cast pair:
    onnxruntime's CPU provider would otherwise compute the chain in float32) with
    the float32 model at the half type's tolerance on three standard-normal input
@@ -114,6 +120,7 @@ class PrecisionPass(Pass, spec=PRECISION):
         islands: dict[tuple[str, str], str] = {}
         nodes = {(scope.key, node.name): (scope, node) for scope in _plan.scopes(model) for node in scope.body}
         self._kernel_islands(plan, nodes, half, type_name, islands)
+        _islands.amplified_islands(model, plan, islands, self._exact)
         checked: dict[str, Any] = {"type": type_name, "rounds": 0, "ok": None, "outputs": {}}
         if any(isinstance(v.const_value, ir.ExternalTensor) and not isinstance(v.const_value, InlineData)
                for v in model.graph.initializers.values()):  # fmt: skip
@@ -139,7 +146,7 @@ class PrecisionPass(Pass, spec=PRECISION):
                    if k in checked},
             )
 
-        nothing = _plan.nothing_converts(model, plan, islands, self.io)
+        nothing = _plan.nothing_converts(model, plan, islands, self.io, self._exact)
         if nothing is not None:  # the search only adds islands: no check, no copy of the model
             for node in named:  # the model as it came
                 node.name = ""

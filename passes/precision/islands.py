@@ -1,5 +1,11 @@
-"""Which nodes the ``--precision`` search keeps in float32, from what the check measured.
+"""Which nodes the ``--precision`` pass keeps in float32: before the search, from the graph alone;
+then from what the check measured.
 
+* :func:`amplified_islands`: every node that makes a float32 value from which a rounding-sized
+  change reaches an op that turns it into a whole step (a Cast to an integer, a comparison, an
+  ArgMax...: :class:`passes.ir.amplification.Amplified`, the notion simplify's fusions avoid such
+  places with), or that is such an op for a float32 input it would take in the half type. No
+  tolerance accepts such a step, and the check sees it only where its inputs cross a threshold.
 * :func:`range_islands`: every node that takes or makes a value whose magnitude on the check's
   inputs (the range probe, :func:`passes.verify.values.magnitudes`; a weight's own values)
   exceeds the limit.
@@ -24,12 +30,38 @@ from typing import Any
 
 import onnx_ir as ir
 
+from passes.ir.amplification import Amplified, amplifying_inputs
 from passes.precision import lazy as _lazy
-from passes.precision.plan import FLOAT, Plan
+from passes.precision.plan import FLOAT, Plan, scopes
 
-__all__ = ["check_islands", "error_path", "range_islands"]
+__all__ = ["amplified_islands", "check_islands", "error_path", "range_islands"]
 
 Key = tuple[str, str]
+
+
+def amplified_islands(model: ir.Model, plan: Plan, islands: dict[Key, str], exact: set[Key]) -> None:
+    """Adds each node that may be half (in any scope) whose float32 output reaches an amplifying op,
+    or that is one for an input it would take in the half type; its weights stay float32 too
+    (``exact``: a weight's rounding is such a change). Nodes already islands are left as they are."""
+    amplified = Amplified(model)  # (its walk runs on the first question)
+    for scope in scopes(model):
+        types = plan.types.get(scope.key, {})
+        for node in scope.body:
+            key = (scope.key, node.name)
+            if key not in plan.slots or key in islands:
+                continue
+            ins, why, amplifying = plan.slots[key][0], None, amplifying_inputs(node)
+            for i, value in enumerate(node.inputs):
+                if value is not None and i < len(ins) and ins[i] and any(v is value for v in amplifying):
+                    why = f"amplified: its input {value.name} would be rounded to the half type"
+            for value in node.outputs:
+                reached = amplified.reason(value) if types.get(value.name) == FLOAT else None
+                if reached is not None:
+                    why = f"amplified: {value.name} reaches {reached}"
+                    break
+            if why is not None:
+                islands[key] = why + " (a rounding change there is a whole step)"
+                exact.add(key)
 
 
 def range_islands(reference: ir.Model, plan: Plan, magnitudes: dict[str, float], limit: float,

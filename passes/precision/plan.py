@@ -10,7 +10,7 @@ conversion itself is :mod:`passes.precision.convert`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import onnx
@@ -225,14 +225,15 @@ def plan_model(model: ir.Model, half: ir.DataType) -> Plan:
     return Plan(types, slots, fixed, widen)
 
 
-def nothing_converts(model: ir.Model, plan: Plan, islands: Mapping[tuple[str, str], str], io: bool) -> str | None:
+def nothing_converts(model: ir.Model, plan: Plan, islands: Mapping[tuple[str, str], str], io: bool,
+                     exact: Collection[tuple[str, str]] = ()) -> str | None:
     """Why the conversion would change nothing with these islands (then no search can change that:
     it only adds islands), or None when it may change something.
 
     Something may change where a node that can be half is not an island, where a float32 weight
     would be stored in the half type (a weight of an island, of a node fixed by its type
-    constraint at a type parameter, or of a function call; :func:`passes.precision.convert.convert`),
-    or with ``io``. Reads no attribute value (a tree ensemble's lists stay undecoded).
+    constraint at a type parameter, or of a function call, but not of an island in ``exact``:
+    :func:`passes.precision.convert.convert`), or with ``io``. Reads no attribute value (a tree ensemble's lists stay undecoded).
     """
     if io:
         return None
@@ -263,7 +264,7 @@ def nothing_converts(model: ir.Model, plan: Plan, islands: Mapping[tuple[str, st
         for node in scope.body:
             key = (scope.key, node.name)
             if ((key in plan.slots or key in plan.widen or (node.domain, node.op_type) in functions)
-                    and any(v is not None and v.const_value is not None and v.dtype == FLOAT for v in node.inputs)):
+                    and key not in exact and any(v is not None and v.const_value is not None and v.dtype == FLOAT for v in node.inputs)):
                 return None
     kinds: dict[str, int] = {}
     alone = "alone between float32 nodes (two Casts and a rounding for nothing)"
