@@ -1,4 +1,4 @@
-"""Dims as integer expressions of other dims: sums, int multiples and floor divisions by positive ints.
+"""Dims as integer expressions of other dims: sums, int multiples, floor divisions by positive ints, products.
 
 A convolution's output length is ``floor((n + pads - dilation*(k-1) - 1) / stride) + 1``
 of its input length ``n``; an exporter computes the same length again from
@@ -18,6 +18,12 @@ compare equal:
   of the remaining coefficients;
 * ``floor((floor(I/m) + r) / k) = floor((I + r*m) / (m*k))``.
 
+* a :class:`Product` of dims none of which is an int (``H' * W'``, the
+  length of a flattened feature map) is a plain atom, its factors sorted (the
+  product commutes): two products of the same factors compare equal; nothing
+  else is expanded (``(a + 1) * b`` is not ``a*b + b``: such pairs stay
+  unproved, never wrongly equal).
+
 Each identity holds for every integer value of the atoms (floor, not
 truncation), so equal canonical forms are equal functions. Which ops compute
 floor is for the caller to prove (:mod:`passes.simplify.dims`).
@@ -34,8 +40,8 @@ import onnx_ir as ir
 from passes.simplify.rules import Context
 from passes.simplify.shape_values import DimOf, shape_value
 
-__all__ = ["Computed", "Expr", "FloorDiv", "add", "atoms", "computed", "floordiv", "is_nonnegative", "scale",
-           "substitute"]
+__all__ = ["Computed", "Expr", "FloorDiv", "Product", "add", "atoms", "computed", "floordiv", "is_nonnegative",
+           "divide_out", "multiply", "scale", "substitute"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +65,16 @@ class Expr:
     def __str__(self) -> str:
         parts = [f"{c}*{a}" if c != 1 else str(a) for a, c in self.terms]
         return " + ".join(parts + ([str(self.const)] if self.const else []))
+
+
+@dataclasses.dataclass(frozen=True)
+class Product:
+    """``factors[0] * factors[1] * ...``: two or more dims, none an int, none a Product, sorted; built by :func:`multiply`."""
+
+    factors: tuple[object, ...]
+
+    def __str__(self) -> str:
+        return " * ".join(f"({f})" for f in self.factors)
 
 
 def _key(atom: object) -> str:
@@ -99,6 +115,16 @@ def scale(dim: object, factor: int) -> object:
     return _make(const * factor, {a: c * factor for a, c in terms.items()})
 
 
+def multiply(a: object, b: object) -> object:
+    """``a * b``, canonical: :func:`scale` when either is an int, else a :class:`Product` of both's factors."""
+    if isinstance(a, int):
+        return scale(b, a)
+    if isinstance(b, int):
+        return scale(a, b)
+    factors = [f for d in (a, b) for f in (d.factors if isinstance(d, Product) else (d,))]
+    return Product(tuple(sorted(factors, key=_key)))
+
+
 def floordiv(dim: object, divisor: int) -> object:
     """``floor(dim / divisor)`` for an int ``divisor >= 1``, canonical."""
     if divisor < 1:
@@ -133,6 +159,8 @@ def atoms(dim: object) -> set[object]:
         return set()
     if isinstance(dim, FloorDiv):
         return atoms(dim.expr)
+    if isinstance(dim, Product):
+        return set().union(*(atoms(f) for f in dim.factors))
     if not isinstance(dim, Expr):
         return {dim}
     found: set[object] = set()
@@ -147,6 +175,11 @@ def substitute(dim: object, replace: Callable[[object], object]) -> object:
         return dim
     if isinstance(dim, FloorDiv):
         return floordiv(substitute(dim.expr, replace), dim.divisor)
+    if isinstance(dim, Product):
+        product: object = 1
+        for factor in dim.factors:
+            product = multiply(product, substitute(factor, replace))
+        return product
     if not isinstance(dim, Expr):
         return replace(dim)
     return add(dim.const, *(scale(substitute(atom, replace), coeff) for atom, coeff in dim.terms))
@@ -158,6 +191,8 @@ def is_nonnegative(dim: object) -> bool:
         return dim >= 0
     if isinstance(dim, FloorDiv):
         return is_nonnegative(dim.expr)
+    if isinstance(dim, Product):
+        return all(is_nonnegative(f) for f in dim.factors)
     if not isinstance(dim, Expr):
         return True
     return dim.const >= 0 and all(c > 0 and is_nonnegative(a) for a, c in dim.terms)
@@ -176,9 +211,9 @@ def computed(ctx: Context, value: ir.Value | None, element: Callable[[object], o
              nonnegative: Callable[[object], bool] = is_nonnegative, depth: int = 0) -> Computed | None:
     """What ``value`` holds, element by element, as dims (see :func:`shape_value`), through integer arithmetic.
 
-    Beyond :func:`shape_value`: ``Add``, ``Sub``, ``Mul`` by an int and ``Div``
+    Beyond :func:`shape_value`: ``Add``, ``Sub``, ``Mul`` (by an int, or a :class:`Product`) and ``Div``
     by an int ``k >= 1`` of a dividend proved ``>= 0`` (onnxruntime's integer
-    Div truncates, which is floor there) on int64 values of one element or
+    Div truncates, which is floor there) or by factors of the dividend (:func:`divide_out`) on int64 values of one element or
     as many as the other operand; Concat, and Reshape, Squeeze, Unsqueeze,
     Identity of one element. ``element`` turns a :class:`DimOf` into its dim;
     ``nonnegative`` says whether a dim is proved ``>= 0`` by other facts (a size).
@@ -227,15 +262,35 @@ def _sub(a: tuple[object, bool], b: tuple[object, bool]) -> tuple[object, bool] 
 def _mul(a: tuple[object, bool], b: tuple[object, bool]) -> tuple[object, bool] | None:
     if isinstance(b[0], int) and not isinstance(a[0], int):
         a, b = b, a
-    if not isinstance(a[0], int) or b[0] is None or abs(a[0]) > _MAX_FACTOR:
+    if a[0] is None or b[0] is None or (isinstance(a[0], int) and abs(a[0]) > _MAX_FACTOR):
         return None
-    return scale(b[0], a[0]), a[1] and b[1]
+    return multiply(a[0], b[0]), a[1] and b[1]
 
 
 def _div(a: tuple[object, bool], b: tuple[object, bool]) -> tuple[object, bool] | None:
+    if a[0] is not None and b[0] is not None and not isinstance(b[0], int):
+        rest = divide_out(a[0], b[0])
+        return None if rest is None else (rest, is_nonnegative(rest))
     if a[0] is None or not a[1] or not isinstance(b[0], int) or b[0] < 1:
         return None  # truncation is floor only for a dividend >= 0
     return floordiv(a[0], b[0]), True
+
+
+def divide_out(dim: object, divisor: object) -> object:
+    """``dim / divisor`` where ``divisor`` (no int) is a factor of ``dim``: the other factors; else None.
+
+    Exact for any integers where the division runs: a divisor of 0 fails the Div,
+    and ``(f * r) / f`` is ``r`` whatever the signs (nothing is rounded).
+    """
+    factors = list(dim.factors) if isinstance(dim, Product) else [dim]
+    for factor in divisor.factors if isinstance(divisor, Product) else (divisor,):
+        if factor not in factors:
+            return None
+        factors.remove(factor)
+    rest: object = 1
+    for factor in factors:
+        rest = multiply(rest, factor)
+    return rest
 
 
 _ARITHMETIC = {"Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div}
