@@ -115,14 +115,31 @@ def scale(dim: object, factor: int) -> object:
     return _make(const * factor, {a: c * factor for a, c in terms.items()})
 
 
+def _split(dim: object) -> tuple[int, list[object]]:
+    """``dim`` as an int coefficient times factors: an Expr's content (the gcd of its ints, signed by its
+    first term) comes out (``3*s - 3`` is 3 and ``[s - 1]``); a sum is one factor."""
+    if isinstance(dim, int):
+        return dim, []
+    if isinstance(dim, Product):
+        return 1, list(dim.factors)
+    if not isinstance(dim, Expr):
+        return 1, [dim]
+    content = math.gcd(dim.const, *(c for _, c in dim.terms)) * (1 if dim.terms[0][1] > 0 else -1)
+    unit = _make(dim.const // content, {a: c // content for a, c in dim.terms})
+    return content, list(unit.factors) if isinstance(unit, Product) else [unit]
+
+
+def _of_factors(coefficient: int, factors: list[object]) -> object:
+    if not factors or coefficient == 0:
+        return coefficient
+    base = factors[0] if len(factors) == 1 else Product(tuple(sorted(factors, key=_key)))
+    return scale(base, coefficient)
+
+
 def multiply(a: object, b: object) -> object:
-    """``a * b``, canonical: :func:`scale` when either is an int, else a :class:`Product` of both's factors."""
-    if isinstance(a, int):
-        return scale(b, a)
-    if isinstance(b, int):
-        return scale(a, b)
-    factors = [f for d in (a, b) for f in (d.factors if isinstance(d, Product) else (d,))]
-    return Product(tuple(sorted(factors, key=_key)))
+    """``a * b``, canonical: the int coefficients multiplied out, the other factors a :class:`Product`."""
+    (ca, fa), (cb, fb) = _split(a), _split(b)
+    return _of_factors(ca * cb, fa + fb)
 
 
 def floordiv(dim: object, divisor: int) -> object:
@@ -277,20 +294,19 @@ def _div(a: tuple[object, bool], b: tuple[object, bool]) -> tuple[object, bool] 
 
 
 def divide_out(dim: object, divisor: object) -> object:
-    """``dim / divisor`` where ``divisor`` (no int) is a factor of ``dim``: the other factors; else None.
+    """``dim / divisor`` where ``divisor``'s factors are factors of ``dim`` and its coefficient divides dim's; else None.
 
     Exact for any integers where the division runs: a divisor of 0 fails the Div,
-    and ``(f * r) / f`` is ``r`` whatever the signs (nothing is rounded).
+    and ``(c*d * f * r) / (d * f)`` is ``c * r`` whatever the signs (nothing is rounded).
     """
-    factors = list(dim.factors) if isinstance(dim, Product) else [dim]
-    for factor in divisor.factors if isinstance(divisor, Product) else (divisor,):
+    (cd, factors), (cv, remove) = _split(dim), _split(divisor)
+    if cv == 0 or cd % cv:
+        return None
+    for factor in remove:
         if factor not in factors:
             return None
         factors.remove(factor)
-    rest: object = 1
-    for factor in factors:
-        rest = multiply(rest, factor)
-    return rest
+    return _of_factors(cd // cv, factors)
 
 
 _ARITHMETIC = {"Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div}
