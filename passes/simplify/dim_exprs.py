@@ -16,13 +16,15 @@ compare equal:
   and whole multiples of ``k`` leave the division);
 * ``floor((g*A + r) / (g*k)) = floor((A + floor(r/g)) / k)`` for the gcd ``g``
   of the remaining coefficients;
-* ``floor((floor(I/m) + r) / k) = floor((I + r*m) / (m*k))``.
-
-* a :class:`Product` of dims none of which is an int (``H' * W'``, the
-  length of a flattened feature map) is a plain atom, its factors sorted (the
-  product commutes): two products of the same factors compare equal; nothing
-  else is expanded (``(a + 1) * b`` is not ``a*b + b``: such pairs stay
-  unproved, never wrongly equal).
+* ``floor((floor(I/m) + r) / k) = floor((I + r*m) / (m*k))``;
+* a product of dims (``h * w``, the length of a flattened feature map) is
+  its int content times a :class:`Product` of the rest, a plain atom: each
+  factor's content (the gcd of its ints) comes out (``(3*s - 3) * t`` is
+  ``3 * ((s - 1) * t)``) and the factors are sorted (the product commutes), so
+  two products of the same factors compare equal; nothing is expanded over a
+  sum (``(a + 1) * b`` is not ``a*b + b``: such pairs stay unproved, never
+  wrongly equal). Like sums, products are taken as integers: int64 wrapping
+  is out of reach of tensor sizes.
 
 Each identity holds for every integer value of the atoms (floor, not
 truncation), so equal canonical forms are equal functions. Which ops compute
@@ -69,7 +71,10 @@ class Expr:
 
 @dataclasses.dataclass(frozen=True)
 class Product:
-    """``factors[0] * factors[1] * ...``: two or more dims, none an int, none a Product, sorted; built by :func:`multiply`."""
+    """``factors[0] * factors[1] * ...``: two or more dims, none an int, a Product or of int content > 1, sorted.
+
+    Built by :func:`multiply`.
+    """
 
     factors: tuple[object, ...]
 
