@@ -75,21 +75,49 @@ def test_shape_arithmetic_of_two_levels_is_one_concat() -> None:
         _assert_same(original, result, feeds)
 
 
-@pytest.mark.parametrize("variant", ["other axis", "inner used twice", "inner also an output", "inner used elsewhere"])
+def _shared(second_axis: int = 0, twice: bool = False) -> onnx.ModelProto:
+    """``hw = Concat(h, w)`` joined after two prefixes (SegFormer's dynamo export, issue #38), the second on
+    ``second_axis`` (of the rank-1 pieces, ``-1`` is ``0``); ``twice``: the first takes hw twice."""
+    nodes = [helper.make_node("Concat", ["h", "w"], ["hw"], axis=0),
+             helper.make_node("Concat", ["p", "hw", "hw"] if twice else ["p", "hw"], ["y1"], axis=0),
+             helper.make_node("Concat", ["q", "hw"], ["y2"], axis=second_axis)]
+    return _model(nodes, [_io(n, [k]) for n, k in (("h", 1), ("w", 2), ("p", 2), ("q", 0))],
+                  [_io("y1", [None]), _io("y2", [None])])
+
+
+@pytest.mark.parametrize(("second_axis", "twice"), [(0, False), (-1, False), (0, True)])
+def test_a_concat_shared_by_concats_on_its_axis_is_taken_in_by_each(second_axis: int, twice: bool) -> None:
+    original = _shared(second_axis, twice)
+    result, stats = _simplify(original)
+    assert _ops(result) == ["Concat", "Concat"] and stats["applied"].get(RULE) == 2, (_ops(result), stats)
+    assert [list(n.input) for n in result.graph.node] == [
+        ["p", "h", "w", "h", "w"] if twice else ["p", "h", "w"], ["q", "h", "w"]]
+    rng = np.random.default_rng(2)
+    _assert_same(original, result, {n: rng.standard_normal(k).astype(np.float32)
+                                    for n, k in (("h", 1), ("w", 2), ("p", 2), ("q", 0))})
+
+
+@pytest.mark.parametrize("variant", ["other axis", "inner also an output", "inner used elsewhere",
+                                     "shared with another axis"])
 def test_a_concat_that_cannot_be_taken_in_stays(variant) -> None:
     inner_axis = 2 if variant == "other axis" else 1
     nodes = [helper.make_node("Concat", ["a", "a"], ["t"], axis=inner_axis)]
-    pieces = {"other axis": ["t", "c"], "inner used twice": ["t", "t"]}.get(variant, ["t", "a"])
+    pieces = {"other axis": ["t", "c"]}.get(variant, ["t", "a"])
     nodes.append(helper.make_node("Concat", pieces, ["y"], axis=1))
+    if variant == "shared with another axis":
+        nodes.append(helper.make_node("Concat", ["t", "t"], ["z"], axis=2))
     outputs = [_io("y", [None] * 3)]
     if variant == "inner also an output":
         outputs.append(_io("t", [None] * 3))
+    if variant == "shared with another axis":
+        outputs.append(_io("z", [None] * 3))
     if variant == "inner used elsewhere":
         nodes.append(helper.make_node("Relu", ["t"], ["r"]))
         outputs.append(_io("r", [None] * 3))
     original = _model(nodes, [_io("a", [2, 3, 3]), _io("c", [2, 3, 6])], outputs)
     result, stats = _simplify(original)
-    assert _ops(result).count("Concat") == 2 and not stats["applied"].get(RULE), (variant, stats)
+    kept = 3 if variant == "shared with another axis" else 2
+    assert _ops(result).count("Concat") == kept and not stats["applied"].get(RULE), (variant, stats)
     _assert_same(original, result)
 
 

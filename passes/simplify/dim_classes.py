@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 import onnx_ir as ir
 
 from passes.simplify import dim_exprs
-from passes.simplify.dim_exprs import Expr
+from passes.simplify.dim_exprs import Expr, Product
 
 __all__ = ["Clamped", "SymbolicDims", "broadcast_dim", "broadcast_shapes", "clamp"]
 
@@ -38,7 +38,7 @@ def _rank(dim: object) -> int:
     """Which dim of an equal class names it: an int, a declared symbol, a clamp or expression, then inference's."""
     if isinstance(dim, int):
         return 0
-    if isinstance(dim, (Clamped, Expr)):
+    if isinstance(dim, (Clamped, Expr, Product)):
         return 2
     return 3 if isinstance(dim, str) and dim.startswith("unk__") else 1
 
@@ -49,8 +49,8 @@ class SymbolicDims:
     def __init__(self) -> None:
         self._parent: dict[object, object] = {}
         self._shapes: dict[ir.Value, tuple[object, ...]] = {}
-        self._positive: set[object] = set()
-        self._positive_roots: set[object] | None = set()  # their representatives; None after a union
+        self._marked: dict[str, set[object]] = {"positive": set(), "nonnegative": set()}
+        self._marked_roots: dict[str, set[object]] | None = None  # their representatives; None after a union
         self._base: SymbolicDims | None = None  # what a fork extends (its own entries come first)
         self._branches: dict[ir.Graph, SymbolicDims] = {}  # shared by the main graph's dims and every fork
 
@@ -63,7 +63,7 @@ class SymbolicDims:
         Path compression here only shortens paths, so the fork's classes stay the same.
         """
         fork = SymbolicDims()
-        fork._base, fork._positive_roots = self, None
+        fork._base = self
         fork._branches = self._branches  # one registry for the main graph's and every nested fork
         self._branches[branch] = fork
         return fork
@@ -78,10 +78,10 @@ class SymbolicDims:
             found = found._base
         return None
 
-    def _positives(self) -> Iterable[object]:
+    def _marks(self, kind: str) -> Iterable[object]:
         found: SymbolicDims | None = self
         while found is not None:
-            yield from found._positive
+            yield from found._marked[kind]
             found = found._base
 
     def in_graph(self, graph: ir.Graph) -> SymbolicDims:
@@ -90,26 +90,35 @@ class SymbolicDims:
 
     def mark_positive(self, dim: object) -> None:
         """Records that ``dim`` is ``>= 1`` in every run that succeeds (a Conv's output length)."""
-        if dim is not None and not isinstance(dim, int) and dim not in self._positive:
-            self._positive.add(dim)
-            self._positive_roots = None
+        self._mark("positive", dim)
 
-    def _is_positive_root(self, root: object) -> bool:
-        if self._positive_roots is None:
-            self._positive_roots = {self.find(p) for p in self._positives()}
-        return root in self._positive_roots
+    def mark_nonnegative(self, dim: object) -> None:
+        """Records that ``dim`` is ``>= 0`` in every run that succeeds (a Conv's ``n + pads - kernel``)."""
+        self._mark("nonnegative", dim)
+
+    def _mark(self, kind: str, dim: object) -> None:
+        if dim is not None and not isinstance(dim, int) and dim not in self._marked[kind]:
+            self._marked[kind].add(dim)
+            self._marked_roots = None
+
+    def _is_marked_root(self, kind: str, root: object) -> bool:
+        if self._marked_roots is None:
+            self._marked_roots = {k: {self.find(d) for d in self._marks(k)} for k in self._marked}
+        return root in self._marked_roots[kind]
 
     def nonnegative(self, dim: object) -> bool:
-        """Whether ``dim`` is ``>= 0``: by its form (:func:`dim_exprs.is_nonnegative`), or equal to a positive dim."""
+        """Whether ``dim`` is ``>= 0``: by its form (:func:`dim_exprs.is_nonnegative`), or equal to a dim marked
+        positive or nonnegative."""
         root = self.find(dim)
         if root is None:
             return False
-        return dim_exprs.is_nonnegative(root) or self._is_positive_root(root)
+        return (dim_exprs.is_nonnegative(root) or self._is_marked_root("positive", root)
+                or self._is_marked_root("nonnegative", root))
 
     def positive(self, dim: object) -> bool:
         """Whether ``dim`` is ``>= 1``: an int, or equal to a dim marked positive."""
         root = self.find(dim)
-        return root >= 1 if isinstance(root, int) else root is not None and self._is_positive_root(root)
+        return root >= 1 if isinstance(root, int) else root is not None and self._is_marked_root("positive", root)
 
     def find(self, dim: object, depth: int = 0) -> object:
         """The representative of ``dim``'s class (``dim`` itself if nothing is known).
@@ -134,10 +143,10 @@ class SymbolicDims:
         return root
 
     def _in_representatives(self, dim: object, depth: int) -> object:
-        """A clamp or expression rebuilt over the representatives of the dims it is made of."""
+        """A clamp, expression or product rebuilt over the representatives of the dims it is made of."""
         if isinstance(dim, Clamped):
             return clamp(self.find(dim.symbol, depth + 1), dim.bound)
-        if isinstance(dim, Expr):
+        if isinstance(dim, (Expr, Product)):
             return dim_exprs.substitute(dim, lambda atom: self.find(atom, depth + 1))
         return dim
 
@@ -148,12 +157,13 @@ class SymbolicDims:
             return
         if (isinstance(ra, Clamped) and ra.symbol == rb) or (isinstance(rb, Clamped) and rb.symbol == ra):
             return  # "s <= K": true, but a class must not hold a clamp of itself
-        if (isinstance(ra, Expr) and rb in dim_exprs.atoms(ra)) or (isinstance(rb, Expr) and ra in dim_exprs.atoms(rb)):
+        if (isinstance(ra, (Expr, Product)) and rb in dim_exprs.atoms(ra)) or (
+                isinstance(rb, (Expr, Product)) and ra in dim_exprs.atoms(rb)):
             return  # nor an expression of itself (it would not stay canonical)
         if _rank(rb) < _rank(ra):
             ra, rb = rb, ra
         self._parent[rb] = ra
-        self._positive_roots = None
+        self._marked_roots = None
 
     def record(self, value: ir.Value, dims: tuple[object, ...]) -> None:
         """Records ``value``'s dims (as derived, or inference's)."""

@@ -1,4 +1,4 @@
-"""Dims as integer expressions of other dims: sums, int multiples and floor divisions by positive ints.
+"""Dims as integer expressions of other dims: sums, int multiples, floor divisions by positive ints, products.
 
 A convolution's output length is ``floor((n + pads - dilation*(k-1) - 1) / stride) + 1``
 of its input length ``n``; an exporter computes the same length again from
@@ -16,7 +16,15 @@ compare equal:
   and whole multiples of ``k`` leave the division);
 * ``floor((g*A + r) / (g*k)) = floor((A + floor(r/g)) / k)`` for the gcd ``g``
   of the remaining coefficients;
-* ``floor((floor(I/m) + r) / k) = floor((I + r*m) / (m*k))``.
+* ``floor((floor(I/m) + r) / k) = floor((I + r*m) / (m*k))``;
+* a product of dims (``h * w``, the length of a flattened feature map) is
+  its int content times a :class:`Product` of the rest, a plain atom: each
+  factor's content (the gcd of its ints) comes out (``(3*s - 3) * t`` is
+  ``3 * ((s - 1) * t)``) and the factors are sorted (the product commutes), so
+  two products of the same factors compare equal; nothing is expanded over a
+  sum (``(a + 1) * b`` is not ``a*b + b``: such pairs stay unproved, never
+  wrongly equal). Like sums, products are taken as integers: int64 wrapping
+  is out of reach of tensor sizes.
 
 Each identity holds for every integer value of the atoms (floor, not
 truncation), so equal canonical forms are equal functions. Which ops compute
@@ -34,8 +42,8 @@ import onnx_ir as ir
 from passes.simplify.rules import Context
 from passes.simplify.shape_values import DimOf, shape_value
 
-__all__ = ["Computed", "Expr", "FloorDiv", "add", "atoms", "computed", "floordiv", "is_nonnegative", "scale",
-           "substitute"]
+__all__ = ["Computed", "Expr", "FloorDiv", "Product", "add", "atoms", "computed", "floordiv", "is_nonnegative",
+           "divide_out", "multiply", "scale", "substitute"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +67,19 @@ class Expr:
     def __str__(self) -> str:
         parts = [f"{c}*{a}" if c != 1 else str(a) for a, c in self.terms]
         return " + ".join(parts + ([str(self.const)] if self.const else []))
+
+
+@dataclasses.dataclass(frozen=True)
+class Product:
+    """``factors[0] * factors[1] * ...``: two or more dims, none an int, a Product or of int content > 1, sorted.
+
+    Built by :func:`multiply`.
+    """
+
+    factors: tuple[object, ...]
+
+    def __str__(self) -> str:
+        return " * ".join(f"({f})" for f in self.factors)
 
 
 def _key(atom: object) -> str:
@@ -99,6 +120,33 @@ def scale(dim: object, factor: int) -> object:
     return _make(const * factor, {a: c * factor for a, c in terms.items()})
 
 
+def _split(dim: object) -> tuple[int, list[object]]:
+    """``dim`` as an int coefficient times factors: an Expr's content (the gcd of its ints, signed by its
+    first term) comes out (``3*s - 3`` is 3 and ``[s - 1]``); a sum is one factor."""
+    if isinstance(dim, int):
+        return dim, []
+    if isinstance(dim, Product):
+        return 1, list(dim.factors)
+    if not isinstance(dim, Expr):
+        return 1, [dim]
+    content = math.gcd(dim.const, *(c for _, c in dim.terms)) * (1 if dim.terms[0][1] > 0 else -1)
+    unit = _make(dim.const // content, {a: c // content for a, c in dim.terms})
+    return content, list(unit.factors) if isinstance(unit, Product) else [unit]
+
+
+def _of_factors(coefficient: int, factors: list[object]) -> object:
+    if not factors or coefficient == 0:
+        return coefficient
+    base = factors[0] if len(factors) == 1 else Product(tuple(sorted(factors, key=_key)))
+    return scale(base, coefficient)
+
+
+def multiply(a: object, b: object) -> object:
+    """``a * b``, canonical: the int coefficients multiplied out, the other factors a :class:`Product`."""
+    (ca, fa), (cb, fb) = _split(a), _split(b)
+    return _of_factors(ca * cb, fa + fb)
+
+
 def floordiv(dim: object, divisor: int) -> object:
     """``floor(dim / divisor)`` for an int ``divisor >= 1``, canonical."""
     if divisor < 1:
@@ -133,6 +181,8 @@ def atoms(dim: object) -> set[object]:
         return set()
     if isinstance(dim, FloorDiv):
         return atoms(dim.expr)
+    if isinstance(dim, Product):
+        return set().union(*(atoms(f) for f in dim.factors))
     if not isinstance(dim, Expr):
         return {dim}
     found: set[object] = set()
@@ -147,6 +197,11 @@ def substitute(dim: object, replace: Callable[[object], object]) -> object:
         return dim
     if isinstance(dim, FloorDiv):
         return floordiv(substitute(dim.expr, replace), dim.divisor)
+    if isinstance(dim, Product):
+        product: object = 1
+        for factor in dim.factors:
+            product = multiply(product, substitute(factor, replace))
+        return product
     if not isinstance(dim, Expr):
         return replace(dim)
     return add(dim.const, *(scale(substitute(atom, replace), coeff) for atom, coeff in dim.terms))
@@ -158,6 +213,8 @@ def is_nonnegative(dim: object) -> bool:
         return dim >= 0
     if isinstance(dim, FloorDiv):
         return is_nonnegative(dim.expr)
+    if isinstance(dim, Product):
+        return all(is_nonnegative(f) for f in dim.factors)
     if not isinstance(dim, Expr):
         return True
     return dim.const >= 0 and all(c > 0 and is_nonnegative(a) for a, c in dim.terms)
@@ -176,9 +233,9 @@ def computed(ctx: Context, value: ir.Value | None, element: Callable[[object], o
              nonnegative: Callable[[object], bool] = is_nonnegative, depth: int = 0) -> Computed | None:
     """What ``value`` holds, element by element, as dims (see :func:`shape_value`), through integer arithmetic.
 
-    Beyond :func:`shape_value`: ``Add``, ``Sub``, ``Mul`` by an int and ``Div``
+    Beyond :func:`shape_value`: ``Add``, ``Sub``, ``Mul`` (by an int, or a :class:`Product`) and ``Div``
     by an int ``k >= 1`` of a dividend proved ``>= 0`` (onnxruntime's integer
-    Div truncates, which is floor there) on int64 values of one element or
+    Div truncates, which is floor there) or by factors of the dividend (:func:`divide_out`) on int64 values of one element or
     as many as the other operand; Concat, and Reshape, Squeeze, Unsqueeze,
     Identity of one element. ``element`` turns a :class:`DimOf` into its dim;
     ``nonnegative`` says whether a dim is proved ``>= 0`` by other facts (a size).
@@ -227,15 +284,34 @@ def _sub(a: tuple[object, bool], b: tuple[object, bool]) -> tuple[object, bool] 
 def _mul(a: tuple[object, bool], b: tuple[object, bool]) -> tuple[object, bool] | None:
     if isinstance(b[0], int) and not isinstance(a[0], int):
         a, b = b, a
-    if not isinstance(a[0], int) or b[0] is None or abs(a[0]) > _MAX_FACTOR:
+    if a[0] is None or b[0] is None or (isinstance(a[0], int) and abs(a[0]) > _MAX_FACTOR):
         return None
-    return scale(b[0], a[0]), a[1] and b[1]
+    return multiply(a[0], b[0]), a[1] and b[1]
 
 
 def _div(a: tuple[object, bool], b: tuple[object, bool]) -> tuple[object, bool] | None:
+    if a[0] is not None and b[0] is not None and not isinstance(b[0], int):
+        rest = divide_out(a[0], b[0])
+        return None if rest is None else (rest, is_nonnegative(rest))
     if a[0] is None or not a[1] or not isinstance(b[0], int) or b[0] < 1:
         return None  # truncation is floor only for a dividend >= 0
     return floordiv(a[0], b[0]), True
+
+
+def divide_out(dim: object, divisor: object) -> object:
+    """``dim / divisor`` where ``divisor``'s factors are factors of ``dim`` and its coefficient divides dim's; else None.
+
+    Exact for any integers where the division runs: a divisor of 0 fails the Div,
+    and ``(c*d * f * r) / (d * f)`` is ``c * r`` whatever the signs (nothing is rounded).
+    """
+    (cd, factors), (cv, remove) = _split(dim), _split(divisor)
+    if cv == 0 or cd % cv:
+        return None
+    for factor in remove:
+        if factor not in factors:
+            return None
+        factors.remove(factor)
+    return _of_factors(cd // cv, factors)
 
 
 _ARITHMETIC = {"Add": _add, "Sub": _sub, "Mul": _mul, "Div": _div}

@@ -9,7 +9,9 @@ what onnxruntime computes was measured, not taken from the schemas
 (tests/test_simplify_pool_dims.py runs each case at many lengths):
 
 * ``Conv``, explicit pads or VALID: ``floor((n + P - R) / s) + 1``; onnxruntime
-  fails the node where ``n + P < R``, so the length is ``>= 1``.
+  fails the node where ``n + P < R``, so the length is ``>= 1`` and the span
+  ``n + P - R`` is ``>= 0`` (:func:`conv_spans`: an exporter's ``(H - 1) // 4``
+  is then floor division, onnxruntime's truncating Div agreeing).
 * ``Conv`` and the pools with ``auto_pad`` SAME_UPPER/SAME_LOWER and dilations 1:
   ``ceil(n / s) = floor((n + s - 1) / s)``; onnxruntime fails a Conv of zero length,
   so a Conv's is ``>= 1``. A pool fails a zero length too, but not on an empty
@@ -41,7 +43,7 @@ import onnx_ir as ir
 
 from passes.simplify import dim_exprs
 
-__all__ = ["Lengths", "Window", "conv_lengths", "conv_transpose_lengths", "pool_lengths", "window"]
+__all__ = ["Lengths", "Window", "conv_lengths", "conv_spans", "conv_transpose_lengths", "pool_lengths", "window"]
 
 Lengths = list[tuple[object, bool]]
 """Per spatial axis, the output length (None where not derived) and whether it is ``>= 1``."""
@@ -116,6 +118,13 @@ def conv_lengths(w: Window, spatial: list[object]) -> Lengths:
         else:
             out.append((_floor_plus_one(n, w.padding(i) - w.reach(i), w.strides[i]), True))
     return out
+
+
+def conv_spans(w: Window, spatial: list[object]) -> list[object]:
+    """A Conv's ``n + P - R`` per axis, ``>= 0`` where it succeeds (None for SAME padding or an unknown ``n``)."""
+    if w.auto_pad in _SAME:
+        return [None] * len(spatial)
+    return [None if n is None else dim_exprs.add(n, w.padding(i) - w.reach(i)) for i, n in enumerate(spatial)]
 
 
 def pool_lengths(w: Window, spatial: list[object], ceil_mode: bool) -> Lengths:

@@ -46,7 +46,8 @@ for every input the model accepts:
 * ``Conv``, ``ConvTranspose``, ``MaxPool``, ``AveragePool``, ``LpPool``: spatial
   output dims as onnxruntime computes them, expressions of the input's dims
   (``floor((n + pads - dilation*(k-1) - 1) / stride) + 1`` for a Conv), some
-  marked ``>= 1`` (:mod:`dim_windows` says which forms, and where it derives none).
+  marked ``>= 1`` (:mod:`dim_windows` says which forms, and where it derives none);
+  a Conv's ``n + pads - kernel`` is marked ``>= 0``.
 * ``Resize`` to ``sizes`` built by shape arithmetic (every axis, stretched): its
   entries (each an int, or a dim proved ``>= 0``).
 * ``Slice`` keeps the dims of the axes it does not slice; an axis sliced from
@@ -260,6 +261,8 @@ class _Deriver:
         attrs = dim_windows.window(node, list(w[2:]))
         if attrs is None or attrs.spatial != len(x) - 2:
             return None
+        for span in dim_windows.conv_spans(attrs, list(x[2:])):
+            self.found.mark_nonnegative(span)
         return [(x[0], w[0], *self._lengths(dim_windows.conv_lengths(attrs, list(x[2:]))))]
 
     def conv_transpose(self, node: ir.Node) -> list[tuple[object, ...] | None] | None:
@@ -359,8 +362,8 @@ def _minus_one(x: tuple[object, ...], others: list[object], allowzero: bool) -> 
     (the node fails where that product is 0); with allowzero, the product of
     the input's non-zero dims over the others' non-zero ones. Each other dim
     that is not an int must be a dim of ``x`` (the pairs cancel, zero or not);
-    what is left of ``x`` is ints ``>= 1`` (with allowzero), or ints and at most
-    one dim ``s`` without it, giving ``s`` times the quotient of the ints.
+    what is left of ``x`` is ints ``>= 1`` (with allowzero), or ints and dims
+    without it, giving the dims' product (:class:`dim_exprs.Product`) times the quotient of the ints.
     """
     left = list(x)
     wanted = 1
@@ -375,12 +378,15 @@ def _minus_one(x: tuple[object, ...], others: list[object], allowzero: bool) -> 
             return None
     symbols = [d for d in left if not isinstance(d, int)]
     ints = [d for d in left if isinstance(d, int)]
-    if None in symbols or len(symbols) > (0 if allowzero else 1) or (allowzero and min(ints, default=1) < 1):
+    if None in symbols or (allowzero and symbols) or (allowzero and min(ints, default=1) < 1):
         return None
     have = int(np.prod(ints, dtype=np.int64)) if ints else 1
     if have % wanted:
         return None
-    return dim_exprs.scale(symbols[0], have // wanted) if symbols else have // wanted
+    product: object = have // wanted
+    for symbol in symbols:
+        product = dim_exprs.multiply(product, symbol)
+    return product
 
 
 def _weight_dims(deriver: _Deriver, w: ir.Value | None) -> tuple[object, ...] | None:

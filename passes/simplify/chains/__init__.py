@@ -28,7 +28,7 @@
 * ``Cast(Cast(x, T1), T2) -> Cast(x, T2)`` when ``T1`` holds every value of
   x's type exactly (``x`` itself when ``T2`` is x's type).
 * ``Concat(.., Concat(a, b, axis=k), .., axis=k) -> Concat(.., a, b, ..)``: the
-  inner Concat's pieces join the outer's in place (it must be used by the outer alone).
+  inner Concat's pieces join the outer's in place (it must be used only by Concats on its axis).
 * ``Reshape(f(Reshape(x, s)), t) -> f(x)`` for elementwise ops ``f`` (dynamo's
   MLPs view a Gemm's matrix as [batch, seq, n] for the activation, then back)
   when every other input of ``f`` is a single element (so it broadcasts the
@@ -44,7 +44,8 @@
 
 The inner node must have no other user (else the chain would be computed
 twice), except an ``Unsqueeze`` or ``Slice`` whose users are all of its own
-op: each takes it in; it is removed when it becomes dead.
+op, or a ``Concat`` whose users are all Concats on its axis: each takes it in; it is removed when
+it becomes dead.
 """
 
 # Registers the rules; this order is the order in which they are tried on a node.

@@ -194,12 +194,14 @@ def _axis(concat: ir.Node, rank: int | None) -> int | None:
 
 @rule("Concat", family="chains")
 def concat_of_concat(node: ir.Node, ctx: Context) -> Outcome:
-    """``Concat(.., Concat(a, b, axis=k), .., axis=k) -> Concat(.., a, b, ..)`` (the inner used by it alone).
+    """``Concat(.., Concat(a, b, axis=k), .., axis=k) -> Concat(.., a, b, ..)`` (every user of the inner a Concat).
 
     Concatenation is associative: the flat Concat joins the same pieces in the
     same order and refuses the same mismatches (an empty piece onnxruntime skips
-    is skipped either way). The inner must be in the node's graph and used by
-    the node once and by nothing else, so it becomes dead.
+    is skipped either way). The inner must be in the node's graph, not a graph
+    output, and each of its uses a Concat on the same axis in that graph, which
+    takes it in too (a shared ``Concat(h, w)`` joined after two prefixes: three
+    nodes become two), so it becomes dead.
     """
     dims = ctx.dims(node.outputs[0])
     rank = None if dims is None else len(dims)
@@ -209,10 +211,11 @@ def concat_of_concat(node: ir.Node, ctx: Context) -> Outcome:
     taken = []
     for index, value in enumerate(node.inputs):
         inner = ctx.producer(value, "Concat")
-        if inner is not None and inner.graph is node.graph and sole_user(value) and _axis(inner, rank) == axis:
+        if inner is not None and inner.graph is node.graph and _axis(inner, rank) == axis and not value.is_graph_output() \
+                and all(_joins_on(user, node, rank, axis) for user, _ in value.uses()):
             taken.append(index)
     if not taken:
-        return "no input is a Concat on the same axis that only it uses"
+        return "no input is a Concat on the same axis whose users are all such Concats"
 
     def rewrite() -> None:
         flat: list[ir.Value | None] = []
@@ -224,6 +227,12 @@ def concat_of_concat(node: ir.Node, ctx: Context) -> Outcome:
             node.replace_input_with(index, value)
 
     return rewrite
+
+def _joins_on(user: ir.Node, node: ir.Node, rank: int | None, axis: int) -> bool:
+    """Whether ``user`` is a Concat of ``node``'s graph on ``axis`` (so :func:`concat_of_concat` takes its inputs in)."""
+    return (user.op_type == "Concat" and user.domain == node.domain and user.graph is node.graph
+            and _axis(user, rank) == axis)
+
 
 # Ops that compute each output element from the elements at the same place of their
 # (broadcast) inputs, whatever the shape: a Reshape commutes with them when every other
