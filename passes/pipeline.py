@@ -191,9 +191,8 @@ def optimize_file(
 
 def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: CheckOptions, force: bool,
                    report_path: str | os.PathLike[str] | None, progress: Callable[[str], None] | None,
-                   warn: Callable[[str], None], on_commit: Callable[[bool], None] | None,
-                   replace_data: bool, child: tuple[Any, contextlib.ExitStack],
-                   input_shapes: Mapping[str, Sequence[int]]) -> Report:  # fmt: skip
+                   warn: Callable[[str], None], on_commit: Callable[[bool], None] | None, replace_data: bool,
+                   child: tuple[Any, contextlib.ExitStack], input_shapes: Mapping[str, Sequence[int]]) -> Report:  # fmt: skip
     phases = Phases(progress)
     worker, early = child[0], None
     with phases.phase("load", f"loading {src}"), heap.loading():  # the loaded model out of the collector's scans

@@ -43,11 +43,10 @@ for every input the model accepts:
   be negative only when it is input dim ``i``. A ``-1`` entry is sized as
   onnxruntime sizes it (:func:`_minus_one`) where the other entries cancel
   against the input's dims; a target that is not shape arithmetic gives nothing.
-* ``Conv``, ``ConvTranspose``, ``MaxPool``, ``AveragePool``, ``LpPool``: spatial
-  output dims as onnxruntime computes them, expressions of the input's dims
-  (``floor((n + pads - dilation*(k-1) - 1) / stride) + 1`` for a Conv), some
-  marked ``>= 1`` (:mod:`dim_windows` says which forms, and where it derives none);
-  a Conv's ``n + pads - kernel`` is marked ``>= 0``.
+* ``Conv``, ``ConvTranspose``, ``MaxPool``, ``AveragePool``, ``LpPool``: spatial output dims as
+  onnxruntime computes them, expressions of the input's dims (``floor((n + pads - dilation*(k-1)
+  - 1) / stride) + 1`` for a Conv), some marked ``>= 1`` (:mod:`dim_windows` says which forms,
+  and where it derives none); a Conv's ``n + pads - kernel`` is marked ``>= 0``.
 * ``Resize`` to ``sizes`` built by shape arithmetic (every axis, stretched): its
   entries (each an int, or a dim proved ``>= 0``).
 * ``Slice`` keeps the dims of the axes it does not slice; an axis sliced from
@@ -55,10 +54,9 @@ for every input the model accepts:
   (``d`` the axis's dim): ``e`` when ``d`` is ``e``, ``min(e, K)`` when ``d``
   is an int ``K``; to an int ``-k``, ``d - k`` where that is proved ``>= 0``.
 
-Main-graph nodes give facts for every value; an If branch's nodes give facts
-for the values of that branch only (its node runs only when the branch is
-taken: :func:`_derive_branches`); values of Loop and Scan bodies and of
-functions keep inference's dims. Equalities that contradict
+Main-graph nodes give facts for every value; an If branch's nodes for the values of that
+branch only (its node runs only when the branch is taken: :func:`_derive_branches`); values
+of Loop and Scan bodies and of functions keep inference's dims. Equalities that contradict
 each other (two different ints) are not recorded: the model then never runs.
 """
 
@@ -77,13 +75,11 @@ __all__ = ["Clamped", "SymbolicDims", "broadcast_dim", "derive"]
 
 _INT64_BIG = 2**62
 
-
 _BROADCASTING = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Mod", "BitShift", "PRelu",
     "And", "Or", "Xor", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
     "Where", "Max", "Min", "Sum", "Mean", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
 })  # fmt: skip
-
 
 _SAME_SHAPE = frozenset({
     "Abs", "Neg", "Floor", "Ceil", "Round", "Sign", "Reciprocal", "Sqrt", "Exp", "Log", "Erf",
