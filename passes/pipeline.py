@@ -192,7 +192,7 @@ def optimize_file(
 def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: CheckOptions, force: bool,
                    report_path: str | os.PathLike[str] | None, progress: Callable[[str], None] | None,
                    warn: Callable[[str], None], on_commit: Callable[[bool], None] | None, replace_data: bool,
-                   child: tuple[Any, contextlib.ExitStack], input_shapes: Mapping[str, Sequence[int]]) -> Report:  # fmt: skip
+                   child: tuple[Any, contextlib.ExitStack], input_shapes: Mapping[str, Sequence[int]]) -> Report:
     phases = Phases(progress)
     worker, early = child[0], None
     with phases.phase("load", f"loading {src}"), heap.loading():  # the loaded model out of the collector's scans
@@ -236,18 +236,18 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
                 with _gate.Gate(src, check, warn, worker, rounding=_check.rounding_may_change(report.passes),
                                 early=early, handoff=handoff) as gate:
                     verdict = gate.verify(staged_path)
-                    fallback = _check.unfused(gate, verdict, run, report.passes, lambda: modelio.load_model(src), progress)
+                    fresh = lambda: modelio.load_model(src)  # noqa: E731  (also for blame)
+                    fallback = _check.unfused(gate, verdict, run, report.passes, fresh, progress)
                     if fallback is not None:  # the unfused model passed: it is the output
                         model, report.passes, verdict = fallback
                         report.after, staged_path = _report.summarize(model), staged.save(model)
                         report.after.file_bytes = _report.disk_bytes(staged.files)
-                    _check.blame(gate, verdict, run, lambda: modelio.load_model(src))
+                    _check.blame(gate, verdict, run, fresh)
                     gate.reproduce(staged_path, verdict, *repro_files)
             report.notes.extend(verdict.notes)
             report.check = verdict.result
-            failure = verdict.failure
+            failure, error = verdict.failure, None
             commit = failure is None or force
-            error = None
             if failure is not None:
                 first, *rest = failure.split("\n")  # the located difference follows the error's one line
                 error = CheckFailedError("\n".join([first + ("" if commit else f"; {dst} not written"), *rest]))

@@ -41,7 +41,8 @@ a static shape): they are not sent to onnxruntime, and their results are
 trusted as long as their inputs are, unless they read a value of the batch
 that onnxruntime computes and a computing fold of the batch reads their result:
 then they are computed like the others, so the ops after them see
-onnxruntime's bytes, as in the original (:meth:`Batch._find_exempt_chains`). In the extracted model, the result of a computed fold of the same
+onnxruntime's bytes, as in the original (:meth:`Batch._find_exempt_chains`).
+In the extracted model, the result of a computed fold of the same
 batch is computed by its node (onnxruntime
 follows the original's chain of computation); anything else (an
 initializer, a Constant, the result of an exempt or earlier confirmed fold)

@@ -233,7 +233,8 @@ def nothing_converts(model: ir.Model, plan: Plan, islands: Mapping[tuple[str, st
     Something may change where a node that can be half is not an island, where a float32 weight
     would be stored in the half type (a weight of an island, of a node fixed by its type
     constraint at a type parameter, or of a function call, but not of an island in ``exact``:
-    :func:`passes.precision.convert.convert`), or with ``io``. Reads no attribute value (a tree ensemble's lists stay undecoded).
+    :func:`passes.precision.convert.convert`), or with ``io``. Reads no attribute value (a tree
+    ensemble's lists stay undecoded).
     """
     if io:
         return None
@@ -264,7 +265,8 @@ def nothing_converts(model: ir.Model, plan: Plan, islands: Mapping[tuple[str, st
         for node in scope.body:
             key = (scope.key, node.name)
             if ((key in plan.slots or key in plan.widen or (node.domain, node.op_type) in functions)
-                    and key not in exact and any(v is not None and v.const_value is not None and v.dtype == FLOAT for v in node.inputs)):
+                    and key not in exact
+                    and any(v is not None and v.const_value is not None and v.dtype == FLOAT for v in node.inputs)):
                 return None
     kinds: dict[str, int] = {}
     alone = "alone between float32 nodes (two Casts and a rounding for nothing)"

@@ -102,7 +102,8 @@ class Worker:
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115  closed in close()
         self.process = subprocess.Popen(
             children.module_command("passes.verify.worker", str(self.memory_limit), str(os.getpid())),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=children.child_env(), close_fds=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=children.child_env(),
+            close_fds=True,
         )  # fmt: skip
         self._buffer = b""
         return self

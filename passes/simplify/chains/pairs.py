@@ -183,7 +183,6 @@ def cast_of_cast(node: ir.Node, ctx: Context) -> Outcome:
     return lambda: rewire(node, source)
 
 
-
 def _axis(concat: ir.Node, rank: int | None) -> int | None:
     """The Concat's axis, made non-negative when ``rank`` is known (else as written)."""
     axis = concat.attributes.get_int("axis", None)
@@ -211,8 +210,8 @@ def concat_of_concat(node: ir.Node, ctx: Context) -> Outcome:
     taken = []
     for index, value in enumerate(node.inputs):
         inner = ctx.producer(value, "Concat")
-        if inner is not None and inner.graph is node.graph and _axis(inner, rank) == axis and not value.is_graph_output() \
-                and all(_joins_on(user, node, rank, axis) for user, _ in value.uses()):
+        if (inner is not None and inner.graph is node.graph and _axis(inner, rank) == axis
+                and not value.is_graph_output() and all(_joins_on(user, node, rank, axis) for user, _ in value.uses())):
             taken.append(index)
     if not taken:
         return "no input is a Concat on the same axis whose users are all such Concats"
@@ -227,6 +226,7 @@ def concat_of_concat(node: ir.Node, ctx: Context) -> Outcome:
             node.replace_input_with(index, value)
 
     return rewrite
+
 
 def _joins_on(user: ir.Node, node: ir.Node, rank: int | None, axis: int) -> bool:
     """Whether ``user`` is a Concat of ``node``'s graph on ``axis`` (so :func:`concat_of_concat` takes its inputs in)."""
