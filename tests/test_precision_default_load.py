@@ -12,6 +12,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import time
 
 import numpy as np
 import onnx
@@ -21,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 from helpers import ort_run
 from passes import cli
 from passes.verify import default_load
+from passes.verify.child import Worker
 
 
 def _model(perm: list[int], element: int = TensorProto.FLOAT) -> onnx.ModelProto:
@@ -53,11 +55,18 @@ def crashing(tmp_path: pathlib.Path) -> pathlib.Path:
 
 def test_the_probe_names_the_crash_and_passes_a_model_that_loads(tmp_path: pathlib.Path,
                                                                  crashing: pathlib.Path) -> None:  # fmt: skip
-    problem = default_load.failure(crashing, timeout=120)
-    assert problem is not None and "ORT_ENABLE_ALL" in problem and "SIGSEGV" in problem, problem
+    """In the check's child: the crash ends it, the next request starts it again."""
     fine = tmp_path / "fine.onnx"
     onnx.save_model(_model([0, 2, 1], TensorProto.FLOAT16), str(fine))
-    assert default_load.failure(fine, timeout=120) is None
+    worker = Worker(0).start()
+    try:
+        deadline = time.monotonic() + 120
+        problem = default_load.failure(worker, crashing, deadline)
+        assert problem is not None and "ORT_ENABLE_ALL" in problem and "SIGSEGV" in problem, problem
+        assert default_load.failure(worker, fine, deadline) is None
+        assert default_load.failure(worker, tmp_path / "missing.onnx", deadline).startswith("onnxruntime fails")
+    finally:
+        worker.close()
 
 
 def test_a_half_model_onnxruntime_crashes_on_is_refused_and_written_only_with_force(

@@ -348,14 +348,13 @@ class Gate:
 
     def _default_load(self, staged: Any) -> str | None:
         """Why onnxruntime cannot build a default session (``ORT_ENABLE_ALL``) for ``staged`` where it
-        can for the original, or None (:mod:`passes.verify.default_load`)."""
+        can for the original, or None (:mod:`passes.verify.default_load`; in the check's child, done)."""
         from passes.verify import default_load, files
-        from passes.verify.child import default_memory_limit
 
-        bound = default_memory_limit() if self.check.memory_limit is None else self.check.memory_limit
-        problem = default_load.failure(files.runnable(staged, self.folder, "default-load"), self.check.timeout, bound)
-        if problem is None or default_load.failure(files.runnable(self.original, self.folder, "default-load-original"),
-                                                   self.check.timeout, bound) is not None:  # fmt: skip
+        worker, deadline = self._checker.worker, time.monotonic() + self.check.timeout
+        problem = default_load.failure(worker, files.runnable(staged, self.folder, "default-load"), deadline)
+        original = files.runnable(self.original, self.folder, "default-load-original")
+        if problem is None or default_load.failure(worker, original, deadline) is not None:
             return None
         return (f"--precision: the {self.check.precision} model: {problem}, where the original loads; with them "
                 f"off, as the check runs, it loads and matches (--force writes it)")

@@ -14,8 +14,8 @@ import os
 import re
 from typing import Any
 
-__all__ = ["as_declared", "constants", "describe", "error_line", "feed", "generate", "make_inputs", "numpy_dtype",
-           "run", "session", "spill", "tensor"]
+__all__ = ["as_declared", "constants", "default_session", "describe", "error_line", "feed", "generate",
+           "make_inputs", "numpy_dtype", "run", "session", "spill", "tensor"]
 
 
 def numpy_dtype(name: str) -> Any:
@@ -45,14 +45,16 @@ def generate(spec: dict[str, Any], rng: Any) -> Any:
     return rng.standard_normal(shape).astype(np.float32).astype(numpy_dtype(dtype))
 
 
-def session(path: str, *, ordered: bool = False) -> Any:
-    """An onnxruntime CPU session of the model at ``path``, every graph optimisation disabled;
-    ``ordered``: the nodes run in the model's order where it allows (onnxruntime's priority-based
-    order: its default may run a value's consumers late and hold many values at once)."""
+def session(path: str, *, ordered: bool = False, optimised: bool = False) -> Any:
+    """An onnxruntime CPU session of the model at ``path``, every graph optimisation disabled (with
+    ``optimised``, onnxruntime's defaults: a user's session); ``ordered``: the nodes run in the
+    model's order where it allows (onnxruntime's priority-based order: its default may run a
+    value's consumers late and hold many values at once)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if not optimised:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if ordered and hasattr(ort.ExecutionOrder, "PRIORITY_BASED"):
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     options.log_severity_level = 4  # fatal only: its errors are reported as our one line
@@ -173,6 +175,18 @@ def error_line(error: BaseException) -> str:
     elif message != line:
         line = f"onnxruntime: {message}"
     return line[:500]
+
+
+def default_session(request: dict[str, Any], phase: Any) -> dict[str, Any]:
+    """Builds (and drops) a session of ``request["model"]`` with onnxruntime's default graph
+    optimisations (``ORT_ENABLE_ALL``), nothing run; a crash there ends the child, and the parent
+    says so (:mod:`passes.verify.default_load`)."""
+    phase("building a session with onnxruntime's default graph optimisations")
+    try:
+        session(request["model"], optimised=True)
+    except Exception as e:  # noqa: BLE001
+        return {"ok": False, "error": error_line(e)}
+    return {"ok": True}
 
 
 def constants(request: dict[str, Any], phase: Any) -> dict[str, Any]:

@@ -1,10 +1,9 @@
 """The check's child process: runs the onnxruntime sessions, so that a crash or a hang stays here.
 
-Started by :mod:`passes.verify.child` as ``python -m passes.verify.worker``.
-It imports numpy, onnxruntime and the comparison only (not onnx, not the
-passes; its side of onnxruntime is :mod:`passes.verify.ort_io`), bounds its own address space (RLIMIT_AS) when asked to, ignores
-SIGINT (the parent handles it and kills this process) and dies with its
-parent (PR_SET_PDEATHSIG on Linux).
+Started by :mod:`passes.verify.child` (:func:`passes.children.module_command`). It imports numpy,
+onnxruntime and the comparison only (not onnx, not the passes; its side of onnxruntime is
+:mod:`passes.verify.ort_io`), bounds its own address space (RLIMIT_AS) when asked to, ignores
+SIGINT (the parent handles it and kills this process) and dies with its parent (PR_SET_PDEATHSIG).
 
 Protocol: one JSON object per line. Requests on stdin, each answered by zero
 or more ``{"phase": ...}`` lines (what it is about to do, so that the parent
@@ -19,16 +18,16 @@ the chosen ones, see :mod:`passes.verify.edges`, or other sizes) and keep its
 outputs; a set it cannot run is answered ``ok: false`` and not kept. One
 request per set, so that a crash on one (an integer division of the minimum by
 -1 is SIGFPE) loses that set only.
-``compare``: run another model on the same inputs (the first set and every kept one) and
-compare its outputs with the kept ones (its session freed after the answer is sent: the parent
-does not wait for that, a tenth of a second on a large graph). ``again``: run the original again on one set and name
+``compare``: run another model on the same inputs (the first set and every kept one) and compare its outputs
+with the kept ones (its session freed after the answer is sent: the parent does not wait for that, a tenth
+of a second on a large graph). ``again``: run the original again on one set and name
 the outputs on which it disagrees with itself. ``values``: run two models (both with extra graph
 outputs) on one set and compare the named values. ``constants``: run a model without inputs (the
 constant subgraphs whose values ``fold`` wants to write, see :mod:`passes.fold.confirm`) and save
-its outputs as ``.npy`` files. ``capture`` and ``regions``: ``--repro``'s (see
-:mod:`passes.verify.repro_child`). ``release``: drop the original's session (its kept outputs
-stay; ``again`` loads it anew), once its sets ran before the optimised model exists
-(:mod:`passes.verify.early`). ``exit``.
+its outputs as ``.npy`` files. ``capture`` and ``regions``: ``--repro``'s (see :mod:`passes.verify.repro_child`).
+``release``: drop the original's session (its kept outputs stay; ``again`` loads it anew), once its sets
+ran before the optimised model exists (:mod:`passes.verify.early`). ``default_load``: build a session with
+onnxruntime's default graph optimisations (:mod:`passes.verify.default_load`). ``exit``.
 
 The inputs of a set are made again from its description when needed (they are
 deterministic), so that only the chosen inputs stay in memory.
@@ -45,6 +44,7 @@ from typing import Any
 
 from passes.verify.ort_io import (  # stdlib only at import: numpy and onnxruntime at first use
     constants as _constants_of,
+    default_session as _default_session,
     describe as _describe,
     error_line as _first_line,
     generate as _generate,
@@ -421,7 +421,7 @@ def main() -> None:
     state = _State()
     handlers = {"prepare": _prepare, "add_set": _add_set, "compare": _compare, "values": _values,
                 "constants": _constants, "magnitudes": _magnitudes, "again": _again, "capture": _repro,
-                "regions": _repro, "release": _release}
+                "regions": _repro, "release": _release, "default_load": lambda _, r: _default_session(r, _phase)}
     try:
         import numpy  # noqa: F401
         import onnxruntime  # noqa: F401
