@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import helpers
 from passes.simplify import dim_exprs
-from passes.simplify.dim_exprs import FloorDiv
+from passes.simplify.dim_exprs import FloorDiv, Product
 from test_simplify import _const, _io, _model, _simplify
 from test_simplify_dims import _derived, _floats, _run_both
 
@@ -36,6 +36,8 @@ def _evaluate(dim: object, sizes: dict[str, int]) -> int:
         return sizes[dim]
     if isinstance(dim, FloorDiv):
         return _evaluate(dim.expr, sizes) // dim.divisor
+    if isinstance(dim, Product):
+        return int(np.prod([_evaluate(f, sizes) for f in dim.factors], dtype=object))
     assert isinstance(dim, dim_exprs.Expr)
     return dim.const + sum(c * _evaluate(a, sizes) for a, c in dim.terms)
 

@@ -22,24 +22,12 @@ from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
 from passes.simplify import dim_exprs
-from passes.simplify.dim_exprs import FloorDiv, Product
+from passes.simplify.dim_exprs import Product
 from test_simplify import _assert_same, _const, _io, _model, _ops, _simplify
+from test_simplify_conv_dims import _evaluate
 from test_simplify_dims import _derived, _floats, _run_both
 
-# --- the algebra, against Python's integers ----------------------------------------------------
-
-
-def _evaluate(dim: object, sizes: dict[str, int]) -> int:
-    if isinstance(dim, int):
-        return dim
-    if isinstance(dim, str):
-        return sizes[dim]
-    if isinstance(dim, FloorDiv):
-        return _evaluate(dim.expr, sizes) // dim.divisor
-    if isinstance(dim, Product):
-        return int(np.prod([_evaluate(f, sizes) for f in dim.factors], dtype=object))
-    return dim.const + sum(c * _evaluate(a, sizes) for a, c in dim.terms)
-
+# --- the algebra, against Python's integers (``_evaluate``: test_simplify_conv_dims) ----------------
 
 _FACTORS = st.sampled_from(["s", "t", "u", 3, -2, dim_exprs.add("s", -1), dim_exprs.floordiv(dim_exprs.add("t", 3), 4)])
 
