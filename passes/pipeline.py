@@ -425,10 +425,10 @@ def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, run: RunS
         with _gate.Gate(original, checking, logger.warning, worker, rounding=_check.rounding_may_change(runs),
                         handoff=handoff) as gate:  # fmt: skip
             verdict = gate.verify(proto)
-            fallback = _check.unfused(gate, verdict, run, runs, lambda: _fresh(original))
+            in_place = isinstance(model, ir.Model)  # (the unfused model would be another object: not for it)
+            fallback = None if in_place else _check.unfused(gate, verdict, run, runs, lambda: _fresh(original))
             if fallback is not None:  # the unfused model passed: it is the result
-                ir_model, runs, verdict = fallback
-                proto = modelio.model_to_proto(ir_model)
+                (ir_model, runs, verdict), proto = fallback, modelio.model_to_proto(fallback[0])
             _check.blame(gate, verdict, run, lambda: _fresh(original))
             gate.reproduce(proto, verdict, [original] if isinstance(original, pathlib.Path) else [])
     notes = [*modelio.model_notes(ir_model), *verdict.notes]  # the load's repairs, the passes' corrections
