@@ -120,7 +120,7 @@ def unfused(gate: Gate, verdict: Any, run: RunSpec, runs: Sequence[PassRun], fre
     if not (verdict.differs and fused and run.options.get("fuse") and "precision" not in run.passes
             and gate.check.unfused_fallback):  # fmt: skip
         return None
-    plain = dataclasses.replace(run, options={**run.options, "fuse": False})
+    plain = run.without_fusions()
     if progress is not None:
         progress(f"the check refused the fused model: running again without simplify's fusions ({fused})")
     try:
@@ -158,7 +158,7 @@ def blame(gate: Gate, verdict: Any, run: RunSpec, fresh: Callable[[], ir.Model])
     if not (verdict.differs and verdict.result.first_difference is not None):
         return
     if verdict.result.without_fusions is not None:
-        run = dataclasses.replace(run, options={**run.options, "fuse": False})
+        run = run.without_fusions()
     start = time.perf_counter()
     found = verdict.result.first_difference
     pipelines: list[dict[str, Any]] = []

@@ -122,6 +122,10 @@ class RunSpec:
         values = {k: (v if k in running else declared[k].default) for k, v in self.options.items()}
         return RunSpec(kept, values, cleanup, self.types and cleanup, self.input_shapes, self.fix_dims)
 
+    def without_fusions(self) -> RunSpec:
+        """The same run with simplify's fusions off (``--no-fuse``): its exact rewrites only."""
+        return dataclasses.replace(self, options={**self.options, "fuse": False})
+
     @property
     def static(self) -> bool:
         """Whether the run declares static shapes."""

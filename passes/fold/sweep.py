@@ -388,9 +388,10 @@ class Sweep:
         adopted.pop(None, None)
         for value, theirs in adopted.items():
             self._adopt(value, theirs)
-        kept = [f for f in pending if verdicts[f] == _confirm.AGREES]
-        for value, moved in carry.carried(kept, adopted).items():  # the exempt folds that read them
-            self._adopt(value, moved, counted=False)
+        if adopted:  # the exempt folds that read them (most batches adopt nothing: no walk)
+            kept = [f for f in pending if verdicts[f] == _confirm.AGREES]
+            for value, moved in carry.carried(kept, adopted).items():
+                self._adopt(value, moved, counted=False)
         for fold in undone:
             level = logging.INFO if verdicts[fold] == _confirm.DISAGREES else logging.DEBUG
             logger.log(level, "Not folding %s node %r: %s (%s)", fold.op_type, fold.node.name, verdicts[fold],
