@@ -4,7 +4,11 @@ Cases (each tool in a fresh subprocess, the tools' runs alternating, the median 
 
 * ``chain 10k``: 10,000 chained opset-13 reduce nodes (axes attributes), the default pipeline
   with its onnxruntime check (``optimize+check``) and without (``optimize``), against
-  ``vc+onnxsim`` (onnx.version_converter then onnxsim.simplify) and ``onnxslim``;
+  ``vc+onnxsim`` (onnx.version_converter then onnxsim.simplify) and ``onnxslim``, and
+  ``check-floor``: what any run of ours with its check pays in the libraries whatever its passes
+  do: onnx_ir's load of the input, onnx_ir's save of our output and onnxruntime's session of that
+  output (the check's second session; the original's session overlaps the passes). The output is
+  made first by an untimed ``--no-check`` run in the same child;
 * ``chain 50k``: 50,000 of them, ``--passes upgrade --no-check`` (``upgrade``) against
   ``onnx.version_converter`` alone (``vc``), and ``ir-floor``: onnx_ir's own load and save,
   which every run of ours pays;
@@ -68,6 +72,27 @@ ir.save(ir.load(src), dst)
 print(json.dumps({"seconds": time.perf_counter() - start}))
 """
 
+_CHECK_FLOOR = f"""
+import json, os, sys, tempfile, time
+sys.path.insert(0, {str(REPO)!r})
+src, dst = sys.argv[1], sys.argv[2]
+import onnx_ir as ir, onnxruntime as ort
+import passes.cli
+made = dst + ".ours.onnx"
+if passes.cli.main([src, "-o", made, "-q", "--no-check", *sys.argv[3:]]):
+    sys.exit(1)
+output = ir.load(made)
+options = ort.SessionOptions()
+options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+start = time.perf_counter()
+ir.load(src)
+ir.save(output, dst)
+ort.InferenceSession(dst, options, providers=["CPUExecutionProvider"])
+seconds = time.perf_counter() - start
+os.unlink(made)
+print(json.dumps({{"seconds": seconds}}))
+"""
+
 #: case -> {tool: (snippet, extra arguments)}; the first tool is the reference of the ratios.
 _TOOLS: dict[str, dict[str, tuple[str, list[str]]]] = {
     "chain10k": {
@@ -75,6 +100,7 @@ _TOOLS: dict[str, dict[str, tuple[str, list[str]]]] = {
         "optimize+check": (_OURS, ["--target-opset", str(TARGET)]),
         "optimize": (_OURS, ["--target-opset", str(TARGET), "--no-check"]),
         "onnxslim": (tool_snippet("onnxslim", TARGET), []),
+        "check-floor": (_CHECK_FLOOR, ["--target-opset", str(TARGET)]),
     },
     "chain50k": {
         "vc": (_VC, []),
