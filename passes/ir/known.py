@@ -137,8 +137,11 @@ def _holds(node: ir.Node, signature: tuple[Any, ...], table: Mapping[ir.Value, _
         return False
     stored = node.attributes
     now = getattr(stored, "data", stored)
-    if len(now) != len(attributes) or any(a is not b for a, b in zip(now.values(), attributes)):
+    if len(now) != len(attributes):
         return False
+    for a, b in zip(now.values(), attributes):  # a loop, not any() over a generator: once a node
+        if a is not b:
+            return False
     current = node.inputs
     if len(current) != len(inputs):
         return False
@@ -206,10 +209,12 @@ def lookup(model: ir.Model) -> dict[ir.Value, tuple[ir.DataType, ir.Shape]] | No
                     return None
                 signature = entry.signature
                 dtype, dims = entry.key
-                if value.dtype is not None and value.dtype != dtype:
-                    return None
-                stated = _key(value.dtype, value.shape)
-                if stated is not None and stated[1] != dims:
-                    return None
+                stated_dtype = value.dtype
+                if stated_dtype is not None:  # an untyped value states no shape either (see _key)
+                    if stated_dtype != dtype:
+                        return None
+                    stated = _key(stated_dtype, value.shape)
+                    if stated is not None and stated[1] != dims:
+                        return None
                 found[value] = (dtype, entry.shape)
     return found
