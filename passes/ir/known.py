@@ -46,9 +46,10 @@ import onnx_ir as ir
 
 from passes.ir import walk
 
-__all__ = ["begin", "end", "lookup", "note", "record", "static_shape"]
+__all__ = ["begin", "end", "forget_inferred", "inferred", "keep_inferred", "lookup", "note", "record", "static_shape"]
 
 _TABLE = "passes.known_types"
+_INFERRED = "passes.inferred_types"
 _SUBGRAPHS = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 
 #: (element type, dims) of a value whose type is known and shape static.
@@ -71,6 +72,26 @@ def begin(model: ir.Model) -> None:
 def end(model: ir.Model) -> None:
     """The run ends: the table is dropped."""
     model.meta.pop(_TABLE, None)
+    model.meta.pop(_INFERRED, None)
+
+
+def keep_inferred(model: ir.Model, found: Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]) -> None:
+    """``found`` is what :func:`passes.ir.inference.infer_all` found for the model as it is now, and as a
+    pass leaves it (simplify's last round, which changed nothing): :func:`inferred` answers with it,
+    symbolic dims included, until a pass changes the model (the pass loop calls :func:`forget_inferred`).
+    Within a run only (:func:`begin` .. :func:`end`)."""
+    if model.meta.get(_TABLE) is not None:
+        model.meta[_INFERRED] = found
+
+
+def inferred(model: ir.Model) -> Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] | None:
+    """What :func:`keep_inferred` kept, while no pass changed the model since; else None."""
+    return model.meta.get(_INFERRED)
+
+
+def forget_inferred(model: ir.Model) -> None:
+    """A pass changed the model: what :func:`keep_inferred` kept is not of it any more."""
+    model.meta.pop(_INFERRED, None)
 
 
 def _key(dtype: ir.DataType | None, shape: Any) -> Key | None:

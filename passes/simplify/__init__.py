@@ -93,7 +93,7 @@ import onnx_ir.passes.common as common_passes
 
 from passes.base import Pass, pass_stats
 from passes.declarations import SIMPLIFY
-from passes.ir import inference
+from passes.ir import inference, known
 from passes.ir.amplification import Amplified
 from passes.ir.dead import remove_unused_nodes_and_say
 from passes.ir.initializer_inputs import freeze_initializer_inputs
@@ -231,6 +231,8 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
                 cse_due |= kept_changed  # a node that stays changed: its key too
                 shared_only = shared_only and not kept_changed and _node_count(model) == nodes
             if not changed or shared_only:  # a sweep of what only shared weights changed would find nothing
+                if not changed and self._inferred is not None:  # of the graph as the call leaves it
+                    known.keep_inferred(model, self._inferred)
                 self._correct_declared_shapes(model, applied)  # the last sweep's inference holds
                 # A fresh call would change nothing, unless a fusion was declined by the walk of the
                 # rounding amplifiers, which is this call's (made once) and may predate its changes.
