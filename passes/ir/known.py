@@ -34,6 +34,12 @@ retypes a value in place: ``--precision``). The table lives in
 ``model.meta`` (never written) between :func:`begin` and :func:`end` only,
 so a model its caller changed between two runs is never answered from the
 last run's table.
+
+Symbolic dims have no place in the table. For them a pass that inferred the
+whole model as it leaves it (simplify, whose last round changed nothing) keeps
+that inference whole (:func:`keep_inferred`), and the pass loop forgets it
+after any pass that reports a change (:func:`forget_inferred`): the ``types``
+step takes it (:func:`inferred`) instead of inferring the same graph again.
 """
 
 from __future__ import annotations
