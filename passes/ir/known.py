@@ -164,7 +164,7 @@ def _holds(node: ir.Node, signature: tuple[Any, ...], table: Mapping[ir.Value, _
     now = getattr(stored, "data", stored)
     if len(now) != len(attributes):
         return False
-    for a, b in zip(now.values(), attributes):  # a loop, not any() over a generator: once a node
+    for a, b in zip(now.values(), attributes):  # a loop: any() over a generator makes a frame a node
         if a is not b:
             return False
     current = node.inputs

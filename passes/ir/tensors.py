@@ -311,7 +311,7 @@ def tensor_nbytes(tensor: ir.TensorProtocol) -> int:
     """The size of a tensor in bytes, without reading external data.
 
     A tensor the load left as its proto (a ``Constant``'s, 4,800 in a 48-layer GPT-2 export) is
-    sized from the proto's dims: its ``nbytes`` builds an ``ir.Shape`` at each call (~10 us).
+    sized from the proto's dims: its ``nbytes`` builds an ``ir.Shape`` at each call (3.5 us against 1).
     """
     if type(tensor) is ir.serde.TensorProtoTensor:
         proto = tensor.raw
