@@ -49,6 +49,7 @@ class Record:
     def call(self, step: int, name: str, pass_: ir.passes.PassBase, model: ir.Model) -> ir.passes.PassResult:
         rounds = self._calls[step] = self._calls.get(step, 0) + 1
         start = time.perf_counter()
+        kept = known.inferred(model)
         try:
             with counting_nodes(self.progress, f"running {name}" + (f" (round {rounds})" if rounds > 1 else "")):
                 result = pass_(model)
@@ -57,6 +58,8 @@ class Record:
             self._add(step, PassRun(name, time.perf_counter() - start, False,
                                     dict(getattr(pass_, "stats", None) or {}), str(cause)), rounds)  # fmt: skip
             raise
+        if result.modified and known.inferred(model) is kept:  # (a pass that kept one kept it as it left the model)
+            known.forget_inferred(model)
         heap.settle()  # what the pass made and kept out of later collections' scans (counted in its time)
         seconds = time.perf_counter() - start
         logger.info("pass %s: %.3f s, modified=%s", name, seconds, result.modified)

@@ -17,9 +17,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-import refimpl
 from passes.fold.pending import Fold
 from passes.ir.tensors import attribute_values
+from passes.lazy import lazy_module
+
+refimpl = lazy_module("refimpl")  # imported on the first fold (a graph with nothing to fold never needs its kernels)
 
 __all__ = ["carried"]
 

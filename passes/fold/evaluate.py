@@ -23,10 +23,12 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-import refimpl
 from passes.fold import kernels, size
 from passes.fold.policy import Candidate
 from passes.ir.schemas import expected_dtypes
+from passes.lazy import lazy_module
+
+refimpl = lazy_module("refimpl")  # imported on the first fold (a graph with nothing to fold never needs its kernels)
 
 __all__ = ["EvaluationError", "evaluate"]
 

@@ -30,11 +30,13 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-import refimpl
 from passes.fold import cost, size
 from passes.ir import checked_inputs
 from passes.ir.schemas import is_deterministic
 from passes.ir.tensors import is_file_backed, read_array, tensor_nbytes
+from passes.lazy import lazy_module
+
+refimpl = lazy_module("refimpl")  # imported on the first fold (a graph with nothing to fold never needs its kernels)
 
 __all__ = [
     "COUNTERS",

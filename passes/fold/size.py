@@ -37,8 +37,10 @@ import onnx.numpy_helper
 import onnx.shape_inference
 import onnx_ir as ir
 
-import refimpl
 from passes.ir.schemas import expected_dtypes, schema_at
+from passes.lazy import lazy_module
+
+refimpl = lazy_module("refimpl")  # imported on the first fold (a graph with nothing to fold never needs its kernels)
 
 __all__ = ["Estimate", "Unbounded", "estimate_outputs", "itemsize"]
 

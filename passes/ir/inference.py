@@ -79,17 +79,18 @@ def _placeholder(tensor: ir.TensorProtocol | None, name: str | None) -> ir.Tenso
     if tensor is None or tensor.dtype == ir.DataType.STRING:
         return None
     if isinstance(tensor, ir.ExternalTensor):
-        if tensor.nbytes > _BIG_TENSOR_BYTES:
+        if tensors.tensor_nbytes(tensor) > _BIG_TENSOR_BYTES:
             return None
         try:
             array = tensors.read_external(tensor)  # checked reads: a shrunk file must not SIGBUS
             return ir.Tensor(array, dtype=tensor.dtype, name=name or tensor.name)
         except (InputError, OSError, ValueError):  # unreadable: inference goes without its values
             return None
-    if tensor.nbytes <= _BIG_TENSOR_BYTES:
+    nbytes = tensors.tensor_nbytes(tensor)  # each inference asks about every constant
+    if nbytes <= _BIG_TENSOR_BYTES:
         return None
     return ir.ExternalTensor(
-        _PLACEHOLDER, 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=name or ""
+        _PLACEHOLDER, 0, nbytes, tensor.dtype, shape=tensor.shape, name=name or ""
     )
 
 

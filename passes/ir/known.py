@@ -34,29 +34,34 @@ retypes a value in place: ``--precision``). The table lives in
 ``model.meta`` (never written) between :func:`begin` and :func:`end` only,
 so a model its caller changed between two runs is never answered from the
 last run's table.
+
+Symbolic dims have no place in the table. For them a pass that inferred the
+whole model as it leaves it (simplify, whose last round changed nothing) keeps
+that inference whole (:func:`keep_inferred`), and the pass loop forgets it
+after any pass that reports a change (:func:`forget_inferred`): the ``types``
+step takes it (:func:`inferred`) instead of inferring the same graph again.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import onnx_ir as ir
 
 from passes.ir import walk
 
-__all__ = ["begin", "end", "lookup", "note", "record", "static_shape"]
+__all__ = ["begin", "end", "forget_inferred", "inferred", "keep_inferred", "lookup", "note", "record", "static_shape"]
 
 _TABLE = "passes.known_types"
+_INFERRED = "passes.inferred_types"
 _SUBGRAPHS = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 
 #: (element type, dims) of a value whose type is known and shape static.
 Key = tuple[ir.DataType, tuple[int, ...]]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Entry:
+class _Entry(NamedTuple):  # (a tuple: one is made per computed value, 17.8k on the 10k chain)
     key: Key
     shape: ir.Shape
     node: ir.Node
@@ -71,6 +76,26 @@ def begin(model: ir.Model) -> None:
 def end(model: ir.Model) -> None:
     """The run ends: the table is dropped."""
     model.meta.pop(_TABLE, None)
+    model.meta.pop(_INFERRED, None)
+
+
+def keep_inferred(model: ir.Model, found: Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]) -> None:
+    """``found`` is what :func:`passes.ir.inference.infer_all` found for the model as it is now, and as a
+    pass leaves it (simplify's last round, which changed nothing): :func:`inferred` answers with it,
+    symbolic dims included, until a pass changes the model (the pass loop calls :func:`forget_inferred`).
+    Within a run only (:func:`begin` .. :func:`end`)."""
+    if model.meta.get(_TABLE) is not None:
+        model.meta[_INFERRED] = found
+
+
+def inferred(model: ir.Model) -> Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]] | None:
+    """What :func:`keep_inferred` kept, while no pass changed the model since; else None."""
+    return model.meta.get(_INFERRED)
+
+
+def forget_inferred(model: ir.Model) -> None:
+    """A pass changed the model: what :func:`keep_inferred` kept is not of it any more."""
+    model.meta.pop(_INFERRED, None)
 
 
 def _key(dtype: ir.DataType | None, shape: Any) -> Key | None:
@@ -137,8 +162,11 @@ def _holds(node: ir.Node, signature: tuple[Any, ...], table: Mapping[ir.Value, _
         return False
     stored = node.attributes
     now = getattr(stored, "data", stored)
-    if len(now) != len(attributes) or any(a is not b for a, b in zip(now.values(), attributes)):
+    if len(now) != len(attributes):
         return False
+    for a, b in zip(now.values(), attributes):  # a loop: any() over a generator makes a frame a node
+        if a is not b:
+            return False
     current = node.inputs
     if len(current) != len(inputs):
         return False
@@ -206,10 +234,12 @@ def lookup(model: ir.Model) -> dict[ir.Value, tuple[ir.DataType, ir.Shape]] | No
                     return None
                 signature = entry.signature
                 dtype, dims = entry.key
-                if value.dtype is not None and value.dtype != dtype:
-                    return None
-                stated = _key(value.dtype, value.shape)
-                if stated is not None and stated[1] != dims:
-                    return None
+                stated_dtype = value.dtype
+                if stated_dtype is not None:  # an untyped value states no shape either (see _key)
+                    if stated_dtype != dtype:
+                        return None
+                    stated = _key(stated_dtype, value.shape)
+                    if stated is not None and stated[1] != dims:
+                        return None
                 found[value] = (dtype, entry.shape)
     return found

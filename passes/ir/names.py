@@ -51,12 +51,12 @@ class Names:
         # values of some scope, counted where they are defined.
 
     def _fresh(self, counter: collections.Counter[str], base: str) -> str:
-        if not counter[base]:
-            counter[base] += 1
+        if not counter.get(base):  # (get: a Counter's [] calls __missing__ in Python for a name never used)
+            counter[base] = 1
             return base
         key = f"{id(counter)}:{base}"
         k = self._next.get(key, 1)
-        while counter[f"{base}_{k}"]:
+        while counter.get(f"{base}_{k}"):
             k += 1
         self._next[key] = k + 1
         name = f"{base}_{k}"

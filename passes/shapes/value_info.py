@@ -119,6 +119,8 @@ class TypeValuesPass(ir.passes.InPlacePass):
         lists = _list_ops(model)
         # What the run's passes kept up to date, when it covers every value; else one inference.
         inferred: dict[ir.Value, Any] | None = None if lists else known.lookup(model)
+        if inferred is None and not lists and (kept := known.inferred(model)) is not None:
+            inferred = dict(kept)  # the last pass's inference of the model as it still is (simplify's)
         self.stats = {"inferred": inferred is None}
         if inferred is None:
             inferred = _infer_without_lists(model, lists) if lists else infer_all(model)

@@ -127,8 +127,8 @@ class SymbolicDims:
         once ``unk__1`` is ``seq``); ``depth`` bounds that recursion (each step is an
         equality, so stopping early is still exact, only less simplified).
         """
-        if dim is None:
-            return None
+        if dim is None or type(dim) is int:  # an int is its class's representative (see union)
+            return dim
         if depth < _MAX_DEPTH:
             dim = self._in_representatives(dim, depth)
         root = dim
