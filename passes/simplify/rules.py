@@ -24,6 +24,7 @@ import onnx_ir as ir
 
 from passes.ir import inference, tensors
 from passes.ir.names import Names
+from passes.ir.prepack import feeds_prepacked, prepacked_amplified
 from passes.ir.walk import Scope, normalize_domain
 
 __all__ = ["RULES", "Context", "Rewrite", "Rule", "rule", "sole_user"]
@@ -93,6 +94,9 @@ class Context:
             no rule reads at :attr:`constant_limit`); a caller may share one dict between the
             contexts of a run, as simplify does over its rounds (a tensor is never changed in
             place: a rewrite makes a new one).
+        amplified: Where a change of rounding is amplified (:class:`passes.ir.amplification.Amplified`,
+            walked on first use), or None: :meth:`bypass` then makes a constant a weight
+            onnxruntime prepacks wherever it finds one.
     """
 
     scope: Scope
@@ -102,6 +106,7 @@ class Context:
     constant_limit: int = 1 << 16
     symbolic: Callable[[], Any] | None = None
     arrays: dict[int, tuple[ir.TensorProtocol, np.ndarray | None]] = dataclasses.field(default_factory=dict)
+    amplified: Any = None
 
     @property
     def inferred(self) -> Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]:
@@ -244,6 +249,9 @@ class Context:
         if _requantizes(output, replacement):
             return ("it stands between a DequantizeLinear and a QuantizeLinear (without it onnxruntime's "
                     "optimiser drops that requantization, which rounds otherwise)")
+        if self.amplified is not None and _constant_to_onnxruntime(replacement) and feeds_prepacked(output) \
+                and (op := prepacked_amplified(output, self.amplified)) is not None:
+            return f"its constant input would be a weight onnxruntime prepacks, a change of rounding {op} amplifies"
         if not output.is_graph_output():
             return lambda: output.replace_all_uses_with(replacement)
         producer = replacement.producer()
@@ -274,6 +282,15 @@ class Context:
 
 #: The domains whose QuantizeLinear/DequantizeLinear onnxruntime's QDQ optimisers read.
 _QDQ_DOMAINS = ("", "com.microsoft")
+
+
+def _constant_to_onnxruntime(value: ir.Value) -> bool:
+    """Whether onnxruntime sees ``value`` as a constant (and prepacks it): an initializer that is no
+    graph input, or a Constant node's output."""
+    producer = value.producer()
+    if producer is not None:
+        return producer.op_type == "Constant" and normalize_domain(producer.domain) == ""
+    return value.is_initializer() and not value.is_graph_input()
 
 
 def _requantizes(output: ir.Value, replacement: ir.Value) -> bool:
