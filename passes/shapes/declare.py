@@ -62,7 +62,7 @@ def relax_static_inputs(model: ir.Model) -> str:
 
     The declared shapes' counterfactual: the passes run on the result show whether those static
     dims are what makes a contradiction visible (see
-    :func:`passes.pipeline_check.refuse_impossible_shapes`). Inputs an initializer backs keep theirs.
+    :func:`passes.pipeline_check.refuse_declared_shapes`). Inputs an initializer backs keep theirs.
     """
     graph = model.graph
     taken = set(symbolic_dim_names(model))

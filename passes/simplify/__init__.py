@@ -298,7 +298,8 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
         for scope in iter_scopes(model):
             main = scope.body is model.graph and model.ir_version >= 4
             ctx = Context(scope, lazy_inference, lazy_names, initializers=main, arrays=self._arrays,
-                          amplified=self._amplified, symbolic=_in_graph(lazy_symbolic, scope.body) if isinstance(scope.body, ir.Graph) else None)
+                          amplified=self._amplified,
+                          symbolic=_in_graph(lazy_symbolic, scope.body) if isinstance(scope.body, ir.Graph) else None)
             if ctx.opset == 0:
                 continue
             for node in list(scope.body):

@@ -304,7 +304,9 @@ def _requantizes(output: ir.Value, replacement: ir.Value) -> bool:
     MatMul``: 37% of the elements, up to two steps). A no-op between the two is kept.
     """
     producer = replacement.producer()
-    if producer is None or producer.op_type != "DequantizeLinear" or normalize_domain(producer.domain) not in _QDQ_DOMAINS:
+    if producer is None or producer.op_type != "DequantizeLinear":
+        return False
+    if normalize_domain(producer.domain) not in _QDQ_DOMAINS:
         return False
     return any(use.node.op_type == "QuantizeLinear" and normalize_domain(use.node.domain) in _QDQ_DOMAINS
                for use in output.uses())  # fmt: skip
