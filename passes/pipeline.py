@@ -237,6 +237,7 @@ def _optimize_file(src: pathlib.Path, dst: pathlib.Path, run: RunSpec, check: Ch
                                 early=early, handoff=handoff) as gate:
                     verdict = gate.verify(staged_path)
                     fresh = lambda: modelio.load_model(src)  # noqa: E731  (also for blame)
+                    _check.refuse_declared_shapes(gate, verdict, run, fresh)
                     fallback = _check.unfused(gate, verdict, run, report.passes, fresh, progress)
                     if fallback is not None:  # the unfused model passed: it is the output
                         model, report.passes, verdict = fallback
@@ -425,6 +426,7 @@ def _optimize_in_memory(model: Any, original: Any, ir_model: ir.Model, run: RunS
         with _gate.Gate(original, checking, logger.warning, worker, rounding=_check.rounding_may_change(runs),
                         handoff=handoff) as gate:  # fmt: skip
             verdict = gate.verify(proto)
+            _check.refuse_declared_shapes(gate, verdict, run, lambda: _fresh(original))
             in_place = isinstance(model, ir.Model)  # (the unfused model would be another object: not for it)
             fallback = None if in_place else _check.unfused(gate, verdict, run, runs, lambda: _fresh(original))
             if fallback is not None:  # the unfused model passed: it is the result

@@ -7,7 +7,8 @@ run, with these: the check's inputs at the run's static sizes
 (:func:`with_precision`), whether a pass may have changed float rounding
 (:func:`rounding_may_change`). It refuses, before anything is written, what the
 check could only misread (:func:`refuse_two_tolerances`, and static shapes the
-model cannot run at, :func:`refuse_impossible_shapes`). After a mismatch,
+model cannot run at, :func:`refuse_impossible_shapes`; those the model's own
+inputs declare once the checker refused the result, :func:`refuse_declared_shapes`). After a mismatch,
 :func:`blame` reruns the pipeline with one pass less at a time to name the pass
 that brought it. Before that, when simplify's fusions ran, :func:`unfused` tries the
 same run without them: a fusion changes float rounding by design, and where that
@@ -36,8 +37,8 @@ if TYPE_CHECKING:
     from passes.verify.gate import CheckOptions, Gate
 _inference = lazy_module("passes.ir.inference")
 
-__all__ = ["blame", "check_at_static_sizes", "refuse_impossible_shapes", "refuse_two_tolerances",
-           "rounding_may_change", "unfused", "with_precision"]
+__all__ = ["blame", "check_at_static_sizes", "refuse_declared_shapes", "refuse_impossible_shapes",
+           "refuse_two_tolerances", "rounding_may_change", "unfused", "with_precision"]
 
 
 def check_at_static_sizes(run: RunSpec, model: ir.Model, check: CheckOptions) -> CheckOptions:
@@ -104,6 +105,34 @@ def refuse_impossible_shapes(run: RunSpec, model: ir.Model, fresh: Callable[[], 
         shown = error if len(error) <= 200 else error[:197] + "..."
         raise InputError(f"{shapes.requests_text(run.input_shapes, run.fix_dims)}: the model cannot run at these "
                          f"shapes (onnx shape inference: {shown})")
+
+
+def refuse_declared_shapes(gate: Gate, verdict: Any, run: RunSpec, fresh: Callable[[], ir.Model]) -> None:
+    """After the ONNX checker refused the result of a run that asks for no static shapes: refuses
+    the static shapes the model's own inputs declare when they are the cause (exit 2, nothing written).
+
+    Folding makes visible what the declared inputs alone do not (``'pixel_values' [batch, 3, 64, 64]``
+    on a ViT whose position table holds 32x32 images' patches): the result cannot be valid. When the
+    same passes on the model with its inputs' static dims made symbolic give a result the checker
+    accepts, the refusal names the declaration, not the passes: such a model runs at no shape at all
+    (onnxruntime holds an input to its static dims). Only on this failure path: a run that passes
+    pays nothing.
+    """
+    if not verdict.invalid or run.static:
+        return
+    from passes.shapes.declare import relax_static_inputs
+
+    relaxed = fresh()
+    if not (declared := relax_static_inputs(relaxed)):
+        return
+    try:
+        run.run(relaxed)
+    except OptimizeError:
+        return
+    if gate.accepts(modelio.model_to_proto(relaxed)):
+        why = (verdict.failure or "").removeprefix("the optimised model is invalid: ")
+        shown = why if len(why) <= 200 else why[:197] + "..."
+        raise InputError(f"the model cannot run at the static shapes its inputs declare ({declared}): {shown}")
 
 
 def unfused(gate: Gate, verdict: Any, run: RunSpec, runs: Sequence[PassRun], fresh: Callable[[], ir.Model],

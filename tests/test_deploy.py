@@ -213,6 +213,54 @@ def test_a_shape_the_model_cannot_run_at_is_refused(tmp_path: pathlib.Path, caps
     assert err.startswith("optimize: error: --fix-dim 'seq=128': the model cannot run at these shapes")
 
 
+def _bert_declaring(seq: int) -> onnx.ModelProto:
+    """tiny_bert with its inputs' sequence dim declared static (as an export with a fixed example does)."""
+    model = onnx.load(str(BERT))
+    for value in model.graph.input:
+        dim = value.type.tensor_type.shape.dim[1]
+        dim.Clear()
+        dim.dim_value = seq
+    return model
+
+
+@pytest.mark.parametrize("check", [[], ["--no-check"]])
+def test_a_model_whose_inputs_declare_a_shape_it_cannot_run_at_is_refused_as_its_own(
+        check: list[str], tmp_path: pathlib.Path, capsys) -> None:  # fmt: skip
+    """Declared [batch, 128] against a 32-row position table: folding makes the contradiction visible
+    and the result cannot be valid. The refusal names the declaration (exit 2), not the passes
+    ("the optimised model is invalid", exit 1, before): the same passes at a symbolic sequence are valid."""
+    src, out, report = _save(_bert_declaring(128), tmp_path / "bert.onnx"), tmp_path / "out.onnx", tmp_path / "r.json"
+    code, text, err = helpers.run_cli([str(src), str(out), "--report", str(report), *check], capsys)
+    prefix = ("the model cannot run at the static shapes its inputs declare ('input_ids' [batch, 128], "
+              "'attention_mask' [batch, 128]): invalid model: ")
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"optimize: error: {prefix}") and "Incompatible dimensions" in err
+    assert not out.exists()
+    written = json.loads(report.read_text())
+    assert written["written"] is False and written["error"].startswith(prefix)
+    with pytest.raises(passes.InputError, match=r"^the model cannot run at the static shapes its inputs declare"):
+        passes.optimize(_bert_declaring(128))
+
+
+def test_a_model_whose_inputs_declare_a_shape_it_runs_at_is_optimised(tmp_path: pathlib.Path, capsys) -> None:
+    """The no-op case: declared [batch, 16] fits the table: written, declared as it was, and it computes
+    what the original does (float32's tolerance: simplify's fusions may run)."""
+    import onnxruntime as ort
+
+    src, out = _save(_bert_declaring(16), tmp_path / "bert.onnx"), tmp_path / "out.onnx"
+    code, text, err = helpers.run_cli([str(src), str(out), "-q"], capsys)
+    assert code == 0 and err == "", err
+    assert [_dims(i) for i in onnx.load(str(out)).graph.input] == [["batch", 16], ["batch", 16]]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sessions = [ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"]) for p in (src, out)]
+    for batch in (1, 3):
+        feeds = {"input_ids": RNG.integers(0, 100, (batch, 16)).astype(np.int64),
+                 "attention_mask": np.ones((batch, 16), np.int64)}  # fmt: skip
+        for a, b in zip(*(s.run(None, feeds) for s in sessions)):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
 def test_a_malformed_flag_is_a_usage_error(tmp_path: pathlib.Path, capsys) -> None:
     src = _save(_cnn(), tmp_path / "cnn.onnx")
     for args in (["--input-shape", "x"], ["--fix-dim", "N"], ["--input-shape", "x:1,3,8,8", "--input-shape", "x:2,3,8,8"]):

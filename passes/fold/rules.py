@@ -78,6 +78,9 @@ def _identity(sweep: Sweep, node: ir.Node, scope: Scope) -> bool:
     if x is None or tensor is None:
         return False
     y = node.outputs[0]
+    if (reason := sweep.prepacked_amplified(node)) is not None:
+        sweep.refuse(node, reason)
+        return True
     keep_weight = not scope.initializers and x.is_initializer()
     if y.is_graph_output():
         if not keep_weight:

@@ -26,7 +26,8 @@ from passes.fold import carry, decide, evaluate, policy
 from passes.fold.pending import Fold
 from passes.fold.surgery import Rewriter, subgraphs_of
 from passes.ir import checked_inputs, inference
-from passes.ir.prepack import feeds_prepacked
+from passes.ir.amplification import Amplified
+from passes.ir.prepack import feeds_prepacked, prepacked_amplified
 from passes.ir.tensors import attribute_values, make_tensor
 from passes.ir.walk import iter_scopes, normalize_domain, opset_of
 from passes.phases import node_done
@@ -150,6 +151,7 @@ class Sweep:
         self._ranks: dict[ir.Value, int] = {}
         self._dims: dict[ir.Value, tuple[int, ...]] = {}
         self.decided = 0  # nodes onnxruntime computed for refimpl (see ``decide``)
+        self._amplified: Amplified | None = None  # where rounding changes are amplified (walked on first use)
 
     def run(self) -> None:
         found = inference.infer_types(self.model, self._unknown())
@@ -284,7 +286,7 @@ class Sweep:
             size_limit=self.size_limit,
             constant=self.constant,
         )
-        reason = policy.refusal(candidate)
+        reason = policy.refusal(candidate) or self.prepacked_amplified(node)
         if reason is None and self.confirm:
             reason = self.unconfirmed.get((node, tuple(node.inputs)))
         if reason is None:
@@ -305,6 +307,21 @@ class Sweep:
             self.refuse(node, reason)
             return
         self.replace(node, outputs, scope, tensors)
+
+    def prepacked_amplified(self, node: ir.Node) -> str | None:
+        """Why folding ``node`` is declined as a weight onnxruntime would prepack for an op whose
+        change of rounding a later op amplifies (:func:`passes.ir.prepack.prepacked_amplified`), or None.
+
+        The folded value is exact, but the op then sums in its kernel's blocked order: behind a
+        DynamicQuantizeLinear that ulp became a whole quantization step (``Identity(W)`` as MatMul's
+        B), the check's verdict on fold. The node stays, as the original computes it.
+        """
+        for value in node.outputs:
+            if feeds_prepacked(value):
+                self._amplified = self._amplified or Amplified(self.model)
+                if (op := prepacked_amplified(value, self._amplified)) is not None:
+                    return f"prepacked weight: its op's change of rounding is amplified by {op}"
+        return None
 
     def refuse(self, node: ir.Node, reason: str) -> None:
         """Logs and counts why ``node`` is left alone (see ``policy``)."""

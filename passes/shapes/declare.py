@@ -25,8 +25,9 @@ from passes import shapes
 from passes.errors import InputError
 from passes.ir.inference import inference_error
 from passes.ir.walk import iter_scopes
+from passes.options import short
 
-__all__ = ["DeclareShapesPass", "symbolic_dim_names"]
+__all__ = ["DeclareShapesPass", "relax_static_inputs", "symbolic_dim_names"]
 
 
 def _values(model: ir.Model) -> list[tuple[ir.Value, bool]]:
@@ -53,6 +54,38 @@ def symbolic_dim_names(model: ir.Model) -> list[str]:
             if isinstance(d, ir.SymbolicDim) and isinstance(d.value, str) and d.value:
                 names.setdefault(d.value)
     return list(names)
+
+
+def relax_static_inputs(model: ir.Model) -> str:
+    """Makes every static dim of the main graph's inputs symbolic (one new name per size, so that
+    equal sizes stay equal); the shapes they declared (``'x' [batch, 3, 64, 64]``), "" if none.
+
+    The declared shapes' counterfactual: the passes run on the result show whether those static
+    dims are what makes a contradiction visible (see
+    :func:`passes.pipeline_check.refuse_declared_shapes`). Inputs an initializer backs keep theirs.
+    """
+    graph = model.graph
+    taken = set(symbolic_dim_names(model))
+    names: dict[int, str] = {}
+    relaxed = []
+    for value in graph.inputs:
+        if value.name in graph.initializers or value.shape is None:
+            continue
+        dims = list(value.shape)
+        if not any(isinstance(d, int) and d >= 0 for d in dims):  # (a negative size is an unknown dim)
+            continue
+        shown = ", ".join(str(d) if isinstance(d, int) else (d.value if isinstance(d.value, str) and d.value else "?")
+                          for d in dims)  # fmt: skip
+        relaxed.append(f"{short(value.name)} [{shown}]")
+        for d in dims:
+            if isinstance(d, int) and d >= 0 and d not in names:
+                name = f"declared_{d}"
+                while name in taken:
+                    name += "_"
+                names[d] = name
+                taken.add(name)
+        value.shape = ir.Shape([names[d] if isinstance(d, int) and d >= 0 else d for d in dims])
+    return ", ".join(relaxed)
 
 
 class DeclareShapesPass(ir.passes.InPlacePass):

@@ -308,6 +308,7 @@ class SimplifyPass(Pass, spec=SIMPLIFY):
             nested |= scope.owner is not None and scope.function is None
             main = scope.body is model.graph and model.ir_version >= 4
             ctx = Context(scope, lazy_inference, lazy_names, initializers=main, arrays=self._arrays,
+                          amplified=self._amplified,
                           symbolic=_in_graph(lazy_symbolic, scope.body) if isinstance(scope.body, ir.Graph) else None)
             if ctx.opset == 0:
                 continue

@@ -24,7 +24,8 @@ import onnx_ir as ir
 
 from passes.ir import inference, tensors
 from passes.ir.names import Names
-from passes.ir.walk import Scope
+from passes.ir.prepack import feeds_prepacked, prepacked_amplified
+from passes.ir.walk import Scope, normalize_domain
 
 __all__ = ["RULES", "Context", "Rewrite", "Rule", "rule", "sole_user"]
 
@@ -93,6 +94,9 @@ class Context:
             no rule reads at :attr:`constant_limit`); a caller may share one dict between the
             contexts of a run, as simplify does over its rounds (a tensor is never changed in
             place: a rewrite makes a new one).
+        amplified: Where a change of rounding is amplified (:class:`passes.ir.amplification.Amplified`,
+            walked on first use), or None: :meth:`bypass` then makes a constant a weight
+            onnxruntime prepacks wherever it finds one.
     """
 
     scope: Scope
@@ -102,6 +106,7 @@ class Context:
     constant_limit: int = 1 << 16
     symbolic: Callable[[], Any] | None = None
     arrays: dict[int, tuple[ir.TensorProtocol, np.ndarray | None]] = dataclasses.field(default_factory=dict)
+    amplified: Any = None
 
     @property
     def inferred(self) -> Mapping[ir.Value, tuple[ir.DataType | None, ir.Shape | None]]:
@@ -241,6 +246,12 @@ class Context:
         (the no-op then stays, as the producer of that output).
         """
         output = node.outputs[0]
+        if _requantizes(output, replacement):
+            return ("it stands between a DequantizeLinear and a QuantizeLinear (without it onnxruntime's "
+                    "optimiser drops that requantization, which rounds otherwise)")
+        if self.amplified is not None and _constant_to_onnxruntime(replacement) and feeds_prepacked(output) \
+                and (op := prepacked_amplified(output, self.amplified)) is not None:
+            return f"its constant input would be a weight onnxruntime prepacks, a change of rounding {op} amplifies"
         if not output.is_graph_output():
             return lambda: output.replace_all_uses_with(replacement)
         producer = replacement.producer()
@@ -267,6 +278,38 @@ class Context:
             old.replace_all_uses_with(new, replace_graph_outputs=True)
 
         return rewrite
+
+
+#: The domains whose QuantizeLinear/DequantizeLinear onnxruntime's QDQ optimisers read.
+_QDQ_DOMAINS = ("", "com.microsoft")
+
+
+def _constant_to_onnxruntime(value: ir.Value) -> bool:
+    """Whether onnxruntime sees ``value`` as a constant (and prepacks it): an initializer that is no
+    graph input, or a Constant node's output."""
+    producer = value.producer()
+    if producer is not None:
+        return producer.op_type == "Constant" and normalize_domain(producer.domain) == ""
+    return value.is_initializer() and not value.is_graph_input()
+
+
+def _requantizes(output: ir.Value, replacement: ir.Value) -> bool:
+    """Whether making ``output``'s users read ``replacement`` would put a DequantizeLinear straight
+    before a QuantizeLinear.
+
+    Exact in ONNX, but onnxruntime's graph optimiser (``ORT_ENABLE_ALL``, its default) removes
+    such a pair where it joins two Q/DQ pairs and keeps one scale for both: the requantization's
+    rounding is gone, and a model that was bit for bit the original with its optimisations off
+    then differs by whole quantization steps with them on (``Q -> DQ -> Reshape -> Q -> DQ ->
+    MatMul``: 37% of the elements, up to two steps). A no-op between the two is kept.
+    """
+    producer = replacement.producer()
+    if producer is None or producer.op_type != "DequantizeLinear":
+        return False
+    if normalize_domain(producer.domain) not in _QDQ_DOMAINS:
+        return False
+    return any(use.node.op_type == "QuantizeLinear" and normalize_domain(use.node.domain) in _QDQ_DOMAINS
+               for use in output.uses())  # fmt: skip
 
 
 def _scalar_constant(node: ir.Node) -> np.ndarray | None:

@@ -241,11 +241,13 @@ class Verdict:
         notes: What the caller should know although the model is accepted (a checker failure
             the original shares, a declared shape the original already contradicts).
         result: The onnxruntime check's result (None when it did not run).
+        invalid: The ONNX checker refused the optimised model (``failure`` says why).
     """
 
     failure: str | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     result: Any = None
+    invalid: bool = False
 
     @property
     def differs(self) -> bool:
@@ -298,6 +300,7 @@ class Gate:
         # The early start compares while the ONNX checker runs here (its result dropped if it refuses).
         ahead = self.early is not None and check.enabled and self.early.compare(staged, check, self.rounding)
         verdict.failure = _checker_verdict(self.original, staged, verdict.notes)
+        verdict.invalid = verdict.failure is not None
         if verdict.failure is not None or not check.enabled:
             if self.early is not None:
                 self.early.close()
@@ -379,6 +382,7 @@ class Gate:
         assert self._checker is not None, "verify_again follows a verify that ran the check"
         verdict = Verdict()
         verdict.failure = _checker_verdict(self.original, candidate, verdict.notes)
+        verdict.invalid = verdict.failure is not None
         if verdict.failure is not None:
             return verdict
         before, self._checker.rounding = self._checker.rounding, rounding
@@ -389,6 +393,10 @@ class Gate:
         if not (verdict.result.checked and verdict.result.ok):
             verdict.failure = verdict.result.summary()
         return verdict
+
+    def accepts(self, candidate: Any) -> bool:
+        """Whether the ONNX checker accepts ``candidate`` as :meth:`verify` does (no comparison)."""
+        return _checker_verdict(self.original, candidate, []) is None
 
     def recheck(self, candidate: Any) -> bool | None:
         """Whether ``candidate`` computes what the original does (None: the check could not say)."""
