@@ -38,12 +38,7 @@ from typing import TYPE_CHECKING, Any
 # Only light modules at the top: ``--help`` and early errors need no more.
 # onnx, onnx_ir, the passes and the report are imported where they are used.
 from passes import modelio  # light: it imports onnx and onnx_ir on first use
-from passes.declarations import (
-    DEFAULT_FOLD_SIZE_LIMIT,
-    DEFAULT_TARGET_OPSET,
-    PASSES,
-    PassSpec,
-)
+from passes.declarations import DEFAULT_FOLD_SIZE_LIMIT, DEFAULT_TARGET_OPSET, PASSES, PassSpec
 from passes import shapes  # light: --input-shape / --fix-dim validated once
 from passes.errors import CheckFailedError, InputError, OptimizeError, first_line
 from passes.lazy import lazy_module
@@ -51,9 +46,7 @@ from passes import heap
 from passes import pipeline_check as _check
 from passes.runspec import RunSpec, pass_options, select_passes
 from passes.phases import Phases
-from passes.verify.gate import (
-    CheckOptions,  # light: onnx on first use, onnxruntime in a child
-)
+from passes.verify.gate import CheckOptions  # light: onnx on first use, onnxruntime in a child
 
 if TYPE_CHECKING:
     import onnx
