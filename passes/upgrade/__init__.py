@@ -157,11 +157,12 @@ class UpgradeOpsetPass(Pass, spec=UPGRADE):
         with heap.paused(freeze=True):  # a draft per node, alive until every node is committed
             plans = plan_scopes(model, to_upgrade, target, ADAPTERS, SEMANTIC_CHANGES, stats, _runs_version(target))
             names = Names(model) if any(drafts for _, drafts in plans) else None
+            redirects: dict[ir.Value, ir.Value] = {}  # shared: a reader may be in another scope
             for scope, drafts in plans:
                 if not drafts:
                     continue
                 assert names is not None
-                rewriter = ScopeRewriter(scope, names, stats, target)
+                rewriter = ScopeRewriter(scope, names, stats, target, redirects)
                 for draft in drafts:
                     rewriter.commit(draft)
             del plans
