@@ -19,6 +19,8 @@ Upsample nearest rounding, BatchNormalization training mode, Hardmax-13).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx_ir as ir
 
@@ -88,6 +90,10 @@ def _split_18(draft: Draft, ctx: PlanContext) -> str | None:
 _PADS = AttributeToInput(("Pad",), 11, "pads", 1, required=True)
 
 
+def _is_plus_zero(value: float) -> bool:
+    return value == 0.0 and math.copysign(1.0, value) > 0
+
+
 @register("Pad", 11, "pads/value attributes -> inputs")
 def _pad_11(draft: Draft, ctx: PlanContext) -> str | None:
     if reason := _PADS.move(draft, ctx):
@@ -96,8 +102,8 @@ def _pad_11(draft: Draft, ctx: PlanContext) -> str | None:
     mode = string_attr(draft, "mode", "constant")
     if mode is None:
         return "attribute 'mode' is a reference"
-    if value is None or mode != "constant" or (not value.is_ref() and value.as_float() == 0.0):
-        return None  # constant_value defaults to 0, other modes ignore it
+    if value is None or mode != "constant" or (not value.is_ref() and _is_plus_zero(value.as_float())):
+        return None  # constant_value defaults to +0 (a -0 pad is written: its sign shows), other modes ignore it
     scalar = typed_scalar(value, ctx, draft.input(0), "pad_value")
     if isinstance(scalar, str):
         return scalar
