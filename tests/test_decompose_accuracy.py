@@ -358,6 +358,23 @@ def test_special_values(dtype: np.dtype, keepdims: int) -> None:
     assert flat[4] == np.inf and np.isfinite(flat[5]) and np.isnan(flat[7])
 
 
+def test_nan_with_an_infinity_propagates_where_onnxruntimes_kernel_drops_it() -> None:
+    """docs/exactness.md: reducing every element, onnxruntime's kernel gives the infinity when the
+    largest value other than NaN is +-inf, NaN included unless it comes first (a row of a matrix
+    gives NaN); the decomposition follows the spec: NaN."""
+    inf, nan = np.inf, np.nan
+    rows = [[inf, nan, 1.0], [2.0, inf, nan], [-inf, nan, -inf], [nan, inf, 1.0]]
+    expected = [inf, inf, -inf, nan]
+    for row, want in zip(rows, expected):
+        x = np.array(row, np.float32)
+        original = ort_run(lse_model(x.dtype, x.shape, None, 0), {"x": x})[0]
+        np.testing.assert_array_equal(original, np.float32(want))
+        assert np.isnan(run_decomposed(x, None, 0))
+    matrix = np.array(rows, np.float32)  # the same slices as rows of a matrix: NaN in both
+    assert np.isnan(ort_run(lse_model(matrix.dtype, matrix.shape, (1,), 0), {"x": matrix})[0]).all()
+    assert np.isnan(run_decomposed(matrix, (1,), 0)).all()
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape,axes", [((2, 0, 4), (1,)), ((0, 3), (0,)), ((0, 3), None), ((2, 0, 4), (2,))])
 def test_empty_reduction(dtype: np.dtype, shape: tuple[int, ...], axes: tuple[int, ...] | None) -> None:

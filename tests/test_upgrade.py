@@ -899,6 +899,20 @@ def test_slice_9_topk_9_pad_10_clip_10() -> None:
     assert all(not attrs(n).keys() & moved for n in after.graph.node)
 
 
+def test_pad_10_value_minus_zero_is_written() -> None:
+    """Pad-10's ``value=-0.0`` pads with -0: dropped like a +0 value (the default), the upgraded
+    model padded with +0 (sweep6: a fuzz of opset-9 chains, the sign of zero compared)."""
+    nodes = [oh.make_node("Pad", ["x"], ["y"], pads=[0, 1, 2, 1, 0, 0], value=-0.0),
+             oh.make_node("Pad", ["x"], ["z"], pads=[0, 1, 2, 1, 0, 0], value=0.0)]  # fmt: skip
+    model = make_model(nodes, {"x": X}, ["y", "z"], opset=10)
+    after, _ = convert(model)  # the same bits: the padding of y is -0
+    by_output = {n.output[0]: n for n in after.graph.node}
+    minus_zero = inits(after.graph)[by_output["y"].input[2]]
+    assert minus_zero.dtype == np.float32 and np.signbit(minus_zero) and minus_zero == 0
+    assert len(by_output["z"].input) == 2  # +0 is the default
+    assert np.signbit(ort_run(after, {"x": X})[0][0, 0, 0])
+
+
 def test_clip_10_with_unknown_input_type_uses_castlike() -> None:
     nodes = [oh.make_node("Relu", ["x"], ["r"]), oh.make_node("Clip", ["r"], ["y"], min=0.5)]
     model = make_model(nodes, {"x": X}, ["y"], opset=10, infer=False)

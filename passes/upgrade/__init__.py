@@ -12,6 +12,10 @@ between the opset its scope imports and the target. Each step is either
   deprecated), or
 * a plain version bump.
 
+For a target above 21, a node is also refused where onnxruntime runs its op at the
+source version but has no CPU kernel for the target's version (RandomUniform-22 in
+onnxruntime 1.32): the upgraded model would not run.
+
 Every node is planned before anything is changed (``passes.upgrade.plan``),
 so a refusal (:class:`~passes.errors.UpgradeError`) leaves the model
 untouched; then each scope's drafts are committed (``passes.upgrade.rewrite``:
@@ -42,7 +46,7 @@ from passes.ir import walk
 from passes.ir.names import Names
 from passes.upgrade import adapters, legacy  # noqa: F401  (register their adapters, in this order)
 from passes.upgrade.draft import Stats
-from passes.upgrade.plan import plan_scopes
+from passes.upgrade.plan import RunsVersion, plan_scopes
 from passes.upgrade.registry import ADAPTERS, semantic_changes
 from passes.upgrade.rewrite import ScopeRewriter
 from passes.ir.schemas import min_ir_version
@@ -68,6 +72,16 @@ def _highest_target() -> int:
     from passes.verify.probe import max_supported_opset
 
     return max_supported_opset()
+
+
+def _runs_version(target: int) -> RunsVersion | None:
+    """For a target above the opsets every supported onnxruntime runs: the probe of its kernels
+    by op version (a version of an op introduced there may have none: RandomUniform-22)."""
+    if target <= _ALWAYS_SUPPORTED:
+        return None
+    from passes.verify.probe import has_version_kernel
+
+    return has_version_kernel
 
 
 def _refuse_target(target: int) -> NoReturn:
@@ -141,13 +155,14 @@ class UpgradeOpsetPass(Pass, spec=UPGRADE):
         source_opsets = sorted({s.opset("") for s in to_upgrade})
         stats = Stats()
         with heap.paused(freeze=True):  # a draft per node, alive until every node is committed
-            plans = plan_scopes(model, to_upgrade, target, ADAPTERS, SEMANTIC_CHANGES, stats)
+            plans = plan_scopes(model, to_upgrade, target, ADAPTERS, SEMANTIC_CHANGES, stats, _runs_version(target))
             names = Names(model) if any(drafts for _, drafts in plans) else None
+            redirects: dict[ir.Value, ir.Value] = {}  # shared: a reader may be in another scope
             for scope, drafts in plans:
                 if not drafts:
                     continue
                 assert names is not None
-                rewriter = ScopeRewriter(scope, names, stats, target)
+                rewriter = ScopeRewriter(scope, names, stats, target, redirects)
                 for draft in drafts:
                     rewriter.commit(draft)
             del plans

@@ -19,6 +19,8 @@ Upsample nearest rounding, BatchNormalization training mode, Hardmax-13).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx_ir as ir
 
@@ -88,6 +90,10 @@ def _split_18(draft: Draft, ctx: PlanContext) -> str | None:
 _PADS = AttributeToInput(("Pad",), 11, "pads", 1, required=True)
 
 
+def _is_plus_zero(value: float) -> bool:
+    return value == 0.0 and math.copysign(1.0, value) > 0
+
+
 @register("Pad", 11, "pads/value attributes -> inputs")
 def _pad_11(draft: Draft, ctx: PlanContext) -> str | None:
     if reason := _PADS.move(draft, ctx):
@@ -96,8 +102,8 @@ def _pad_11(draft: Draft, ctx: PlanContext) -> str | None:
     mode = string_attr(draft, "mode", "constant")
     if mode is None:
         return "attribute 'mode' is a reference"
-    if value is None or mode != "constant" or (not value.is_ref() and value.as_float() == 0.0):
-        return None  # constant_value defaults to 0, other modes ignore it
+    if value is None or mode != "constant" or (not value.is_ref() and _is_plus_zero(value.as_float())):
+        return None  # constant_value defaults to +0 (a -0 pad is written: its sign shows), other modes ignore it
     scalar = typed_scalar(value, ctx, draft.input(0), "pad_value")
     if isinstance(scalar, str):
         return scalar
@@ -294,20 +300,15 @@ def _wrap_in_flatten(node: ir.Node, rw: Edits, axis: int, allowzero: bool) -> No
     flat = rw.add_node("Flatten", [x], [ir.AttrInt64("axis", axis)], base_name=f"{base}_flatten", before=node)
     node.replace_input_with(0, flat.outputs[0])
     y = node.outputs[0]
-    uses = list(y.uses())
     # allowzero=1: a 0 in Shape(x) is a zero-sized dim, not "copy the 2-D input's dim" (which fails or
     # is wrong). Without it (a target below 14) the planner made sure no dim is 0.
     reshape = rw.add_node("Reshape", [y, shape.outputs[0]], [ir.AttrInt64("allowzero", 1)] if allowzero else [],
                           base_name=f"{base}_reshape", after=node)  # fmt: skip
     result = reshape.outputs[0]
-    for use in uses:
-        use.node.replace_input_with(use.idx, result)
-    graph = node.graph
-    if graph is not None and y.is_graph_output():
-        outputs = graph.outputs
-        for i, out in enumerate(outputs):
-            if out is y:
-                outputs[i] = result
+    # Every reader of y, drafts of nodes still to be committed included (a Clip-11 or Squeeze-13
+    # after the Softmax was planned reading y), reads the reshaped value.
+    rw.redirect(y, result)
+    reshape.replace_input_with(0, y)
     # The user-visible name and type stay on the final value.
     result.name, y.name = y.name, rw.fresh_value_name(f"{y.name}_2d")
     result.type, result.shape = y.type, y.shape

@@ -61,6 +61,11 @@ class Edits(Protocol):
         """A new default-domain node with fresh names, inserted ``before`` or ``after`` a node."""
         ...
 
+    def redirect(self, old: ir.Value, new: ir.Value) -> None:
+        """Makes every reader of ``old`` read ``new``: its uses in every scope, the graph outputs,
+        and the drafts committed after this call (they were planned with ``old``)."""
+        ...
+
 
 @functools.cache
 def _ir_dtype(dtype: np.dtype) -> ir.DataType:

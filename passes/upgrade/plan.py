@@ -12,6 +12,11 @@ opset and the target (:func:`passes.upgrade.schemas.chain`). Each step is
   schema-driven check finds a break, or
 * a plain version bump.
 
+A node whose op onnxruntime runs at the source version but has no CPU kernel for
+at the target's version (``runs_version``, asked for targets above the opsets every
+supported onnxruntime runs: RandomUniform-22 in onnxruntime 1.32) is refused too: the
+upgraded model would not run, and the check would blame the upgrade for it.
+
 Every node of the model is planned before anything is changed, so that a
 refusal (:class:`~passes.errors.UpgradeError`) leaves the model untouched.
 """
@@ -34,6 +39,10 @@ from passes.upgrade.draft import Draft, Stats
 __all__ = ["Adapter", "PlanContext", "plan_scopes"]
 
 # --- what planning sees and produces ---------------------------------------------------------
+
+#: Whether onnxruntime has a CPU kernel for a schema version of a default-domain op (True, False,
+#: or None when it cannot tell): :func:`passes.verify.probe.has_version_kernel`.
+RunsVersion = Callable[[str, int], "bool | None"]
 
 
 def _rank_of(value: ir.Value | None) -> int | None:
@@ -97,6 +106,7 @@ def _plan_node(
     ctx: PlanContext,
     adapters: Mapping[tuple[str, int], Adapter],
     semantic_changes: Mapping[tuple[str, int], str],
+    runs_version: RunsVersion | None = None,
 ) -> Draft:
     """Walks the schema steps of ``node`` from ``source`` to ``target`` on a draft."""
     schema = schemas.op_schema(node.op_type, source)
@@ -131,7 +141,22 @@ def _plan_node(
             chain, index = schemas.chain(draft.op_type, new.since, target), 0
         if reason := schemas.check_valid(draft, new, typed):
             raise _Refused(f"{op_type}-{version} after adapter: {reason}")
+    if runs_version is not None:
+        _refuse_without_kernel(node.op_type, schema.since, draft.op_type, target, runs_version)
     return draft
+
+
+def _refuse_without_kernel(op_type: str, since: int, new_op: str, target: int, runs_version: RunsVersion) -> None:
+    """Refuses a node that onnxruntime runs as ``op_type``-``since`` but has no kernel for as
+    ``new_op`` at ``target`` (an op it may run as its function body is never refused)."""
+    schema = schemas.op_schema(new_op, target)
+    if schema is None or (new_op == op_type and schema.since == since):
+        return
+    if runs_version(new_op, schema.since) is False and runs_version(op_type, since) is True:
+        raise _Refused(
+            f"onnxruntime has no CPU kernel for {schema.label} (it runs {op_type}-{since}),"
+            f" so the upgraded model would not run; --target-opset {schema.since - 1} keeps {op_type}-{since}"
+        )
 
 
 def plan_scopes(
@@ -141,10 +166,12 @@ def plan_scopes(
     adapters: Mapping[tuple[str, int], Adapter],
     semantic_changes: Mapping[tuple[str, int], str],
     stats: Stats,
+    runs_version: RunsVersion | None = None,
 ) -> list[tuple[walk.Scope, list[Draft]]]:
     """Plans every node of the scopes, counting them in ``stats``; raises before anything is changed.
 
-    Returns, per scope, the drafts of the nodes that change.
+    Returns, per scope, the drafts of the nodes that change. ``runs_version``: asked whether
+    onnxruntime has a kernel for each op version a node is carried to (None: not asked).
 
     Raises:
         UpgradeError: A node cannot be converted exactly.
@@ -197,7 +224,7 @@ def plan_scopes(
             if node.domain != "" or (local_ops and node.op_identifier() in local_ops):
                 continue
             try:
-                draft = _plan_node(node, source, target, ctx, adapters, semantic_changes)
+                draft = _plan_node(node, source, target, ctx, adapters, semantic_changes, runs_version)
             except _Refused as refusal:
                 raise UpgradeError(
                     f"cannot upgrade {node.op_type} node {node.name!r} from opset {source}"

@@ -45,8 +45,12 @@ class ScopeRewriter:
     :meth:`add_node` and :meth:`fresh_value_name`.
     """
 
-    def __init__(self, scope: walk.Scope, names: Names, stats: Stats, opset: int) -> None:
+    def __init__(self, scope: walk.Scope, names: Names, stats: Stats, opset: int,
+                 redirects: dict[ir.Value, ir.Value] | None = None) -> None:  # fmt: skip
         self._scope = scope
+        #: Values a hook replaced for their readers (:meth:`redirect`), shared by the rewriters of
+        #: every scope of the model: a reader may be in a subgraph or a later scope.
+        self._redirects = redirects if redirects is not None else {}
         self._opset = opset  # the default-domain opset the scope's nodes are drafted for
         self._names = names
         self._stats = stats
@@ -123,8 +127,23 @@ class ScopeRewriter:
         self._stats.nodes_added += 1
         return node
 
+    def redirect(self, old: ir.Value, new: ir.Value) -> None:
+        """Makes every reader of ``old`` read ``new`` (uses in every scope, graph outputs, and the
+        drafts committed later, which were planned reading ``old``)."""
+        for use in list(old.uses()):
+            use.node.replace_input_with(use.idx, new)
+        graph = old.graph
+        if graph is not None and old.is_graph_output():
+            outputs = graph.outputs
+            for i, out in enumerate(outputs):
+                if out is old:
+                    outputs[i] = new
+        self._redirects[old] = new
+
     def _materialize(self, value: ir.Value | ConstInput | None, node: ir.Node) -> ir.Value | None:
         if not isinstance(value, ConstInput):
+            while value is not None and value in self._redirects:
+                value = self._redirects[value]
             return value
         made = self._made.get(id(value))
         if made is not None and made[0] is value:

@@ -2,7 +2,9 @@
 
 * :func:`max_supported_opset`: the highest default-domain opset it loads;
 * :func:`runs_op`: whether its CPU provider has a kernel for an op at an opset
-  and element type (a fused op is written only where the check can run it).
+  and element type (a fused op is written only where the check can run it);
+* :func:`has_version_kernel`: whether its CPU provider registers a kernel for a
+  version of a default-domain op (read from its kernel registry, no model built).
 
 Importing this module imports onnxruntime, so only what needs the answer
 imports it, and only then: the upgrade pass for a target above the opsets
@@ -24,7 +26,7 @@ import onnxruntime as ort
 from passes.declarations import DEFAULT_TARGET_OPSET as MIN_TARGET_OPSET
 from passes.ir.schemas import min_ir_version
 
-__all__ = ["has_kernel", "max_supported_opset", "ort_loads", "runs_op"]
+__all__ = ["has_kernel", "has_version_kernel", "max_supported_opset", "ort_loads", "runs_op"]
 
 logger = logging.getLogger(__name__)
 
@@ -154,3 +156,42 @@ def has_kernel(op_type: str, domain: str, opset: int, input_types: tuple[int, ..
                      output_types, error)  # fmt: skip
         return False
     return True
+
+
+_OPEN_END = 2**31 - 1
+
+
+@functools.cache
+def _cpu_kernel_ranges() -> dict[str, tuple[tuple[int, int], ...]] | None:
+    """The version ranges of the default-domain kernels of onnxruntime's CPU provider, by op;
+    None when this onnxruntime does not list its kernels."""
+    listing = getattr(ort.capi.onnxruntime_pybind11_state, "get_all_opkernel_def", None)
+    if listing is None:
+        return None
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for kernel in listing():
+        if kernel.provider == "CPUExecutionProvider" and kernel.domain in ("", "ai.onnx"):
+            start, end = kernel.version_range
+            ranges.setdefault(kernel.op_name, []).append((int(start), int(end)))
+    return {op: tuple(found) for op, found in ranges.items()}
+
+
+def has_version_kernel(op_type: str, since: int) -> bool | None:
+    """Whether onnxruntime's CPU provider has a kernel for the schema version ``since`` of the
+    default-domain ``op_type`` (``since``: the opset that introduced that version).
+
+    onnxruntime takes a kernel for a node whose schema version is ``since`` when the kernel
+    starts at ``since``, or starts before it and ends at or after it with an end set; a kernel
+    registered from 1 without an end serves version 1 only (``RandomUniform``: onnxruntime
+    1.32 runs RandomUniform-1, not RandomUniform-22). None: this onnxruntime does not list its
+    kernels, or the op has none and onnxruntime may run it as its schema's function body.
+    """
+    ranges = _cpu_kernel_ranges()
+    if ranges is None:
+        return None
+    if any(start == since or (start < since <= end and end != _OPEN_END) for start, end in ranges.get(op_type, ())):
+        return True
+    schema = onnx.defs.get_schema(op_type, since, "") if onnx.defs.has(op_type, "") else None
+    if schema is not None and (schema.has_function or schema.has_context_dependent_function):
+        return None
+    return False
