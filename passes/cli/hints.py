@@ -26,6 +26,14 @@ def _near_tolerance(out: Any) -> bool:
     return out.max_abs_error <= 10 * atol or out.max_rel_error <= 10 * rtol
 
 
+#: Half types onnxruntime's CPU provider computes some nodes of in float32, by where they sit.
+_HALF = ("float16", "bfloat16")
+_HALF_HINT = ("the differing outputs depend on {dtype} values: onnxruntime's CPU kernels compute some {dtype} "
+              "nodes in float32 (with Casts it inserts), and which ones depends on their neighbours, so even an "
+              "exact rewrite can move a {dtype} result by a rounding (docs/check.md); if it is more than that, "
+              "please report it with the model")
+
+
 def check_hint(report: Report) -> list[str]:
     """The way out of a failed check, fitted to its cause (one line each; empty if none fits).
 
@@ -34,7 +42,8 @@ def check_hint(report: Report) -> list[str]:
     * every differing output is off by a rounding-size amount: ``--rtol/--atol``;
     * the pass blamed is ``precision`` (a half type changes results by design):
       ``--precision-tolerance``, or the run without ``--precision``;
-    * another pass blamed: ``--skip PASS``, and how to report it.
+    * another pass blamed: ``--skip PASS``, and how to report it; where the differing outputs are of a
+      half type the original computes in, also why an exact rewrite may move them (below).
     """
     check = report.check
     if check is None or not check.checked or check.ok:
@@ -64,8 +73,10 @@ def check_hint(report: Report) -> list[str]:
         hints.append(f"hint: --precision computes in {kind}, which changes results by design; "
                      "--precision-tolerance RTOL[,ATOL] accepts larger differences, or run without --precision")
     elif blamed and blamed != "cleanup" and not (blamed == "simplify" and fused):
-        hints.append(f"hint: --skip {blamed} optimises without that pass; a pass that changes a result is a bug: "
-                     "please report it with the model (or its --report FILE.json)")
+        half = "/".join(sorted({o.tolerance_dtype for o in failures} & set(_HALF)))
+        hints.append(f"hint: --skip {blamed} optimises without that pass; " + (_HALF_HINT.format(dtype=half) if half
+                     else "a pass that changes a result is a bug: please report it with the model (or its --report "
+                     "FILE.json)"))
     elif not hints:
         hints.append("hint: " + ("" if report.written else "--force writes the output anyway; ")
                      + "please report it with the model (or its --report FILE.json)")
