@@ -421,15 +421,20 @@ def test_inside_if_branches(cond: bool) -> None:
     _assert_accurate(ort_run(out, {"x": X, "c": np.array(cond)})[0], X, (1,), 0)
 
 
-def _bounds(graph: onnx.GraphProto) -> list[float]:
-    """The float constants of ``graph`` itself (not its subgraphs): the clamp's bounds."""
-    values = [numpy_helper.to_array(attr(n, "value")) for n in graph.node if n.op_type == "Constant"]
+def _bounds(graph: onnx.GraphProto, initializers: bool = False) -> list[float]:
+    """The float constants of ``graph`` itself (not its subgraphs): the clamp's bounds; its Constant
+    nodes', or (``initializers``) its initializers'."""
+    if initializers:
+        values = [numpy_helper.to_array(t) for t in graph.initializer]
+    else:
+        values = [numpy_helper.to_array(attr(n, "value")) for n in graph.node if n.op_type == "Constant"]
     return sorted(float(v) for v in values if v.dtype.kind == "f")
 
 
 def test_the_clamp_bounds_are_made_once_per_graph_and_type() -> None:
     """Three decompositions in the main graph read one pair of bounds; each branch of an If has its own;
-    a double one its own pair; and a decomposition that amplification declines makes none."""
+    a double one its own pair; and a decomposition that amplification declines makes none. The main
+    graph's are initializers (as simplify would lift them), a branch's Constant nodes."""
     big32, big64 = float(np.finfo(np.float32).max), float(np.finfo(np.float64).max)
     branches = helper.make_node("If", ["c"], ["b"], then_branch=_branch("then", 1), else_branch=_branch("else", -2))
     nodes = [
@@ -447,7 +452,8 @@ def test_the_clamp_bounds_are_made_once_per_graph_and_type() -> None:
     model = make_model(nodes, inputs, outputs, [axes_init([1], "a1"), axes_init([0], "a0")])
     out, lse_pass, _ = decompose(model)
     assert lse_pass.stats["applied"]["ReduceLogSumExp"] == 6 and len(op_types(out) & {"ReduceLogSumExp"}) == 1
-    assert _bounds(out.graph) == [-big64, -big32, big32, big64]
+    assert _bounds(out.graph, initializers=True) == [-big64, -big32, big32, big64]
+    assert _bounds(out.graph) == []  # no Constant node for them in the main graph
     clips = [n for n in out.graph.node if n.op_type == "Clip"]
     assert len(clips) == 4 and len({tuple(n.input[1:]) for n in clips}) == 2  # float32 three times, double once
     for branch in ("then_branch", "else_branch"):
@@ -459,6 +465,18 @@ def test_the_clamp_bounds_are_made_once_per_graph_and_type() -> None:
     _assert_accurate(r, X, (0,), 0)
     _assert_accurate(b, X, (1,), 0)
     _assert_accurate(s, d, (0,), 0)
+
+
+def test_below_ir_version_4_the_main_graphs_bounds_stay_constant_nodes() -> None:
+    """An initializer must be a graph input before IR version 4: the bounds are Constant nodes there."""
+    model = make_model([lse_node(["x"], "y", axes=[1], keepdims=0)], [vi("x", F32, [3, 4, 5])],
+                       [vi("y", F32, [3, 5])], opset=11)  # fmt: skip
+    model.ir_version = 3
+    out, lse_pass, _ = decompose(model)
+    big = float(np.finfo(np.float32).max)
+    assert lse_pass.stats["applied"]["ReduceLogSumExp"] == 1
+    assert _bounds(out.graph) == [-big, big] and not out.graph.initializer
+    _assert_accurate(ort_run(out, {"x": X})[0], X, (1,), 0)
 
 
 def test_inside_a_loop_body() -> None:
@@ -644,6 +662,7 @@ def test_no_cast_to_double_and_casts_only_around_half_types(elem: int) -> None:
     casts = [n for n in all_nodes(out) if n.op_type == "Cast"]
     assert all(attr(n, "to") != F64 for n in casts)
     constants = [numpy_helper.to_array(attr(n, "value")) for n in all_nodes(out) if n.op_type == "Constant"]
+    constants += [numpy_helper.to_array(t) for t in out.graph.initializer]  # the main graph's bounds
     float_constants = [c for c in constants if c.dtype.kind == "f"]
     assert float_constants
     if elem in (F16, BF16):

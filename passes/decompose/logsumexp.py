@@ -24,7 +24,7 @@ element per slice) and right for run-time axes and ``noop_with_empty_axes``
 ``noop_with_empty_axes`` the result is the input bit for bit, ±inf, NaN and
 -0 included (see ``_build``).
 
-Long sums (at least ``_BLOCK_MIN`` = 64 terms; axes and the reduced sizes
+Long sums (at least ``BLOCK_MIN`` = 64 terms; axes and the reduced sizes
 known before run time) are computed in two levels: a Reshape splits the
 longest reduced axis of length n = p*q into (p, q), q about the square root of
 the number of terms, and two ReduceSums add q terms, then the rest. A runtime
@@ -44,9 +44,7 @@ counted in ``stats``.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,10 +54,11 @@ import onnx_ir as ir
 
 from passes.base import Pass, pass_stats
 from passes.declarations import DECOMPOSE
+from passes.decompose.reduction import Reduction, Split
 from passes.decompose.shapes import note_types
 from passes.ir import inference
 from passes.ir.amplification import Amplified
-from passes.ir.build import Builder, axes_are_input
+from passes.ir.build import Builder
 from passes.ir.inference import is_static
 from passes.ir.names import Names
 from passes.ir.walk import Scope, default_opset, iter_scopes, normalize_domain
@@ -83,147 +82,10 @@ _NUMPY = {ir.DataType.FLOAT: np.float32, ir.DataType.DOUBLE: np.float64}
 # attribute, which cannot broadcast the keepdims=1 maximum against the data.
 _MIN_OPSET = 7
 
-# Reductions of at least this many terms are summed in two levels.
-_BLOCK_MIN = 64
-
 #: Why a node is left in place, as counted in ``stats["declined"]``; :data:`AMPLIFIED` is followed by the op
 #: that would amplify the decomposition's change of rounding (:mod:`passes.ir.amplification`).
 INTEGER, UNKNOWN_TYPE, UNSUPPORTED = "integer input", "unknown element type", "unsupported opset or type"
 AMPLIFIED = "rounding amplified by "
-
-
-@dataclasses.dataclass
-class _Reduction:
-    """The reduction of the original node, reproduced on the new reduce ops.
-
-    Attributes:
-        axes: The ``axes`` attribute (opset < 18, ints) or input (opset >= 18,
-            a value); None when absent.
-        keepdims: The node's ``keepdims``.
-        noop_with_empty_axes: The node's ``noop_with_empty_axes`` (opset >= 18).
-    """
-
-    axes: tuple[int, ...] | ir.Value | None
-    keepdims: int
-    noop_with_empty_axes: int
-
-    @classmethod
-    def of(cls, node: ir.Node, opset: int) -> _Reduction:
-        keepdims = node.attributes.get_int("keepdims", 1)
-        if axes_are_input(node.op_type, opset):
-            axes = node.inputs[1] if len(node.inputs) > 1 else None
-            return cls(axes, keepdims, node.attributes.get_int("noop_with_empty_axes", 0))
-        ints = node.attributes.get_ints("axes", None)
-        # An empty axes attribute reduces over all axes, as an absent one does.
-        return cls(tuple(ints) if ints else None, keepdims, 0)
-
-    def reduce(
-        self, b: Builder, op_type: str, data: ir.Value, dtype: ir.DataType, tag: str, keepdims: int
-    ) -> ir.Value:
-        """``op_type(data)`` over the node's axes, keeping ``noop_with_empty_axes``."""
-        attributes = {"keepdims": keepdims}
-        if self.noop_with_empty_axes:
-            attributes["noop_with_empty_axes"] = self.noop_with_empty_axes
-        return b.with_axes(op_type, data, self.axes, dtype, tag, **attributes)
-
-    def known_axes(self, rank: int) -> tuple[int, ...] | None:
-        """The reduced axes, sorted and non-negative, when known before run time.
-
-        None when they are computed at run time, out of range, or none at all
-        (``noop_with_empty_axes`` with empty axes).
-        """
-        if isinstance(self.axes, ir.Value):
-            if self.axes.is_graph_input():  # an initializer a caller may override
-                return None
-            try:
-                tensor = ir.convenience.get_const_tensor(self.axes)
-            except ValueError:
-                return None
-            if tensor is None:
-                return None
-            axes = tuple(int(a) for a in tensor.numpy().reshape(-1))
-        else:
-            axes = self.axes or ()
-        if not axes:
-            return None if self.noop_with_empty_axes else tuple(range(rank))
-        if any(not -rank <= a < rank for a in axes):
-            return None
-        return tuple(sorted({a % rank for a in axes}))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Split:
-    """How a long sum is done in two levels: axis ``axis`` of length outer*inner is split.
-
-    Attributes:
-        dims: The data's shape (ints where static, None where not).
-        axes: The reduced axes, sorted and non-negative.
-        axis: The reduced axis that is split.
-        outer: Its outer part p.
-        inner: Its inner part q (summed first).
-    """
-
-    dims: tuple[int | None, ...]
-    axes: tuple[int, ...]
-    axis: int
-    outer: int
-    inner: int
-
-    @classmethod
-    def plan(cls, shape: ir.Shape | None, reduction: _Reduction, opset: int) -> _Split | None:
-        """A split for a sum of at least ``_BLOCK_MIN`` terms, or None when there is none."""
-        if shape is None or opset < 13:
-            return None
-        dims = tuple(d if isinstance(d, int) else None for d in shape)
-        axes = reduction.known_axes(len(dims))
-        if axes is None or 0 in dims:
-            return None
-        # Without static dims the Reshape target comes from Shape, which may hold a
-        # run-time 0: that needs allowzero (opset 14).
-        if None in dims and opset < 14:
-            return None
-        known = [(n, a) for a in axes if (n := dims[a]) is not None]
-        terms = math.prod(n for n, _ in known)
-        if terms < _BLOCK_MIN:
-            return None
-        n, axis = max(known)  # the longest axis; the last of equals
-        target = math.sqrt(terms)
-        divisors = [q for q in range(2, n) if n % q == 0]
-        if not divisors:  # n is prime
-            return None
-        inner = min(divisors, key=lambda q: abs(math.log(q / target)))
-        return cls(dims, axes, axis, n // inner, inner)
-
-    def sum(self, b: Builder, e: ir.Value, dtype: ir.DataType, keepdims: int) -> ir.Value:
-        """``ReduceSum(e, axes, keepdims)`` adding ``inner`` terms first, then the rest."""
-        a = self.axis
-        if None not in self.dims:
-            dims = [*self.dims[:a], self.outer, self.inner, *self.dims[a + 1 :]]
-            target = b.constant(np.array(dims, dtype=np.int64), "block_shape")
-        else:
-            parts = [b.constant(np.array([self.outer, self.inner], dtype=np.int64), "block_dims")]
-            if a > 0:
-                parts.insert(0, self._dims(b, e, 0, a, "shape_head"))
-            if a + 1 < len(self.dims):
-                parts.append(self._dims(b, e, a + 1, len(self.dims), "shape_tail"))
-            target = b.op("Concat", parts, ir.DataType.INT64, "block_shape", axis=0)
-        attributes = {"allowzero": 1} if b.opset >= 14 else {}
-        blocks = b.op("Reshape", [e, target], dtype, "blocks", **attributes)
-        partial = b.with_axes("ReduceSum", blocks, (a + 1,), dtype, "block_sum", keepdims=1)
-        rest = {ax + (ax > a) for ax in self.axes} | {a, a + 1}
-        total = b.with_axes("ReduceSum", partial, tuple(sorted(rest)), dtype, "sum", keepdims=0)
-        if keepdims:
-            total = b.with_axes("Unsqueeze", total, self.axes, dtype, "sum_keepdims")
-        return total
-
-    @staticmethod
-    def _dims(b: Builder, value: ir.Value, start: int, end: int, tag: str) -> ir.Value:
-        if b.opset >= 15:
-            return b.op("Shape", [value], ir.DataType.INT64, tag, start=start, end=end)
-        shape = b.op("Shape", [value], ir.DataType.INT64, f"{tag}_full")
-        starts = b.constant(np.array([start], dtype=np.int64), f"{tag}_start")
-        ends = b.constant(np.array([end], dtype=np.int64), f"{tag}_end")
-        return b.op("Slice", [shape, starts, ends], ir.DataType.INT64, tag)
 
 
 #: The clamp's bound constants already made in a scope, by (scope body, element type): a decomposition
@@ -231,15 +93,26 @@ class _Split:
 Bounds = dict[tuple[object, ir.DataType], tuple[ir.Value, ir.Value]]
 
 
-def _clamp(b: Builder, m: ir.Value, dtype: ir.DataType, made: tuple[ir.Value, ir.Value] | None
+def _bound(b: Builder, array: np.ndarray, tag: str, main: bool) -> ir.Value:
+    """A clamp bound: a ``Constant`` node, or in the main graph an initializer the caller registers, named
+    as the node's output (simplify lifts the node so: on the 10k chain, a simplify round and a fold run)."""
+    if not main:
+        return b.constant(array, tag)
+    name = b.names.value(f"{b.names.node(f'{b.prefix}/{tag}')}_output")  # (the node's name is only reserved)
+    value = ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(array.dtype)), shape=ir.Shape(array.shape))
+    value.const_value = ir.Tensor(array)
+    return value
+
+
+def _clamp(b: Builder, m: ir.Value, dtype: ir.DataType, made: tuple[ir.Value, ir.Value] | None, main: bool
            ) -> tuple[ir.Value, tuple[ir.Value, ir.Value] | None]:  # fmt: skip
-    """``m`` with -inf/+inf replaced by the lowest/largest finite value of ``dtype``, and the bounds'
-    constants when it made them (None when it used ``made``, an earlier decomposition's, or none)."""
+    """``m`` with -inf/+inf replaced by the lowest/largest finite value of ``dtype``, and the bounds
+    when it made them (None when it used ``made``, an earlier decomposition's, or none; see _bound)."""
     big = np.finfo(_NUMPY[dtype]).max
     if dtype == ir.DataType.FLOAT and b.opset < 11:  # Clip-6: float32 bounds as attributes
         return b.op("Clip", [m], dtype, "shift", min=float(-big), max=float(big)), None
-    new = None if made is not None else (b.constant(np.array(-big, dtype=_NUMPY[dtype]), "shift_min"),
-                                         b.constant(np.array(big, dtype=_NUMPY[dtype]), "shift_max"))  # fmt: skip
+    new = None if made is not None else (_bound(b, np.array(-big, dtype=_NUMPY[dtype]), "shift_min", main),
+                                         _bound(b, np.array(big, dtype=_NUMPY[dtype]), "shift_max", main))  # fmt: skip
     lo, hi = made or new  # type: ignore[misc]
     if dtype == ir.DataType.FLOAT or b.opset >= 12:
         return b.op("Clip", [m, lo, hi], dtype, "shift"), new
@@ -312,7 +185,8 @@ class DecomposeLogSumExpPass(Pass, spec=DECOMPOSE):
     Nodes are rewritten in the main graph, in every subgraph and in every
     model-local function; the output value keeps its name, type and shape.
     The clamp's two bound constants are made by the first decomposition of a
-    call in each graph (or function) and element type, and read by the later ones.
+    call in each graph (or function) and element type, and read by the later ones
+    (initializers in the main graph, Constant nodes elsewhere).
     Left in place and counted: a node whose result reaches an op that would
     amplify the decomposition's change of rounding (a quantizer, a Cast to an
     integer, a comparison, an ArgMax...: :mod:`passes.ir.amplification`; the
@@ -360,14 +234,17 @@ class DecomposeLogSumExpPass(Pass, spec=DECOMPOSE):
                 logger.info("%s %r: left in place: its result reaches %s, which would amplify the decomposition's "
                             "change of rounding", _OP, node.name, amplifier)  # fmt: skip
                 reason = f"{AMPLIFIED}{amplifier}"
+            main = scope.body is model.graph and model.ir_version >= 4  # its constants: initializers
             if reason is None:
                 names = names or Names(model)
-                nodes, y, made = _build(node, scope, names, inferred, bounds)
+                nodes, y, made = _build(node, scope, names, inferred, bounds, main)
                 reason = _function_conflict(nodes, node, scope, model_opset)
             if reason is not None:
                 declined[reason] += 1
                 continue
             ir.convenience.replace_nodes_and_values(scope.body, node, [node], nodes, [node.outputs[0]], [y])
+            for bound in [b for pair in made.values() for b in pair] if main else ():  # see _bound
+                model.graph.register_initializer(bound)
             bounds.update(made)  # once its nodes are in the scope, the later decompositions read its bounds
             note_types(model, nodes)
             logger.debug("decomposed %s %r into %s nodes", _OP, node.name, len(nodes))
@@ -409,7 +286,7 @@ def _function_conflict(nodes: list[ir.Node], node: ir.Node, scope: Scope, model_
     return None
 
 
-def _build(node: ir.Node, scope: Scope, names: Names, inferred: Inferred, bounds: Bounds
+def _build(node: ir.Node, scope: Scope, names: Names, inferred: Inferred, bounds: Bounds, main: bool
            ) -> tuple[list[ir.Node], ir.Value, Bounds]:  # fmt: skip
     """The replacement nodes of ``node`` (see the pass's docstring), the new output, and the clamp's
     bounds if it made them (else it reads those ``bounds`` holds for the scope and type)."""
@@ -418,14 +295,14 @@ def _build(node: ir.Node, scope: Scope, names: Names, inferred: Inferred, bounds
     x = node.inputs[0]
     assert opset is not None and dtype is not None and x is not None  # _skip_reason
     compute = _COMPUTE_TYPE[dtype]
-    reduction = _Reduction.of(node, opset)
-    split = _Split.plan(_input_shape(x, inferred), reduction, opset)
+    reduction = Reduction.of(node, opset)
+    split = Split.plan(_input_shape(x, inferred), reduction, opset)
     b = Builder(node.name or node.outputs[0].name or _OP, names, opset)
 
     if compute != dtype:
         x = b.op("Cast", [x], compute, "cast_in", to=compute.value)
     shift, made = _clamp(b, reduction.reduce(b, "ReduceMax", x, compute, "max", keepdims=1), compute,
-                         bounds.get((scope.body, compute)))  # fmt: skip
+                         bounds.get((scope.body, compute)), main)  # fmt: skip
     exp = b.op("Exp", [b.op("Sub", [x, shift], compute, "sub")], compute, "exp")
     if split is not None:
         total = split.sum(b, exp, compute, reduction.keepdims)
