@@ -157,6 +157,54 @@ def test_a_model_no_sizes_fit_is_not_checked_and_fails_under_require_check(tmp_p
     assert code == 0 and data["check"]["checked"] and data["check"]["ok"]
 
 
+def _range_behind_if(limit: np.ndarray) -> onnx.ModelProto:
+    """``Range(0, If(Size(x) == 2: limit, else: 1), 1)`` beside a Gather out of ``x``'s range: onnxruntime
+    loads it but runs it on no input (the check cannot run). The If hides ``limit``'s shape from
+    onnxruntime's load-time shape inference; fold inlines the branch (``Size`` of a static input)."""
+    def branch(name: str, value: np.ndarray) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value))],
+                                 name, [], [helper.make_tensor_value_info(name, TensorProto.INT64, None)])  # fmt: skip
+
+    def const(name: str, value: np.ndarray) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value))
+
+    nodes = [
+        helper.make_node("Size", ["x"], ["size"]), const("two", np.array(2, np.int64)),
+        helper.make_node("Equal", ["size", "two"], ["cond"]),
+        helper.make_node("If", ["cond"], ["limit"], then_branch=branch("then", limit),
+                         else_branch=branch("else", np.array(1, np.int64))),
+        const("zero", np.array(0, np.int64)), const("one", np.array(1, np.int64)),
+        helper.make_node("Range", ["zero", "limit", "one"], ["y"]),
+        const("idx", np.array([5], np.int64)), helper.make_node("Gather", ["x", "idx"], ["g"]),
+    ]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, None),
+                               helper.make_tensor_value_info("g", TensorProto.FLOAT, None)])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("scalar", [True, False])
+def test_not_checked_output_must_load_where_the_original_does(scalar: bool, tmp_path: pathlib.Path,
+                                                              capsys) -> None:  # fmt: skip
+    import onnxruntime as ort
+
+    # Range's limit as a [1] tensor: onnxruntime runs it (the If hides it) but refuses it inlined, at load.
+    model = _range_behind_if(np.array(3 if scalar else [3], np.int64))
+    ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])  # the original loads
+    code, data, out = _run(tmp_path, model)
+    err = capsys.readouterr().err
+    assert data["check"]["checked"] is False and "Gather" in data["check"]["skipped"]
+    if scalar:  # the no-op case: an output that loads is written, NOT CHECKED as before
+        assert code == 0 and "optimize: warning: NOT CHECKED" in err, err
+        written = onnx.load(out)
+        assert "If" not in {n.op_type for n in written.graph.node}  # the branch was inlined here too
+        ort.InferenceSession(out, providers=["CPUExecutionProvider"])
+        return
+    assert code == 1 and not pathlib.Path(out).exists(), err
+    assert "the optimised model: onnxruntime fails building a session" in err and "Range" in err, err
+    assert "where the original loads (NOT CHECKED" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_no_check_and_require_check_contradict(tmp_path: pathlib.Path, capsys) -> None:
     assert cli.main([str(DEMO), "-o", str(tmp_path / "o.onnx"), "--no-check", "--require-check"]) == 2
     assert "contradict" in capsys.readouterr().err
