@@ -316,6 +316,26 @@ def test_bfloat16_and_float8_outputs_are_fetched_and_compared(to: int, dtype: st
     assert not far.ok and not far.skipped and far.outputs[0].max_abs_error > 0.1, far
 
 
+def _float8_input_model(to_scale: float, elem: int) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["f"], to=TensorProto.FLOAT), helper.make_node("Mul", ["f", "k"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", elem, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])],
+        initializer=[numpy_helper.from_array(np.array(to_scale, np.float32), "k")])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+
+
+@pytest.mark.parametrize("elem", [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2FNUZ])
+def test_float8_inputs_are_generated_and_fed(elem: int) -> None:
+    """Before: NOT CHECKED, "cannot generate input 'x' of type tensor(float8e4m3fn)"."""
+    same = passes.check(_float8_input_model(1.0, elem), _float8_input_model(1.0, elem))
+    assert same.checked and same.ok, same.summary()
+    sets = {r["name"]: r for r in same.inputs.sets}
+    assert sets["edge"]["ran"] and sets["edge"]["ok"], sets  # edge values of the float8 type too
+    far = passes.check(_float8_input_model(1.0, elem), _float8_input_model(2.0, elem))
+    assert far.checked and not far.ok and far.outputs[0].max_abs_error > 0, far.summary()
+
+
 def _cache_model(mask_dim: str) -> onnx.ModelProto:
     """y = Concat(past, x) + mask: runs only when the mask's length is past + seq (a KV cache and its mask)."""
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"]),

@@ -119,15 +119,21 @@ def tensor(value: Any) -> Any:
     return np.frombuffer(data, np.uint8 if dtype.itemsize == 1 else np.uint16).view(dtype).reshape(value.shape())
 
 
+#: ml_dtypes' types onnxruntime reads as strings, by the ONNX element type their bytes go as (:func:`feed`).
+BYTES_INPUTS = {"bfloat16": 16, "float8_e4m3fn": 17, "float8_e4m3fnuz": 18, "float8_e5m2": 19, "float8_e5m2fnuz": 20}
+
+
 def feed(value: Any) -> Any:
-    """``value`` as onnxruntime takes it: it reads ml_dtypes' bfloat16 arrays as strings, so
-    those go as an OrtValue of their bytes."""
-    if getattr(value, "dtype", None) is not None and value.dtype.name == "bfloat16":
+    """``value`` as onnxruntime takes it: it reads ml_dtypes' bfloat16 and float8 arrays as strings,
+    so those go as an OrtValue of their bytes."""
+    onnx_type = BYTES_INPUTS.get(getattr(getattr(value, "dtype", None), "name", ""))
+    if onnx_type is not None:
         import numpy as np
         import onnxruntime as ort
 
+        array = np.ascontiguousarray(value)
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-            np.ascontiguousarray(value).view(np.uint16), 16)  # 16: TensorProto.BFLOAT16
+            array.view(np.uint8 if array.dtype.itemsize == 1 else np.uint16), onnx_type)
     return value
 
 
