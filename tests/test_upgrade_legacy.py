@@ -356,7 +356,8 @@ def test_recurrent_ops_lose_output_sequence(op_type: str) -> None:
 def _scan_8() -> onnx.ModelProto:
     """A Scan-8 running sum (batch axis first, the empty ``sequence_lens``): no adapter to Scan-9."""
     body = helper.make_graph(
-        [helper.make_node("Add", ["sum_in", "next"], ["sum_out"]), helper.make_node("Identity", ["sum_out"], ["scan_out"])],
+        [helper.make_node("Add", ["sum_in", "next"], ["sum_out"]),
+         helper.make_node("Identity", ["sum_out"], ["scan_out"])],
         "body", [_io("sum_in", [2]), _io("next", [2])], [_io("sum_out", [2]), _io("scan_out", [2])],
     )  # fmt: skip
     scan = helper.make_node("Scan", ["", "initial", "x"], ["y", "z"], body=body, num_scan_inputs=1)
