@@ -476,3 +476,22 @@ def test_a_cast_to_float8_is_confirmed_by_onnxruntime_s_bytes(to: int) -> None:
     import ctypes
 
     assert ctypes.string_at(value.data_ptr(), value.tensor_size_in_bytes()) == numpy_helper.to_array(folded).tobytes()
+
+
+@pytest.mark.parametrize("like_shape", [[0], [10, 1, 5]])
+def test_castlike_s_size_is_its_first_input_s_not_a_broadcast_with_the_type_giver(like_shape: list[int],
+                                                                                   caplog) -> None:  # fmt: skip
+    """CastLike's second input gives only the type: an empty one made the estimate 0 (a warning for onnx's
+    test_castlike_* cases), a larger one made it too large for the size limit."""
+    x = np.arange(15, dtype=np.float32).reshape(3, 5) / 7
+    model = make_model([helper.make_node("CastLike", ["x", "like"], ["y"])], [],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [3, 5])],
+                       [numpy_helper.from_array(x, "x"),
+                        numpy_helper.from_array(np.zeros(like_shape, np.float16), "like")])  # fmt: skip
+    with caplog.at_level("WARNING"):
+        out, fold_pass, modified = fold(model, size_limit=100)  # the result: 30 bytes; the broadcast: 300
+    assert modified and ops(out.graph) == [], fold_pass.stats
+    assert not [r for r in caplog.records if "estimated before evaluation" in r.getMessage()]
+    (folded,) = [t for t in out.graph.initializer if t.name == "y"]
+    np.testing.assert_array_equal(numpy_helper.to_array(folded).view(np.uint16),
+                                  ort_run(model, {})[0].view(np.uint16))  # fmt: skip
