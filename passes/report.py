@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Iterable
 from typing import IO, Any
 
@@ -396,5 +397,12 @@ def _check_lines(check: CheckResult, precision: str = "") -> list[str]:
 
 
 def _differing(out: Any) -> str:
+    """The count of differing elements, with what the line's max errors cannot show (from the
+    comparison's message): the set of inputs they differ on, and how many differ in NaN/inf
+    placement or only in the sign of zero (max abs 0 then)."""
     total = math.prod(out.shape)
-    return f"{out.mismatches} of {total} element(s) differ beyond the tolerance"
+    message = out.message or ""
+    where = message.split(": ", 1)[0] + ": " if message.startswith("on the ") else ""
+    details = "".join(f"; {d}" for d in re.findall(r"; (\d+ (?:in NaN/inf placement|only in the sign of zero))",
+                                                   message))  # fmt: skip
+    return f"{where}{out.mismatches} of {total} element(s) differ beyond the tolerance{details}"

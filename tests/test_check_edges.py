@@ -505,3 +505,21 @@ def test_the_command_gives_the_leeway_only_when_a_pass_changed_rounding(tmp_path
     onnx.save_model(original, str(src))
     assert cli.main([str(src), "-o", str(tmp_path / "o.onnx"), "--passes", "wrong", "-q"]) == 1
     assert "introduced by pass 'wrong'" in capsys.readouterr().err
+
+
+def test_an_output_line_says_where_and_how_elements_differ_when_max_abs_is_0(tmp_path: pathlib.Path, monkeypatch,
+                                                                               capsys) -> None:  # fmt: skip
+    # A wrong fold (as above): -inf becomes +inf above 100, so the edge set alone differs, and only
+    # in inf placement: the line's "max abs 0  max rel 0" must not be all it says.
+    import refimpl
+
+    real = refimpl.run
+    monkeypatch.setattr(refimpl, "run", lambda op, inputs, *a, **k: [np.reciprocal(np.abs(inputs[0]))]
+                        if op == "Reciprocal" else real(op, inputs, *a, **k))  # fmt: skip
+    src = tmp_path / "m.onnx"
+    onnx.save_model(_where_over_100(-0.0), str(src))
+    assert cli.main([str(src), "-o", str(tmp_path / "o.onnx"), "--no-fold-confirm"]) == 1
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if "MISMATCH" in x]
+    assert "max abs 0  max rel 0" in line, line
+    assert "(on the edge-value inputs ('edge'): " in line and "element(s) differ beyond the tolerance; " in line, line
+    assert line.endswith(" in NaN/inf placement)"), line

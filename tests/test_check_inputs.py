@@ -157,6 +157,54 @@ def test_a_model_no_sizes_fit_is_not_checked_and_fails_under_require_check(tmp_p
     assert code == 0 and data["check"]["checked"] and data["check"]["ok"]
 
 
+def _range_behind_if(limit: np.ndarray) -> onnx.ModelProto:
+    """``Range(0, If(Size(x) == 2: limit, else: 1), 1)`` beside a Gather out of ``x``'s range: onnxruntime
+    loads it but runs it on no input (the check cannot run). The If hides ``limit``'s shape from
+    onnxruntime's load-time shape inference; fold inlines the branch (``Size`` of a static input)."""
+    def branch(name: str, value: np.ndarray) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value))],
+                                 name, [], [helper.make_tensor_value_info(name, TensorProto.INT64, None)])  # fmt: skip
+
+    def const(name: str, value: np.ndarray) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value))
+
+    nodes = [
+        helper.make_node("Size", ["x"], ["size"]), const("two", np.array(2, np.int64)),
+        helper.make_node("Equal", ["size", "two"], ["cond"]),
+        helper.make_node("If", ["cond"], ["limit"], then_branch=branch("then", limit),
+                         else_branch=branch("else", np.array(1, np.int64))),
+        const("zero", np.array(0, np.int64)), const("one", np.array(1, np.int64)),
+        helper.make_node("Range", ["zero", "limit", "one"], ["y"]),
+        const("idx", np.array([5], np.int64)), helper.make_node("Gather", ["x", "idx"], ["g"]),
+    ]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, None),
+                               helper.make_tensor_value_info("g", TensorProto.FLOAT, None)])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("scalar", [True, False])
+def test_not_checked_output_must_load_where_the_original_does(scalar: bool, tmp_path: pathlib.Path,
+                                                              capsys) -> None:  # fmt: skip
+    import onnxruntime as ort
+
+    # Range's limit as a [1] tensor: onnxruntime runs it (the If hides it) but refuses it inlined, at load.
+    model = _range_behind_if(np.array(3 if scalar else [3], np.int64))
+    ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])  # the original loads
+    code, data, out = _run(tmp_path, model)
+    err = capsys.readouterr().err
+    assert data["check"]["checked"] is False and "Gather" in data["check"]["skipped"]
+    if scalar:  # the no-op case: an output that loads is written, NOT CHECKED as before
+        assert code == 0 and "optimize: warning: NOT CHECKED" in err, err
+        written = onnx.load(out)
+        assert "If" not in {n.op_type for n in written.graph.node}  # the branch was inlined here too
+        ort.InferenceSession(out, providers=["CPUExecutionProvider"])
+        return
+    assert code == 1 and not pathlib.Path(out).exists(), err
+    assert "the optimised model: onnxruntime fails building a session" in err and "Range" in err, err
+    assert "where the original loads (NOT CHECKED" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_no_check_and_require_check_contradict(tmp_path: pathlib.Path, capsys) -> None:
     assert cli.main([str(DEMO), "-o", str(tmp_path / "o.onnx"), "--no-check", "--require-check"]) == 2
     assert "contradict" in capsys.readouterr().err
@@ -245,23 +293,47 @@ def test_bfloat16_inputs_saved_by_numpy_as_raw_bytes_are_read_as_bfloat16(tmp_pa
         npz.inspect(str(given), {"x": ("float16", [2, 3])})
 
 
-def _bfloat16_output_model(scale: float) -> onnx.ModelProto:
+def _half_output_model(scale: float, to: int = TensorProto.BFLOAT16) -> onnx.ModelProto:
     graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "k"], ["m"]), helper.make_node("Cast", ["m"], ["y"], to=TensorProto.BFLOAT16)],
+        [helper.make_node("Mul", ["x", "k"], ["m"]), helper.make_node("Cast", ["m"], ["y"], to=to)],
         "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
-        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [64])],
+        [helper.make_tensor_value_info("y", to, [64])],
         initializer=[numpy_helper.from_array(np.array(scale, np.float32), "k")])  # fmt: skip
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
 
 
-def test_bfloat16_outputs_are_fetched_and_compared() -> None:
-    """onnxruntime returns no numpy array of bfloat16; the check reads the tensor's bytes."""
-    same = passes.check(_bfloat16_output_model(2.0), _bfloat16_output_model(2.0))
+@pytest.mark.parametrize(("to", "dtype"), [(TensorProto.BFLOAT16, "bfloat16"),
+                                           (TensorProto.FLOAT8E4M3FN, "float8_e4m3fn"),
+                                           (TensorProto.FLOAT8E5M2, "float8_e5m2")])  # fmt: skip
+def test_bfloat16_and_float8_outputs_are_fetched_and_compared(to: int, dtype: str) -> None:
+    """onnxruntime returns no numpy array of these types; the check reads the tensor's bytes
+    (float8: before, "the original model does not run ... No corresponding Numpy type" and NOT CHECKED)."""
+    same = passes.check(_half_output_model(2.0, to), _half_output_model(2.0, to))
     assert same.ok and not same.skipped, same
-    assert same.outputs[0].dtype == "bfloat16" and same.outputs[0].max_abs_error == 0
-    # 1.5x is far beyond bfloat16's tolerance (rtol 2e-2): the check must see it.
-    far = passes.check(_bfloat16_output_model(2.0), _bfloat16_output_model(3.0))
+    assert same.outputs[0].dtype == dtype and same.outputs[0].max_abs_error == 0
+    # 2x is far beyond each type's tolerance (rtol at most 0.25): the check must see it.
+    far = passes.check(_half_output_model(2.0, to), _half_output_model(4.0, to))
     assert not far.ok and not far.skipped and far.outputs[0].max_abs_error > 0.1, far
+
+
+def _float8_input_model(to_scale: float, elem: int) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["f"], to=TensorProto.FLOAT), helper.make_node("Mul", ["f", "k"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", elem, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])],
+        initializer=[numpy_helper.from_array(np.array(to_scale, np.float32), "k")])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+
+
+@pytest.mark.parametrize("elem", [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2FNUZ])
+def test_float8_inputs_are_generated_and_fed(elem: int) -> None:
+    """Before: NOT CHECKED, "cannot generate input 'x' of type tensor(float8e4m3fn)"."""
+    same = passes.check(_float8_input_model(1.0, elem), _float8_input_model(1.0, elem))
+    assert same.checked and same.ok, same.summary()
+    sets = {r["name"]: r for r in same.inputs.sets}
+    assert sets["edge"]["ran"] and sets["edge"]["ok"], sets  # edge values of the float8 type too
+    far = passes.check(_float8_input_model(1.0, elem), _float8_input_model(2.0, elem))
+    assert far.checked and not far.ok and far.outputs[0].max_abs_error > 0, far.summary()
 
 
 def _cache_model(mask_dim: str) -> onnx.ModelProto:

@@ -351,3 +351,33 @@ def test_recurrent_ops_lose_output_sequence(op_type: str) -> None:
     assert "output_sequence" not in {a.name for n in _upgrade(old).graph.node for a in n.attribute}
     for g, e in zip(got, want):
         np.testing.assert_array_equal(g, e)
+
+
+def _scan_8() -> onnx.ModelProto:
+    """A Scan-8 running sum (batch axis first, the empty ``sequence_lens``): no adapter to Scan-9."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["sum_in", "next"], ["sum_out"]),
+         helper.make_node("Identity", ["sum_out"], ["scan_out"])],
+        "body", [_io("sum_in", [2]), _io("next", [2])], [_io("sum_out", [2]), _io("scan_out", [2])],
+    )  # fmt: skip
+    scan = helper.make_node("Scan", ["", "initial", "x"], ["y", "z"], body=body, num_scan_inputs=1)
+    return _model([scan], [_io("initial", [1, 2]), _io("x", [1, 3, 2])], [_io("y", [1, 2]), _io("z", [1, 3, 2])],
+                  opset=8)  # fmt: skip
+
+
+def test_a_refused_upgrade_names_the_way_to_keep_the_opset(tmp_path: pathlib.Path, capsys) -> None:
+    from passes import cli
+
+    src, out = tmp_path / "scan8.onnx", tmp_path / "out.onnx"
+    onnx.save(_scan_8(), src)
+    assert cli.main([str(src), "-o", str(out), "-q"]) == 2 and not out.exists()
+    err = capsys.readouterr().err
+    assert "cannot upgrade Scan node" in err and "--skip upgrade keeps opset 8" in err, err
+    assert len(err.strip().splitlines()) == 1
+    # What the hint says works: the model stays at opset 8 and computes the same.
+    assert cli.main([str(src), "-o", str(out), "-q", "--skip", "upgrade"]) == 0
+    written = onnx.load(out)
+    assert {o.domain: o.version for o in written.opset_import}[""] == 8
+    feeds = {"initial": _array((1, 2)), "x": _array((1, 3, 2))}
+    for a, b in zip(ort_run(_scan_8(), feeds), ort_run(written, feeds), strict=True):
+        np.testing.assert_array_equal(a, b)

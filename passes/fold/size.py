@@ -208,7 +208,8 @@ def _elementwise(
     """Ops whose one output has the broadcast shape of their inputs, in the schema's dtype."""
     if not inputs or any(t is None for t in inputs):
         return None  # an omitted optional input: leave it to shape inference
-    out = _broadcast(dims)  # type: ignore[arg-type]  # no input is omitted
+    # CastLike's second input gives only its type (often an empty tensor): the shape is the first's.
+    out = tuple(dims[0]) if op == "CastLike" else _broadcast(dims)  # type: ignore[arg-type]  # none omitted
     if out is None:
         return _REJECTED
     if op == "Cast":

@@ -228,7 +228,7 @@ def plan_scopes(
             except _Refused as refusal:
                 raise UpgradeError(
                     f"cannot upgrade {node.op_type} node {node.name!r} from opset {source}"
-                    f" to {target}: {refusal}"
+                    f" to {target}: {refusal} (--skip upgrade keeps opset {source})"
                 ) from None
             stats.converted[node.op_type] += 1
             if draft.changed():

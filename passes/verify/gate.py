@@ -340,13 +340,18 @@ class Gate:
         if not result.checked:
             if check.required:
                 verdict.failure = f"{result.summary()} (--require-check)"
+            elif self._checker.original_loaded and (problem := self._default_load(staged)) is not None:
+                # the original loads but does not run on the inputs tried: the optimised model must load too
+                verdict.failure = f"the optimised model: {problem}, where the original loads ({result.summary()})"
             else:
                 self.warn(result.summary())
             return verdict
         if not result.ok:
             verdict.failure = result.summary()
-        elif check.precision is not None:  # half-type graphs meet onnxruntime's optimisers (default_load)
-            verdict.failure = self._default_load(staged)
+        elif check.precision is not None and (problem := self._default_load(staged)) is not None:
+            # half-type graphs meet onnxruntime's optimisers (default_load)
+            verdict.failure = (f"--precision: the {check.precision} model: {problem}, where the original loads; "
+                               "with them off, as the check runs, it loads and matches (--force writes it)")
         return verdict
 
     def _default_load(self, staged: Any) -> str | None:
@@ -359,8 +364,7 @@ class Gate:
         original = files.runnable(self.original, self.folder, "default-load-original")
         if problem is None or default_load.failure(worker, original, deadline) is not None:
             return None
-        return (f"--precision: the {self.check.precision} model: {problem}, where the original loads; with them "
-                f"off, as the check runs, it loads and matches (--force writes it)")
+        return problem
 
     def reproduce(self, staged: Any, verdict: Verdict, reads: Sequence[pathlib.Path] = (),
                   writes: Sequence[pathlib.Path] = ()) -> None:  # fmt: skip

@@ -41,7 +41,7 @@ __all__ = ["Correspondence", "augmented", "comparable_values", "first_difference
            "value_tolerances", "widened"]
 
 #: Element types onnxruntime's Python API can return (not bfloat16, float8, int4...).
-_FETCHABLE = frozenset(t for t, name in feeds.NUMPY_TYPES.items() if name != "bfloat16")
+_FETCHABLE = frozenset(t for t, name in feeds.NUMPY_TYPES.items() if not name.startswith(("bfloat16", "float8")))
 
 
 def tensor_types(proto: onnx.ModelProto) -> dict[str, int]:

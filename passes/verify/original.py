@@ -44,6 +44,8 @@ class OriginalSide:
     _source: Any
 
     timeout: float
+    #: The original loads in onnxruntime but ran on none of the inputs tried (the check did not run).
+    original_loaded: bool = False
 
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout
@@ -130,6 +132,7 @@ class OriginalSide:
         except OSError as e:
             return CheckResult(True, skipped=f"the check did not run: cannot start its process ({_first_line(e)})")
         if not prepared.get("ok"):
+            self.original_loaded = prepared.get("stage") == "run"
             failed = verdict.original_failed(prepared, specs, every_input_given, self.memory_limit)
             static = self.free_dims is not None and prepared.get("stage") == "run" and not given
             free = plan.input_specs(self.original_proto)  # (specs has the static shapes pinned)

@@ -4,8 +4,8 @@ Imported by :mod:`passes.verify.worker` (it runs in the child process), and by
 :mod:`passes.verify.check` for :func:`make_inputs` (in the caller's process):
 nothing here imports onnx or the passes, and numpy, onnxruntime and ml_dtypes
 are imported at first use. onnxruntime's Python API has no numpy array of
-bfloat16: such inputs go as OrtValues of their bytes (:func:`feed`) and such
-outputs are read from their bytes (:func:`tensor`).
+bfloat16 or the float8 types: bfloat16 inputs go as OrtValues of their bytes
+(:func:`feed`) and such outputs are read from their bytes (:func:`tensor`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,13 @@ from typing import Any
 
 __all__ = ["as_declared", "constants", "default_session", "describe", "error_line", "feed", "generate",
            "make_inputs", "numpy_dtype", "run", "session", "spill", "tensor"]
+
+
+#: Output types onnxruntime's Python API gives no numpy array of: read from the OrtValue's bytes as
+#: ml_dtypes' type of the same bits (:func:`tensor`).
+BYTES_OUTPUTS = {"tensor(bfloat16)": "bfloat16", "tensor(float8e4m3fn)": "float8_e4m3fn",
+                 "tensor(float8e4m3fnuz)": "float8_e4m3fnuz", "tensor(float8e5m2)": "float8_e5m2",
+                 "tensor(float8e5m2fnuz)": "float8_e5m2fnuz", "tensor(float8e8m0)": "float8_e8m0fnu"}
 
 
 def numpy_dtype(name: str) -> Any:
@@ -72,11 +79,11 @@ def run(session: Any, feeds: dict[str, Any], names: list[str] | None = None, hal
     feeds = {k: feed(as_declared(v, wanted[k]) if half_io else v) for k, v in feeds.items() if k in wanted}
     outputs = {o.name: o.type for o in session.get_outputs()}
     fetched = list(outputs) if names is None else names
-    if not any(outputs.get(n) == "tensor(bfloat16)" for n in fetched) or not all(
+    if not any(outputs.get(n) in BYTES_OUTPUTS for n in fetched) or not all(
         outputs.get(n, "").startswith("tensor(") for n in fetched
     ):
         return session.run(names, feeds, options)
-    # onnxruntime gives no numpy array of bfloat16: such outputs are read from the OrtValue's bytes
+    # onnxruntime gives no numpy array of bfloat16 or float8: such outputs are read from the OrtValue's bytes
     # (run_with_ort_values takes OrtValues only).
     import numpy as np
 
@@ -98,26 +105,35 @@ def as_declared(value: Any, declared: str) -> Any:
 
 
 def tensor(value: Any) -> Any:
-    """An onnxruntime tensor (CPU) as numpy; bfloat16 as ml_dtypes' type, from its bytes."""
-    if value.data_type() != "tensor(bfloat16)":
+    """An onnxruntime tensor (CPU) as numpy; bfloat16 and float8 (:data:`BYTES_OUTPUTS`) as
+    ml_dtypes' type, from its bytes."""
+    name = BYTES_OUTPUTS.get(value.data_type())
+    if name is None:
         return value.numpy()
     import ctypes
 
     import numpy as np
 
+    dtype = np.dtype(numpy_dtype(name))
     data = ctypes.string_at(value.data_ptr(), value.tensor_size_in_bytes()) if value.tensor_size_in_bytes() else b""
-    return np.frombuffer(data, np.uint16).view(numpy_dtype("bfloat16")).reshape(value.shape())
+    return np.frombuffer(data, np.uint8 if dtype.itemsize == 1 else np.uint16).view(dtype).reshape(value.shape())
+
+
+#: ml_dtypes' types onnxruntime reads as strings, by the ONNX element type their bytes go as (:func:`feed`).
+BYTES_INPUTS = {"bfloat16": 16, "float8_e4m3fn": 17, "float8_e4m3fnuz": 18, "float8_e5m2": 19, "float8_e5m2fnuz": 20}
 
 
 def feed(value: Any) -> Any:
-    """``value`` as onnxruntime takes it: it reads ml_dtypes' bfloat16 arrays as strings, so
-    those go as an OrtValue of their bytes."""
-    if getattr(value, "dtype", None) is not None and value.dtype.name == "bfloat16":
+    """``value`` as onnxruntime takes it: it reads ml_dtypes' bfloat16 and float8 arrays as strings,
+    so those go as an OrtValue of their bytes."""
+    onnx_type = BYTES_INPUTS.get(getattr(getattr(value, "dtype", None), "name", ""))
+    if onnx_type is not None:
         import numpy as np
         import onnxruntime as ort
 
+        array = np.ascontiguousarray(value)
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-            np.ascontiguousarray(value).view(np.uint16), 16)  # 16: TensorProto.BFLOAT16
+            array.view(np.uint8 if array.dtype.itemsize == 1 else np.uint16), onnx_type)
     return value
 
 

@@ -50,7 +50,8 @@ __all__ = [
 ]
 
 _ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "int16": 2, "int32": 4,
-             "int64": 8, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1, "str": 8}  # fmt: skip
+             "int64": 8, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1, "str": 8,
+             "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1}  # fmt: skip
 
 #: Sizes tried for a dynamic dimension, per role: try k uses entry k.
 LADDERS: dict[str, tuple[int, ...]] = {
