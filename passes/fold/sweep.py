@@ -309,13 +309,9 @@ class Sweep:
         self.replace(node, outputs, scope, tensors)
 
     def prepacked_amplified(self, node: ir.Node) -> str | None:
-        """Why folding ``node`` is declined as a weight onnxruntime would prepack for an op whose
-        change of rounding a later op amplifies (:func:`passes.ir.prepack.prepacked_amplified`), or None.
-
-        The folded value is exact, but the op then sums in its kernel's blocked order: behind a
-        DynamicQuantizeLinear that ulp became a whole quantization step (``Identity(W)`` as MatMul's
-        B), the check's verdict on fold. The node stays, as the original computes it.
-        """
+        """Why folding ``node`` is declined (None: it is not): its output would be a weight onnxruntime
+        prepacks, and the op's change of rounding (its blocked sum) is amplified later (a quantizer:
+        :func:`passes.ir.prepack.prepacked_amplified`). The node stays, as the original computes it."""
         for value in node.outputs:
             if feeds_prepacked(value):
                 self._amplified = self._amplified or Amplified(self.model)
