@@ -21,7 +21,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import ort_run, spec_examples
-from passes.decompose import DecomposeLogSumExpPass
+from passes.decompose import DecomposeLogSumExpPass, logsumexp
 from test_decompose_accuracy import _assert_accurate, oracle
 
 F32, F64, F16, BF16 = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16
@@ -188,6 +188,11 @@ def test_backend_cases_are_found() -> None:
 def test_backend_case_after_decomposition(name: str) -> None:
     case = _backend_cases()[name]
     out, lse_pass, _ = decompose(case.model)
+    opset = next(o.version for o in case.model.opset_import if o.domain in ("", "ai.onnx"))
+    if opset >= 28:  # onnxruntime 1.32 runs ReduceLogSumExp-28 as its function body: the op stays
+        assert lse_pass.stats == {"applied": {}, "declined": {logsumexp.FUNCTION_BODY: 1}}
+        assert "ReduceLogSumExp" in op_types(out)
+        return
     assert lse_pass.stats == only("decomposed")
     assert "ReduceLogSumExp" not in op_types(out)
     for inputs, expected_outputs in case.data_sets:
@@ -195,6 +200,28 @@ def test_backend_case_after_decomposition(name: str) -> None:
         for actual, expected in zip(ort_run(out, feeds), expected_outputs):
             assert actual.shape == expected.shape and actual.dtype == expected.dtype
             np.testing.assert_allclose(actual, expected, rtol=8 * np.finfo(expected.dtype).eps)
+
+
+def test_where_onnxruntime_runs_the_function_body_the_op_stays_and_the_run_is_exact(tmp_path) -> None:
+    """ReduceLogSumExp-28 has no kernel in onnxruntime 1.32: it computes the schema's body (in double,
+    without the max shift), so a float32 1e30 gives inf there and the decomposition 1e30. The op stays
+    and the whole run (its check's edge values included) is exact; at opset 18 it is decomposed."""
+    from passes import cli
+
+    x = np.array([[1e30, 0, 1], [1, 2, 3], [-np.inf, -np.inf, -np.inf], [np.nan, 0, 1], [-0.0, 0, 88.8]], np.float32)
+    for opset, kept in ((28, True), (18, False)):
+        model = make_model([lse_node(["x", "axes"], keepdims=0)], [vi("x", F32, ["n", 3])], [vi("y", F32, ["n"])],
+                           [axes_init([1])], opset=opset)  # fmt: skip
+        if opset == 28:
+            model.ir_version = 11
+        src, out = tmp_path / f"m{opset}.onnx", tmp_path / f"o{opset}.onnx"
+        onnx.save(model, src)
+        assert cli.main([str(src), str(out), "-q"]) == 0
+        optimised = onnx.load(out)
+        assert ("ReduceLogSumExp" in op_types(optimised)) == kept
+        if kept:
+            (want,), (got,) = ort_run(model, {"x": x}), ort_run(optimised, {"x": x})
+            assert np.isinf(want[0]) and want.tobytes() == got.tobytes()  # the body's inf, bit for bit
 
 
 # --- the rewrite at each opset -------------------------------------------------------------
@@ -254,13 +281,18 @@ def test_opset_below_7_is_left_and_counted(opset: int) -> None:
     assert op_types(out) == {"ReduceLogSumExp"}
 
 
-def test_opset28_written_with_the_ai_onnx_domain() -> None:
+@pytest.mark.parametrize("opset", [22, 28])
+def test_written_with_the_ai_onnx_domain(opset: int) -> None:
     node = helper.make_node("ReduceLogSumExp", ["x", "axes"], ["y"], domain="ai.onnx", keepdims=1)
     graph = helper.make_graph([node], "g", [vi("x", F64, [3, 4, 5])], [vi("y", F64, [3, 4, 1])], [axes_init([2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx", 28)], ir_version=10)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx", opset)], ir_version=10)
     out, lse_pass, _ = decompose(model)
-    assert lse_pass.stats == only("decomposed")
     x = X.astype(np.float64)
+    if opset == 28:  # onnxruntime computes ReduceLogSumExp-28 by its function body: the op stays
+        assert lse_pass.stats == {"applied": {}, "declined": {logsumexp.FUNCTION_BODY: 1}}
+        assert op_types(out) == {"ReduceLogSumExp"}
+        return
+    assert lse_pass.stats == only("decomposed")
     _assert_accurate(ort_run(out, {"x": x})[0], x, (2,), 1)
 
 
