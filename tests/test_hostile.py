@@ -35,6 +35,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import helpers
+import passes
 from passes import cli, modelio, pipeline
 from passes.report import ModelSummary, PassRun, Report
 from test_robustness import (
@@ -707,3 +708,21 @@ def test_sparse_constant_larger_than_the_fold_limit_computes_the_same(
     assert sum(a.type == onnx.AttributeProto.SPARSE_TENSOR for n in result.graph.node for a in n.attribute) == 2
     x = {"x": np.array(0.25, np.float32)}
     np.testing.assert_array_equal(helpers.ort_run(result, x)[0], helpers.ort_run(model, x)[0])
+
+
+def test_a_model_without_outputs_is_refused(tmp_path: pathlib.Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Every node of a graph without outputs is dead: the result would be an empty graph, which
+    onnxruntime 1.32 cannot build a session of, while the original loads (and runs nothing)."""
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])], [])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)  # valid for onnx
+    src, out = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(model, src)
+    before = src.read_bytes()
+    assert cli.main([str(src), "-o", str(out), "-q"]) == 2
+    err = capfd.readouterr().err
+    assert err.strip().endswith("the model's graph has no outputs: it computes nothing") and err.count("\n") == 1
+    assert not out.exists() and src.read_bytes() == before
+    with pytest.raises(passes.InputError, match="has no outputs"):
+        passes.optimize(model)

@@ -274,6 +274,8 @@ def check_contents(
     """
     known = survey(proto) if known is None else known
     _check_versions(proto)
+    if not proto.graph.output:  # every node is dead: the output would be an empty graph onnxruntime cannot load
+        raise InputError("the model's graph has no outputs: it computes nothing")
     _check_pass_through_outputs(proto.graph)
     if not known.plain:  # plain: no attribute holds a reference (nor a subgraph that could)
         _check_no_attribute_references(proto.graph)
