@@ -12,6 +12,7 @@ __all__ = [
     "InputError",
     "OptimizeError",
     "UpgradeError",
+    "cut",
     "exit_code",
     "first_line",
     "interrupt_behind",
@@ -51,6 +52,11 @@ class CheckFailedError(OptimizeError):
 def exit_code(error: OptimizeError) -> int:
     """The command's exit code for ``error``: 1 for a failed check, 2 for everything else."""
     return EXIT_CHECK if isinstance(error, CheckFailedError) else EXIT_ERROR
+
+
+def cut(text: str, limit: int = 200) -> str:
+    """``text`` for a message, at most ``limit`` characters (the end given as "...")."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def first_line(error: BaseException | str, limit: int = 500) -> str:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from passes import modelio, shapes  # light: onnx and onnx_ir on first use
 from passes.declarations import PASSES
 from passes.dim_names import refuse_unknown_dims  # light
-from passes.errors import InputError, OptimizeError, first_line
+from passes.errors import InputError, OptimizeError, cut, first_line
 from passes.lazy import lazy_module
 from passes.runspec import RunSpec
 
@@ -102,9 +102,8 @@ def refuse_impossible_shapes(run: RunSpec, model: ir.Model, fresh: Callable[[], 
     plain = fresh()
     dynamic.run(plain)
     if _inference.inference_error(plain) is None:
-        shown = error if len(error) <= 200 else error[:197] + "..."
         raise InputError(f"{shapes.requests_text(run.input_shapes, run.fix_dims)}: the model cannot run at these "
-                         f"shapes (onnx shape inference: {shown})")
+                         f"shapes (onnx shape inference: {cut(error)})")
 
 
 def refuse_declared_shapes(gate: Gate, verdict: Any, run: RunSpec, fresh: Callable[[], ir.Model]) -> None:
@@ -131,8 +130,7 @@ def refuse_declared_shapes(gate: Gate, verdict: Any, run: RunSpec, fresh: Callab
         return
     if gate.accepts(modelio.model_to_proto(relaxed)):
         why = (verdict.failure or "").removeprefix("the optimised model is invalid: ")
-        shown = why if len(why) <= 200 else why[:197] + "..."
-        raise InputError(f"the model cannot run at the static shapes its inputs declare ({declared}): {shown}")
+        raise InputError(f"the model cannot run at the static shapes its inputs declare ({declared}): {cut(why)}")
 
 
 def unfused(gate: Gate, verdict: Any, run: RunSpec, runs: Sequence[PassRun], fresh: Callable[[], ir.Model],

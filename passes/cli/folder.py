@@ -43,7 +43,7 @@ from typing import Any
 
 from passes import children
 from passes.atomic import write_text
-from passes.errors import EXIT_CHECK, EXIT_ERROR, EXIT_OK, InputError
+from passes.errors import EXIT_CHECK, EXIT_ERROR, EXIT_OK, InputError, cut
 
 __all__ = ["child_arguments", "child_record", "run_folder"]
 
@@ -166,14 +166,10 @@ def _status(record: dict[str, Any]) -> str:
     report = record["report"] or {}
     check = report.get("check") or {}
     if record["status"] == "ok" and _check_cell(report) == "NOT CHECKED":
-        return "ok (not checked: " + _cut(str(check.get("reason") or "see the record"), 120) + ")"
+        return "ok (not checked: " + cut(str(check.get("reason") or "see the record"), 120) + ")"
     if record["status"] != "error" or not record["error"]:
         return record["status"]
-    return "error: " + _cut(record["error"], 100)
-
-
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return "error: " + cut(record["error"], 100)
 
 
 def _table(records: list[dict[str, Any]]) -> str:

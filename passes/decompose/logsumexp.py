@@ -44,6 +44,7 @@ counted in ``stats``.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -277,6 +278,7 @@ def _skip_reason(node: ir.Node, scope: Scope, inferred: Inferred) -> str | None:
     return None
 
 
+@functools.cache
 def _runs_function_body(opset: int) -> bool:
     """Whether onnxruntime computes the op at ``opset`` by its schema's function body (no CPU kernel:
     ReduceLogSumExp-28 in onnxruntime 1.32). That body computes ``Log(ReduceSum(Exp(x)))`` in double,

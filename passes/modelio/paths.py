@@ -16,7 +16,7 @@ import pathlib
 import stat
 from typing import TYPE_CHECKING
 
-from passes.errors import InputError
+from passes.errors import InputError, cut
 from passes.lazy import lazy_module
 
 if TYPE_CHECKING:
@@ -39,8 +39,7 @@ _KINDS = (
 
 def shown(path: str | os.PathLike[str], limit: int = 200) -> str:
     """``path`` for a message: undecodable bytes as ``\\xNN``, at most ``limit`` characters."""
-    text = os.fsencode(path).decode("utf-8", "backslashreplace")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return cut(os.fsencode(path).decode("utf-8", "backslashreplace"), limit)
 
 
 def data_file_of(destination: pathlib.Path) -> pathlib.Path:

@@ -20,7 +20,7 @@ import onnx
 import onnx.checker
 import onnx.external_data_helper
 
-from passes.errors import InputError
+from passes.errors import InputError, cut
 from passes.modelio import repair as _repair, views
 from passes.modelio.declared import (  # noqa: F401  ShapeConflict: part of check_validity's result
     SHAPE_CONFLICT,
@@ -139,8 +139,7 @@ def _type_name(kind: int) -> str:
 
 def _one_line(error: BaseException, limit: int = 300) -> str:
     """The error's message on one line (the checker's span several, the node's name on the second)."""
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return cut(" ".join(str(error).split()) or type(error).__name__, limit)
 
 
 def _inference_view(proto: onnx.ModelProto, external: int) -> onnx.ModelProto | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from passes.errors import InputError
+from passes.errors import InputError, cut
 from passes.options import short
 
 if TYPE_CHECKING:
@@ -41,15 +41,11 @@ def input_shape_text(name: str, shape: Sequence[Any]) -> str:
     return f"--input-shape {short(f'{name}:' + ','.join(str(d) for d in shape), 60)}"
 
 
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def requests_text(input_shapes: Mapping[str, Sequence[int]], fix_dims: Mapping[str, int]) -> str:
     """Every request as flags, for a message: ``--input-shape x:1,3 --fix-dim seq=128``."""
     parts = [input_shape_text(n, s) for n, s in input_shapes.items()]
     parts += [f"--fix-dim {short(f'{n}={s}')}" for n, s in fix_dims.items()]
-    return _cut(" ".join(parts), 160)
+    return cut(" ".join(parts), 160)
 
 
 def _size_text(size: Any) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 import onnx_ir as ir
 
 from passes import shapes
-from passes.errors import InputError
+from passes.errors import InputError, cut
 from passes.ir.inference import inference_error
 from passes.ir.walk import iter_scopes
 from passes.options import short
@@ -136,6 +136,6 @@ class DeclareShapesPass(ir.passes.InPlacePass):
                 fixed += 1
         if not already and (error := inference_error(model)) is not None:
             raise InputError(f"{shapes.requests_text(self.input_shapes, self.fix_dims)}: the model cannot run at "
-                             f"these shapes ({error if len(error) <= 200 else error[:197] + '...'})")
+                             f"these shapes ({cut(error)})")
         self.stats = {"inputs_declared": declared, "shapes_fixed": fixed, "shapes_dropped": dropped}
         return ir.passes.PassResult(model, modified=bool(declared or fixed or dropped))

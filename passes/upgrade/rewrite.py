@@ -130,14 +130,7 @@ class ScopeRewriter:
     def redirect(self, old: ir.Value, new: ir.Value) -> None:
         """Makes every reader of ``old`` read ``new`` (uses in every scope, graph outputs, and the
         drafts committed later, which were planned reading ``old``)."""
-        for use in list(old.uses()):
-            use.node.replace_input_with(use.idx, new)
-        graph = old.graph
-        if graph is not None and old.is_graph_output():
-            outputs = graph.outputs
-            for i, out in enumerate(outputs):
-                if out is old:
-                    outputs[i] = new
+        old.replace_all_uses_with(new, replace_graph_outputs=True)
         self._redirects[old] = new
 
     def _materialize(self, value: ir.Value | ConstInput | None, node: ir.Node) -> ir.Value | None:
